@@ -1,0 +1,59 @@
+"""The probe report: one host's check results, and its JSON form.
+
+Standard library only; shared by the local probe, the Ansible probe module
+and the cluster aggregation. The JSON schema is versioned (SCHEMA_VERSION).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+SCHEMA_VERSION = 1
+OK, WARNING, ERROR, SKIPPED = "ok", "warning", "error", "skipped"
+STATUSES = (OK, WARNING, ERROR, SKIPPED)
+
+
+@dataclass
+class CheckResult:
+    """One check: a stable name, a status, a sentence, a hint a person can act on, and data."""
+
+    name: str
+    status: str
+    message: str
+    hint: str | None = None
+    data: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "CheckResult":
+        return cls(name=str(doc["name"]), status=str(doc["status"]), message=str(doc.get("message", "")),
+                   hint=doc.get("hint"), data=dict(doc.get("data") or {}))
+
+
+@dataclass
+class HostReport:
+    """Every check run on one host."""
+
+    host: str
+    checks: list[CheckResult] = field(default_factory=list)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def errors(self) -> list[CheckResult]:
+        return [c for c in self.checks if c.status == ERROR]
+
+    @property
+    def warnings(self) -> list[CheckResult]:
+        return [c for c in self.checks if c.status == WARNING]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def to_dict(self) -> dict:
+        return {"schema_version": self.schema_version, "host": self.host, "ok": self.ok,
+                "checks": [asdict(c) for c in self.checks]}
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "HostReport":
+        return cls(host=str(doc["host"]), checks=[CheckResult.from_dict(c) for c in doc.get("checks", [])],
+                   schema_version=int(doc.get("schema_version", SCHEMA_VERSION)))

@@ -1,0 +1,53 @@
+"""`fdl config show [ENV] [--json]`: the merged configuration with provenance."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from fdl.cli.context import Globals
+
+app = typer.Typer(help="Inspect the resolved configuration.", rich_markup_mode=None, no_args_is_help=True)
+
+
+@app.callback()
+def config() -> None:
+    """Inspect the resolved configuration."""
+
+
+@app.command("show")
+def show(
+    ctx: typer.Context,
+    env: Annotated[str | None, typer.Argument(help="Env overlay to show (default: the selected env).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
+) -> None:
+    """Print the merged fdl.yml (+ overlays) with the file and line of every value."""
+    from fdl.config import EnvSelection
+    from fdl.config.show import annotated_yaml, as_json as render_json
+
+    g: Globals = ctx.find_object(Globals)
+    if env is not None:  # a positional env is as explicit as --env
+        from fdl.config import load_config
+
+        cfg = load_config(None, EnvSelection.choose(env, None))
+        cfg.env = EnvSelection(cfg.env.name, "argument")
+        for warning in cfg.warnings:
+            typer.echo(f"fdl: warning: {warning}", err=True)
+    else:
+        cfg = g.config(required=True)
+    selection = {
+        "env": cfg.env.name, "env_source": cfg.env.source,
+        "gpus": None if g.gpus is None else (None if g.gpus.ids is None else list(g.gpus.ids)),
+        "gpus_spec": g.gpus_spec,
+    }
+    if as_json:
+        typer.echo(render_json(cfg, {"selection": selection}))
+        return
+    from fdl.config.source import display_path
+
+    header = [f"env: {cfg.env.name} (from {cfg.env.source})" if cfg.env.name else "env: (none, base only)",
+              "files, merged in order: " + ", ".join(display_path(p) for p in cfg.files)]
+    if g.gpus is not None:
+        header.append(f"--gpus: {g.gpus} (command line; CUDA_VISIBLE_DEVICES for every process started)")
+    typer.echo(annotated_yaml(cfg, header), nl=False)

@@ -1,0 +1,70 @@
+"""State shared by every command of one invocation: env selection, --gpus, debug."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fdl.gpus import GpuSelection, parse_gpus
+
+
+@dataclass
+class Invocation:
+    """What main() learned before the command line was parsed."""
+
+    sigil: str | None = None
+    debug: bool = False
+
+
+@dataclass
+class Globals:
+    """The root options, plus the configuration they select (loaded once, on demand)."""
+
+    invocation: Invocation
+    env_flag: str | None = None
+    gpus_spec: str | None = None
+    debug: bool = False
+    verbose: bool = False
+    gpus: GpuSelection | None = None
+    _configs: dict = field(default_factory=dict)
+    _warned: bool = False
+
+    @property
+    def env(self):
+        from fdl.config import EnvSelection
+
+        return EnvSelection.choose(self.env_flag, self.invocation.sigil)
+
+    def apply_gpus(self) -> None:
+        """Parse --gpus and scope every process this command starts to that selection."""
+        if self.gpus_spec is None:
+            return
+        self.gpus = parse_gpus(self.gpus_spec)
+        if self.gpus.ids is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpus.ids))
+
+    def config(self, *, required: bool = False):
+        """The resolved configuration for the selected env (warnings printed once)."""
+        from fdl.config import load_config
+
+        key = required
+        if key not in self._configs:
+            config = load_config(Path.cwd(), self.env, required=required)
+            self._configs[key] = config
+            self._configs.setdefault(False, config)
+            if not self._warned:
+                self._warned = True
+                for warning in config.warnings:
+                    print(f"fdl: warning: {warning}", file=sys.stderr)
+        return self._configs[key]
+
+    def user_commands(self) -> dict:
+        """commands: from fdl.yml, or {} when there is no project here."""
+        from fdl.config import find_base
+
+        if self.invocation.sigil is None and self.env_flag is None and not os.environ.get("FDL_ENV"):
+            if find_base(Path.cwd()) is None:
+                return {}
+        return self.config().commands

@@ -1,0 +1,196 @@
+"""The `fdl` entry point: global selectors, lazy command loading, error boundary.
+
+This is the only place that turns an `FdlError` into a message and an exit
+code. Command modules are imported only when their command runs, so
+`fdl --help` and local commands stay cheap (no ansible, requests or pynvml).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+from typing import Annotated, Any
+
+import typer
+from typer import _click as click  # typer vendors click; its exceptions live here
+from typer.core import TyperGroup
+
+from fdl import __version__
+from fdl.cli.context import Globals, Invocation
+from fdl.errors import ExitCode, FdlError
+
+# name -> (module, one-line help). Modules are imported on use only.
+BUILTINS: dict[str, tuple[str, str]] = {
+    "probe": ("fdl.cli.probe", "Audit readiness for a training run (GPU, libtorch, NCCL, data)."),
+    "status": ("fdl.cli.status", "Show the live state of a cluster run."),
+    "start": ("fdl.cli.start", "Fire the start switch of a staging cluster run."),
+    "config": ("fdl.cli.config", "Show the resolved configuration and where each value came from."),
+}
+
+GLOBAL_VALUE_OPTIONS = ("--env", "--gpus")
+GLOBAL_FLAGS = ("--debug", "--verbose", "-v", "--version", "--help", "-h")
+
+
+def split_sigil(argv: list[str]) -> tuple[list[str], str | None]:
+    """Pull an `@NAME` word out from before the command: `fdl --gpus 0 @cluster probe`."""
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            break
+        if word in GLOBAL_VALUE_OPTIONS:
+            i += 2
+            continue
+        if word.startswith("--") and "=" in word or word in GLOBAL_FLAGS:
+            i += 1
+            continue
+        if word.startswith("@"):
+            return argv[:i] + argv[i + 1:], word[1:]
+        break
+    return argv, None
+
+
+class FdlGroup(TyperGroup):
+    """The root group: built-in commands load lazily; fdl.yml `commands:` are found by name."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        names = list(BUILTINS)
+        for name in self._user_commands(ctx):
+            if name not in names:
+                names.append(name)
+        return names
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name in BUILTINS:
+            module = importlib.import_module(BUILTINS[cmd_name][0])
+            command = typer.main.get_command(module.app)
+            command.name = cmd_name
+            return command
+        spec = self._user_commands(ctx).get(cmd_name)
+        if spec is not None:
+            from fdl.cli.usercmd import make_command
+
+            return make_command(spec)
+        return None
+
+    def _user_commands(self, ctx: Any) -> dict:
+        if ctx is None or not isinstance(ctx.obj, (Globals, Invocation)):
+            return {}
+        return ensure_globals(ctx).user_commands()
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = [(name, help_) for name, (_, help_) in BUILTINS.items()]
+        try:
+            user = self._user_commands(ctx)
+        except FdlError:
+            user = {}
+        rows_user = [(name, spec.description or (spec.run if spec.run else f"cluster run of {spec.bin}"))
+                     for name, spec in user.items() if name not in BUILTINS]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+        if rows_user:
+            with formatter.section("Project commands (fdl.yml)"):
+                formatter.write_dl(rows_user)
+
+
+app = typer.Typer(
+    cls=FdlGroup,
+    name="fdl",
+    help="Cluster and hardware command line of flodl: probe hosts, run and watch cluster training.\n\n"
+         "Select an env overlay with @NAME as the first word (fdl @cluster probe), --env NAME, or FDL_ENV.",
+    rich_markup_mode=None,
+    add_completion=False,
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"fdl {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    env: Annotated[str | None, typer.Option("--env", help="Env overlay to apply: fdl.NAME.yml over fdl.yml.",
+                                            metavar="NAME")] = None,
+    gpus: Annotated[str | None, typer.Option("--gpus", help="GPUs for this command: 'all' or ids like 0,1.",
+                                             metavar="all|IDS")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug notes.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Say more on stderr.")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    ensure_globals(ctx).apply_gpus()
+
+
+def ensure_globals(ctx: Any) -> Globals:
+    """The invocation's Globals, built from the root options the first time it is asked for.
+
+    Click resolves the subcommand (which may be a project command found in
+    fdl.yml under the selected env) before it runs the root callback, so both
+    paths come here.
+    """
+    root_ctx = ctx.find_root()
+    if isinstance(root_ctx.obj, Globals):
+        return root_ctx.obj
+    invocation: Invocation = root_ctx.obj if isinstance(root_ctx.obj, Invocation) else Invocation()
+    params = root_ctx.params
+    root_ctx.obj = Globals(invocation=invocation, env_flag=params.get("env"), gpus_spec=params.get("gpus"),
+                           debug=bool(params.get("debug")) or invocation.debug,
+                           verbose=bool(params.get("verbose")))
+    return root_ctx.obj
+
+
+def report_error(exc: FdlError, debug: bool) -> None:
+    if debug:
+        traceback.print_exception(exc)
+    message = f"fdl: error: {exc.message}"
+    if exc.hint:
+        message += f"\n  hint: {exc.hint}"
+    print(message, file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run fdl with argv (default sys.argv[1:]) and return the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    args, sigil = split_sigil(args)
+    head = args[: args.index("--")] if "--" in args else args
+    debug = "--debug" in head or os.environ.get("FDL_DEBUG") == "1"
+    invocation = Invocation(sigil=sigil, debug=debug)
+    try:
+        command = typer.main.get_command(app)
+        result = command.main(args=args, prog_name="fdl", standalone_mode=False, obj=invocation)
+        return int(result or 0) if isinstance(result, int) else 0
+    except FdlError as exc:
+        report_error(exc, debug)
+        return int(exc.exit_code)
+    except typer.Exit as exc:
+        return int(getattr(exc, "exit_code", 0) or 0)
+    except click.exceptions.ClickException as exc:
+        exc.show()
+        return ExitCode.PERMANENT
+    except (KeyboardInterrupt, typer.Abort):
+        print("fdl: interrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED
+    except BrokenPipeError:
+        # stdout closed early (fdl ... | head): not an error worth a traceback
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the interpreter's flush at exit
+        except OSError:
+            pass
+        return ExitCode.FAILURE
+    except Exception as exc:  # the last line of defence: never a traceback unless asked
+        if debug:
+            traceback.print_exc()
+        print(f"fdl: internal error: {type(exc).__name__}: {exc}. This is a bug in fdl; rerun with --debug "
+              f"for the traceback and report it.", file=sys.stderr)
+        return ExitCode.FAILURE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Project commands from fdl.yml `commands:`: `fdl NAME -- ARGS`."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from fdl.cli.context import Globals
+from fdl.config import CommandSpec
+
+
+def make_command(spec: CommandSpec) -> Any:
+    """A command that runs spec with the arguments given after it."""
+    help_text = spec.description or (f"Runs: {spec.run}" if spec.run else f"Cluster run of {spec.bin}")
+    app = typer.Typer(rich_markup_mode=None, add_completion=False)
+
+    @app.command(
+        name=spec.name,
+        help=help_text + "\n\nArguments after -- are passed on, shell-quoted.",
+        context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
+                          "help_option_names": ["-h", "--help"]},
+    )
+    def run(ctx: typer.Context,
+            args: Annotated[list[str] | None, typer.Argument(help="Arguments for the command.")] = None) -> None:
+        from fdl.runcmd import run_project_command
+
+        g: Globals = ctx.find_object(Globals)
+        config = g.config(required=True)
+        if not spec.cluster and config.is_discovery_window:
+            print(
+                f"fdl: warning: '{spec.name}' is not a cluster command (no cluster: true), so under env "
+                f"'{config.env.name}' it trains on this box only: no join window opens and no walk-ins are "
+                f"admitted. Mark it cluster: true in fdl.yml to run it as a launcher.",
+                file=sys.stderr,
+            )
+        raise typer.Exit(run_project_command(spec, list(args or []), config, g))
+
+    return typer.main.get_command(app)

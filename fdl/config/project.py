@@ -1,0 +1,194 @@
+"""Project discovery, env overlays and the resolved configuration.
+
+A project is the nearest directory (the working directory or an ancestor)
+holding `fdl.yml`, `fdl.yaml` or `fdl.json`. An env NAME is the sibling
+overlay `fdl.NAME.yml` (or .yaml/.json), merged over the base; an overlay may
+start from another overlay with `inherit-from: OTHER`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fdl.config.merge import merge_layers
+from fdl.config.schema import (
+    TOP_KEYS,
+    ClusterSpec,
+    CommandSpec,
+    JoinDefaults,
+    PublishDefaults,
+    _Checker,
+    check_cluster,
+    check_commands,
+    check_join,
+    check_publish,
+)
+from fdl.config.source import Layer, display_path, read_layer
+from fdl.errors import ConfigError, UsageError
+
+SUFFIXES = (".yml", ".yaml", ".json")
+INHERIT_KEY = "inherit-from"
+_ENV_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class EnvSelection:
+    """Which env the user asked for and how: --env flag, @sigil or FDL_ENV."""
+
+    name: str | None = None
+    source: str | None = None  # "--env", "@sigil", "FDL_ENV"
+
+    @staticmethod
+    def choose(flag: str | None, sigil: str | None, environ: dict | None = None) -> "EnvSelection":
+        """Precedence: --env flag, then the @NAME sigil, then FDL_ENV."""
+        environ = os.environ if environ is None else environ
+        for name, source in ((flag, "--env"), (sigil, "@sigil"), (environ.get("FDL_ENV") or None, "FDL_ENV")):
+            if name:
+                if not _ENV_RE.match(name):
+                    raise UsageError(
+                        f"env name {name!r} (from {source}) is not valid: use letters, digits, '-' and '_', "
+                        f"as in fdl.<name>.yml."
+                    )
+                return EnvSelection(name, source)
+        return EnvSelection()
+
+
+@dataclass
+class Config:
+    """The merged, validated configuration of a project under one env."""
+
+    root: Path | None
+    env: EnvSelection
+    files: list[Path]
+    data: dict
+    origins: dict
+    commands: dict[str, CommandSpec] = field(default_factory=dict)
+    cluster: ClusterSpec | None = None
+    join: JoinDefaults | None = None
+    publish: PublishDefaults | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def is_discovery_window(self) -> bool:
+        return bool(self.cluster and self.cluster.controller.join.discovery)
+
+
+def find_base(start: Path) -> Path | None:
+    """The nearest fdl.yml/.yaml/.json in start or its ancestors."""
+    here = start.resolve()
+    for directory in (here, *here.parents):
+        for suffix in SUFFIXES:
+            candidate = directory / f"fdl{suffix}"
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def overlay_file(root: Path, name: str) -> Path | None:
+    for suffix in SUFFIXES:
+        candidate = root / f"fdl.{name}{suffix}"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def available_envs(root: Path) -> list[str]:
+    names = set()
+    for path in root.iterdir():
+        parts = path.name.split(".")
+        if len(parts) == 3 and parts[0] == "fdl" and f".{parts[2]}" in SUFFIXES and path.is_file():
+            names.add(parts[1])
+    return sorted(names)
+
+
+def _missing_env(root: Path, name: str, needed_by: str) -> ConfigError:
+    envs = available_envs(root)
+    have = f"envs that exist here: {', '.join(envs)}" if envs else "no env overlays exist here"
+    return ConfigError(
+        f"env '{name}' ({needed_by}) has no overlay: looked for {display_path(root / f'fdl.{name}.yml')} "
+        f"(also .yaml, .json); {have}. Create the file or pick an existing env."
+    )
+
+
+def _overlay_chain(root: Path, env: EnvSelection) -> list[Layer]:
+    """The overlay for env and every overlay it inherits from, farthest ancestor first."""
+    chain: list[Layer] = []
+    names: list[str] = []
+    name: str | None = env.name
+    needed_by = f"selected by {env.source}"
+    while name is not None:
+        if name in names:
+            cycle = " -> ".join([*names, name])
+            raise ConfigError(
+                f"inherit-from forms a cycle: {cycle}. An overlay may build on another, but the chain must "
+                f"end at one that has no inherit-from."
+            )
+        path = overlay_file(root, name)
+        if path is None:
+            raise _missing_env(root, name, needed_by)
+        layer = read_layer(path)
+        names.append(name)
+        chain.append(layer)
+        parent = layer.data.pop(INHERIT_KEY, None)
+        layer.origins.pop((INHERIT_KEY,), None)
+        if parent is not None and (not isinstance(parent, str) or not _ENV_RE.match(parent)):
+            origin = layer.origins.get((), None)
+            raise ConfigError(
+                f"{display_path(path)}: inherit-from: expected the name of another env (fdl.<name>.yml), "
+                f"found {parent!r}."
+                + (f" ({origin})" if origin else "")
+            )
+        needed_by = f"inherit-from in {display_path(path)}"
+        name = parent
+    return list(reversed(chain))
+
+
+def load_config(cwd: Path | None = None, env: EnvSelection | None = None, *, required: bool = True) -> Config:
+    """Find, read, merge and validate the project's configuration.
+
+    With required=False and no fdl.yml anywhere up the tree (and no env asked
+    for), an empty Config is returned: commands like `fdl probe` work without one.
+    """
+    env = env or EnvSelection()
+    base = find_base(cwd or Path.cwd())
+    if base is None:
+        if env.name or required:
+            where = str((cwd or Path.cwd()).resolve())
+            raise ConfigError(
+                f"no fdl.yml (or fdl.yaml, fdl.json) in {where} or any directory above it"
+                + (f", so env '{env.name}' ({env.source}) cannot be applied" if env.name else "")
+                + ". Run fdl from your project directory, or create fdl.yml there."
+            )
+        return Config(root=None, env=env, files=[], data={}, origins={})
+    root = base.parent
+    layers = [read_layer(base)]
+    if INHERIT_KEY in layers[0].data:
+        raise ConfigError(
+            f"{layers[0].origins.get((INHERIT_KEY,)) or display_path(base)}: inherit-from belongs in an env "
+            f"overlay (fdl.<env>.yml), not in the base {base.name}. Remove it."
+        )
+    if env.name:
+        layers += _overlay_chain(root, env)
+    data, origins = merge_layers(layers)
+    return validate(Config(root=root, env=env, files=[layer.path for layer in layers], data=data,
+                           origins=origins))
+
+
+def validate(config: Config) -> Config:
+    """Check the merged document and fill the typed blocks; warnings go to config.warnings."""
+    checker = _Checker(config.origins, [display_path(p) for p in config.files])
+    checker.mapping(config.data, (), TOP_KEYS)
+    data = config.data
+    if data.get("cluster") is not None:
+        config.cluster = check_cluster(checker, data["cluster"])
+    if data.get("commands") is not None:
+        config.commands = check_commands(checker, data["commands"])
+    if data.get("join") is not None:
+        config.join = check_join(checker, data["join"])
+    if data.get("publish") is not None:
+        config.publish = check_publish(checker, data["publish"])
+    config.warnings.extend(checker.warnings)
+    return config

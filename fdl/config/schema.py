@@ -1,0 +1,540 @@
+"""Typed validation of the merged configuration.
+
+Each block (`cluster:`, `commands:`, `join:`, `publish:`) is checked against
+the schema in the design notes and turned into frozen dataclasses the rest of
+fdl uses. An error names the file and line, the key path, what was expected
+and what was found. Unknown keys are warnings, with a did-you-mean when a
+known key is close.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from fdl.config.source import Origin, format_path
+from fdl.errors import ConfigError
+
+DEFAULT_PORT = 1337
+DEFAULT_DATA_PATH = "/flodl/data"
+START_MODES = ("auto", "manual", "hybrid")
+_HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9._-]{0,251}[A-Za-z0-9_])?$")
+_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}\$?$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class Devices:
+    """What a host offers: GPU ids, all GPUs (ids=None), or N CPU ranks (gloo)."""
+
+    kind: str = "gpu"  # "gpu" | "cpu"
+    ids: tuple[int, ...] | None = None  # gpu ids; None = every GPU present
+    count: int = 0  # cpu ranks
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.kind == "cpu"
+
+    def ranks(self, gpus_present: int | None = None) -> int:
+        if self.is_cpu:
+            return self.count
+        if self.ids is not None:
+            return len(self.ids)
+        return gpus_present or 0
+
+    def __str__(self) -> str:
+        if self.is_cpu:
+            return f"cpu:{self.count}"
+        return "all" if self.ids is None else ",".join(map(str, self.ids))
+
+
+@dataclass(frozen=True)
+class JoinPolicy:
+    discovery: bool = False
+    start: str = "auto"
+    token: str | None = None
+    quorum_hosts: int | None = None
+    quorum_ranks: int | None = None
+    window_s: float = 600.0
+    tunnel_only: bool = False
+
+
+@dataclass(frozen=True)
+class ControllerSpec:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    bind: str = "0.0.0.0"
+    join: JoinPolicy = field(default_factory=JoinPolicy)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class SshDefaults:
+    user: str | None = None
+    port: int = 22
+    identity: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    host: str
+    address: str
+    user: str | None = None
+    port: int = 22
+    identity: str | None = None
+    arch: str | None = None
+    local_devices: Devices = field(default_factory=Devices)
+    env: tuple[tuple[str, str], ...] = ()
+    data_path: str | None = None
+    python: str = "/usr/bin/python3"
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    controller: ControllerSpec
+    ssh: SshDefaults
+    workers: tuple[WorkerSpec, ...]
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    name: str
+    run: str | None = None
+    cluster: bool = False
+    build: str | None = None
+    bin: str | None = None
+    args: tuple[str, ...] = ()
+    description: str | None = None
+
+
+@dataclass(frozen=True)
+class JoinDefaults:
+    """Defaults for every `fdl join` flag (the JoinArgs fields)."""
+
+    controller: str | None = None
+    ssh: str | None = None
+    identity: str | None = None
+    token: str | None = None
+    bin: str | None = None
+    source: str | None = None
+    source_cwd: str | None = None
+    source_build: str | None = None
+    source_bin: str | None = None
+    libtorch: str | None = None
+    host: str | None = None
+    devices: str | None = None
+    persist: bool = False
+    data_path: str | None = None
+    data_source: str | None = None
+    gpu_ram_share: float | None = None
+    no_sig_probe: bool = False
+    args: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class PublishDefaults:
+    source: str | None = None
+    cwd: str | None = None
+    build: str | None = None
+    bin: str | None = None
+    args: tuple[str, ...] | None = None
+    to: str | None = None
+    identity: str | None = None
+    gate: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------- checking
+
+
+class _Checker:
+    def __init__(self, origins: dict, files: list[str]):
+        self.origins = origins
+        self.files = files
+        self.warnings: list[str] = []
+
+    def where(self, path: tuple) -> str:
+        for cut in range(len(path), -1, -1):
+            origin: Origin | None = self.origins.get(path[:cut])
+            if origin is not None:
+                return str(origin)
+        return self.files[-1] if self.files else "configuration"
+
+    def fail(self, path: tuple, expected: str, found: Any, fix: str = "") -> ConfigError:
+        shown = _show(found)
+        msg = f"{self.where(path)}: {format_path(path)}: expected {expected}, found {shown}."
+        return ConfigError(msg + (f" {fix}" if fix else ""))
+
+    def mapping(self, value: Any, path: tuple, known: tuple[str, ...]) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(path, "a mapping of keys", value)
+        for key in value:
+            if not isinstance(key, str):
+                raise self.fail(path + (key,), "a text key", key)
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                self.warnings.append(
+                    f"{self.where(path + (key,))}: unknown key '{format_path(path + (key,))}'{hint}; it is "
+                    f"ignored. Known keys here: {', '.join(known)}."
+                )
+        return value
+
+    def string(self, value: Any, path: tuple, *, nonempty: bool = True) -> str:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise self.fail(path, "text", value)
+        text = str(value)
+        if nonempty and not text.strip():
+            raise self.fail(path, "non-empty text", value)
+        return text
+
+    def opt_string(self, block: dict, key: str, path: tuple) -> str | None:
+        return None if block.get(key) is None else self.string(block[key], path + (key,))
+
+    def boolean(self, value: Any, path: tuple) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(path, "true or false", value)
+        return value
+
+    def integer(self, value: Any, path: tuple, lo: int, hi: int, what: str = "a whole number") -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, str) and value.strip().isdigit():
+                value = int(value.strip())
+            else:
+                raise self.fail(path, f"{what} from {lo} to {hi}", value)
+        if not lo <= value <= hi:
+            raise self.fail(path, f"{what} from {lo} to {hi}", value)
+        return value
+
+    def port(self, value: Any, path: tuple) -> int:
+        return self.integer(value, path, 1, 65535, "a TCP port")
+
+    def number(self, value: Any, path: tuple, lo: float, hi: float) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise self.fail(path, f"a number from {lo:g} to {hi:g}", value)
+        if not lo <= value <= hi:
+            raise self.fail(path, f"a number from {lo:g} to {hi:g}", value)
+        return float(value)
+
+    def host(self, value: Any, path: tuple) -> str:
+        text = self.string(value, path)
+        if not is_valid_host(text):
+            raise self.fail(
+                path, "a host name or IP address (letters, digits, '.', '-', '_')", value,
+                "Host names end up on ssh command lines and in inventories, so spaces and shell "
+                "characters are refused.",
+            )
+        return text
+
+    def user(self, value: Any, path: tuple) -> str:
+        text = self.string(value, path)
+        if not _USER_RE.match(text):
+            raise self.fail(path, "a login name (letters, digits, '.', '-', '_')", value)
+        return text
+
+    def str_list(self, value: Any, path: tuple) -> tuple[str, ...]:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            raise self.fail(path, "a list of arguments (YAML list, e.g. [--epochs, \"3\"])", value)
+        if not isinstance(value, list):
+            raise self.fail(path, "a list of arguments", value)
+        return tuple(self.string(item, path + (i,), nonempty=False) for i, item in enumerate(value))
+
+    def env_map(self, value: Any, path: tuple) -> tuple[tuple[str, str], ...]:
+        if not isinstance(value, dict):
+            raise self.fail(path, "a mapping of environment variables (NAME: value)", value)
+        block = value
+        out = []
+        for key, val in block.items():
+            if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
+                raise self.fail(path + (key,), "an environment variable name (letters, digits, '_')", key)
+            out.append((key, self.string(val, path + (key,), nonempty=False)))
+        return tuple(out)
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "...'"
+
+
+def is_valid_host(text: str) -> bool:
+    if _HOST_RE.match(text):
+        return True
+    try:
+        ipaddress.ip_address(text.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def split_host_port(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+    """Parse host[:port] (IPv6 as [addr]:port); raises ValueError with a reason."""
+    text = text.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+        if rest and not rest.startswith(":"):
+            raise ValueError("expected [address]:port")
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        host, port_text = text, ""
+    if not host or not is_valid_host(host):
+        raise ValueError(f"{host!r} is not a host name or IP address")
+    if port_text == "":
+        return host, default_port
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(f"port {port_text!r} is not a number from 1 to 65535")
+    return host, int(port_text)
+
+
+def parse_devices(value: Any) -> Devices:
+    """`[0, 1]`, `"0,1"`, `all`, `cpu:N` -> Devices; raises ValueError with a reason."""
+    if isinstance(value, bool):
+        raise ValueError("expected GPU ids, 'all' or 'cpu:N'")
+    if isinstance(value, int):
+        value = [value]
+    if isinstance(value, str):
+        text = value.strip()
+        if text == "all":
+            return Devices()
+        if text.startswith("cpu:"):
+            count = text[4:]
+            if not count.isdigit() or not 1 <= int(count) <= 256:
+                raise ValueError("cpu:N needs N from 1 to 256")
+            return Devices(kind="cpu", count=int(count))
+        value = [part.strip() for part in text.split(",")]
+    if not isinstance(value, list) or not value:
+        raise ValueError("expected a list of GPU ids, 'all' or 'cpu:N'")
+    ids: list[int] = []
+    for item in value:
+        if isinstance(item, bool):
+            raise ValueError(f"{item!r} is not a GPU id")
+        if isinstance(item, str) and item.isdigit():
+            item = int(item)
+        if not isinstance(item, int) or item < 0 or item > 1023:
+            raise ValueError(f"{item!r} is not a GPU id (a whole number from 0)")
+        if item in ids:
+            raise ValueError(f"GPU {item} is listed twice")
+        ids.append(item)
+    return Devices(ids=tuple(ids))
+
+
+# --------------------------------------------------------------------------- blocks
+
+_CONTROLLER_KEYS = ("host", "port", "bind", "join")
+_JOIN_POLICY_KEYS = ("discovery", "start", "token", "quorum", "window_s", "tunnel_only")
+_SSH_KEYS = ("user", "port", "identity")
+_WORKER_KEYS = ("host", "address", "user", "port", "identity", "arch", "local_devices", "env",
+                "data_path", "python")
+_COMMAND_KEYS = ("run", "cluster", "build", "bin", "args", "description")
+JOIN_KEYS = ("controller", "ssh", "identity", "token", "bin", "source", "source_cwd", "source_build",
+             "source_bin", "libtorch", "host", "devices", "persist", "data_path", "data_source",
+             "gpu_ram_share", "no_sig_probe", "args")
+PUBLISH_KEYS = ("source", "cwd", "build", "bin", "args", "to", "identity", "gate")
+TOP_KEYS = ("cluster", "commands", "join", "publish")
+MAX_WORKERS = 4096
+
+
+def check_cluster(c: _Checker, value: Any) -> ClusterSpec:
+    path = ("cluster",)
+    block = c.mapping(value, path, ("controller", "ssh", "workers"))
+    controller = _controller(c, block.get("controller"), path + ("controller",))
+    ssh_block = block.get("ssh") or {}
+    ssh_path = path + ("ssh",)
+    c.mapping(ssh_block, ssh_path, _SSH_KEYS)
+    ssh = SshDefaults(
+        user=None if ssh_block.get("user") is None else c.user(ssh_block["user"], ssh_path + ("user",)),
+        port=22 if ssh_block.get("port") is None else c.port(ssh_block["port"], ssh_path + ("port",)),
+        identity=c.opt_string(ssh_block, "identity", ssh_path),
+    )
+    workers_value = block.get("workers") or []
+    if not isinstance(workers_value, list):
+        raise c.fail(path + ("workers",), "a list of worker entries (- host: ...)", workers_value)
+    if len(workers_value) > MAX_WORKERS:
+        raise c.fail(path + ("workers",), f"at most {MAX_WORKERS} workers", f"{len(workers_value)} workers")
+    workers = []
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(workers_value):
+        worker = _worker(c, entry, path + ("workers", i), ssh)
+        if worker.host in seen:
+            raise c.fail(path + ("workers", i, "host"), "a host name used once",
+                         worker.host, f"It is already worker {seen[worker.host]}.")
+        seen[worker.host] = i
+        workers.append(worker)
+    return ClusterSpec(controller=controller, ssh=ssh, workers=tuple(workers))
+
+
+def _controller(c: _Checker, value: Any, path: tuple) -> ControllerSpec:
+    if value is None:
+        return ControllerSpec()
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        try:
+            host, port = split_host_port(str(value))
+        except ValueError as exc:
+            raise c.fail(path, "host[:port] or a mapping with host:, port:", value, f"({exc})") from None
+        return ControllerSpec(host=host, port=port)
+    block = c.mapping(value, path, _CONTROLLER_KEYS)
+    host = c.host(block["host"], path + ("host",)) if block.get("host") is not None else "127.0.0.1"
+    port = c.port(block["port"], path + ("port",)) if block.get("port") is not None else DEFAULT_PORT
+    join = _join_policy(c, block.get("join"), path + ("join",))
+    if block.get("bind") is not None:
+        bind = c.host(block["bind"], path + ("bind",))
+    else:
+        bind = "127.0.0.1" if join.tunnel_only else "0.0.0.0"
+    if join.tunnel_only and bind not in ("127.0.0.1", "::1", "localhost"):
+        raise c.fail(path + ("bind",), "a loopback address (tunnel_only binds loopback)", bind,
+                     "Remove bind: or set tunnel_only: false.")
+    return ControllerSpec(host=host, port=port, bind=bind, join=join)
+
+
+def _join_policy(c: _Checker, value: Any, path: tuple) -> JoinPolicy:
+    if value is None:
+        return JoinPolicy()
+    block = c.mapping(value, path, _JOIN_POLICY_KEYS)
+    start = block.get("start", "auto")
+    if start not in START_MODES:
+        raise c.fail(path + ("start",), "one of auto, manual, hybrid", start)
+    quorum_hosts = quorum_ranks = None
+    quorum = block.get("quorum")
+    if quorum is not None:
+        q = c.mapping(quorum, path + ("quorum",), ("hosts", "ranks"))
+        if q.get("hosts") is not None:
+            quorum_hosts = c.integer(q["hosts"], path + ("quorum", "hosts"), 1, MAX_WORKERS)
+        if q.get("ranks") is not None:
+            quorum_ranks = c.integer(q["ranks"], path + ("quorum", "ranks"), 1, 1 << 20)
+    token = c.opt_string(block, "token", path)
+    return JoinPolicy(
+        discovery=c.boolean(block.get("discovery", False), path + ("discovery",)),
+        start=start,
+        token=token,
+        quorum_hosts=quorum_hosts,
+        quorum_ranks=quorum_ranks,
+        window_s=c.number(block.get("window_s", 600), path + ("window_s",), 0.05, 7 * 24 * 3600),
+        tunnel_only=c.boolean(block.get("tunnel_only", False), path + ("tunnel_only",)),
+    )
+
+
+def _worker(c: _Checker, value: Any, path: tuple, ssh: SshDefaults) -> WorkerSpec:
+    block = c.mapping(value, path, _WORKER_KEYS)
+    if block.get("host") is None:
+        raise c.fail(path + ("host",), "the worker's logical host name", None, "Every worker needs host:.")
+    host = c.host(block["host"], path + ("host",))
+    address = c.host(block["address"], path + ("address",)) if block.get("address") is not None else host
+    devices = Devices()
+    if block.get("local_devices") is not None:
+        try:
+            devices = parse_devices(block["local_devices"])
+        except ValueError as exc:
+            raise c.fail(path + ("local_devices",), "GPU ids like [0, 1], 'all' or 'cpu:N'",
+                         block["local_devices"], f"({exc})") from None
+    return WorkerSpec(
+        host=host,
+        address=address,
+        user=c.user(block["user"], path + ("user",)) if block.get("user") is not None else ssh.user,
+        port=c.port(block["port"], path + ("port",)) if block.get("port") is not None else ssh.port,
+        identity=c.opt_string(block, "identity", path) or ssh.identity,
+        arch=c.opt_string(block, "arch", path),
+        local_devices=devices,
+        env=c.env_map(block["env"], path + ("env",)) if block.get("env") is not None else (),
+        data_path=c.opt_string(block, "data_path", path),
+        python=c.opt_string(block, "python", path) or "/usr/bin/python3",
+    )
+
+
+def check_commands(c: _Checker, value: Any) -> dict[str, CommandSpec]:
+    path = ("commands",)
+    if not isinstance(value, dict):
+        raise c.fail(path, "a mapping of command names to their definitions", value)
+    out = {}
+    for name, spec in value.items():
+        here = path + (name,)
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise c.fail(here, "a command name (letters, digits, '.', '-', '_')", name)
+        if isinstance(spec, str):  # shorthand: `test: cargo test`
+            out[name] = CommandSpec(name=name, run=spec)
+            continue
+        block = c.mapping(spec, here, _COMMAND_KEYS)
+        cluster = c.boolean(block.get("cluster", False), here + ("cluster",))
+        run = c.opt_string(block, "run", here)
+        binary = c.opt_string(block, "bin", here)
+        if not cluster and run is None:
+            raise c.fail(here, "run: (a shell command) or cluster: true with bin:", spec)
+        if cluster and binary is None and run is None:
+            raise c.fail(here + ("bin",), "the binary every rank runs (or run:)", None)
+        out[name] = CommandSpec(
+            name=name, run=run, cluster=cluster, build=c.opt_string(block, "build", here), bin=binary,
+            args=c.str_list(block["args"], here + ("args",)) if block.get("args") is not None else (),
+            description=c.opt_string(block, "description", here),
+        )
+    return out
+
+
+def check_join(c: _Checker, value: Any) -> JoinDefaults:
+    path = ("join",)
+    block = c.mapping(value, path, JOIN_KEYS)
+    kwargs: dict[str, Any] = {}
+    for key in JOIN_KEYS:
+        if block.get(key) is None:
+            continue
+        here = path + (key,)
+        if key in ("persist", "no_sig_probe"):
+            kwargs[key] = c.boolean(block[key], here)
+        elif key == "gpu_ram_share":
+            kwargs[key] = c.number(block[key], here, 0.0, 1.0)
+        elif key == "args":
+            kwargs[key] = c.str_list(block[key], here)
+        elif key == "devices":
+            try:
+                kwargs[key] = str(parse_devices(block[key]))
+            except ValueError as exc:
+                raise c.fail(here, "GPU ids like 0,1, 'all' or 'cpu:N'", block[key], f"({exc})") from None
+        elif key == "controller":
+            try:
+                split_host_port(str(block[key]))
+            except ValueError as exc:
+                raise c.fail(here, "host[:port]", block[key], f"({exc})") from None
+            kwargs[key] = str(block[key])
+        elif key == "host":
+            kwargs[key] = c.host(block[key], here)
+        else:
+            kwargs[key] = c.string(block[key], here)
+    return JoinDefaults(**kwargs)
+
+
+def check_publish(c: _Checker, value: Any) -> PublishDefaults:
+    path = ("publish",)
+    block = c.mapping(value, path, PUBLISH_KEYS)
+    kwargs: dict[str, Any] = {}
+    for key in PUBLISH_KEYS:
+        if block.get(key) is None:
+            continue
+        here = path + (key,)
+        if key == "args":
+            kwargs[key] = c.str_list(block[key], here)
+        elif key == "gate":
+            gate = block[key]
+            kwargs[key] = (c.string(gate, here),) if isinstance(gate, str) else c.str_list(gate, here)
+        else:
+            kwargs[key] = c.string(block[key], here)
+    return PublishDefaults(**kwargs)

@@ -1,0 +1,248 @@
+"""Read one configuration file into plain Python values plus provenance.
+
+Every value remembers the file and line it came from (`Origin`), keyed by its
+key path: ``("cluster", "workers", 0, "host")``. The reader is defensive on
+purpose, because a config file is user input: it bounds the file size, the
+nesting depth and the number of nodes after alias expansion (so a "billion
+laughs" document is refused instead of eating the machine), rejects duplicate
+keys and non-UTF-8 bytes, and turns every parser complaint into a
+`ConfigError` that names the file, the line and what to fix.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fdl.errors import ConfigError
+
+MAX_BYTES = 4 * 1024 * 1024  # no hand-written config comes near this
+MAX_NODES = 100_000  # after alias expansion
+MAX_DEPTH = 64
+
+try:  # libyaml is several times faster; its nodes carry the same marks
+    _Loader: type = yaml.CSafeLoader
+except AttributeError:  # pragma: no cover - depends on how PyYAML was built
+    _Loader = yaml.SafeLoader
+
+KeyPath = tuple  # tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a value was written: a file (as shown to the user) and a 1-based line."""
+
+    file: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}" if self.line else self.file
+
+
+@dataclass
+class Layer:
+    """One parsed document: its data and the origin of every key path in it."""
+
+    path: Path
+    data: dict
+    origins: dict = field(default_factory=dict)
+
+
+def display_path(path: Path) -> str:
+    """The shortest honest spelling of a path for messages: relative when under cwd."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(path)
+
+
+def format_path(keypath: KeyPath) -> str:
+    """("cluster", "workers", 0, "host") -> "cluster.workers[0].host"."""
+    out = ""
+    for part in keypath:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def read_layer(path: Path) -> Layer:
+    """Parse one fdl config file (YAML or JSON) into a `Layer`, or raise ConfigError."""
+    shown = display_path(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise ConfigError(
+                f"{shown} is {size / 1024 / 1024:.1f} MiB; fdl reads configuration files of up to "
+                f"{MAX_BYTES // 1024 // 1024} MiB. Check that this is the file you meant (a data file "
+                f"or log named like a config?) and keep fdl.yml to the settings themselves."
+            )
+        raw = path.read_bytes()
+    except ConfigError:
+        raise
+    except OSError as exc:
+        raise ConfigError(f"{shown} cannot be read: {exc.strerror or exc}. Check that it exists and "
+                          f"that you may read it.") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{shown}:{line}: the file is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
+            f"{exc.start}). Save it as UTF-8; configuration files must be text."
+        ) from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    return Layer(path=path, **_parse_text(text, shown, json_file=path.suffix == ".json"))
+
+
+def _parse_text(text: str, shown: str, *, json_file: bool) -> dict:
+    if "\x00" in text:
+        raise ConfigError(f"{shown}: the file holds NUL bytes; it is not a text configuration file.")
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+    except yaml.MarkedYAMLError as exc:
+        if json_file:
+            return _parse_json_fallback(text, shown, exc)
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{shown}:{mark.line + 1}:{mark.column + 1}" if mark else shown
+        what = " ".join(p for p in (exc.context, exc.problem) if p)
+        raise ConfigError(
+            f"{where}: invalid {'JSON' if json_file else 'YAML'}: {what}. Fix the syntax at that spot "
+            f"(common causes: a missing space after ':', a tab used for indentation, unbalanced quotes "
+            f"or brackets)."
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{shown}: invalid YAML: {exc}. Fix the file's syntax.") from None
+    except RecursionError:
+        raise ConfigError(f"{shown}: the document is nested too deeply to read; a configuration file "
+                          f"needs only a few levels.") from None
+    finally:
+        loader.dispose()
+    if node is None:
+        return {"data": {}, "origins": {}}
+    if not isinstance(node, yaml.MappingNode):
+        kind = "a list" if isinstance(node, yaml.SequenceNode) else "a single value"
+        raise ConfigError(
+            f"{shown}:{node.start_mark.line + 1}: the document is {kind}, but an fdl configuration "
+            f"file is a mapping of sections (cluster:, commands:, join:, publish:). Start the file "
+            f"with a key such as 'commands:'."
+        )
+    builder = _Builder(shown)
+    data = builder.build(node, (), 0, frozenset())
+    return {"data": data, "origins": builder.origins}
+
+
+def _parse_json_fallback(text: str, shown: str, yaml_exc: yaml.MarkedYAMLError) -> dict:
+    """A .json file YAML cannot read (tabs, say): parse it as JSON, origins at line level only."""
+    def no_duplicates(pairs: list) -> dict:
+        seen: dict = {}
+        for key, value in pairs:
+            if key in seen:
+                raise ConfigError(f"{shown}: duplicate key {key!r}; each key may appear once.")
+            seen[key] = value
+        return seen
+
+    try:
+        data = json.loads(text, object_pairs_hook=no_duplicates)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{shown}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}. Fix the syntax "
+                          f"at that spot.") from None
+    except RecursionError:
+        raise ConfigError(f"{shown}: the document is nested too deeply to read.") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{shown}: the document is not an object; an fdl configuration file is a "
+                          f"mapping of sections.")
+    origins: dict = {}
+    _stamp(data, (), Origin(shown, 0), origins)
+    return {"data": data, "origins": origins}
+
+
+def _stamp(value: Any, path: KeyPath, origin: Origin, origins: dict) -> None:
+    origins[path] = origin
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _stamp(v, path + (k,), origin, origins)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _stamp(v, path + (i,), origin, origins)
+
+
+class _Builder:
+    """Turns a composed YAML node graph into plain values, with bounds and provenance."""
+
+    def __init__(self, shown: str):
+        self.shown = shown
+        self.origins: dict = {}
+        self.count = 0
+        self.constructor = yaml.constructor.SafeConstructor()
+
+    def _where(self, node: yaml.Node) -> str:
+        return f"{self.shown}:{node.start_mark.line + 1}"
+
+    def build(self, node: yaml.Node, path: KeyPath, depth: int, active: frozenset) -> Any:
+        self.count += 1
+        if self.count > MAX_NODES:
+            raise ConfigError(
+                f"{self._where(node)}: the document expands to more than {MAX_NODES:,} values once its "
+                f"aliases (*name) are resolved. That is the shape of a 'billion laughs' document, not a "
+                f"configuration; remove the nested aliases."
+            )
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"{self._where(node)}: values are nested more than {MAX_DEPTH} levels deep; "
+                              f"a configuration file needs only a few levels.")
+        if id(node) in active:
+            raise ConfigError(f"{self._where(node)}: an alias refers to a value that contains it; "
+                              f"recursive aliases are not allowed.")
+        self.origins[path] = Origin(self.shown, node.start_mark.line + 1)
+        if isinstance(node, yaml.ScalarNode):
+            try:
+                return self.constructor.construct_object(node, deep=True)
+            except (yaml.YAMLError, ValueError, OverflowError) as exc:
+                raise ConfigError(f"{self._where(node)}: cannot read the value {node.value!r}: {exc}.") from None
+        inner = active | {id(node)}
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(item, path + (i,), depth + 1, inner) for i, item in enumerate(node.value)]
+        if isinstance(node, yaml.MappingNode):
+            return self._mapping(node, path, depth, inner)
+        raise ConfigError(f"{self._where(node)}: unsupported YAML node.")  # pragma: no cover
+
+    def _mapping(self, node: yaml.MappingNode, path: KeyPath, depth: int, active: frozenset) -> dict:
+        result: dict = {}
+        merged_defaults: dict = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`
+                for source in self._merge_sources(value_node):
+                    sub = self.build(source, path, depth + 1, active)
+                    for k, v in sub.items():
+                        merged_defaults.setdefault(k, v)
+                continue
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise ConfigError(f"{self._where(key_node)}: a key must be a plain name, not a list or "
+                                  f"mapping.")
+            key = self.constructor.construct_object(key_node)
+            if not isinstance(key, (str, int, bool, float)) and key is not None:
+                key = str(key)
+            if key in result:
+                raise ConfigError(
+                    f"{self._where(key_node)}: duplicate key {key!r} under {format_path(path)}; each key "
+                    f"may appear once (the later one would silently win). Remove one of them."
+                )
+            result[key] = self.build(value_node, path + (key,), depth + 1, active)
+            self.origins[path + (key,)] = Origin(self.shown, key_node.start_mark.line + 1)
+        for k, v in merged_defaults.items():
+            result.setdefault(k, v)
+        return result
+
+    def _merge_sources(self, node: yaml.Node) -> list:
+        if isinstance(node, yaml.MappingNode):
+            return [node]
+        if isinstance(node, yaml.SequenceNode) and all(isinstance(n, yaml.MappingNode) for n in node.value):
+            return list(node.value)
+        raise ConfigError(f"{self._where(node)}: '<<' merges a mapping or a list of mappings.")

@@ -1,0 +1,55 @@
+"""The one error hierarchy of fdl.
+
+Library code raises these; only the command boundary (`fdl.cli.main`) prints
+them and exits with their code. Messages are written for the person at the
+terminal: what was wrong, where, and what to do about it.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Process exit codes shared by every command."""
+
+    OK = 0
+    FAILURE = 1  # a retry or a fix elsewhere can mend it
+    PERMANENT = 2  # retrying cannot fix it (also: a command line that does not parse)
+    INTERRUPTED = 130
+
+
+class FdlError(Exception):
+    """Base of every error fdl reports to a user."""
+
+    exit_code: int = ExitCode.FAILURE
+
+    def __init__(self, message: str, *, hint: str | None = None, exit_code: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        if exit_code is not None:
+            self.exit_code = int(exit_code)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(FdlError):
+    """A configuration file is missing, unreadable, malformed or invalid."""
+
+
+class UsageError(FdlError):
+    """The command line is malformed or contradictory."""
+
+    exit_code = ExitCode.PERMANENT
+
+
+class PermanentError(FdlError):
+    """A failure that retrying cannot fix."""
+
+    exit_code = ExitCode.PERMANENT
+
+
+class RemoteError(FdlError):
+    """A remote host or endpoint failed or could not be reached."""

@@ -1,0 +1,58 @@
+"""The global --gpus selection: `all` or explicit physical indices like `0,1`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fdl.errors import UsageError
+
+
+@dataclass(frozen=True)
+class GpuSelection:
+    """ids=None means every visible GPU."""
+
+    spec: str
+    ids: tuple[int, ...] | None
+
+    def __str__(self) -> str:
+        return "all" if self.ids is None else ",".join(map(str, self.ids))
+
+
+def parse_gpus(spec: str, present: int | None = -1) -> GpuSelection:
+    """Parse a --gpus value; present=-1 asks NVML how many GPUs exist (None: unknown)."""
+    text = spec.strip()
+    if not text:
+        raise UsageError("--gpus needs a value: 'all' or GPU indices like 0,1.")
+    if text == "all":
+        return GpuSelection(spec, None)
+    ids: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            raise UsageError(f"--gpus {spec!r}: an empty entry; list indices like 0,1 with no gaps.")
+        if part.startswith("-") and part[1:].isdigit():
+            raise UsageError(f"--gpus {spec!r}: {part} is negative; GPU indices start at 0.")
+        if not part.isdigit():
+            raise UsageError(f"--gpus {spec!r}: {part!r} is not a GPU index; use 'all' or whole numbers like 0,1.")
+        index = int(part)
+        if index in ids:
+            raise UsageError(f"--gpus {spec!r}: GPU {index} is listed twice.")
+        ids.append(index)
+    if present == -1:
+        present = nvml_device_count()
+    if present is not None:
+        beyond = [i for i in ids if i >= present]
+        if beyond:
+            raise UsageError(
+                f"--gpus {spec!r}: GPU {beyond[0]} does not exist; this host has {present} GPU"
+                f"{'s' if present != 1 else ''} (indices 0 to {present - 1})." if present else
+                f"--gpus {spec!r}: this host has no GPUs that NVML can see."
+            )
+    return GpuSelection(spec, tuple(ids))
+
+
+def nvml_device_count() -> int | None:
+    """How many GPUs NVML reports, or None when it cannot tell (no driver, no library)."""
+    from fdl.checks.nvml import device_count
+
+    return device_count()

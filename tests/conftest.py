@@ -1,0 +1,43 @@
+"""Shared test helpers: run the real `fdl` entry point as a user would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+IN_CI = os.environ.get("CI") == "true"
+
+
+def fdl_env(extra: dict | None = None) -> dict:
+    """The environment for an fdl subprocess: this checkout first on the import path."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.pop("FDL_ENV", None)
+    env.pop("FDL_DEBUG", None)
+    env.update(extra or {})
+    return env
+
+
+def run_fdl(*args: str, cwd: Path | str | None = None, env: dict | None = None, input: str | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `python -m fdl ARGS` in cwd and capture its output (text)."""
+    return subprocess.run([sys.executable, "-m", "fdl", *args], cwd=cwd, env=fdl_env(env), input=input,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def fdl():
+    return run_fdl
+
+
+def need_root_or_skip(reason: str) -> None:
+    """Tests needing root run in CI (root there); elsewhere they skip, saying why. Never skip in CI."""
+    if os.geteuid() != 0:
+        if IN_CI:
+            pytest.fail(f"CI must run this test as root: {reason}")
+        pytest.skip(f"needs root: {reason}")
