@@ -37,3 +37,25 @@ def device_count() -> int | None:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:
             pass
+
+
+def device_capabilities() -> list[tuple[int, int]] | None:
+    """CUDA compute capability (major, minor) of every GPU NVML sees; None when NVML is unavailable."""
+    pynvml = load_pynvml()
+    if pynvml is None:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        count = int(pynvml.nvmlDeviceGetCount())
+        return [tuple(pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(i)))
+                for i in range(count)]
+    except pynvml.NVMLError:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
