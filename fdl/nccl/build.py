@@ -92,6 +92,7 @@ class Progress:
         self.live = live
         self.failures: list[str] = []
         self.installed: dict | None = None
+        self.context_ready = False
         self.build_started: float | None = None
         self._ticking = False
 
@@ -112,6 +113,8 @@ class Progress:
                 self._ticking = True
         elif kind == "runner_on_ok" and data.get("task_action") == "fdl_nccl_install":
             self.installed = data.get("res") or {}
+        elif kind == "runner_on_ok" and data.get("task_action") in ("ansible.builtin.template", "template"):
+            self.context_ready = True
         elif kind == "runner_on_failed" and not data.get("ignore_errors"):
             self.failures.append(describe_failure(data))
         elif kind == "runner_on_unreachable":
@@ -162,13 +165,15 @@ def run_build(plan: BuildPlan, inventory: dict, *, snippet_host: str,
     finally:
         progress.close()
     seconds = time.monotonic() - started
-    untouched = f"Nothing was written at {plan.output_dir}."
+    untouched = f"{plan.output_dir} was left as it was."
     if progress.failures:
         error_class = RemoteError if plan.remote else FdlError
-        raise error_class("NCCL build on " + plan.host + " failed: " + "\n".join(progress.failures)
-                          + f"\n{untouched}",
-                          hint=f"the build context stays in {plan.context_dir} on {plan.host}; "
-                               f"`fdl nccl build --dry-run` prints the docker commands to rerun by hand.")
+        hint = None
+        if progress.context_ready:
+            hint = (f"the build context stays in {plan.context_dir} on {plan.host}; `fdl nccl build --dry-run` "
+                    f"prints the docker commands to rerun by hand.")
+        raise error_class(f"NCCL build on {plan.host} failed: " + "\n".join(progress.failures) + f"\n{untouched}",
+                          hint=hint)
     if outcome.status != "successful":
         raise FdlError(f"NCCL build on {plan.host} ended {outcome.status} (ansible-playbook exit {outcome.rc}). "
                        f"{untouched}")

@@ -116,8 +116,10 @@ def parse_archs(text: str) -> tuple[Arch, ...]:
         pair = (int(match.group(1)), int(match.group(2))) if match else None
         if pair not in KNOWN_ARCHS:
             if pair is not None and pair < MIN_ARCH:
-                why = (f"{word!r} is compute capability {pair[0]}.{pair[1]}, older than anything the CUDA 12 "
-                       f"toolchain in the build image can target (5.0 and newer)")
+                why = (f"{word!r} reads as compute capability {pair[0]}.{pair[1]}, older than anything the "
+                       f"CUDA 12 toolchain in the build image can target (5.0 and newer)")
+                if word.isdigit():
+                    why += f"; write {word}.0 if you meant compute capability {word}.0"
             else:
                 why = f"{word!r} is not a CUDA compute capability"
             raise PlanError(
@@ -283,4 +285,5 @@ class BuildPlan:
 
 def command_line(argv: list[str]) -> str:
     """A docker argv as a shell line a user can paste."""
-    return " ".join(shlex.quote(word) if word != CONTAINER else word for word in argv)
+    return " ".join(CONTAINER + shlex.quote(word[len(CONTAINER):]) if word.startswith(CONTAINER)
+                    else shlex.quote(word) for word in argv)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fdl import resources
+from fdl.errors import FdlError
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,10 @@ def run_playbook(playbook: Path, *, inventory: dict, extravars: dict,
     """Run one playbook over a dict inventory and report how it ended."""
     import ansible_runner  # noqa: PLC0415 - only the commands that drive Ansible pay for it
 
+    env = ansible_env()
+    if shutil.which("ansible-playbook", path=env["PATH"]) is None:
+        raise FdlError("ansible-playbook is not installed next to fdl (it comes with the ansible-core "
+                       "dependency), so the build cannot run.", hint="reinstall fdl: pip install --force-reinstall fdl")
     private = tempfile.mkdtemp(prefix="fdl-runner-")
     try:
         runner = ansible_runner.run(
@@ -54,7 +59,7 @@ def run_playbook(playbook: Path, *, inventory: dict, extravars: dict,
             playbook=str(playbook),
             inventory=inventory,
             extravars=extravars,
-            envvars=ansible_env(),
+            envvars=env,
             event_handler=event_handler,
             quiet=True,
             settings={"pexpect_timeout": 0.2, "suppress_ansible_output": True},
