@@ -279,6 +279,7 @@ class BuildPlan:
             "output_dir": self.output_dir,
             "library": self.library,
             "estimated_minutes": list(BUILD_MINUTES),
+            "role_vars": self.role_vars(),
             "notes": list(self.notes),
         }
 

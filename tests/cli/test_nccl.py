@@ -11,7 +11,8 @@ import json
 import pytest
 
 from tests.conftest import run_fdl
-from tests.fakes.nccl import fake_nvml, nccl_project, nvml_env, tree  # noqa: F401 - pytest fixtures
+from tests.fakes.nccl import nvml_env, tree
+from tests.fakes.nccl_fixtures import fake_nvml, nccl_project  # noqa: F401 - pytest fixtures
 
 MIXED = "NVIDIA GeForce GTX 1080:6.1;NVIDIA RTX PRO 6000 Blackwell:12.0;NVIDIA GeForce GTX 1080:6.1"
 

@@ -41,38 +41,14 @@ def clean_path(*first: Path) -> str:
     return os.pathsep.join(d for d in dirs if not (Path(d) / "docker").exists() or any(d == str(f) for f in first))
 
 
+def tree(root: Path) -> list[str]:
+    """Every path under root, for before/after comparisons."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
 def docker_calls(log: Path) -> list[list[str]]:
     """The argv of every stand-in docker invocation, in order."""
     if not log.exists():
         return []
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
-
-# ------------------------------------------------------------------ pytest fixtures (import them by name)
-
-import pytest  # noqa: E402 - fixtures below; the helpers above stay importable without pytest
-
-
-@pytest.fixture(scope="session")
-def fake_nvml(tmp_path_factory) -> Path:
-    """Directory holding a freshly compiled fake libnvidia-ml.so.1."""
-    return build_fake_nvml(tmp_path_factory.mktemp("fdln10-nvml"))
-
-
-@pytest.fixture
-def nccl_project(tmp_path) -> Path:
-    """A project whose libtorch variants bundle NCCL 2.26.2 and 2.27.5."""
-    root = tmp_path / "proj"
-    root.mkdir()
-    (root / "fdl.yml").write_text("commands:\n  test: {run: 'true'}\n")
-    for variant, version in (("precompiled/cu126", "2.26.2"), ("precompiled/cu128", "2.27.5")):
-        lib = root / "libtorch" / variant / "lib"
-        lib.mkdir(parents=True)
-        (lib / f"libnccl.so.{version}").write_bytes(b"\x7fELF")
-        (lib / "libnccl.so.2").symlink_to(f"libnccl.so.{version}")
-    return root
-
-
-def tree(root: Path) -> list[str]:
-    """Every path under root, for before/after comparisons."""
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))

@@ -21,15 +21,8 @@ import pytest
 
 from fdl import resources
 from tests.conftest import fdl_env, run_fdl
-from tests.fakes.nccl import (  # noqa: F401 - pytest fixtures
-    clean_path,
-    docker_calls,
-    fake_nvml,
-    install_docker_standin,
-    nccl_project,
-    nvml_env,
-    tree,
-)
+from tests.fakes.nccl import clean_path, docker_calls, install_docker_standin, nvml_env, tree
+from tests.fakes.nccl_fixtures import fake_nvml, nccl_project  # noqa: F401 - pytest fixtures
 
 pytestmark = pytest.mark.slow
 MIXED = "NVIDIA GeForce GTX 1080:6.1;NVIDIA RTX PRO 6000 Blackwell:12.0"
@@ -65,16 +58,16 @@ def test_build_runs_the_planned_docker_commands_and_puts_the_library_in_place(nc
     # The build time is stated before the build starts.
     assert "this takes 5-15 minutes" in result.stderr.splitlines()[0]
     # The role ran exactly the docker commands the dry run printed.
-    calls = docker_calls(docker["log"])
-    container = calls[3 + 1][1].partition(":")[0]  # --version, info, build, create, cp ...
-    staging = calls[4][2]
+    calls = [["docker", *argv] for argv in docker_calls(docker["log"])]
+    copy = calls[4]  # after --version, info, build, create
+    container, staging = copy[2].partition(":")[0], copy[3]
     expected = planned["docker_commands"]
-    assert [["docker", *c] for c in calls] == [
+    assert calls == [
         ["docker", "--version"],
         expected["preflight"],
         expected["build"],
         expected["create"],
-        [w.replace("<container>", container) if "<container>" in w else w for w in expected["copy"][:3]] + [staging],
+        ["docker", "cp", expected["copy"][2].replace("<container>", container), staging],
         ["docker", "rm", container],
     ]
     assert staging.startswith(f"{nccl_project}/libtorch/nccl/builds/.{NAME}.partial-") and staging.endswith("/lib")
@@ -188,11 +181,7 @@ def test_playbook_and_role_pass_the_syntax_check():
 def test_check_mode_run_changes_nothing(nccl_project, fake_nvml, docker, tmp_path):
     """ansible-playbook --check, as an Ansible user would run the role: preflight runs, nothing is written."""
     plan = json.loads(build(nccl_project, fake_nvml, docker, "--dry-run", "--json").stdout)
-    from fdl.nccl.plan import BuildPlan, NcclVersion, parse_archs
-
-    role_vars = BuildPlan(nccl=NcclVersion.parse(plan["tag"]), archs=parse_archs(";".join(plan["archs"])),
-                          root=plan["root"]).role_vars()
-    (tmp_path / "vars.json").write_text(json.dumps(role_vars))
+    (tmp_path / "vars.json").write_text(json.dumps(plan["role_vars"]))  # what fdl passes the role
     before = tree(nccl_project)
     result = ansible("--check", "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}",
                      "-e", f"@{tmp_path / 'vars.json'}", str(resources.playbook("nccl-build.yml")),

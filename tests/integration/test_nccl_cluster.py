@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import need_root_or_skip, run_fdl
-from tests.fakes.nccl import clean_path, docker_calls, install_docker_standin, nccl_project  # noqa: F401
+from tests.fakes.nccl import clean_path, docker_calls, install_docker_standin
+from tests.fakes.nccl_fixtures import nccl_project  # noqa: F401 - pytest fixture
 
 pytestmark = pytest.mark.slow
 
