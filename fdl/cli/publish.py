@@ -35,6 +35,9 @@ class TailCommand(TyperCommand):
             ctx.meta[TAIL_KEY] = None
         return super().parse_args(ctx, args)
 
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "[-- ARGS...]"]
+
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
 

@@ -95,7 +95,10 @@ def ssh_command(source: RsyncSource, identity: str | None, env: Mapping[str, str
 
 def rsync_argv(src: str, dest: Path, *, rsh: str | None = None, excludes: tuple[str, ...] = EXCLUDES,
                delete: bool = True) -> list[str]:
-    argv = ["rsync", "-a"]
+    # --modify-window=-1: compare mtimes to the nanosecond. The default compares whole
+    # seconds, so a same-size edit made within a second of the previous copy would be
+    # skipped by rsync's quick check and the tree would keep the old file.
+    argv = ["rsync", "-a", "--modify-window=-1"]
     if delete:
         argv.append("--delete")
     argv += [f"--exclude={pattern}" for pattern in excludes]
@@ -133,7 +136,7 @@ def materialize(source: SourceSpec, tree: Path, *, identity: str | None = None, 
         what = f"pull {source.remote}"
     result = _run(argv, what, env)
     if result.returncode != 0:
-        raise FetchError(_rsync_failure(source, result), hint=_rsync_hint(source, result.returncode))
+        raise FetchError(_rsync_failure(source, result), hint=_rsync_hint(source, result))
     note(f"source: {'copied' if isinstance(source, FileSource) else 'pulled'} {source.spec} into {tree} "
          f"(rsync, incremental)")
     return Fetched(kind=source.kind)
@@ -143,17 +146,25 @@ def _rsync_failure(source: SourceSpec, result: subprocess.CompletedProcess) -> s
     code = result.returncode
     if code == 24:
         why = "files vanished from the source while it was being copied (it changed under the copy)"
-    elif code == 255:
+    elif code == 255 or _ssh_failed(result.stderr):
         why = "ssh could not connect or log in"
     else:
         why = f"rsync exited {code}"
     return f"fetching {source.spec} failed: {why}:\n    {_tail(result.stderr)}"
 
 
-def _rsync_hint(source: SourceSpec, code: int) -> str:
+_SSH_FAILURES = ("Permission denied", "Connection refused", "Connection timed out", "Host key verification failed",
+                 "Could not resolve hostname", "No route to host", "Connection closed by")
+
+
+def _ssh_failed(stderr: str) -> bool:
+    return any(text in stderr for text in _SSH_FAILURES)
+
+
+def _rsync_hint(source: SourceSpec, result: subprocess.CompletedProcess) -> str:
     if isinstance(source, FileSource):
         return "Check that the directory exists and is readable, then publish again."
-    if code == 255:
+    if result.returncode == 255 or _ssh_failed(result.stderr):
         return ("Check the host, port, user and key (--identity), and that this box knows the host's key "
                 "(ssh once by hand, or pass ssh options through RSYNC_RSH).")
     return ("Check the remote path, and that the key's forced command (if any) permits rsync: a key "
@@ -239,9 +250,20 @@ def _read_remote_manifest(source: FileSource | RsyncSource, identity: str | None
         return target.read_bytes()
     if result.returncode == 23 and ("No such file" in result.stderr or "change_dir" in result.stderr):
         return None
-    if result.returncode == 255:
-        raise RemoteError(_rsync_failure(source, result), hint=_rsync_hint(source, 255))
-    raise FetchError(_rsync_failure(source, result), hint=_rsync_hint(source, result.returncode))
+    if "Restricted directory does not exist" in result.stderr:  # rrsync: nothing was ever served there
+        return None
+    if "rrsync error" in result.stderr and "No such file" in result.stderr:
+        from fdl.publish.manifest import ManifestMissing
+
+        raise ManifestMissing(
+            f"no run manifest at {source.path}/{MANIFEST_NAME} behind {source.host}'s rrsync key. That key "
+            f"re-roots every path at the controller's served directory, so the tree is {source.at('/tree')} "
+            f"there; an absolute path is rooted twice. If the spelling is "
+            f"right, nothing is published yet.",
+            hint="Use the rrsync spelling fdl publish printed, or wait for the next publish.")
+    if result.returncode == 255 or _ssh_failed(result.stderr):
+        raise RemoteError(_rsync_failure(source, result), hint=_rsync_hint(source, result))
+    raise FetchError(_rsync_failure(source, result), hint=_rsync_hint(source, result))
 
 
 def pull_run(source: FileSource | RsyncSource, dest: Path, *, identity: str | None = None,

@@ -152,7 +152,7 @@ def primary_gate(tree: Path, cwd: str, recipe: str, binary: str, libtorch: Libto
         raise GateError(
             f"the build gate failed: `{recipe}` exited {code} in {directory} (its output is above). Nothing was "
             f"published: the run manifest stays removed, so workers wait for the next publish.",
-            hint="Fix the build and publish again, or test it with --no-build at your own risk.",
+            hint="Fix the build (the compiler output is above) and publish again.",
         )
     artifact = directory / binary
     if not artifact.is_file():

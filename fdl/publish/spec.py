@@ -76,6 +76,12 @@ class RsyncSource:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{self.user + '@' if self.user else ''}{host}:{self.path}"
 
+    def at(self, path: str) -> str:
+        """The spec of another directory on the same host, same login and port."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        port = f":{self.port}" if self.port is not None else ""
+        return f"rsync://{self.user + '@' if self.user else ''}{host}{port}:{path}"
+
 
 @dataclass(frozen=True)
 class GitSource:
