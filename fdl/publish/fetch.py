@@ -25,7 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fdl.errors import FdlError, RemoteError
-from fdl.publish.manifest import MANIFEST_NAME, Manifest, atomic_write, parse_manifest, read_manifest
+from fdl.publish.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ManifestMissing,
+    atomic_write,
+    parse_manifest,
+    read_manifest,
+    remove_manifest,
+)
 from fdl.publish.spec import FileSource, GitSource, RsyncSource, SourceSpec
 
 EXCLUDES = ("target/", ".git/", "/libtorch/", f"/{MANIFEST_NAME}", f"/{MANIFEST_NAME}.*.tmp")
@@ -253,8 +261,6 @@ def _read_remote_manifest(source: FileSource | RsyncSource, identity: str | None
     if "Restricted directory does not exist" in result.stderr:  # rrsync: nothing was ever served there
         return None
     if "rrsync error" in result.stderr and "No such file" in result.stderr:
-        from fdl.publish.manifest import ManifestMissing
-
         raise ManifestMissing(
             f"no run manifest at {source.path}/{MANIFEST_NAME} behind {source.host}'s rrsync key. That key "
             f"re-roots every path at the controller's served directory, so the tree is {source.at('/tree')} "
@@ -273,8 +279,6 @@ def pull_run(source: FileSource | RsyncSource, dest: Path, *, identity: str | No
     Raises ManifestMissing (exit 1, transient) when nothing is published there
     or a publish started while the tree was being copied.
     """
-    from fdl.publish.manifest import ManifestMissing, remove_manifest
-
     if isinstance(source, GitSource):
         raise FetchError("a published run is pulled from a file:// or rsync:// source (the served tree), "
                          "not from git.")

@@ -325,8 +325,8 @@ def publish(request: PublishRequest, *, project_root: Path | None = None, note: 
             raise PublishError(f"cwd '{request.cwd}' is not a directory in the fetched tree ({tree}). Nothing was "
                                f"published.", hint="cwd is a path inside the source tree.")
         if request.no_build:
-            say(f"--no-build: the build gate was SKIPPED; nothing has compiled this tree, and the manifest says "
-                f"built: false. The first worker to build it is where a broken build will show.")
+            say("--no-build: the build gate was SKIPPED; nothing has compiled this tree, and the manifest says "
+                "built: false. The first worker to build it is where a broken build will show.")
         else:
             if libtorch is None:
                 say("no libtorch found (LIBTORCH_PATH unset, no libtorch/.active in the project or "
