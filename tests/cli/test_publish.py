@@ -353,21 +353,31 @@ def test_no_wait_fails_clearly_while_another_publish_holds_the_lock(box: Box) ->
 
 
 def test_two_publishes_into_one_served_dir_never_interleave(box: Box) -> None:
-    log = box.root / "order.log"
-    recipe = f'echo start >> {log}; sleep 1.5; echo end >> {log}; ' + BUILD
+    log, go = box.root / "order.log", box.root / "go"
+    # Each build logs its start, then holds until the test says go, then logs its end.
+    recipe = f"echo start >> {log}; while [ ! -e {go} ]; do sleep 0.05; done; echo end >> {log}; " + BUILD
     argv = [sys.executable, "-m", "fdl", "publish", f"file://{box.src}", "--bin", "out/app", "--build", recipe]
     env = fdl_env(publish_env(box.home))
+    err2_path = box.root / "second.err"
+
+    def wait_for(condition, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.05)
+
     first = subprocess.Popen(argv, cwd=box.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not (log.exists() and "start" in log.read_text()):
-        assert time.monotonic() < deadline and first.poll() is None
-        time.sleep(0.05)
-    second = subprocess.Popen(argv, cwd=box.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out1, err1 = first.communicate(timeout=120)
-    out2, err2 = second.communicate(timeout=120)
-    assert first.returncode == 0 and second.returncode == 0, err1 + err2
+    wait_for(lambda: log.exists() and "start" in log.read_text(), "the first build to start")
+    with open(err2_path, "w") as err2:
+        second = subprocess.Popen(argv, cwd=box.root, env=env, stdout=subprocess.PIPE, stderr=err2, text=True)
+        wait_for(lambda: "waiting for it to finish" in err2_path.read_text(), "the second publish to wait")
+        assert log.read_text().split() == ["start"]  # the second has not touched anything yet
+        go.touch()
+        out1, err1 = first.communicate(timeout=120)
+        out2, _ = second.communicate(timeout=120)
+    assert first.returncode == 0 and second.returncode == 0, err1 + err2_path.read_text()
     assert log.read_text().split() == ["start", "end", "start", "end"]
-    assert "waiting for it to finish" in err2
+    assert f"another fdl publish (pid {first.pid}) is publishing into {box.served}" in err2_path.read_text()
     assert box.manifest()["run"] in out2
 
 

@@ -121,14 +121,18 @@ def test_unknown_git_ref_publishes_nothing(tmp_path: Path, repo: Path) -> None:
     assert not (home / ".flodl" / "run" / "tree" / MANIFEST_NAME).exists()
 
 
-def test_a_file_source_can_follow_a_git_one_in_the_same_served_dir(tmp_path: Path, repo: Path) -> None:
+def test_file_and_git_sources_can_take_turns_in_the_same_served_dir(tmp_path: Path, repo: Path) -> None:
     home, src = tmp_path / "home", tmp_path / "src"
     home.mkdir()
     src.mkdir()
     (src / "a.txt").write_text("from a directory\n")
-    ok(publish(home, f"git+file://{repo}#v1", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path))
-    ok(publish(home, f"file://{src}", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path))
+    (src / "only-in-dir.txt").write_text("x\n")
     tree = home / ".flodl" / "run" / "tree"
+    ok(publish(home, f"file://{src}", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path))
+    ok(publish(home, f"git+file://{repo}#v1", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path))
+    assert (tree / "out" / "app").read_text() == "v1\n"
+    assert not (tree / "only-in-dir.txt").exists()
+    ok(publish(home, f"file://{src}", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path))
     assert (tree / "out" / "app").read_text() == "from a directory\n"
     assert not (tree / "old.txt").exists()
 
