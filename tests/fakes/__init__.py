@@ -104,7 +104,8 @@ def make_libtorch(root: Path, variant: str = "precompiled/cu128", *, torch: str 
     zip). `.arch` carries torch=, cuda= (none for CPU), archs=, variant=;
     `build-version` (e.g. "2.10.0+cu128") is written when given. nccl="2.27.5"
     bundles lib/libnccl.so.2 (a real loadable fake, or with nccl_loadable=False
-    an empty file that only its name can date).
+    an empty file that only its name can date; nccl="2" with nccl_loadable=False:
+    an undatable bare libnccl.so.2).
     """
     root = Path(root)
     vdir = root / variant if variant else root
@@ -128,6 +129,8 @@ def make_libtorch(root: Path, variant: str = "precompiled/cu128", *, torch: str 
     if nccl is not None:
         if nccl_loadable:
             build_fake_nccl(vdir / "lib", nccl)
+        elif "." not in nccl:  # just libnccl.so.2: neither the library nor its name can date it
+            (vdir / "lib" / NCCL_SONAME).write_bytes(b"")
         else:
             real = vdir / "lib" / f"libnccl.so.{nccl}"
             real.write_bytes(b"")
