@@ -81,7 +81,8 @@ def check_data_path(path: str = DEFAULT_DATA_PATH, skip: bool = False) -> CheckR
         data["writable"] = True
     except OSError as exc:
         if exc.errno == errno.EROFS:
-            message = f"Shared data path {path} is on a read-only file system ({mount_point}); ranks cannot write there."
+            message = (f"Shared data path {path} is on a read-only file system ({mount_point}); ranks cannot "
+                       f"write there.")
             hint = f"remount {mount_point} read-write, or point --data-path at a writable location"
         else:
             message = (f"Shared data path {path} is readable but this user (uid {os.geteuid()}) cannot write "

@@ -23,7 +23,6 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 from .report import ERROR, OK, SKIPPED, WARNING, CheckResult
 

@@ -61,3 +61,15 @@ def test_checks_run_as_a_renamed_package_from_json_options(tmp_path: Path, fake_
     gpu = next(c for c in doc["checks"] if c["name"] == "gpu")
     assert gpu["status"] == "ok" and [d["selected"] for d in gpu["data"]["devices"]] == [False, True]
     assert [c["name"] for c in doc["checks"]] == ["gpu", "libtorch", "nccl", "data"]
+
+
+def test_a_host_python_without_pynvml_gets_an_error_not_a_crash(tmp_path: Path) -> None:
+    """`python -S` leaves site-packages (pynvml, ansible) out, as on a bare target host."""
+    shutil.copytree(CHECKS, tmp_path / "fdl_module_utils", ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import json\nfrom fdl_module_utils.probe import ProbeOptions, run_probe\n"
+            "print(json.dumps(run_probe(ProbeOptions(skip_mount=True), host='bare').to_dict()))\n")
+    done = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, env={"HOME": str(tmp_path)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    gpu = json.loads(done.stdout)["checks"][0]
+    assert gpu["status"] == "error" and "pynvml" in gpu["message"] and "nvidia-ml-py" in gpu["hint"]
