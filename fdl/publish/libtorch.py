@@ -1,23 +1,20 @@
 """Which libtorch a build gate compiles against, and the environment a recipe gets.
 
-A minimal resolver for the publishing controller (to be unified with the
-probe's libtorch resolution in fdl/checks once that lands):
+Resolution is the probe's (`fdl.checks.libtorch.resolve_libtorch`): LIBTORCH
+or LIBTORCH_PATH when set, else the project's `libtorch/` tree (its
+`.active` variant), else `~/.flodl/libtorch`. Nothing installed anywhere is
+fine for a shell recipe that links nothing: the gate then runs without
+LIBTORCH_PATH and says so. A location that is set or present but broken is an
+error.
 
-1. `LIBTORCH_PATH` in the environment: a directory given outright;
-2. the project's own tree: `<project>/libtorch/.active` names a variant
-   (`precompiled/cpu`, `builds/sm61-sm120`) under `<project>/libtorch/`;
-3. the user's: `~/.flodl/libtorch/.active` the same way.
-
-None of them is fine for a shell-recipe build that links nothing; the gate
-then runs without LIBTORCH_PATH and says so.
-
-A variant's GPU vendor comes from its name: `cpu*` is CPU-only, `cu<N>` and
-`sm<N>` are NVIDIA, `rocm<N>` and `gfx<N>` are AMD. The recipe gets
-`FDL_GPU_FEATURE` accordingly (`cuda`, `rocm`, or empty for CPU), and on AMD
-the system ROCm runtime is put ahead of libtorch's bundled copy in
-`LD_LIBRARY_PATH`: libtorch-rocm carries the whole user-space ROCm stack, and
-when that copy disagrees with the host's kernel driver the process dies at
-its first GPU operation.
+A variant's GPU vendor comes from what the probe read (its `.arch` file,
+`build-version`, or the directory name), else from the variant's name: `cpu*`
+is CPU-only, `cu<N>` and `sm<N>` are NVIDIA, `rocm<N>` and `gfx<N>` are AMD.
+The recipe gets `FDL_GPU_FEATURE` accordingly (`cuda`, `rocm`, or empty for
+CPU), and on AMD the system ROCm runtime is put ahead of libtorch's bundled
+copy in `LD_LIBRARY_PATH`: libtorch-rocm carries the whole user-space ROCm
+stack, and when that copy disagrees with the host's kernel driver the process
+dies at its first GPU operation.
 """
 
 from __future__ import annotations
@@ -46,7 +43,7 @@ class Libtorch:
     path: Path
     label: str  # the variant (precompiled/cu128) or the directory as given
     vendor: str | None  # "nvidia" | "amd" | None (CPU)
-    found_by: str  # "LIBTORCH_PATH", "project", "user"
+    found_by: str  # "LIBTORCH", "LIBTORCH_PATH", "project" or "home"
 
     @property
     def feature(self) -> str:
@@ -77,61 +74,59 @@ def classify_vendor(label: str, directory: Path | None = None) -> str | None:
     return "nvidia"
 
 
-def _read_active(root: Path) -> str | None:
-    try:
-        text = (root / ".active").read_text(errors="replace").strip()
-    except OSError:
-        return None
-    return text or None
-
-
 def libtorch_roots(project_root: Path | None, home: Path | None = None) -> list[tuple[Path, str]]:
     """The directories that hold libtorch variants, strongest first."""
     roots = []
     if project_root is not None:
         roots.append((Path(project_root) / "libtorch", "project"))
-    roots.append(((home or Path.home()) / ".flodl" / "libtorch", "user"))
+    roots.append(((home or Path.home()) / ".flodl" / "libtorch", "home"))
     return roots
 
 
-def resolve_active(project_root: Path | None, env: Mapping[str, str] | None = None) -> Libtorch | None:
-    """This box's libtorch for the primary gate, or None when there is none."""
+def _from_probe(info, label: str | None = None) -> Libtorch:
+    path = Path(info.path)
+    name = label or info.active or str(path)
+    vendor = {"cuda": "nvidia", "rocm": "amd", "cpu": None}.get(info.kind or "", "?")
+    if vendor == "?":
+        vendor = classify_vendor(info.active or path.name, path)
+    return Libtorch(path=path, label=name, vendor=vendor, found_by=info.source)
+
+
+def resolve_active(project_root: Path | None, env: Mapping[str, str] | None = None,
+                   home: Path | None = None) -> Libtorch | None:
+    """This box's libtorch for the primary gate, or None when none is installed anywhere."""
+    from fdl.checks.libtorch import LibtorchNotFound, resolve_libtorch
+
     env = os.environ if env is None else env
-    given = env.get("LIBTORCH_PATH", "").strip()
-    if given:
-        path = Path(given).expanduser()
-        if not (path / "lib").is_dir():
-            raise LibtorchError(
-                f"LIBTORCH_PATH={given} has no lib/ directory, so it is not a libtorch.",
-                hint="Point LIBTORCH_PATH at an unpacked libtorch (the directory holding lib/ and include/), "
-                     "or unset it to use the active variant.",
-            )
-        return Libtorch(path=path, label=given, vendor=classify_vendor(path.name, path), found_by="LIBTORCH_PATH")
-    for root, found_by in libtorch_roots(project_root):
-        variant = _read_active(root)
-        if variant is None:
-            continue
-        path = root / variant
-        if not (path / "lib").is_dir():
-            raise LibtorchError(
-                f"{root / '.active'} names the libtorch variant '{variant}', but {path}/lib does not exist.",
-                hint="Download or build that variant, or point .active at one that is installed.",
-            )
-        return Libtorch(path=path, label=variant, vendor=classify_vendor(variant, path), found_by=found_by)
-    return None
+    home = home or Path.home()
+    given = any(env.get(name, "").strip() for name in ("LIBTORCH", "LIBTORCH_PATH"))
+    if not given and not any(root.exists() for root, _ in libtorch_roots(project_root, home)):
+        return None
+    try:
+        info = resolve_libtorch(None, env, None if project_root is None else str(project_root), str(home))
+    except LibtorchNotFound as exc:
+        raise LibtorchError(exc.message, hint=exc.hint) from None
+    return _from_probe(info)
 
 
-def resolve_variant(variant: str, project_root: Path | None) -> Libtorch:
-    """A named variant (`precompiled/rocm70`) for a --gate check-build."""
+def resolve_variant(variant: str, project_root: Path | None, home: Path | None = None) -> Libtorch:
+    """A named variant (`precompiled/rocm70`) for a --gate check-build, from the project's tree or ~/.flodl."""
+    from fdl.checks.libtorch import LibtorchNotFound, resolve_libtorch
+
     if not VARIANT_RE.match(variant) or ".." in variant.split("/"):
         raise LibtorchError(f"--gate {variant}: not a libtorch variant name (like precompiled/cu128 or "
                             f"builds/sm61-sm120).")
     looked = []
-    for root, found_by in libtorch_roots(project_root):
+    for root, found_by in libtorch_roots(project_root, home):
         path = root / variant
         looked.append(str(path))
         if (path / "lib").is_dir():
-            return Libtorch(path=path, label=variant, vendor=classify_vendor(variant, path), found_by=found_by)
+            try:
+                info = resolve_libtorch(str(path), {}, None, None)
+            except LibtorchNotFound as exc:
+                raise LibtorchError(f"--gate {variant}: {exc.message}", hint=exc.hint) from None
+            info.source, info.active = found_by, variant
+            return _from_probe(info, variant)
     raise LibtorchError(
         f"--gate {variant}: no libtorch variant '{variant}' here (looked in {' and '.join(looked)}).",
         hint="Install it first (fdl libtorch download); a check-build needs no GPU, only the libraries to "

@@ -329,8 +329,8 @@ def publish(request: PublishRequest, *, project_root: Path | None = None, note: 
                 "built: false. The first worker to build it is where a broken build will show.")
         else:
             if libtorch is None:
-                say("no libtorch found (LIBTORCH_PATH unset, no libtorch/.active in the project or "
-                    "~/.flodl/libtorch): the gate builds without LIBTORCH_PATH (a crate linking flodl needs one; "
+                say("no libtorch found (LIBTORCH and LIBTORCH_PATH unset, no libtorch/ in the project or "
+                    "~/.flodl): the gate builds without LIBTORCH_PATH (a crate linking flodl needs one; "
                     "a CPU libtorch is enough for a gate)")
             else:
                 say(f"gate: building `{request.build}` in {request.cwd} against libtorch {libtorch.label} "

@@ -217,7 +217,9 @@ def test_cwd_missing_from_the_tree_publishes_nothing(box: Box) -> None:
     (["file:///nonexistent/dir", "--bin", "x"], "is not a directory on this box"),
     (["FILE", "--bin", "x", "--to", "SRC/served"], "overlap"),
     (["FILE", "--bin", "x", "--gate", "precompiled/cu128"], "no libtorch variant 'precompiled/cu128'"),
-    (["FILE", "--bin", "x", "--build", "cargo build", "PATH=/usr/bin:/bin"], "needs cargo"),
+    (["FILE", "--bin", "x", "--build", "cargo build", "ENV:PATH=/usr/bin:/bin"], "needs cargo"),
+    (["FILE", "--bin", "x", "ENV:LIBTORCH_PATH=/nonexistent/libtorch"], "LIBTORCH_PATH=/nonexistent/libtorch does "
+                                                                       "not exist"),
 ])
 def test_refusals_before_anything_is_touched_keep_the_previous_run(box: Box, argv: list[str], says: str) -> None:
     ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
@@ -225,8 +227,9 @@ def test_refusals_before_anything_is_touched_keep_the_previous_run(box: Box, arg
     env = {}
     words = []
     for word in argv:
-        if word.startswith("PATH="):
-            env["PATH"] = word[5:]
+        if word.startswith("ENV:"):
+            name, _, value = word[4:].partition("=")
+            env[name] = value
             continue
         words.append(word.replace("FILE", f"file://{box.src}").replace("SRC", str(box.src)))
     result = box.publish(*words, **env)
@@ -314,6 +317,7 @@ def test_gate_variants_check_build_under_their_own_target_dir(box: Box) -> None:
 
 def test_a_failing_check_build_publishes_nothing(box: Box) -> None:
     fake_variant(box.home, "precompiled/cpu")
+    (box.home / ".flodl" / "libtorch" / ".active").write_text("precompiled/cpu\n")
     recipe = 'case "$LIBTORCH_PATH" in *cpu-other*) echo "only breaks there" >&2; exit 1;; esac; ' + BUILD
     ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
     fake_variant(box.home, "precompiled/cpu-other")

@@ -38,30 +38,33 @@ def test_an_unnamed_directory_is_read_from_its_arch_file(tmp_path: Path) -> None
     assert classify_vendor("libtorch", tmp_path) == "nvidia"
 
 
-def test_resolution_order_env_then_project_then_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resolution_order_env_then_project_then_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home, project = tmp_path / "home", tmp_path / "project"
     monkeypatch.setenv("HOME", str(home))
     user = variant(home / ".flodl", "precompiled/cpu")
     (home / ".flodl" / "libtorch" / ".active").write_text("precompiled/cpu\n")
-    assert resolve_active(project, {}) == Libtorch(user, "precompiled/cpu", None, "user")
+    assert resolve_active(project, {}) == Libtorch(user, "precompiled/cpu", None, "home")
     proj = variant(project, "precompiled/cu128")
     (project / "libtorch" / ".active").write_text("precompiled/cu128")
     assert resolve_active(project, {}) == Libtorch(proj, "precompiled/cu128", "nvidia", "project")
     given = variant(tmp_path, "precompiled/rocm71")
     found = resolve_active(project, {"LIBTORCH_PATH": str(given)})
     assert (found.path, found.vendor, found.found_by) == (given, "amd", "LIBTORCH_PATH")
-    assert resolve_active(None, {}) == Libtorch(user, "precompiled/cpu", None, "user")
+    assert resolve_active(None, {}) == Libtorch(user, "precompiled/cpu", None, "home")
 
 
 def test_nothing_installed_is_none_and_broken_pointers_are_errors(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert resolve_active(tmp_path, {}) is None
-    with pytest.raises(LibtorchError, match="has no lib/"):
+    with pytest.raises(LibtorchError, match="LIBTORCH_PATH=.*nowhere does not exist"):
         resolve_active(tmp_path, {"LIBTORCH_PATH": str(tmp_path / "nowhere")})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(LibtorchError, match="has no lib/"):
+        resolve_active(tmp_path, {"LIBTORCH": str(tmp_path / "empty")})
     (tmp_path / "libtorch").mkdir()
     (tmp_path / "libtorch" / ".active").write_text("precompiled/cu999\n")
-    with pytest.raises(LibtorchError, match="names the libtorch variant 'precompiled/cu999'"):
+    with pytest.raises(LibtorchError, match="names variant 'precompiled/cu999'"):
         resolve_active(tmp_path, {})
 
 
@@ -86,14 +89,14 @@ def test_rocm_runtime_dirs_follow_the_env_and_probe_lib64(tmp_path: Path) -> Non
 
 
 def test_recipe_env_puts_rocm_ahead_of_libtorch_on_amd_only(tmp_path: Path) -> None:
-    amd = Libtorch(tmp_path / "rocm70", "precompiled/rocm70", "amd", "user")
+    amd = Libtorch(tmp_path / "rocm70", "precompiled/rocm70", "amd", "home")
     env = build_env(amd, {"PATH": "/bin", "ROCM_PATH": "/r", "HSA_PATH": "/h", "LD_LIBRARY_PATH": "/keep"})
     assert env["LIBTORCH_PATH"] == str(tmp_path / "rocm70")
     assert env["FDL_GPU_FEATURE"] == "rocm"
     assert env["LD_LIBRARY_PATH"] == f"/r/lib:/h/lib:{tmp_path}/rocm70/lib:/keep"
-    cuda = build_env(Libtorch(tmp_path / "cu128", "precompiled/cu128", "nvidia", "user"), {"ROCM_PATH": "/r"})
+    cuda = build_env(Libtorch(tmp_path / "cu128", "precompiled/cu128", "nvidia", "home"), {"ROCM_PATH": "/r"})
     assert (cuda["FDL_GPU_FEATURE"], cuda["LD_LIBRARY_PATH"]) == ("cuda", f"{tmp_path}/cu128/lib")
-    cpu = build_env(Libtorch(tmp_path / "cpu", "precompiled/cpu", None, "user"), {})
+    cpu = build_env(Libtorch(tmp_path / "cpu", "precompiled/cpu", None, "home"), {})
     assert cpu["FDL_GPU_FEATURE"] == ""
     none = build_env(None, {"LIBTORCH_PATH": "/stale"})
     assert "LIBTORCH_PATH" not in none and none["FDL_GPU_FEATURE"] == ""
