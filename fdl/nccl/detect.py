@@ -2,7 +2,7 @@
 
 - The NCCL tag: the fleet's version. Under a cluster env that is what the
   other hosts report through the probe; otherwise the newest NCCL bundled with
-  this project's libtorch variants (libtorch/<kind>/<variant>/lib/libnccl.so.2.X.Y).
+  this project's libtorch variants (libtorch/{precompiled,builds}/<name>/lib/).
 - The archs: the compute capabilities of this host's GPUs, through NVML.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fdl.nccl.plan import Arch, NcclVersion, PlanError, archs_from_capabilities, parse_archs
 
-_LIB_RE = re.compile(r"^libnccl\.so\.2\.(\d+)\.(\d+)$")
+_VERSION_RE = re.compile(r"^(2)\.(\d+)\.(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -38,16 +38,24 @@ class HostNccl:
 def bundled_nccl(root: Path) -> list[BundledNccl]:
     """The NCCL libraries the project's libtorch variants carry, oldest first.
 
-    Kept small and local until the probe's libtorch/NCCL discovery lands in
-    fdl.checks; then this should call that instead.
+    Variants are found and NCCL is dated the way `fdl probe` does it
+    (fdl.checks.libtorch / fdl.checks.nccl): ncclGetVersion when the library
+    loads, else the versioned file name.
     """
+    from fdl.checks.libtorch import installed_variants
+    from fdl.checks.nccl import SONAME, library_version
+
+    libtorch = root / "libtorch"
     found = []
-    for lib in sorted((root / "libtorch").glob("*/*/lib/libnccl.so.2.*")):
-        match = _LIB_RE.match(lib.name)
-        if not match:
+    for variant in installed_variants(libtorch):
+        lib = libtorch / variant / "lib"
+        candidates = [lib / SONAME] if (lib / SONAME).is_file() else sorted(lib.glob(SONAME + ".*"))
+        if not candidates:
             continue
-        variant = lib.parent.parent.relative_to(root / "libtorch").as_posix()
-        found.append(BundledNccl(variant, NcclVersion(2, int(match.group(1)), int(match.group(2))), lib))
+        version, _how = library_version(str(candidates[-1]))
+        match = _VERSION_RE.match(version or "")
+        if match:
+            found.append(BundledNccl(variant, NcclVersion(*map(int, match.groups())), candidates[-1]))
     return sorted(found, key=lambda b: (b.version, b.variant))
 
 
@@ -56,7 +64,7 @@ def tag_from_bundled(bundled: list[BundledNccl], root: Path) -> tuple[NcclVersio
     if not bundled:
         raise PlanError(
             f"cannot tell which NCCL version to build: no libtorch variant under {root / 'libtorch'} "
-            f"bundles one (looked for libtorch/*/*/lib/libnccl.so.2.X.Y). Name the version the rest of the "
+            f"bundles a libnccl.so.2 whose version can be read. Name the version the rest of the "
             f"fleet runs, e.g. --tag v2.27.5 (fdl @cluster probe shows it per host)."
         )
     newest = bundled[-1]

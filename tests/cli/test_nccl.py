@@ -1,7 +1,9 @@
 """`fdl nccl build --dry-run` and the planning refusals, through the real CLI.
 
-GPU archs are detected by the real pynvml bindings against a fake libnvidia-ml.so.1
-compiled from tests/fakes/nccl_nvml.c for this test session.
+GPU archs are detected by the real pynvml bindings against the shared fake
+libnvidia-ml.so.1 (tests/fakes/fake_nvml.c, compiled for this test session); the
+project's libtorch variants carry loadable fake libnccl builds that answer
+ncclGetVersion.
 """
 
 from __future__ import annotations
@@ -11,14 +13,14 @@ import json
 import pytest
 
 from tests.conftest import run_fdl
-from tests.fakes.nccl import nvml_env, tree
-from tests.fakes.nccl_fixtures import fake_nvml, nccl_project  # noqa: F401 - pytest fixtures
+from tests.fakes.nccl import tree
+from tests.fakes.nccl_fixtures import nccl_project  # noqa: F401 - pytest fixture
 
-MIXED = "NVIDIA GeForce GTX 1080:6.1;NVIDIA RTX PRO 6000 Blackwell:12.0;NVIDIA GeForce GTX 1080:6.1"
+MIXED = "GTX1080:6.1:8G,RTXPRO6000:12.0:96G,GTX1080:6.1:8G"
 
 
-def dry_run(project, lib, gpus, *args, **env):
-    return run_fdl("nccl", "build", "--dry-run", *args, cwd=project, env={**nvml_env(lib, gpus), **env})
+def dry_run(project, nvml, gpus, *args):
+    return run_fdl("nccl", "build", "--dry-run", *args, cwd=project, env=nvml.env(gpus))
 
 
 def test_dry_run_plans_for_the_mixed_gpus_nvml_reports(nccl_project, fake_nvml):
@@ -86,14 +88,14 @@ def test_bad_input_is_refused_with_exit_1(nccl_project, fake_nvml, args, says):
 
 
 def test_no_gpus_and_no_archs(nccl_project, fake_nvml):
-    result = dry_run(nccl_project, fake_nvml, "")
+    result = dry_run(nccl_project, fake_nvml, "none")
     assert result.returncode == 1
     assert "this host has no GPUs that NVML can see" in result.stderr
     assert "--archs" in result.stderr
 
 
 def test_nvml_failing_and_no_archs(nccl_project, fake_nvml):
-    result = dry_run(nccl_project, fake_nvml, MIXED, FAKE_NVML_INIT_FAIL="1")
+    result = dry_run(nccl_project, fake_nvml, "init-fail")
     assert result.returncode == 1
     assert "cannot detect the GPU architectures of this host" in result.stderr
     assert "--archs" in result.stderr
@@ -128,7 +130,7 @@ def test_host_needs_a_cluster_env(nccl_project, fake_nvml):
 def test_host_must_be_a_worker(nccl_project, fake_nvml):
     (nccl_project / "fdl.cluster.yml").write_text(CLUSTER)
     result = run_fdl("@cluster", "nccl", "build", "--dry-run", "--host", "node-x", "--archs", "6.1",
-                     cwd=nccl_project, env=nvml_env(fake_nvml, MIXED))
+                     cwd=nccl_project, env=fake_nvml.env(MIXED))
     assert result.returncode == 1
     assert "--host node-x: no worker of that name" in result.stderr and "node-b" in result.stderr
 
@@ -136,7 +138,7 @@ def test_host_must_be_a_worker(nccl_project, fake_nvml):
 def test_worker_plan_without_archs_asks_for_them(nccl_project, fake_nvml):
     (nccl_project / "fdl.cluster.yml").write_text(CLUSTER)
     result = run_fdl("@cluster", "nccl", "build", "--dry-run", "--host", "node-b",
-                     cwd=nccl_project, env=nvml_env(fake_nvml, MIXED))
+                     cwd=nccl_project, env=fake_nvml.env(MIXED))
     assert result.returncode == 1
     assert "cannot read the GPUs of node-b" in result.stderr and "--archs" in result.stderr
 
@@ -144,7 +146,7 @@ def test_worker_plan_without_archs_asks_for_them(nccl_project, fake_nvml):
 def test_worker_plan_targets_the_worker(nccl_project, fake_nvml):
     (nccl_project / "fdl.cluster.yml").write_text(CLUSTER)
     result = run_fdl("@cluster", "nccl", "build", "--dry-run", "--json", "--host", "node-b", "--archs", "6.1",
-                     cwd=nccl_project, env=nvml_env(fake_nvml, MIXED))
+                     cwd=nccl_project, env=fake_nvml.env(MIXED))
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["host"] == "node-b" and plan["remote"] is True

@@ -1,29 +1,16 @@
-"""Helpers for the `fdl nccl` tests: a fake NVML library and a docker stand-in, built at test time."""
+"""Helpers for the `fdl nccl` tests: the docker stand-in and a few comparisons.
+
+GPUs come from the shared fake NVML (tests/fakes/__init__.py, fixture `fake_nvml`).
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 FAKES = Path(__file__).resolve().parent
-
-
-def build_fake_nvml(directory: Path) -> Path:
-    """Compile tests/fakes/nccl_nvml.c into DIRECTORY/libnvidia-ml.so.1; returns DIRECTORY."""
-    directory.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-Wl,-soname,libnvidia-ml.so.1",
-                    "-o", str(directory / "libnvidia-ml.so.1"), str(FAKES / "nccl_nvml.c")], check=True)
-    return directory
-
-
-def nvml_env(lib_dir: Path, gpus: str | None) -> dict:
-    """Environment that makes pynvml load the fake, with these GPUs ('name:6.1;name:12.0')."""
-    env = {"LD_LIBRARY_PATH": str(lib_dir)}
-    env["FAKE_NVML_GPUS"] = gpus or ""
-    return env
 
 
 def install_docker_standin(bin_dir: Path) -> Path:

@@ -4,7 +4,7 @@ These machines (and CI) have no Docker engine, so the one mocked part is the doc
 client: tests/fakes/docker_standin.py is installed as `docker` on PATH. It records
 every invocation and, for `docker cp`, writes the libnccl.so.2.X.Y the image would
 hold. Everything else is real: typer CLI, planner, pynvml over a fake
-libnvidia-ml.so.1, ansible-runner, ansible-playbook, the role's tasks, the Jinja2
+libnvidia-ml.so.1 (tests/fakes/fake_nvml.c), ansible-runner, ansible-playbook, the role's tasks, the Jinja2
 Dockerfile template and the fdl_nccl_install module's atomic rename.
 """
 
@@ -21,11 +21,11 @@ import pytest
 
 from fdl import resources
 from tests.conftest import fdl_env, run_fdl
-from tests.fakes.nccl import clean_path, docker_calls, install_docker_standin, nvml_env, tree
-from tests.fakes.nccl_fixtures import fake_nvml, nccl_project  # noqa: F401 - pytest fixtures
+from tests.fakes.nccl import clean_path, docker_calls, install_docker_standin, tree
+from tests.fakes.nccl_fixtures import nccl_project  # noqa: F401 - pytest fixture
 
 pytestmark = pytest.mark.slow
-MIXED = "NVIDIA GeForce GTX 1080:6.1;NVIDIA RTX PRO 6000 Blackwell:12.0"
+MIXED = "GTX1080:6.1:8G,RTXPRO6000:12.0:96G"
 NAME = "v2.27.5-sm61-sm120"
 
 
@@ -41,7 +41,7 @@ def docker(tmp_path) -> dict:
 
 def build(project: Path, nvml: Path, docker: dict, *args: str, **env: str):
     return run_fdl("nccl", "build", *args, cwd=project,
-                   env={**nvml_env(nvml, MIXED), **docker["env"], **env}, timeout=300)
+                   env={**nvml.env(MIXED), **docker["env"], **env}, timeout=300)
 
 
 def leftovers(project: Path) -> list[str]:
@@ -140,7 +140,7 @@ def test_progress_on_a_terminal_and_the_snippet_names_this_hosts_worker(nccl_pro
     controller, terminal = pty.openpty()
     try:
         proc = subprocess.run([sys.executable, "-m", "fdl", "@cluster", "nccl", "build", "--tag", "v2.27.5"],
-                              cwd=nccl_project, env=fdl_env({**nvml_env(fake_nvml, MIXED), **docker["env"]}),
+                              cwd=nccl_project, env=fdl_env({**fake_nvml.env(MIXED), **docker["env"]}),
                               stdout=subprocess.PIPE, stderr=terminal, text=True, timeout=300)
         os.close(terminal)
         terminal = -1

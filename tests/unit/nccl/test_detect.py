@@ -1,4 +1,4 @@
-"""Where the tag comes from: the project's libtorch variants (real files) or the fleet's reports."""
+"""Where the tag comes from: the project's libtorch variants (real trees, loadable fake NCCL) or the fleet."""
 
 from __future__ import annotations
 
@@ -8,36 +8,40 @@ import pytest
 
 from fdl.nccl.detect import HostNccl, bundled_nccl, choose_archs, choose_tag, tag_from_fleet
 from fdl.nccl.plan import Arch, NcclVersion, PlanError
+from tests.fakes import build_fake_nccl, make_libtorch
 
 
-def lib(root: Path, variant: str, name: str) -> Path:
-    path = root / "libtorch" / variant / "lib" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"\x7fELF")
-    return path
+def lib(root: Path, variant: str, version: str, *, loadable: bool = False) -> None:
+    make_libtorch(root / "libtorch", variant, nccl=version, nccl_loadable=loadable, activate=False)
 
 
-def test_scan_finds_versioned_libraries_only(tmp_path):
-    lib(tmp_path, "precompiled/cu128", "libnccl.so.2.27.5")
-    lib(tmp_path, "precompiled/cu126", "libnccl.so.2.26.2")
-    lib(tmp_path, "precompiled/cu126", "libnccl.so.2")  # the soname link, not a version
-    lib(tmp_path, "builds/sm61-sm120", "libnccl.so.2.9.10")
-    lib(tmp_path, "nccl/builds/v2.28.3-sm61/lib", "libnccl.so.2.28.3")  # our own output: deeper, ignored
+def test_scan_dates_each_variants_nccl(tmp_path):
+    lib(tmp_path, "precompiled/cu128", "2.27.5", loadable=True)  # ncclGetVersion answers
+    lib(tmp_path, "precompiled/cu126", "2.26.2")  # only the file name dates it
+    lib(tmp_path, "builds/sm61-sm120", "2.9.10")
+    lib(tmp_path, "precompiled/cpu", "2")  # a bare libnccl.so.2: undatable, left out
+    build_fake_nccl(tmp_path / "libtorch/nccl/builds/v2.28.3-sm61/lib", "2.28.3")  # fdl's own output: not a variant
     found = bundled_nccl(tmp_path)
     assert [(b.variant, b.version.version) for b in found] == [
         ("builds/sm61-sm120", "2.9.10"), ("precompiled/cu126", "2.26.2"), ("precompiled/cu128", "2.27.5")]
 
 
+def test_the_library_is_believed_over_its_file_name(tmp_path):
+    vdir = make_libtorch(tmp_path / "libtorch", "precompiled/cu128", nccl=None)
+    build_fake_nccl(vdir / "lib", "2.27.5", reported="2.27.7")
+    assert [b.version.version for b in bundled_nccl(tmp_path)] == ["2.27.7"]
+
+
 def test_newest_bundled_wins_and_the_source_says_where(tmp_path):
-    lib(tmp_path, "precompiled/cu126", "libnccl.so.2.26.2")
-    lib(tmp_path, "precompiled/cu128", "libnccl.so.2.27.5")
+    lib(tmp_path, "precompiled/cu126", "2.26.2")
+    lib(tmp_path, "precompiled/cu128", "2.27.5")
     version, source = choose_tag(None, root=tmp_path, fleet=None)
     assert version == NcclVersion(2, 27, 5)
     assert "precompiled/cu128" in source and "v2.26.2" in source
 
 
 def test_explicit_tag_beats_detection(tmp_path):
-    lib(tmp_path, "precompiled/cu128", "libnccl.so.2.27.5")
+    lib(tmp_path, "precompiled/cu128", "2.27.5")
     assert choose_tag("v2.21.5", root=tmp_path, fleet=[HostNccl("b", NcclVersion(2, 26, 2))]) == (
         NcclVersion(2, 21, 5), "--tag")
 
@@ -49,7 +53,7 @@ def test_nothing_bundled_asks_for_tag(tmp_path):
 
 
 def test_fleet_version_beats_the_local_libtorch(tmp_path):
-    lib(tmp_path, "precompiled/cu128", "libnccl.so.2.27.5")
+    lib(tmp_path, "precompiled/cu128", "2.27.5")
     version, source = choose_tag(None, root=tmp_path, fleet=[HostNccl("b", NcclVersion(2, 26, 2)),
                                                              HostNccl("a", NcclVersion(2, 26, 2))])
     assert version == NcclVersion(2, 26, 2)
