@@ -14,7 +14,10 @@ import traceback
 from typing import Annotated, Any
 
 import typer
-from typer import _click as click  # typer vendors click; its exceptions live here
+try:
+    from typer import _click as click  # newer typer vendors click; its exceptions live here
+except ImportError:  # typer before the vendoring depends on click itself
+    import click  # type: ignore[no-redef]
 from typer.core import TyperGroup
 
 from fdl import __version__
@@ -27,6 +30,7 @@ BUILTINS: dict[str, tuple[str, str]] = {
     "status": ("fdl.cli.status", "Show the live state of a cluster run."),
     "start": ("fdl.cli.start", "Fire the start switch of a staging cluster run."),
     "config": ("fdl.cli.config", "Show the resolved configuration and where each value came from."),
+    "join-config": ("fdl.cli.join_config", "Set up a farm: key, token, overlay, sshd door and the steps to open it."),
 }
 
 GLOBAL_VALUE_OPTIONS = ("--env", "--gpus")
