@@ -8,7 +8,6 @@ paths and the key's fingerprint.
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import subprocess
 import tempfile
@@ -38,7 +37,7 @@ class Credentials:
 def new_token() -> str:
     """64 hex digits from the OS entropy source, or a refusal: never a weaker fallback."""
     try:
-        return secrets.token_hex(TOKEN_BYTES)
+        return os.urandom(TOKEN_BYTES).hex()  # what secrets.token_hex does, looked up at call time
     except (OSError, NotImplementedError) as exc:
         raise FdlError(
             f"the operating system's entropy source failed ({exc}); fdl does not mint an admission token "

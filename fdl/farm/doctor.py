@@ -99,7 +99,10 @@ class Spelling:
             return "sudo launchctl kickstart -k system/com.openssh.sshd"
         if self.facts.init == "systemd":
             return f"sudo systemctl reload {self.service}"
-        return "sudo kill -HUP \"$(cat /var/run/sshd.pid)\""
+        pidfile = "/var/run/sshd.pid"
+        if self.facts.sshd_config is not None and self.facts.sshd_config.top("pidfile"):
+            pidfile = self.facts.sshd_config.top("pidfile")[0].value
+        return f"sudo kill -HUP \"$(cat {pidfile})\""
 
     def enable(self) -> str:
         if self.facts.macos:
@@ -109,7 +112,9 @@ class Spelling:
         return "start sshd with your init system"
 
     def sshd_test(self) -> str:
-        return f"sudo {self.facts.sshd_path or 'sshd'} -t"
+        config = self.facts.sshd_config.main if self.facts.sshd_config is not None else DEFAULT_SSHD_CONFIG
+        extra = "" if config == DEFAULT_SSHD_CONFIG else f" -f {config}"
+        return f"sudo {self.facts.sshd_path or 'sshd'} -t{extra}"
 
     def open_port(self, port: int) -> str | None:
         if self.facts.firewall == "ufw":
