@@ -157,6 +157,8 @@ def render_rest(report, cwd: Path) -> str:
     if report.files.get("cloud_init"):
         lines.append("  cloud-init.yml          user-data for workers (holds the key and token)")
     lines.append(f"overlay: {report.overlay['message']}")
+    if report.overlay.get("snippet_text"):
+        lines += ["  " + line for line in report.overlay["snippet_text"].rstrip("\n").splitlines()]
     ak = report.authorized_keys
     if ak["installed"]:
         lines.append(f"authorized_keys: {ak['action']} in {ak['path']} (line {ak['line']})")

@@ -530,6 +530,10 @@ def decide(plan: Plan, req: Request, prompter: Prompter | None = None) -> Plan:
                 raise refusal(f"sshd would ignore the key line while these permissions stand: {listing}.",
                               hint="run the chmod commands shown, then run again")
 
+    if install and plan.facts.in_container:
+        notes.append(f"this looks like a container: the key line goes into {ak_path} here, which only matters if the "
+                     f"sshd workers dial reads it. Install it where that sshd lives (or name its key file with "
+                     f"--authorized-keys, e.g. a bind-mounted directory).")
     plan.install, plan.fix_perms, plan.perm_issues, plan.old_line_at = install, fix_perms, perm_issues, old_line_at
     return plan
 
@@ -581,20 +585,20 @@ def _overlay(plan: Plan, token: str, cwd: Path) -> dict:
                 "message": f"{shown} created" + (f" with command '{crate.name}' (cluster: true)" if crate else
                                                  " (commands: left as a commented placeholder)")}
     data = plan.overlay.read_bytes()
+    snippet = plan.farm_dir / SNIPPET
+    masked = render("overlay.yml.j2", **dict(values, token=f"<the contents of {_rel(plan.farm_dir / 'token', cwd)}>"))
     if not has_token(data):
-        snippet = plan.farm_dir / SNIPPET
         _write(snippet, render("overlay.yml.j2", **values), 0o600)
-        return {"path": str(plan.overlay), "action": "snippet", "snippet": str(snippet),
+        return {"path": str(plan.overlay), "action": "snippet", "snippet": str(snippet), "snippet_text": masked,
                 "message": f"{shown} has no token line, so fdl leaves it as you wrote it; paste what you need from "
-                           f"{_rel(snippet, cwd)} (it holds the token)"}
+                           f"{_rel(snippet, cwd)} (the same snippet with the token in it)"}
     if current_token(data) == token:
         return {"path": str(plan.overlay), "action": "unchanged", "message": f"{shown} already holds the farm's token"}
     try:
         new = rewrite_token(data, token)
     except OverlayEditError as exc:
-        snippet = plan.farm_dir / SNIPPET
         _write(snippet, render("overlay.yml.j2", **values), 0o600)
-        return {"path": str(plan.overlay), "action": "snippet", "snippet": str(snippet),
+        return {"path": str(plan.overlay), "action": "snippet", "snippet": str(snippet), "snippet_text": masked,
                 "message": f"{shown} was left alone ({exc}); set its token from {_rel(snippet, cwd)}"}
     assert new is not None
     mode = plan.overlay.stat().st_mode & 0o777

@@ -202,7 +202,12 @@ def test_a_hand_written_overlay_without_token_is_never_edited(proj):
     assert overlay.read_bytes() == mine
     assert doc["overlay"]["action"] == "snippet"
     snippet = Path(doc["overlay"]["snippet"])
-    assert mode(snippet) == 0o600 and "token:" in snippet.read_text()
+    token = (proj.farm / "b300" / "token").read_text().strip()
+    assert mode(snippet) == 0o600 and f'token: "{token}"' in snippet.read_text()
+    human = proj.run("join-config", "b300", "--yes")
+    assert human.returncode == 0 and overlay.read_bytes() == mine
+    assert 'token: "<the contents of .fdl/b300/token>"' in human.stdout  # the snippet, printed, secret left out
+    assert token not in human.stdout
 
 
 # --------------------------------------------------------------------------- refusals (exit 1)
