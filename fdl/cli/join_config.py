@@ -147,7 +147,8 @@ def render_rest(report, cwd: Path) -> str:
 
     farm = _rel(report.farm_dir, cwd)
     cred = report.credentials
-    lines = ["", f"credentials: {cred['action']} (key {cred['fingerprint']}; the token is in {_rel(cred['token'], cwd)})",
+    token = _rel(cred["token"], cwd)
+    lines = ["", f"credentials: {cred['action']} (key {cred['fingerprint']}; the token is in {token})",
              f"files in {farm}/:",
              "  key, key.pub, token     the farm's key pair and admission token (0600)",
              "  worker.yml              the worker's fdl.yml join block (holds the token)",

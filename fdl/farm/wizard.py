@@ -321,7 +321,7 @@ def _settle_shape(req: Request, prompter: Prompter | None, recovered: dict) -> t
 
     if req.port is not None:
         controller_port, origin["port"] = req.port, "flag"
-    elif "controller_port" in recovered and req.controller is None:
+    elif "controller_port" in recovered:
         controller_port, origin["port"] = recovered["controller_port"], "worker yml"
     else:
         controller_port, origin["port"] = DEFAULT_CONTROLLER_PORT, "default"
@@ -460,7 +460,8 @@ def prepare(req: Request, prompter: Prompter | None = None,
 
 def decide(plan: Plan, req: Request, prompter: Prompter | None = None) -> Plan:
     """Take the authorized_keys decisions (consent, permissions); writes nothing, may refuse."""
-    ak_path, ak_explicit, existing, rotate, notes = plan.ak_path, plan.ak_explicit, plan.existing, plan.rotate, plan.notes
+    ak_path, ak_explicit, notes = plan.ak_path, plan.ak_explicit, plan.notes
+    existing, rotate = plan.existing, plan.rotate
     # the authorized_keys decisions
     uid = os.getuid()
     if ak_explicit:

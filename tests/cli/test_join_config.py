@@ -338,3 +338,19 @@ def test_prompts_offer_defaults_on_a_terminal(proj):
     assert child.exitstatus == 0
     assert "Install the door's key line" not in child.before
     assert "credentials: reused" in child.before
+    # answering no rotates both, and the installed old line is replaced once confirmed
+    old_line = proj.ak().read_bytes()
+    child = pexpect.spawn(sys.executable, ["-m", "fdl", "join-config", "b300", "--sshd-config",
+                                           str(proj.sshd_config)], cwd=str(proj.root),
+                          env=fdl_env({"HOME": str(proj.home)}), encoding="utf-8", timeout=60)
+    try:
+        child.expect(r"Keep them\?.*\[Y/n\]")
+        child.sendline("n")
+        child.expect(r"Replace the old farm key line in .* \(line 1\) with the new key\?.*\[Y/n\]")
+        child.sendline("")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0 and "credentials: rotated" in child.before
+    assert proj.ak().read_bytes() != old_line
+    assert proj.ak().read_bytes() == (proj.farm / "b300" / "authorized_keys.line").read_bytes()

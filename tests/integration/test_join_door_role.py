@@ -69,7 +69,8 @@ class Play:
                                str(PLAYBOOK), "-e", f"@{extra}"], capture_output=True, text=True, env=env,
                               timeout=300)
         recap = re.search(r"localhost\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", done.stdout)
-        counts = dict(zip(("ok", "changed", "unreachable", "failed"), map(int, recap.groups()))) if recap else {}
+        names = ("ok", "changed", "unreachable", "failed")
+        counts = dict(zip(names, map(int, recap.groups()), strict=True)) if recap else {}
         return done.returncode, counts, done.stdout + done.stderr
 
 

@@ -156,7 +156,7 @@ def key_files(draw, with_ours: bool) -> bytes:
 def _check_preserved(before: bytes, after: bytes) -> None:
     old, new = foreign_lines(before), foreign_lines(after)
     assert [c for c, _ in old] == [c for c, _ in new]
-    for i, ((_, e_old), (_, e_new)) in enumerate(zip(old, new)):
+    for i, ((_, e_old), (_, e_new)) in enumerate(zip(old, new, strict=True)):
         # a last line that had no ending may gain the file's own ending (our line follows it); nothing else moves
         if not (e_old == b"" and i == len(old) - 1):
             assert e_old == e_new
