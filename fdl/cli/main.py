@@ -10,14 +10,10 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import traceback
 from typing import Annotated, Any
 
 import typer
-try:
-    from typer import _click as click  # newer typer vendors click; its exceptions live here
-except ImportError:  # typer before the vendoring depends on click itself
-    import click  # type: ignore[no-redef]
+import click
 from typer.core import TyperGroup
 
 from fdl import __version__
@@ -30,6 +26,7 @@ BUILTINS: dict[str, tuple[str, str]] = {
     "status": ("fdl.cli.status", "Show the live state of a cluster run."),
     "start": ("fdl.cli.start", "Fire the start switch of a staging cluster run."),
     "config": ("fdl.cli.config", "Show the resolved configuration and where each value came from."),
+    "publish": ("fdl.cli.publish", "Publish a build-gated training run for a fleet to pull."),
     "join-config": ("fdl.cli.join_config", "Set up a farm: key, token, overlay, sshd door and the steps to open it."),
 }
 
@@ -152,6 +149,8 @@ def ensure_globals(ctx: Any) -> Globals:
 
 def report_error(exc: FdlError, debug: bool) -> None:
     if debug:
+        import traceback
+
         traceback.print_exception(exc)
     message = f"fdl: error: {exc.message}"
     if exc.hint:
@@ -190,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.FAILURE
     except Exception as exc:  # the last line of defence: never a traceback unless asked
         if debug:
+            import traceback
+
             traceback.print_exc()
         print(f"fdl: internal error: {type(exc).__name__}: {exc}. This is a bug in fdl; rerun with --debug "
               f"for the traceback and report it.", file=sys.stderr)

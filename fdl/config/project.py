@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
+from fdl.config.discover import SUFFIXES, available_envs, find_base, overlay_file  # noqa: F401
 from fdl.config.merge import merge_layers
 from fdl.config.schema import (
     TOP_KEYS,
@@ -29,13 +30,11 @@ from fdl.config.schema import (
 from fdl.config.source import Layer, display_path, read_layer
 from fdl.errors import ConfigError, UsageError
 
-SUFFIXES = (".yml", ".yaml", ".json")
 INHERIT_KEY = "inherit-from"
 _ENV_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
-@dataclass(frozen=True)
-class EnvSelection:
+class EnvSelection(NamedTuple):
     """Which env the user asked for and how: --env flag, @sigil or FDL_ENV."""
 
     name: str | None = None
@@ -56,52 +55,24 @@ class EnvSelection:
         return EnvSelection()
 
 
-@dataclass
 class Config:
     """The merged, validated configuration of a project under one env."""
 
-    root: Path | None
-    env: EnvSelection
-    files: list[Path]
-    data: dict
-    origins: dict
-    commands: dict[str, CommandSpec] = field(default_factory=dict)
-    cluster: ClusterSpec | None = None
-    join: JoinDefaults | None = None
-    publish: PublishDefaults | None = None
-    warnings: list[str] = field(default_factory=list)
+    def __init__(self, root: Path | None, env: EnvSelection, files: list[Path], data: dict, origins: dict):
+        self.root = root
+        self.env = env
+        self.files = files
+        self.data = data
+        self.origins = origins
+        self.commands: dict[str, CommandSpec] = {}
+        self.cluster: ClusterSpec | None = None
+        self.join: JoinDefaults | None = None
+        self.publish: PublishDefaults | None = None
+        self.warnings: list[str] = []
 
     @property
     def is_discovery_window(self) -> bool:
         return bool(self.cluster and self.cluster.controller.join.discovery)
-
-
-def find_base(start: Path) -> Path | None:
-    """The nearest fdl.yml/.yaml/.json in start or its ancestors."""
-    here = start.resolve()
-    for directory in (here, *here.parents):
-        for suffix in SUFFIXES:
-            candidate = directory / f"fdl{suffix}"
-            if candidate.is_file():
-                return candidate
-    return None
-
-
-def overlay_file(root: Path, name: str) -> Path | None:
-    for suffix in SUFFIXES:
-        candidate = root / f"fdl.{name}{suffix}"
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def available_envs(root: Path) -> list[str]:
-    names = set()
-    for path in root.iterdir():
-        parts = path.name.split(".")
-        if len(parts) == 3 and parts[0] == "fdl" and f".{parts[2]}" in SUFFIXES and path.is_file():
-            names.add(parts[1])
-    return sorted(names)
 
 
 def _missing_env(root: Path, name: str, needed_by: str) -> ConfigError:

@@ -32,7 +32,7 @@ from typing import Callable, Protocol
 import yaml
 
 from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, CheckResult
-from fdl.config.project import find_base, overlay_file
+from fdl.config.discover import find_base, overlay_file
 from fdl.config.schema import split_host_port
 from fdl.errors import FdlError
 from fdl.farm import credentials as creds_mod
