@@ -8,8 +8,7 @@ tunnels is found from the controller box); the convention default
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Callable, NamedTuple, TypeVar
 
 from fdl.config.schema import DEFAULT_PORT
 from fdl.controller.client import ControllerClient, ControllerError, NoRunListening, normalize_address
@@ -19,8 +18,7 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
     """The addresses to try, in order, and where they came from."""
 
     addresses: tuple[str, ...]

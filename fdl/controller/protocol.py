@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from fdl.config.schema import Devices, is_valid_host, parse_devices
 
@@ -32,8 +31,7 @@ class BadRequest(ValueError):
     """A request body that does not follow the protocol (HTTP 400)."""
 
 
-@dataclass(frozen=True)
-class Hello:
+class Hello(NamedTuple):
     """A worker asking to join: who it is, what it offers, what it believes the run is."""
 
     host: str
@@ -48,8 +46,7 @@ class Hello:
     agent: str | None = None
 
 
-@dataclass(frozen=True)
-class Ticketed:
+class Ticketed(NamedTuple):
     """A request from an admitted member: world poll, heartbeat or exit report."""
 
     ticket: str

@@ -93,6 +93,7 @@ class _Handler(RequestHandler):
         if request.writer.output_size > 0:
             raise ConnectionError("response already started")
         text = (exc.message if isinstance(getattr(exc, "message", None), str) else None) or message
+        text = (text or "").strip().splitlines()[0].rstrip(":") if text and text.strip() else None
         if status >= 500:
             log.error("controller: request failed", exc_info=exc)
             reason, text = "internal", "the controller failed to handle this request"
@@ -112,8 +113,24 @@ class _Overloaded(asyncio.Protocol):
                 b"Retry-After: 1\r\nContent-Length: " + str(len(BODY)).encode() + b"\r\n\r\n" + BODY)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.write(self.RESPONSE)  # type: ignore[attr-defined]
-        transport.close()
+        tcp: asyncio.Transport = transport  # type: ignore[assignment]
+        tcp.write(self.RESPONSE)
+        tcp.write_eof()
+        # Closing with the peer's request still unread would reset the connection and lose the answer:
+        # read and drop what it sends for a moment, then close.
+        self._close = asyncio.get_running_loop().call_later(0.5, tcp.close)
+        self._transport = tcp
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        self._close.cancel()
+        self._transport.close()
+        return False
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._close.cancel()
 
 
 class _WebServer(web.Server):
