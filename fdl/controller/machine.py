@@ -36,6 +36,7 @@ PHASES = (WAITING, STAGING, FORMING, TRAINING, DONE, FAILED)
 OPEN = (WAITING, STAGING)
 TERMINAL = (DONE, FAILED)
 STATE_SCHEMA = 1
+SNAPSHOT_S = 0.25  # state.json's time-derived fields (now, seconds_left) may be this old
 _JSON = {"separators": (",", ":")}
 
 
@@ -94,13 +95,18 @@ class Member:
         return "joined"
 
     def to_dict(self, epoch: float, first_rank: int | None) -> dict:
+        """The roster entry. Optional fields are left out when empty, so a big roster stays small."""
         entry = {
-            "host": self.host, "address": self.address, "peer": self.peer, "devices": str(self.devices),
-            "ranks": self.ranks, "gpu_names": list(self.gpu_names), "signature": self.signature,
-            "run_id": self.run_id, "admitted_at": round(self.admitted_at + epoch, 3),
+            "host": self.host, "address": self.address, "devices": str(self.devices), "ranks": self.ranks,
+            "signature": self.signature, "admitted_at": round(self.admitted_at + epoch, 3),
             "last_seen": round(self.last_seen + epoch, 3), "status": self.status, "exit_code": self.exit_code,
-            "agent": self.agent,
         }
+        if self.peer != self.address:
+            entry["peer"] = self.peer
+        if self.gpu_names:
+            entry["gpu_names"] = list(self.gpu_names)
+        if self.agent:
+            entry["agent"] = self.agent
         if first_rank is not None:
             entry["first_rank"] = first_rank
         if self.detail is not None:
@@ -139,6 +145,8 @@ class RunMachine:
         self.listeners: list[Callable[[RunMachine], None]] = []
         self._roster_cache: bytes | None = None
         self._roster_built = 0.0
+        self._state_cache: bytes | None = None
+        self._state_key: tuple = ()
         self._seen_dirty = False
         self._roster_index = {host: i for i, host in enumerate(policy.roster_names)}
 
@@ -527,8 +535,14 @@ class RunMachine:
         }
 
     def state_json(self) -> bytes:
-        head = json.dumps(self.state_head(), **_JSON).encode()
-        return head[:-1] + b',"roster":' + self.roster_json() + b"}"
+        """state.json: a snapshot at most SNAPSHOT_S old, rebuilt at once whenever the state changes."""
+        now = self.clock()
+        key = (self.version, int(now / SNAPSHOT_S))
+        if self._state_key != key or self._state_cache is None:
+            head = json.dumps(self.state_head(), **_JSON).encode()
+            self._state_cache = head[:-1] + b',"roster":' + self.roster_json() + b"}"
+            self._state_key = key
+        return self._state_cache
 
     def state(self) -> dict:
         """state.json as a dict (for in-process callers and tests)."""

@@ -25,6 +25,7 @@ MAX_DETAIL = 1024
 MAX_GPU_NAMES = 64
 MAX_WAIT_S = 60.0
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+/=-]*$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class BadRequest(ValueError):
@@ -89,7 +90,7 @@ def _string(obj: dict, key: str, limit: int, *, required: bool = False, pattern:
         raise BadRequest(f"field {key!r} must be 1 to {limit} characters long.")
     if pattern is not None and not pattern.match(value):
         raise BadRequest(f"field {key!r} must be {what}.")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+    if _CONTROL_RE.search(value):
         raise BadRequest(f"field {key!r} contains control characters.")
     return value
 
