@@ -98,7 +98,7 @@ class Member:
         """The roster entry. Optional fields are left out when empty, so a big roster stays small."""
         entry = {
             "host": self.host, "address": self.address, "devices": str(self.devices), "ranks": self.ranks,
-            "signature": self.signature, "admitted_at": round(self.admitted_at + epoch, 3),
+            "signature": self.signature, "run_id": self.run_id, "admitted_at": round(self.admitted_at + epoch, 3),
             "last_seen": round(self.last_seen + epoch, 3), "status": self.status, "exit_code": self.exit_code,
         }
         if self.peer != self.address:

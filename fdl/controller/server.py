@@ -174,6 +174,15 @@ class ControllerServer:
         self._gzip: tuple[bytes | None, bytes] = (None, b"")
         self.machine.listeners.append(self._on_change)
 
+    @classmethod
+    def for_cluster(cls, cluster: Any, *, run_id: str | None = None, args: tuple[str, ...] = (),
+                    limits: Limits | None = None) -> "ControllerServer":
+        """The controller a `cluster:` block describes: its policy, on its bind address and port
+        (loopback when tunnel_only)."""
+        ctl = cluster.controller
+        return cls(RunPolicy.from_cluster(cluster, run_id=run_id, args=args), host=ctl.bind, port=ctl.port,
+                   limits=limits)
+
     # ------------------------------------------------------------------ lifecycle
 
     @property

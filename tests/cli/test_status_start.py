@@ -214,3 +214,14 @@ def test_status_defaults_to_loopback_1337_noted_on_stderr(peer: PeerNamespace, t
         child.stdin.close()
         child.wait(30)
         child.stdout.close()
+
+
+def test_status_and_start_import_neither_ansible_nor_the_server(tmp_path: Path) -> None:
+    port = free_port()
+    probe = ("import sys; from fdl.cli.main import main; "
+             f"codes = [main(['status', '--addr', '127.0.0.1:{port}']), main(['start', '--addr', '127.0.0.1:{port}'])]; "
+             "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'ansible', 'ansible_runner', 'aiohttp', "
+             "'pynvml', 'uvloop'}); print(codes, heavy)")
+    result = subprocess.run([sys.executable, "-c", probe], env=fdl_env(), cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert result.stdout.strip() == "[1, 1] []", (result.stdout, result.stderr)

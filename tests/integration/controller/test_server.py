@@ -335,3 +335,17 @@ def test_from_cluster_reads_the_cluster_block(tmp_path) -> None:
         ("hybrid", "abc", 2, 4, 8)
     assert (policy.controller_addr, policy.master_port, policy.window_s, policy.run_id) == \
         ("10.0.0.1:2000", 2001, 30, "r9")
+
+
+def test_for_cluster_binds_loopback_when_tunnel_only(tmp_path) -> None:
+    from fdl.config import load_config
+
+    port = free_port()
+    (tmp_path / "fdl.yml").write_text(
+        f"cluster:\n  controller:\n    host: 10.0.0.1\n    port: {port}\n    join: {{discovery: true, "
+        f"tunnel_only: true}}\n")
+    with ControllerServer.for_cluster(load_config(tmp_path).cluster, run_id="r1") as server:
+        assert server.host == "127.0.0.1" and server.port == port
+        with client(server) as c:
+            assert c.hello(hello("a", run_id="r1"))["admitted"]
+            assert c.state()["controller"] == f"10.0.0.1:{port}"
