@@ -241,7 +241,7 @@ class RunMachine:
         p = self.policy
         self._token_ok(hello.token, trusted, what="join")
         if not self.window_open(now):
-            raise self._refuse("window_closed", self._closed_text())
+            raise self._refuse("window_closed", self.closed_text())
         if not p.discovery and hello.host not in self._roster_index:
             raise self._refuse(
                 "not_in_roster", f"host {hello.host!r} is not in this run's roster (cluster.workers); this window "
@@ -299,7 +299,7 @@ class RunMachine:
             self.cohort_run_id = self.policy.run_id
             self.cohort_signature = None
 
-    def _closed_text(self) -> str:
+    def closed_text(self) -> str:
         if self.phase in (FORMING, TRAINING):
             return f"the window already closed: the world formed ({self.formed_by}) and the run is {self.phase}."
         if self.phase in TERMINAL:
@@ -362,7 +362,7 @@ class RunMachine:
             raise self._refuse("auto_mode", "this run starts on its own (start: auto): there is no switch to fire. "
                                             "It forms when the roster is complete or the window closes.")
         if not self.window_open(now):
-            raise self._refuse("window_closed", self._closed_text())
+            raise self._refuse("window_closed", self.closed_text())
         if not self.quorum_met():
             q = self.quorum()
             raise self._refuse("quorum_not_met", f"quorum not met: {self.quorum_text()} have joined.",

@@ -452,7 +452,7 @@ class ControllerServer:
         if body is not None:
             return _json(None, raw=body)
         if m.phase not in OPEN:
-            raise Refused("window_closed", m._closed_text())
+            raise Refused("window_closed", m.closed_text())
         return _json({"ok": True, "formed": False, "phase": m.phase, "seconds_left": m.seconds_left(),
                       "quorum": m.quorum()})
 

@@ -17,8 +17,9 @@ TOKEN = "5f0c" * 8
 PROBE = r"""
 import json, sys, urllib.request, urllib.error
 url, body = sys.argv[1], sys.argv[2]
+headers = {"Content-Type": "application/json", **json.loads(sys.argv[3])}
 req = urllib.request.Request(url, data=body.encode() if body != "-" else None, method="POST" if body != "-" else "GET",
-                             headers={"Content-Type": "application/json"})
+                             headers=headers)
 try:
     with urllib.request.urlopen(req, timeout=10) as resp:
         print(json.dumps({"status": resp.status, "body": json.loads(resp.read())}))
@@ -37,9 +38,10 @@ def peer():
         ns.destroy()
 
 
-def from_peer(peer: PeerNamespace, port: int, path: str, body: dict | None) -> tuple[int, dict]:
+def from_peer(peer: PeerNamespace, port: int, path: str, body: dict | None,
+              headers: dict | None = None) -> tuple[int, dict]:
     result = peer.run([sys.executable, "-c", PROBE, f"http://{peer.HOST_ADDR}:{port}{path}",
-                       "-" if body is None else json.dumps(body)], timeout=60)
+                       "-" if body is None else json.dumps(body), json.dumps(headers or {})], timeout=60)
     assert result.returncode == 0, result.stderr
     answer = json.loads(result.stdout)
     return answer["status"], answer["body"]
@@ -55,6 +57,10 @@ def test_start_from_a_remote_peer_needs_the_right_token(peer: PeerNamespace) -> 
         assert (status, body["reason"]) == (403, "bad_token") and "no token presented" in body["message"]
         status, body = from_peer(peer, server.port, "/start", {"token": "0" * 32})
         assert (status, body["reason"]) == (403, "bad_token") and "does not match" in body["message"]
+        spoof = {"X-Forwarded-For": "127.0.0.1", "Forwarded": "for=127.0.0.1", "X-Real-IP": "127.0.0.1",
+                 "Host": "127.0.0.1"}
+        status, body = from_peer(peer, server.port, "/start", {}, spoof)  # headers never make a peer loopback
+        assert (status, body["reason"]) == (403, "bad_token")
         assert server.state()["phase"] == "staging"  # refusals are never queued
         status, body = from_peer(peer, server.port, "/start", {"token": TOKEN})
         assert status == 200 and body["armed"] is True
