@@ -308,8 +308,12 @@ def test_ten_thousand_forged_requests_admit_nobody() -> None:
 
 
 def test_thread_api_bind_errors_and_restart() -> None:
+    import gc
+
     port = free_port()
+    before = gc.get_threshold()
     with ControllerServer(RunPolicy(window_s=60), port=port) as server:
+        assert gc.get_threshold()[0] == 50_000  # tuned while serving
         assert server.address == f"127.0.0.1:{port}"
         with pytest.raises(FdlError, match=f"cannot listen on 127.0.0.1:{port}: the address is already in use"):
             ControllerServer(RunPolicy(window_s=60), port=port).start()
@@ -317,6 +321,7 @@ def test_thread_api_bind_errors_and_restart() -> None:
         server.call(lambda m: m.fail("launcher: build failed on node-a"))
         assert server.wait_phase("failed", timeout=1)
         assert server.state()["reason"] == "launcher: build failed on node-a"
+    assert gc.get_threshold() == before  # and restored
     with pytest.raises(NoRunListening):
         ControllerClient(f"127.0.0.1:{port}", timeout=2).state()
     with ControllerServer(RunPolicy(window_s=60), port=port) as again:  # the port is free again at once
