@@ -416,7 +416,8 @@ class ControllerServer:
     async def _route(self, request: web.BaseRequest) -> web.StreamResponse:
         route = self._ROUTES.get(request.path)
         if route is None:
-            return _error(404, "not_found", f"no such endpoint {request.path[:100]!r}; GET / with Accept: application/json lists them.")
+            return _error(404, "not_found", f"no such endpoint {request.path[:100]!r}; GET / with Accept: "
+                                            f"application/json lists them.")
         method, name = route
         if request.method != method and not (method == "GET" and request.method == "HEAD"):
             resp = _error(405, "method_not_allowed", f"{request.path} answers {method} only.")

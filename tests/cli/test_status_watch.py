@@ -111,8 +111,8 @@ def test_watch_through_a_pipe_prints_a_plain_line_per_look(tmp_path: Path) -> No
         try:
             read_lines_until(proc, "phase staging", lines)
             first = lines[-1]
-            assert re.search(rf"^\d\d:\d\d:\d\d run r-watch at 127.0.0.1:{server.port}: phase staging; quorum 2/2 hosts, "
-                             rf"4 ranks met; join window closes in (9m\d\ds|10m00s); ", first), first
+            assert re.search(rf"^\d\d:\d\d:\d\d run r-watch at 127.0.0.1:{server.port}: phase staging; quorum 2/2 "
+                             rf"hosts, 4 ranks met; join window closes in (9m\d\ds|10m00s); ", first), first
             assert first.rstrip().endswith(f"switch roster startable, fire with fdl start --addr "
                                            f"127.0.0.1:{server.port}")
             with ControllerClient(f"127.0.0.1:{server.port}") as client:

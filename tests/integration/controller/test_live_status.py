@@ -111,7 +111,7 @@ def test_status_page_in_headless_chromium(tmp_path: Path) -> None:
         assert (width, height) == (1280, 800)
         assert distinct >= 32, "the screenshot is (nearly) blank"
         # besides the agents' hellos, the browser asked for the page and state.json only (not even a favicon)
-        asked = {endpoint for endpoint, _ in server.requests}
+        asked = server.call(lambda m: {endpoint for endpoint, _ in server.requests})
         assert asked == {"/join", "/", "/state.json"}, asked
 
 
