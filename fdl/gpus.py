@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from fdl.errors import UsageError
 
 
-@dataclass(frozen=True)
-class GpuSelection:
+class GpuSelection(NamedTuple):
     """ids=None means every visible GPU."""
 
     spec: str

@@ -4,32 +4,32 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from fdl.gpus import GpuSelection, parse_gpus
 
 
-@dataclass
 class Invocation:
     """What main() learned before the command line was parsed."""
 
-    sigil: str | None = None
-    debug: bool = False
+    def __init__(self, sigil: str | None = None, debug: bool = False):
+        self.sigil = sigil
+        self.debug = debug
 
 
-@dataclass
 class Globals:
     """The root options, plus the configuration they select (loaded once, on demand)."""
 
-    invocation: Invocation
-    env_flag: str | None = None
-    gpus_spec: str | None = None
-    debug: bool = False
-    verbose: bool = False
-    gpus: GpuSelection | None = None
-    _configs: dict = field(default_factory=dict)
-    _warned: bool = False
+    def __init__(self, invocation: Invocation, env_flag: str | None = None, gpus_spec: str | None = None,
+                 debug: bool = False, verbose: bool = False):
+        self.invocation = invocation
+        self.env_flag = env_flag
+        self.gpus_spec = gpus_spec
+        self.debug = debug
+        self.verbose = verbose
+        self.gpus: GpuSelection | None = None
+        self._configs: dict = {}
+        self._warned = False
 
     @property
     def env(self):

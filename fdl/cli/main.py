@@ -10,11 +10,10 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import traceback
 from typing import Annotated, Any
 
 import typer
-from typer import _click as click  # typer vendors click; its exceptions live here
+import click
 from typer.core import TyperGroup
 
 from fdl import __version__
@@ -148,6 +147,8 @@ def ensure_globals(ctx: Any) -> Globals:
 
 def report_error(exc: FdlError, debug: bool) -> None:
     if debug:
+        import traceback
+
         traceback.print_exception(exc)
     message = f"fdl: error: {exc.message}"
     if exc.hint:
@@ -186,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.FAILURE
     except Exception as exc:  # the last line of defence: never a traceback unless asked
         if debug:
+            import traceback
+
             traceback.print_exc()
         print(f"fdl: internal error: {type(exc).__name__}: {exc}. This is a bug in fdl; rerun with --debug "
               f"for the traceback and report it.", file=sys.stderr)

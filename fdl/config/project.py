@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from fdl.config.merge import merge_layers
 from fdl.config.schema import (
@@ -34,8 +34,7 @@ INHERIT_KEY = "inherit-from"
 _ENV_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
-@dataclass(frozen=True)
-class EnvSelection:
+class EnvSelection(NamedTuple):
     """Which env the user asked for and how: --env flag, @sigil or FDL_ENV."""
 
     name: str | None = None
@@ -56,20 +55,20 @@ class EnvSelection:
         return EnvSelection()
 
 
-@dataclass
 class Config:
     """The merged, validated configuration of a project under one env."""
 
-    root: Path | None
-    env: EnvSelection
-    files: list[Path]
-    data: dict
-    origins: dict
-    commands: dict[str, CommandSpec] = field(default_factory=dict)
-    cluster: ClusterSpec | None = None
-    join: JoinDefaults | None = None
-    publish: PublishDefaults | None = None
-    warnings: list[str] = field(default_factory=list)
+    def __init__(self, root: Path | None, env: EnvSelection, files: list[Path], data: dict, origins: dict):
+        self.root = root
+        self.env = env
+        self.files = files
+        self.data = data
+        self.origins = origins
+        self.commands: dict[str, CommandSpec] = {}
+        self.cluster: ClusterSpec | None = None
+        self.join: JoinDefaults | None = None
+        self.publish: PublishDefaults | None = None
+        self.warnings: list[str] = []
 
     @property
     def is_discovery_window(self) -> bool:

@@ -1,7 +1,7 @@
 """Typed validation of the merged configuration.
 
 Each block (`cluster:`, `commands:`, `join:`, `publish:`) is checked against
-the schema in the design notes and turned into frozen dataclasses the rest of
+the schema in the design notes and turned into immutable records (NamedTuple) the rest of
 fdl uses. An error names the file and line, the key path, what was expected
 and what was found. Unknown keys are warnings, with a did-you-mean when a
 known key is close.
@@ -12,8 +12,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from fdl.config.source import Origin, format_path
 from fdl.errors import ConfigError
@@ -28,10 +27,11 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 # --------------------------------------------------------------------------- model
+# Immutable records. NamedTuple rather than frozen dataclasses: building a
+# dataclass costs ~1 ms of exec() per class at import, and every fdl start pays it.
 
 
-@dataclass(frozen=True)
-class Devices:
+class Devices(NamedTuple):
     """What a host offers: GPU ids, all GPUs (ids=None), or N CPU ranks (gloo)."""
 
     kind: str = "gpu"  # "gpu" | "cpu"
@@ -55,8 +55,7 @@ class Devices:
         return "all" if self.ids is None else ",".join(map(str, self.ids))
 
 
-@dataclass(frozen=True)
-class JoinPolicy:
+class JoinPolicy(NamedTuple):
     discovery: bool = False
     start: str = "auto"
     token: str | None = None
@@ -66,34 +65,31 @@ class JoinPolicy:
     tunnel_only: bool = False
 
 
-@dataclass(frozen=True)
-class ControllerSpec:
+class ControllerSpec(NamedTuple):
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     bind: str = "0.0.0.0"
-    join: JoinPolicy = field(default_factory=JoinPolicy)
+    join: JoinPolicy = JoinPolicy()
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
 
-@dataclass(frozen=True)
-class SshDefaults:
+class SshDefaults(NamedTuple):
     user: str | None = None
     port: int = 22
     identity: str | None = None
 
 
-@dataclass(frozen=True)
-class WorkerSpec:
+class WorkerSpec(NamedTuple):
     host: str
     address: str
     user: str | None = None
     port: int = 22
     identity: str | None = None
     arch: str | None = None
-    local_devices: Devices = field(default_factory=Devices)
+    local_devices: Devices = Devices()
     env: tuple[tuple[str, str], ...] = ()
     data_path: str | None = None
     python: str = "/usr/bin/python3"
@@ -103,15 +99,13 @@ class WorkerSpec:
         return dict(self.env)
 
 
-@dataclass(frozen=True)
-class ClusterSpec:
+class ClusterSpec(NamedTuple):
     controller: ControllerSpec
     ssh: SshDefaults
     workers: tuple[WorkerSpec, ...]
 
 
-@dataclass(frozen=True)
-class CommandSpec:
+class CommandSpec(NamedTuple):
     name: str
     run: str | None = None
     cluster: bool = False
@@ -121,8 +115,7 @@ class CommandSpec:
     description: str | None = None
 
 
-@dataclass(frozen=True)
-class JoinDefaults:
+class JoinDefaults(NamedTuple):
     """Defaults for every `fdl join` flag (the JoinArgs fields)."""
 
     controller: str | None = None
@@ -145,8 +138,7 @@ class JoinDefaults:
     args: tuple[str, ...] | None = None
 
 
-@dataclass(frozen=True)
-class PublishDefaults:
+class PublishDefaults(NamedTuple):
     source: str | None = None
     cwd: str | None = None
     build: str | None = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import yaml
@@ -54,6 +53,8 @@ def annotated_yaml(config: Config, header: list[str] | None = None) -> str:
 
 def as_json(config: Config, extra: dict | None = None) -> str:
     """The JSON twin: the merged data, the files in merge order and each value's origin."""
+    import json
+
     origins = {format_path(path): str(o) for path, o in sorted(config.origins.items(), key=lambda kv: str(kv[0]))
                if path}
     doc = {

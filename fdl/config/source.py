@@ -11,10 +11,8 @@ keys and non-UTF-8 bytes, and turns every parser complaint into a
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -32,8 +30,7 @@ except AttributeError:  # pragma: no cover - depends on how PyYAML was built
 KeyPath = tuple  # tuple[str | int, ...]
 
 
-@dataclass(frozen=True)
-class Origin:
+class Origin(NamedTuple):
     """Where a value was written: a file (as shown to the user) and a 1-based line."""
 
     file: str
@@ -43,13 +40,15 @@ class Origin:
         return f"{self.file}:{self.line}" if self.line else self.file
 
 
-@dataclass
 class Layer:
     """One parsed document: its data and the origin of every key path in it."""
 
-    path: Path
-    data: dict
-    origins: dict = field(default_factory=dict)
+    __slots__ = ("path", "data", "origins")
+
+    def __init__(self, path: Path, data: dict, origins: dict | None = None):
+        self.path = path
+        self.data = data
+        self.origins = {} if origins is None else origins
 
 
 def display_path(path: Path) -> str:
@@ -141,6 +140,8 @@ def _parse_text(text: str, shown: str, *, json_file: bool) -> dict:
 
 def _parse_json_fallback(text: str, shown: str, yaml_exc: yaml.MarkedYAMLError) -> dict:
     """A .json file YAML cannot read (tabs, say): parse it as JSON, origins at line level only."""
+    import json
+
     def no_duplicates(pairs: list) -> dict:
         seen: dict = {}
         for key, value in pairs:

@@ -1,0 +1,146 @@
+"""The CLI shell: help, version, env selectors, --gpus, project commands, config show."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fdl import __version__
+from tests.conftest import run_fdl
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "fdl.yml").write_text(textwrap.dedent("""\
+        commands:
+          test:
+            run: printf '%s|' base
+          train:
+            cluster: true
+            bin: target/release/train
+        """))
+    (tmp_path / "fdl.farm.yml").write_text(textwrap.dedent("""\
+        cluster:
+          controller:
+            host: 127.0.0.1
+            join: {discovery: true, start: manual}
+        commands:
+          test:
+            run: printf '%s|' farm
+        """))
+    return tmp_path
+
+
+def test_help_lists_builtins_and_project_commands(project: Path) -> None:
+    result = run_fdl("--help", cwd=project)
+    assert result.returncode == 0
+    for word in ("probe", "status", "start", "config", "--env", "--gpus", "--debug", "Project commands", "test"):
+        assert word in result.stdout
+    assert run_fdl("-h", cwd=project).stdout == result.stdout
+
+
+def test_version() -> None:
+    result = run_fdl("--version")
+    assert (result.returncode, result.stdout.strip()) == (0, f"fdl {__version__}")
+
+
+def test_python_dash_m_and_console_script_agree() -> None:
+    import subprocess
+    import sys
+
+    script = Path(sys.executable).parent / "fdl"  # installed next to the interpreter running the tests
+    assert script.exists(), "the fdl console script is missing; install with scripts/install.sh"
+    out = subprocess.run([str(script), "--version"], capture_output=True, text=True)
+    assert out.stdout.strip() == f"fdl {__version__}"
+
+
+@pytest.mark.parametrize("selector", [["@farm"], ["--env", "farm"], ["--env=farm"]])
+def test_env_selectors_pick_the_overlay(project: Path, selector: list[str]) -> None:
+    result = run_fdl(*selector, "test", "--", "a b", "c;d", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "farm|a b|c;d|"
+    assert "trains on this box only" in result.stderr  # non-cluster command under a discovery window
+
+
+def test_fdl_env_variable_and_precedence(project: Path) -> None:
+    (project / "fdl.other.yml").write_text("commands:\n  test: {run: printf other}\n")
+    assert run_fdl("test", cwd=project, env={"FDL_ENV": "farm"}).stdout == "farm|"
+    assert run_fdl("@other", "test", cwd=project, env={"FDL_ENV": "farm"}).stdout == "other"
+    assert run_fdl("--env", "farm", "@other", "test", cwd=project).stdout == "farm|"
+
+
+def test_missing_env_exits_1_naming_file_and_envs(project: Path) -> None:
+    result = run_fdl("@nope", "config", "show", cwd=project)
+    assert result.returncode == 1
+    assert "fdl.nope.yml" in result.stderr and "envs that exist here: farm" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_project_command_exit_code_passes_through(tmp_path: Path) -> None:
+    (tmp_path / "fdl.yml").write_text("commands:\n  fail: {run: 'exit 7'}\n")
+    assert run_fdl("fail", cwd=tmp_path).returncode == 7
+
+
+def test_cluster_command_before_launcher_says_so(project: Path) -> None:
+    result = run_fdl("train", cwd=project)
+    assert result.returncode == 1
+    assert "cluster command" in result.stderr
+
+
+def test_unknown_command(project: Path) -> None:
+    result = run_fdl("frobnicate", cwd=project)
+    assert result.returncode == 2
+    assert "No such command 'frobnicate'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("0,0", "GPU 0 is listed twice"),
+        ("x", "'x' is not a GPU index"),
+        ("-1", "-1 is negative"),
+        ("0,,1", "an empty entry"),
+        ("", "--gpus needs a value"),
+    ],
+)
+def test_gpus_errors_are_loud(project: Path, spec: str, message: str) -> None:
+    result = run_fdl("--gpus", spec, "config", "show", cwd=project)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_gpus_missing_value(project: Path) -> None:
+    result = run_fdl("config", "show", "--gpus", cwd=project)
+    assert result.returncode == 2
+    result = run_fdl("--gpus", cwd=project)
+    assert result.returncode == 2
+    assert "requires an argument" in result.stderr or "--gpus" in result.stderr
+
+
+def test_gpus_selection_shows_in_config_and_scopes_processes(project: Path) -> None:
+    shown = run_fdl("--gpus", "1,0", "config", "show", cwd=project, env={"LD_LIBRARY_PATH": "/nonexistent"})
+    assert shown.returncode == 0, shown.stderr
+    assert "# --gpus: 1,0" in shown.stdout
+    doc = json.loads(run_fdl("--gpus", "1,0", "config", "show", "--json", cwd=project).stdout)
+    assert doc["selection"]["gpus"] == [1, 0]
+    (project / "fdl.yml").write_text("commands:\n  cvd: {run: 'printf %s \"$CUDA_VISIBLE_DEVICES\"'}\n")
+    assert run_fdl("--gpus", "1,0", "cvd", cwd=project).stdout == "1,0"
+
+
+def test_config_show_json_twin(project: Path) -> None:
+    doc = json.loads(run_fdl("@farm", "config", "show", "--json", cwd=project).stdout)
+    assert doc["env"] == "farm" and doc["env_source"] == "@sigil"
+    assert doc["files"] == ["fdl.yml", "fdl.farm.yml"]
+    assert doc["config"]["commands"]["test"]["run"] == "printf '%s|' farm"
+    assert doc["origins"]["commands.test.run"] == "fdl.farm.yml:7"
+    assert doc["origins"]["commands.train.bin"] == "fdl.yml:6"
+
+
+def test_config_show_positional_env(project: Path) -> None:
+    result = run_fdl("config", "show", "farm", cwd=project)
+    assert result.returncode == 0
+    assert "# env: farm (from argument)" in result.stdout
+    assert "discovery: true" in result.stdout and "# fdl.farm.yml:4" in result.stdout
