@@ -61,6 +61,7 @@ env: cluster
 
 import os
 import re
+from pathlib import Path
 
 from ansible.errors import AnsibleParserError
 from ansible.plugins.inventory import BaseFileInventoryPlugin
@@ -95,17 +96,17 @@ class InventoryModule(BaseFileInventoryPlugin):
 
     def parse(self, inventory, loader, path, cache=True):
         super().parse(inventory, loader, path, cache)
+        direct = bool(_DIRECT_RE.match(os.path.basename(path)))
         try:
             from fdl.cluster.inventory import inventory_from_file
             from fdl.errors import FdlError
         except ImportError as exc:
-            raise AnsibleParserError(
-                f"{path}: the fdl_cluster inventory plugin needs the fdl package, which this Ansible's Python "
-                f"cannot import ({exc}). Install fdl into the environment that runs ansible-playbook."
-            ) from exc
+            self._fail(path, f"{path}: the fdl_cluster inventory plugin needs the fdl package, which this "
+                             f"Ansible's Python cannot import ({exc}). Install fdl into the environment that runs "
+                             f"ansible-playbook.", direct)
 
         env = project_dir = None
-        if _DIRECT_RE.match(os.path.basename(path)):
+        if direct:
             self.set_options()
         else:
             self._read_config_data(path)
@@ -117,14 +118,12 @@ class InventoryModule(BaseFileInventoryPlugin):
                 project_dir = os.path.join(os.path.dirname(os.path.abspath(path)), project_dir)
 
         try:
-            from pathlib import Path
-
             cluster, config = inventory_from_file(Path(path), env=env,
                                                   project_dir=Path(project_dir) if project_dir else None)
         except FdlError as exc:
             message = exc.message if str(path) in exc.message or os.path.basename(path) in exc.message \
                 else f"{path}: {exc.message}"
-            raise AnsibleParserError(message + (f" ({exc.hint})" if exc.hint else "")) from None
+            self._fail(path, message + (f" ({exc.hint})" if exc.hint else ""), direct)
 
         for warning in config.warnings:
             self.display.warning(f"fdl_cluster: {warning}")
@@ -134,6 +133,20 @@ class InventoryModule(BaseFileInventoryPlugin):
             return
         self._populate(cluster)
         self._register_module_utils()
+
+    def _fail(self, path, message, direct):
+        """Report a broken fdl file.
+
+        For a plain fdl.<env>.yml this stops Ansible: a failed plugin makes
+        Ansible try the next one, and the yaml plugin would read `cluster:` as
+        an empty group, turning a config error into a run on no hosts (which a
+        CI gate would count as a pass). The message is fdl's own, naming file,
+        line and key.
+        """
+        if direct:
+            self.display.error(f"fdl_cluster: {message}")
+            raise SystemExit(1)
+        raise AnsibleParserError(message)
 
     def _populate(self, cluster):
         for group in cluster.groups:

@@ -167,7 +167,7 @@ def inventory_from_file(path: Path, env: str | None = None, project_dir: Path | 
     from the name unless given. Returns (inventory, config); the inventory is
     empty when the merged configuration has no cluster: block. Raises ConfigError.
     """
-    from fdl.config import EnvSelection, load_config
+    from fdl.config import EnvSelection, find_base, load_config
     from fdl.config.source import display_path
     from fdl.errors import ConfigError
 
@@ -175,14 +175,15 @@ def inventory_from_file(path: Path, env: str | None = None, project_dir: Path | 
     if env is None:
         _, env = env_of_file(path)
     directory = (project_dir or path.parent).resolve()
+    if project_dir is None and env is not None:
+        base = find_base(directory)
+        if base is not None and base.parent != directory:
+            raise ConfigError(
+                f"{display_path(path)} is an env overlay, but the project's base file is {display_path(base)}, in "
+                f"another directory. An overlay must sit next to its base fdl.yml; move it there (or add an "
+                f"fdl.yml beside it)."
+            )
     config = load_config(directory, EnvSelection(env, "inventory file") if env else EnvSelection())
-    if project_dir is None and path not in [f.resolve() for f in config.files]:
-        base = config.files[0] if config.files else None
-        raise ConfigError(
-            f"{display_path(path)} is not part of the configuration it names: fdl merged "
-            f"{', '.join(display_path(f) for f in config.files)} instead. An env overlay must sit next to its "
-            f"base fdl.yml" + (f" ({display_path(base)})" if base else "") + "; move it there."
-        )
     if config.cluster is None:
         return ClusterInventory(), config
     return build_inventory(config.cluster, config.root), config
