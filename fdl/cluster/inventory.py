@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fdl.config.schema import DEFAULT_DATA_PATH, ClusterSpec, WorkerSpec
+from fdl.config.schema import DEFAULT_DATA_PATH, ClusterSpec, SshDefaults, WorkerSpec
 
 WORKERS_GROUP = "fdl_workers"
 CONTROLLER_GROUP = "fdl_controller"
@@ -84,7 +85,7 @@ class ClusterInventory:
                         "children": children}}
 
 
-def _identity(identity: str | None, root: Path | None) -> str | None:
+def _project_path(identity: str | None, root: Path | None) -> str | None:
     """An identity file as an absolute path: ~ expanded, relative paths taken from the project root."""
     if identity is None:
         return None
@@ -94,7 +95,14 @@ def _identity(identity: str | None, root: Path | None) -> str | None:
     return str(path)
 
 
-def worker_vars(worker: WorkerSpec, root: Path | None) -> dict:
+def _ssh_args(ssh: SshDefaults | None, root: Path | None) -> dict:
+    known_hosts = _project_path(ssh.known_hosts if ssh is not None else None, root)
+    if known_hosts is None:
+        return {}
+    return {"ansible_ssh_common_args": f"-o UserKnownHostsFile={shlex.quote(known_hosts)}"}
+
+
+def worker_vars(worker: WorkerSpec, root: Path | None, ssh: SshDefaults | None = None) -> dict:
     """The host variables of one worker (the contract playbooks and roles rely on)."""
     hostvars: dict = {
         "ansible_host": worker.address,
@@ -107,9 +115,10 @@ def worker_vars(worker: WorkerSpec, root: Path | None) -> dict:
     }
     if worker.user is not None:
         hostvars["ansible_user"] = worker.user
-    identity = _identity(worker.identity, root)
+    identity = _project_path(worker.identity, root)
     if identity is not None:
         hostvars["ansible_ssh_private_key_file"] = identity
+    hostvars.update(_ssh_args(ssh, root))
     return hostvars
 
 
@@ -121,7 +130,7 @@ def build_inventory(cluster: ClusterSpec, root: Path | None = None) -> ClusterIn
     controller = cluster.controller
     inv.all_vars = {"fdl_controller_host": controller.host, "fdl_controller_port": controller.port}
     for worker in cluster.workers:
-        host = InventoryHost(name=worker.host, vars=worker_vars(worker, root), worker=worker)
+        host = InventoryHost(name=worker.host, vars=worker_vars(worker, root, cluster.ssh), worker=worker)
         host.groups.append(WORKERS_GROUP)
         inv.groups[WORKERS_GROUP].append(worker.host)
         if controller.host in (worker.host, worker.address):
@@ -141,9 +150,10 @@ def build_inventory(cluster: ClusterSpec, root: Path | None = None) -> ClusterIn
             hostvars["ansible_port"] = cluster.ssh.port
             if cluster.ssh.user is not None:
                 hostvars["ansible_user"] = cluster.ssh.user
-            identity = _identity(cluster.ssh.identity, root)
+            identity = _project_path(cluster.ssh.identity, root)
             if identity is not None:
                 hostvars["ansible_ssh_private_key_file"] = identity
+            hostvars.update(_ssh_args(cluster.ssh, root))
         inv.hosts[controller.host] = InventoryHost(name=controller.host, vars=hostvars, groups=[CONTROLLER_GROUP])
         inv.groups[CONTROLLER_GROUP].append(controller.host)
     return inv

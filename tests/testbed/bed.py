@@ -431,14 +431,25 @@ class Testbed:
         """Every host as an fdl.cluster.yml worker entry."""
         return [h.worker(**overrides) for h in self.hosts]
 
-    def home_env(self, home: Path) -> dict:
-        """Prepare `home` as the HOME of a controller-side process: ~/.ssh/known_hosts trusts these hosts.
+    def cluster(self, workers: list[dict] | None = None, *, controller: str | None = None) -> dict:
+        """An fdl.cluster.yml document for these hosts (or `workers`), trusting exactly their host keys.
 
-        Returns the environment overrides (HOME) to run fdl or ansible with.
+        ssh reads known_hosts from the passwd home, not $HOME, so the file is
+        named explicitly (cluster.ssh.known_hosts) instead of relying on ~/.ssh.
         """
-        ssh_dir = home / ".ssh"
-        ssh_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        (ssh_dir / "known_hosts").write_text(self.known_hosts.read_text())
+        return {"cluster": {
+            "controller": {"host": controller or self.gateway},
+            "ssh": {"known_hosts": str(self.known_hosts)},
+            "workers": self.workers() if workers is None else workers,
+        }}
+
+    def home_env(self, home: Path) -> dict:
+        """Environment overrides giving a controller-side process (fdl, ansible) its own HOME and cache.
+
+        fdl's cache (runner data, SSH control sockets) follows XDG_CACHE_HOME;
+        keep `home` short, since control socket paths must fit in 104 bytes.
+        """
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
         return {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
 
     def new_key(self, name: str) -> Path:

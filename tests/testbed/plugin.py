@@ -13,6 +13,9 @@ A test can also ask for a size directly with indirect parametrization:
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -51,9 +54,17 @@ def testbed(request: pytest.FixtureRequest):
 
 
 @pytest.fixture
-def testbed_home(testbed: Testbed, tmp_path) -> dict:
+def testbed_home(testbed: Testbed, short_tmp: Path) -> dict:
     """Environment overrides for a controller-side process: a fresh HOME that trusts the testbed's host keys."""
-    return testbed.home_env(tmp_path / "home")
+    return testbed.home_env(short_tmp / "home")
+
+
+@pytest.fixture
+def short_tmp():
+    """A temporary directory with a short path (ssh control sockets under it must fit in 104 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="fdlt", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_report_header(config) -> str | None:
