@@ -181,6 +181,7 @@ class Testbed:
         self.network = ipaddress.ip_network(f"{net}.0.0/16")
         self.dir = workdir or Path(f"/tmp/{prefix}-testbed")
         self.shared = self.dir / "shared"
+        self.storage = self.dir / "storage"  # a tmpfs every host sees mounted (shared storage, world-writable)
         self.key = self.dir / "client" / "id_ed25519"
         self.known_hosts = self.dir / "client" / "known_hosts"
         self.hosts: list[Host] = []
@@ -243,6 +244,9 @@ class Testbed:
         os.chmod(self.dir, 0o755)
         os.chmod(self.shared, 0o755)
         os.chmod(self.dir / "home", 0o755)
+        # Mounted before any sshd starts: `ip netns exec` gives each sshd a copy of the mount table taken then.
+        self.storage.mkdir(exist_ok=True)
+        _sh("mount", "-t", "tmpfs", "-o", "size=64m,mode=1777", f"{self.prefix}-storage", str(self.storage))
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{self.prefix}-testbed", "-f", str(self.key))
         public = self.key.with_suffix(".pub").read_text()
@@ -413,6 +417,10 @@ class Testbed:
                 proc = _sh("groupdel", group.gr_name, check=False)
                 if proc.returncode != 0:
                     problems.append(f"groupdel {group.gr_name}: {proc.stderr.strip()}")
+        for mount in reversed(_mounts_under(self.dir)):
+            proc = _sh("umount", "-l", mount, check=False)
+            if proc.returncode != 0:
+                problems.append(f"umount {mount}: {proc.stderr.strip()}")
         if self.dir.exists():
             shutil.rmtree(self.dir, ignore_errors=True)
             if self.dir.exists():
@@ -457,6 +465,18 @@ class Testbed:
         path = self.dir / "client" / name
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(path))
         return path
+
+
+def _mounts_under(directory: Path) -> list[str]:
+    """Mount points at or below directory, outermost first."""
+    prefix = str(directory).rstrip("/")
+    found = []
+    with open("/proc/self/mounts") as handle:
+        for line in handle:
+            point = line.split()[1].replace("\\040", " ")
+            if point == prefix or point.startswith(prefix + "/"):
+                found.append(point)
+    return sorted(found, key=len)
 
 
 def _pids_of_uid(uid: int) -> list[int]:
