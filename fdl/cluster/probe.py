@@ -23,6 +23,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -210,7 +211,7 @@ def unreachable_check(host: InventoryHost, message: str | None) -> CheckResult:
         what, hint = "the host does not answer", "check that it is up and that its address and port are right"
     elif "refused" in lowered:
         what, hint = "nothing accepts SSH connections there", "start sshd on the host, or fix the port"
-    elif "broken pipe" in lowered or "closed" in lowered or "reset" in lowered:
+    elif "stopped answering" in lowered or "broken pipe" in lowered or "closed" in lowered or "reset" in lowered:
         what, hint = "the SSH connection was lost", "check the host's network link, then rerun"
     else:
         what, hint = "SSH failed", "try `ssh` to the host by hand with the same user and key"
@@ -218,9 +219,18 @@ def unreachable_check(host: InventoryHost, message: str | None) -> CheckResult:
                        hint=hint, data={"reason": reason})
 
 
+_LOST_RE = re.compile(r"Data could not be sent to remote host \"[^\"]*\"\. Make sure this host can be reached over "
+                      r"ssh:?\s*$")
+
+
 def _ssh_reason(message: str) -> str:
-    """The line of Ansible's unreachable message that carries SSH's reason."""
-    text = message.replace("Failed to connect to the host via ssh:", "").strip()
+    """SSH's own reason out of Ansible's unreachable message."""
+    text = message.strip()
+    if text.startswith("Task failed:"):
+        text = text[len("Task failed:"):].strip()
+    if _LOST_RE.match(text):  # the master connection died and ssh said nothing more
+        return "the host stopped answering while the task ran"
+    text = text.replace("Failed to connect to the host via ssh:", "").strip()
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("Warning:")]
     return (lines[-1] if lines else message.strip()).rstrip(".")
 

@@ -98,7 +98,9 @@ def test_a_link_taken_down_mid_run(kit, short_tmp, testbed_home):
     assert proc.returncode == 1, err
     hosts = by_host(json.loads(out))
     assert list(hosts["h3"]) == ["ssh"]
-    assert hosts["h3"]["ssh"]["message"].startswith(f"h3 ({h3.user}@{h3.address}) is unreachable: ")
+    assert hosts["h3"]["ssh"]["message"] == (f"h3 ({h3.user}@{h3.address}) is unreachable: the SSH connection was "
+                                             f"lost: the host stopped answering while the task ran")
+    assert "network link" in hosts["h3"]["ssh"]["hint"]
     assert all(hosts[h]["gpu"]["status"] == "ok" for h in ("h1", "h2", "h4"))
 
 
