@@ -1,11 +1,11 @@
 """A testbed of SSH hosts made of Linux network namespaces on a bridge.
 
 Each host is a network namespace `<prefix>-h<i>` with one veth leg on the
-bridge `<prefix>br0`, its own address in `<net>.0.0/16`, its own OpenSSH
+bridge `<prefix>br0`, its own address in the /24 `<net>.0/24`, its own OpenSSH
 daemon (own config, host key, pid file, log; ListenAddress = its address;
 `UsePAM no`) and its own login user `<prefix><i>` with its own home and an
 authorized key generated for the run. The test machine itself sits on the
-bridge at `<net>.0.1` (`Testbed.gateway`), which is where a controller under
+bridge at `<net>.1` (`Testbed.gateway`), which is where a controller under
 test listens when workers must dial it.
 
 Everything is named from one prefix, so a crashed run's leftovers can be
@@ -44,7 +44,7 @@ from typing import Iterator
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 DEFAULT_PREFIX = "fdlt"
-DEFAULT_NET = "10.231"
+DEFAULT_NET = "10.231.0"  # the first three octets of the testbed's /24
 MAX_HOSTS = 200
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{1,7}$")
 
@@ -169,16 +169,17 @@ class Testbed:
         if not _PREFIX_RE.match(prefix):
             raise TestbedError(f"testbed prefix {prefix!r}: use 2-8 lowercase letters/digits, starting "
                                f"with a letter (it names users, namespaces and links)")
-        if not re.fullmatch(r"10\.\d{1,3}", net) or int(net.split(".")[1]) > 255:
-            raise TestbedError(f"testbed net {net!r}: expected 10.N (the /16 10.N.0.0/16 is used)")
+        if not re.fullmatch(r"10\.\d{1,3}\.\d{1,3}", net) or max(int(p) for p in net.split(".")) > 255:
+            raise TestbedError(f"testbed net {net!r}: expected the first three octets of a 10.x /24, "
+                               f"e.g. 10.231.0")
         if not 1 <= size <= MAX_HOSTS:
             raise TestbedError(f"testbed size {size}: expected 1 to {MAX_HOSTS} hosts")
         self.size = size
         self.prefix = prefix
         self.net = net
         self.bridge = f"{prefix}br0"
-        self.gateway = f"{net}.0.1"
-        self.network = ipaddress.ip_network(f"{net}.0.0/16")
+        self.gateway = f"{net}.1"
+        self.network = ipaddress.ip_network(f"{net}.0/24")
         self.dir = workdir or Path(f"/tmp/{prefix}-testbed")
         self.shared = self.dir / "shared"
         self.storage = self.dir / "storage"  # a tmpfs every host sees mounted (shared storage, world-writable)
@@ -233,8 +234,8 @@ class Testbed:
         return out
 
     def address_of(self, index: int) -> str:
-        """Host i (1-based) lives at <net>.0.<10 + i>."""
-        return f"{self.net}.0.{10 + index}"
+        """Host i (1-based) lives at <net>.<10 + i>."""
+        return f"{self.net}.{10 + index}"
 
     def _build(self) -> None:
         if missing := missing_tools():
@@ -252,7 +253,7 @@ class Testbed:
         public = self.key.with_suffix(".pub").read_text()
 
         _sh("ip", "link", "add", self.bridge, "type", "bridge")
-        _sh("ip", "addr", "add", f"{self.gateway}/16", "dev", self.bridge)
+        _sh("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         _sh("ip", "link", "set", self.bridge, "up")
         for i, namespace, user, veth in self._host_names():
             address = self.address_of(i)
@@ -262,7 +263,7 @@ class Testbed:
             _sh("ip", "netns", "add", namespace)
             _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", namespace)
             _sh("ip", "link", "set", veth, "master", self.bridge, "up")
-            _sh("ip", "-n", namespace, "addr", "add", f"{address}/16", "dev", "eth0")
+            _sh("ip", "-n", namespace, "addr", "add", f"{address}/24", "dev", "eth0")
             _sh("ip", "-n", namespace, "link", "set", "eth0", "up")
             _sh("ip", "-n", namespace, "link", "set", "lo", "up")
             self._add_user(host, public)

@@ -53,12 +53,12 @@ def test_link_down_cuts_the_host_off(testbed: Testbed):
 def test_teardown_removes_everything_even_after_a_crash(tmp_path):
     """A testbed abandoned mid-run (no teardown) is cleaned up by the next one, which then tears down fully."""
     require_testbed()
-    crashed = Testbed(2, prefix="fdltx", net="10.232")
+    crashed = Testbed(2, prefix="fdltx", net="10.231.2")
     crashed._lock()
     crashed._build()  # ... and the process "dies": no down()
     crashed._unlock()
     assert "fdltx-h1" in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    with Testbed.up(1, prefix="fdltx", net="10.232") as bed:
+    with Testbed.up(1, prefix="fdltx", net="10.231.2") as bed:
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
         assert "fdltx-h2" not in names
         assert bed.hosts[0].ssh("true").returncode == 0
