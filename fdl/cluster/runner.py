@@ -51,7 +51,7 @@ from fdl.cluster.inventory import ClusterInventory
 from fdl.cluster.modutils import cache_dir, module_utils_dir
 from fdl.errors import FdlError, RemoteError
 from fdl.resources import playbook as shipped_playbook
-from fdl.resources import share_dir
+from fdl.resources import ansible_cfg, share_dir
 
 RUN_ID_VAR = "fdl_run_id"  # extra variable every playbook exports as FDL_RUN_ID (play-level environment:)
 KEEP_ARTIFACTS = 5
@@ -179,7 +179,7 @@ def _pinned_settings(cfg: Path) -> dict[str, str]:
 
 def ansible_environment(forks: int) -> dict[str, str]:
     """Environment overrides for an ansible-playbook started by fdl."""
-    cfg = share_dir() / "ansible.cfg"
+    cfg = ansible_cfg()
     cp_dir = control_path_dir()
     cp_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     env = _pinned_settings(cfg)
