@@ -470,39 +470,39 @@ class _Progress:
         self.hosts = hosts
         self._live = None
         self._start = time.monotonic()
-        self._last = 0.0
         self._state: dict[str, HostResult] = {}
 
     def start(self) -> None:
         from rich.console import Console  # noqa: PLC0415
         from rich.live import Live  # noqa: PLC0415
 
-        self._live = Live(self._render(), console=Console(stderr=True), refresh_per_second=8, transient=True)
+        # Live re-renders this object (its __rich__) on every refresh, so the clock ticks between events.
+        self._live = Live(self, console=Console(stderr=True), refresh_per_second=8, transient=True)
         self._live.start()
 
     def update(self, hosts: dict[str, HostResult]) -> None:
         self._state = hosts
-        now = time.monotonic()
-        if self._live is not None and now - self._last > 0.05:
-            self._last = now
-            self._live.update(self._render())
 
     def stop(self) -> None:
         if self._live is not None:
             self._live.stop()
             self._live = None
 
+    def __rich__(self):
+        return self._render()
+
     def _render(self):
         from rich.table import Table  # noqa: PLC0415
 
-        done = sum(1 for h in self._state.values() if h.status not in (PENDING, RUNNING))
+        state = dict(self._state)  # a C-level copy: the event handler may add hosts while this renders
+        done = sum(1 for h in state.values() if h.status not in (PENDING, RUNNING))
         table = Table(title=f"{self.title}: {done}/{len(self.hosts)} hosts done, "
                             f"{time.monotonic() - self._start:.1f}s", title_justify="left", box=None)
         table.add_column("host")
         table.add_column("state")
         table.add_column("task")
         for name in self.hosts:
-            host = self._state.get(name) or HostResult(host=name)
+            host = state.get(name) or HostResult(host=name)
             style = self._STYLE.get(host.status, "")
             table.add_row(name, f"[{style}]{host.status}[/]", host.current_task or (host.message or "")[:60])
         return table

@@ -68,3 +68,20 @@ def test_a_local_probe_never_loads_ansible(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
     assert done.stdout.strip().splitlines()[-1] == "LOADED:"
+
+
+def test_progress_table_shows_each_hosts_state_and_task():
+    from rich.console import Console
+
+    from fdl.cluster.runner import HostResult, _Progress
+
+    progress = _Progress("probe", ["node-a", "node-b", "node-c"])
+    progress.update({"node-a": HostResult("node-a", status="ok"),
+                     "node-b": HostResult("node-b", status="running", current_task="Probe this host"),
+                     "node-c": HostResult("node-c", status="unreachable", message="Permission denied (publickey)")})
+    console = Console(record=True, width=100)
+    console.print(progress)
+    text = console.export_text()
+    assert "probe: 2/3 hosts done" in text
+    assert "node-b" in text and "running" in text and "Probe this host" in text
+    assert "unreachable" in text and "Permission denied (publickey)" in text
