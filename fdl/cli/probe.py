@@ -19,6 +19,7 @@ from fdl.checks.data import DEFAULT_DATA_PATH
 from fdl.checks.probe import ProbeOptions, run_probe
 from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, HostReport
 from fdl.cli.context import Globals
+from fdl.config.discover import find_base
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
@@ -74,25 +75,13 @@ def probe(
 def project_context(g: Globals) -> tuple[str, int]:
     """(project root, number of cluster workers in the selected env). Config is read only when there is one."""
     env_selected = g.invocation.sigil is not None or g.env_flag is not None or bool(os.environ.get("FDL_ENV"))
-    base = find_project_file(Path.cwd())
+    base = find_base(Path.cwd())
     if base is None and not env_selected:
         return str(Path.cwd()), 0
     config = g.config(required=False)
     cluster = getattr(config, "cluster", None)
     workers = len(cluster.workers) if cluster is not None else 0
     return str(base.parent if base is not None else Path.cwd()), workers
-
-
-def find_project_file(start: Path) -> Path | None:
-    """The project's fdl.yml, found the way fdl.config does (imported only when a project may exist)."""
-    here = start.resolve()
-    for directory in (here, *here.parents):
-        for suffix in (".yml", ".yaml", ".json"):
-            if (directory / f"fdl{suffix}").is_file():
-                from fdl.config import find_base  # noqa: PLC0415 - yaml and the schema only when needed
-
-                return find_base(start)
-    return None
 
 
 def collect_reports(options: ProbeOptions) -> list[HostReport]:
