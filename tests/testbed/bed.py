@@ -437,7 +437,8 @@ class Testbed:
         raise KeyError(name)
 
     def workers(self, **overrides) -> list[dict]:
-        """Every host as an fdl.cluster.yml worker entry."""
+        """Every host as an fdl.cluster.yml worker entry (after checking the bridge and namespaces exist)."""
+        self.verify()
         return [h.worker(**overrides) for h in self.hosts]
 
     def cluster(self, workers: list[dict] | None = None, *, controller: str | None = None) -> dict:
@@ -445,7 +446,9 @@ class Testbed:
 
         ssh reads known_hosts from the passwd home, not $HOME, so the file is
         named explicitly (cluster.ssh.known_hosts) instead of relying on ~/.ssh.
+        Checks the bridge and namespaces first: a cluster file leads to traffic.
         """
+        self.verify()
         return {"cluster": {
             "controller": {"host": controller or self.gateway},
             "ssh": {"known_hosts": str(self.known_hosts)},

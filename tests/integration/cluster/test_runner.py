@@ -23,6 +23,7 @@ PLAYBOOKS = Path(__file__).parent / "playbooks"
 
 
 def inventory_for(bed: Testbed, keys: dict[str, Path] | None = None):
+    bed.verify()  # the bridge and namespaces exist before any traffic
     keys = keys or {}
     workers = tuple(WorkerSpec(host=h.name, address=h.address, user=h.user, identity=str(keys.get(h.name, h.key)))
                     for h in bed.hosts)
