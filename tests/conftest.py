@@ -41,3 +41,24 @@ def need_root_or_skip(reason: str) -> None:
         if IN_CI:
             pytest.fail(f"CI must run this test as root: {reason}")
         pytest.skip(f"needs root: {reason}")
+
+
+@pytest.fixture(scope="session")
+def fake_nvml(tmp_path_factory):
+    """A fake libnvidia-ml.so.1 built once per session; `.env("H100:9.0:80G")` scripts its devices."""
+    from tests.fakes import FakeNvml, build_fake_nvml
+
+    return FakeNvml(build_fake_nvml(tmp_path_factory.mktemp("fake-nvml")))
+
+
+@pytest.fixture
+def fake_nccl(tmp_path_factory):
+    """Factory: fake_nccl("2.27.5") -> a directory holding a loadable libnccl.so.2 of that version."""
+    from tests.fakes import build_fake_nccl
+
+    def build(version: str = "2.27.5", *, reported: str | None = None) -> Path:
+        dest = tmp_path_factory.mktemp("fake-nccl")
+        build_fake_nccl(dest, version, reported=reported)
+        return dest
+
+    return build

@@ -62,7 +62,7 @@ class Globals:
 
     def user_commands(self) -> dict:
         """commands: from fdl.yml, or {} when there is no project here."""
-        from fdl.config import find_base
+        from fdl.config.discover import find_base
 
         if self.invocation.sigil is None and self.env_flag is None and not os.environ.get("FDL_ENV"):
             if find_base(Path.cwd()) is None:

@@ -1,22 +1,29 @@
-"""Configuration: fdl.yml discovery, env overlays, deep merge, provenance, schema."""
+"""Configuration: fdl.yml discovery, env overlays, deep merge, provenance, schema.
 
-from fdl.config.project import Config, EnvSelection, available_envs, find_base, load_config
-from fdl.config.schema import (
-    ClusterSpec,
-    CommandSpec,
-    ControllerSpec,
-    Devices,
-    JoinDefaults,
-    JoinPolicy,
-    PublishDefaults,
-    WorkerSpec,
-    parse_devices,
-    split_host_port,
-)
-from fdl.config.source import Origin, format_path
+Attributes load lazily: `from fdl.config import find_base` costs no YAML import.
+"""
 
-__all__ = [
-    "ClusterSpec", "CommandSpec", "Config", "ControllerSpec", "Devices", "EnvSelection", "JoinDefaults",
-    "JoinPolicy", "Origin", "PublishDefaults", "WorkerSpec", "available_envs", "find_base", "format_path",
-    "load_config", "parse_devices", "split_host_port",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Config": "project", "EnvSelection": "project", "load_config": "project",
+    "available_envs": "discover", "find_base": "discover",
+    "ClusterSpec": "schema", "CommandSpec": "schema", "ControllerSpec": "schema", "Devices": "schema",
+    "JoinDefaults": "schema", "JoinPolicy": "schema", "PublishDefaults": "schema", "WorkerSpec": "schema",
+    "parse_devices": "schema", "split_host_port": "schema",
+    "Origin": "source", "format_path": "source",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fdl.config' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"fdl.config.{module}"), name)
+    globals()[name] = value
+    return value

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
+from fdl.config.discover import SUFFIXES, available_envs, find_base, overlay_file  # noqa: F401
 from fdl.config.merge import merge_layers
 from fdl.config.schema import (
     TOP_KEYS,
@@ -29,7 +30,6 @@ from fdl.config.schema import (
 from fdl.config.source import Layer, display_path, read_layer
 from fdl.errors import ConfigError, UsageError
 
-SUFFIXES = (".yml", ".yaml", ".json")
 INHERIT_KEY = "inherit-from"
 _ENV_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
@@ -73,34 +73,6 @@ class Config:
     @property
     def is_discovery_window(self) -> bool:
         return bool(self.cluster and self.cluster.controller.join.discovery)
-
-
-def find_base(start: Path) -> Path | None:
-    """The nearest fdl.yml/.yaml/.json in start or its ancestors."""
-    here = start.resolve()
-    for directory in (here, *here.parents):
-        for suffix in SUFFIXES:
-            candidate = directory / f"fdl{suffix}"
-            if candidate.is_file():
-                return candidate
-    return None
-
-
-def overlay_file(root: Path, name: str) -> Path | None:
-    for suffix in SUFFIXES:
-        candidate = root / f"fdl.{name}{suffix}"
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def available_envs(root: Path) -> list[str]:
-    names = set()
-    for path in root.iterdir():
-        parts = path.name.split(".")
-        if len(parts) == 3 and parts[0] == "fdl" and f".{parts[2]}" in SUFFIXES and path.is_file():
-            names.add(parts[1])
-    return sorted(names)
 
 
 def _missing_env(root: Path, name: str, needed_by: str) -> ConfigError:

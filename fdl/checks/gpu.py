@@ -1,0 +1,147 @@
+"""The GPU check: driver, CUDA driver version and every device, through NVML.
+
+Standard library and pynvml (through .nvml, imported only when the check
+runs) only; sibling imports are relative so this file also works as Ansible
+module_utils.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .report import ERROR, OK, WARNING, CheckResult
+
+NAME = "gpu"
+
+CONTAINER_HINT = ("inside a container, start it with GPU access (docker run --gpus all, or the compose "
+                  "`deploy.resources.reservations.devices` block, with the NVIDIA Container Toolkit installed)")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which GPUs ranks may use: indices into NVML's list; None = every device."""
+
+    source: str | None  # "--gpus", "CUDA_VISIBLE_DEVICES" or None (no selection)
+    spec: str | None
+    indices: tuple[int, ...] | None
+    missing: tuple[str, ...] = ()  # entries naming a device this host does not have
+
+
+def parse_selection(gpus, environ, devices) -> Selection:
+    """The selection in force: an explicit `gpus` (ids or "all"/"0,1") wins over CUDA_VISIBLE_DEVICES.
+
+    CUDA_VISIBLE_DEVICES follows CUDA's rules: entries are indices or UUID
+    prefixes (GPU-...), and the first entry that names no device ends the list.
+    """
+    if gpus is not None:
+        spec = gpus if isinstance(gpus, str) else ",".join(str(int(i)) for i in gpus)
+        if spec.strip() == "all":
+            return Selection("--gpus", "all", None)
+        parts = [part.strip() for part in spec.split(",") if part.strip()]
+        present = {d.index for d in devices}
+        chosen = tuple(int(p) for p in parts if p.isdigit() and int(p) in present)
+        return Selection("--gpus", spec, chosen, tuple(p for p in parts if not (p.isdigit() and int(p) in present)))
+    spec = environ.get("CUDA_VISIBLE_DEVICES")
+    if spec is None:
+        return Selection(None, None, None)
+    chosen: list[int] = []
+    for entry in (part.strip() for part in spec.split(",")):
+        match = _match_device(entry, devices)
+        if match is None or match in chosen:
+            break
+        chosen.append(match)
+    return Selection("CUDA_VISIBLE_DEVICES", spec, tuple(chosen))
+
+
+def _match_device(entry: str, devices) -> int | None:
+    if entry.isdigit():
+        index = int(entry)
+        return index if any(d.index == index for d in devices) else None
+    if entry.startswith(("GPU-", "MIG-")):
+        found = [d.index for d in devices if d.uuid and d.uuid.startswith(entry)]
+        return found[0] if len(found) == 1 else None
+    return None
+
+
+def _gib(value: int) -> str:
+    return f"{value / (1 << 30):.0f} GiB" if value >= (1 << 30) else f"{value / (1 << 20):.0f} MiB"
+
+
+def describe_device(device) -> dict:
+    return {"index": device.index, "name": device.name, "uuid": device.uuid,
+            "compute_capability": f"{device.major}.{device.minor}", "sm": device.sm,
+            "memory_total": device.memory_total, "memory_free": device.memory_free}
+
+
+def check_gpu(gpus=None, environ=None):
+    """Run the GPU check; return (CheckResult, NvmlInventory or None, Selection or None)."""
+    from .nvml import (
+        NVML_ERROR_DRIVER_NOT_LOADED,
+        NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+        NVML_ERROR_NO_PERMISSION,
+        NvmlUnavailable,
+        read_inventory,
+    )
+
+    environ = os.environ if environ is None else environ
+    try:
+        inventory = read_inventory()
+    except NvmlUnavailable as exc:
+        data = {"nvml_error": exc.detail, "nvml_error_code": exc.code, "devices": []}
+        if exc.reason == "pynvml-missing":
+            return CheckResult(NAME, ERROR, "pynvml (NVIDIA's NVML bindings) is not installed for this Python.",
+                               hint="install nvidia-ml-py into fdl's environment (pip install nvidia-ml-py)",
+                               data=data), None, None
+        if exc.reason == "library-missing":
+            return CheckResult(
+                NAME, ERROR, "No NVIDIA driver found: the NVML library libnvidia-ml.so.1 is not installed.",
+                hint=f"install the NVIDIA driver (it provides libnvidia-ml.so.1); {CONTAINER_HINT}",
+                data=data), None, None
+        if exc.code == NVML_ERROR_LIB_RM_VERSION_MISMATCH:
+            message = "The NVIDIA driver's kernel module and its user-space library are different versions."
+            hint = ("this follows a driver upgrade without a reboot: reboot the host (or unload and reload the "
+                    "nvidia kernel modules)")
+        elif exc.code == NVML_ERROR_DRIVER_NOT_LOADED:
+            message = "The NVIDIA kernel driver is not loaded."
+            hint = f"load it (modprobe nvidia) or reboot, and check `dmesg | grep -i nvidia`; {CONTAINER_HINT}"
+        elif exc.code == NVML_ERROR_NO_PERMISSION:
+            message = "NVML refused access to the GPUs (insufficient permissions)."
+            hint = "check the permissions of /dev/nvidia* for this user"
+        else:
+            message = f"NVML could not {'start' if exc.reason == 'init-failed' else 'read the GPUs'}: {exc.detail}."
+            hint = f"run nvidia-smi for the driver's own account; reboot after a driver upgrade; {CONTAINER_HINT}"
+        return CheckResult(NAME, ERROR, message, hint=hint, data=data), None, None
+
+    selection = parse_selection(gpus, environ, inventory.devices)
+    selected = set(d.index for d in inventory.devices) if selection.indices is None else set(selection.indices)
+    devices = []
+    for device in inventory.devices:
+        entry = describe_device(device)
+        entry["selected"] = device.index in selected
+        devices.append(entry)
+    data = {"driver_version": inventory.driver_version, "cuda_driver_version": inventory.cuda_driver_version,
+            "count": len(devices), "devices": devices,
+            "selection": {"source": selection.source, "spec": selection.spec,
+                          "indices": None if selection.indices is None else list(selection.indices)}}
+    driver = f"driver {inventory.driver_version or '?'}, CUDA {inventory.cuda_driver_version or '?'}"
+
+    if not devices:
+        return CheckResult(
+            NAME, ERROR, f"NVML works ({driver}) but reports no GPU on this host.",
+            hint=f"check the card is seen by the system (lspci | grep -i nvidia); {CONTAINER_HINT}",
+            data=data), inventory, selection
+    listing = ", ".join(f"{d.index}: {d.name} {d.sm} {_gib(d.memory_total)}"
+                        + ("" if d.index in selected else " (not selected)") for d in inventory.devices)
+    summary = f"{len(devices)} GPU{'s' if len(devices) != 1 else ''} ({driver}): {listing}."
+    if selection.missing:
+        return CheckResult(
+            NAME, ERROR, f"--gpus asks for GPU {', '.join(selection.missing)}, which this host does not have. "
+            + summary, hint=f"pick indices between 0 and {len(devices) - 1}, or --gpus all",
+            data=data), inventory, selection
+    if not selected:
+        return CheckResult(
+            NAME, WARNING, f"{selection.source}={selection.spec!r} hides every GPU from ranks. " + summary,
+            hint="unset CUDA_VISIBLE_DEVICES or list device indices / UUIDs that exist",
+            data=data), inventory, selection
+    return CheckResult(NAME, OK, summary, data=data), inventory, selection

@@ -1,0 +1,154 @@
+"""`fdl probe`: is this host ready for a training run? (GPU, libtorch, NCCL, shared data)
+
+Thin by design: build ProbeOptions from the flags, collect host reports
+(`collect_reports`), render them (`render_human` / `render_json`), exit 0 when
+no check failed and 1 otherwise. The checks live in fdl.checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fdl.checks.probe import ProbeOptions, run_probe
+from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, HostReport
+from fdl.cli.context import Globals
+from fdl.config.discover import find_base
+
+app = typer.Typer(rich_markup_mode=None, add_completion=False)
+
+
+@app.command()
+def probe(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout (schema in "
+                                                          "docs/probe.md); notes go to stderr.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Nothing on stdout; problems only, on stderr. "
+                                                             "The exit code is the answer.")] = False,
+    skip_mount: Annotated[bool, typer.Option("--skip-mount", help="Skip the shared-data check (single-host "
+                                                                  "setups without shared storage).")] = False,
+    data_path: Annotated[str, typer.Option("--data-path", metavar="DIR", help="Shared dataset root to check.")
+                         ] = "/flodl/data",
+    libtorch_path: Annotated[str | None, typer.Option("--libtorch-path", metavar="DIR",
+                                                      help="libtorch to check instead of the one fdl would "
+                                                           "find (LIBTORCH, project libtorch/, ~/.flodl).")
+                             ] = None,
+    docker: Annotated[str | None, typer.Option("--docker", metavar="SERVICE",
+                                               help="NCCL comes from this docker compose service's image: "
+                                                    "check the service instead of the host's NCCL.")] = None,
+) -> None:
+    """Audit this host's readiness for a training run: GPU, libtorch, NCCL and shared data.
+
+    Exit 0 when no check found an error (warnings inform), 1 otherwise: usable
+    as a CI gate before a long run.
+    """
+    g: Globals = ctx.find_object(Globals)
+    project_root, workers = project_context(g)
+    gpus = None if g.gpus is None or g.gpus.ids is None else list(g.gpus.ids)
+    options = ProbeOptions(data_path=data_path, skip_mount=skip_mount, libtorch_path=libtorch_path, docker=docker,
+                           project_root=project_root, gpus=gpus)
+    if workers:
+        typer.echo(f"fdl: note: this env lists {workers} cluster worker{'s' if workers != 1 else ''}; probing "
+                   f"them over ssh is not available yet, so only this host is probed.", err=True)
+    reports = collect_reports(options)
+    if as_json:
+        typer.echo(render_json(reports))
+    else:
+        out, err = render_human(reports, quiet=quiet)
+        if out:
+            typer.echo(out)
+        if err:
+            typer.echo(err, err=True)
+    raise typer.Exit(0 if all(r.ok for r in reports) else 1)
+
+
+def project_context(g: Globals) -> tuple[str, int]:
+    """(project root, number of cluster workers in the selected env). Config is read only when there is one."""
+    env_selected = g.invocation.sigil is not None or g.env_flag is not None or bool(os.environ.get("FDL_ENV"))
+    base = find_base(Path.cwd())
+    if base is None and not env_selected:
+        return str(Path.cwd()), 0
+    config = g.config(required=False)
+    cluster = getattr(config, "cluster", None)
+    workers = len(cluster.workers) if cluster is not None else 0
+    return str(base.parent if base is not None else Path.cwd()), workers
+
+
+def collect_reports(options: ProbeOptions) -> list[HostReport]:
+    """The reports to render: this host's. (Cluster fan-out adds one report per worker here.)"""
+    return [run_probe(options)]
+
+
+# ---- rendering ----
+
+def render_json(reports: list[HostReport]) -> str:
+    """One host: its report object. (Several hosts will get an aggregate object; docs/probe.md.)"""
+    if len(reports) == 1:
+        return json.dumps(reports[0].to_dict(), indent=2)
+    return json.dumps({"schema_version": reports[0].schema_version if reports else 1,
+                       "ok": all(r.ok for r in reports), "hosts": [r.to_dict() for r in reports]}, indent=2)
+
+
+def render_human(reports: list[HostReport], *, quiet: bool = False) -> tuple[str, str]:
+    """(stdout text, stderr text). Green: one summary line per host; otherwise every check with hints."""
+    out: list[str] = []
+    err: list[str] = []
+    for report in reports:
+        problems = report.errors + report.warnings
+        if not problems:
+            if not quiet:
+                out.append(summary_line(report))
+            continue
+        if quiet:
+            err.extend(f"{report.host}: {c.status}: {c.name}: {c.message}" + (f"\n  hint: {c.hint}" if c.hint else "")
+                       for c in problems)
+            continue
+        out.append(headline(report))
+        for check in report.checks:
+            out.append(f"  {_mark(check.status):<8} {check.name:<9} {check.message}")
+            if check.hint and check.status in (ERROR, WARNING):
+                out.append(f"  {'':<8} {'':<9} hint: {check.hint}")
+    return "\n".join(out), "\n".join(err)
+
+
+def headline(report: HostReport) -> str:
+    errors, warnings = len(report.errors), len(report.warnings)
+    counts = ", ".join(filter(None, [f"{errors} error{'s' if errors != 1 else ''}" if errors else "",
+                                     f"{warnings} warning{'s' if warnings != 1 else ''}" if warnings else ""]))
+    return f"{report.host}: {'NOT READY' if errors else 'ready'} ({counts})"
+
+
+def _mark(status: str) -> str:
+    return {OK: "ok", WARNING: "warning", ERROR: "ERROR", SKIPPED: "skipped"}.get(status, status)
+
+
+def summary_line(report: HostReport) -> str:
+    """The green path: one line of the facts that matter."""
+    parts = []
+    for check in report.checks:
+        data = check.data
+        if check.status == SKIPPED:
+            parts.append(f"{check.name} skipped")
+        elif check.name == "gpu":
+            devices = [d for d in data.get("devices", []) if d.get("selected")]
+            sms = sorted({d["sm"] for d in devices})
+            parts.append(f"{len(devices)} GPU{'s' if len(devices) != 1 else ''} ({', '.join(sms)})")
+        elif check.name == "libtorch":
+            parts.append(" ".join(filter(None, ["libtorch", data.get("version"), data.get("variant")])))
+        elif check.name == "nccl":
+            parts.append(f"NCCL from docker service {data['docker_service']}" if data.get("docker_service")
+                         else f"NCCL {data.get('version')}")
+        elif check.name == "data":
+            parts.append(f"data {data.get('path')}")
+        else:
+            parts.append(f"{check.name} ok")
+    return f"{report.host}: ready: " + ", ".join(parts)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,288 @@
+"""`fdl probe` end to end: the real pynvml against a fake libnvidia-ml.so.1, real libtorch trees and
+NCCL libraries on disk, exit codes and the words a user reads."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fdl.checks.nccl import find_nccl
+from tests.conftest import fdl_env, run_fdl
+from tests.fakes import make_libtorch
+
+TWO_ARCHS = "H100:9.0:80G,RTX3060:8.6:12G"
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Nothing from the machine running the tests leaks into what probe finds."""
+    for var in ("CUDA_VISIBLE_DEVICES", "LIBTORCH", "LIBTORCH_PATH", "LD_PRELOAD", "LD_LIBRARY_PATH",
+                "FDL_FAKE_NVML", "FDL_FAKE_NVML_DRIVER", "FDL_FAKE_NVML_CUDA"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+@pytest.fixture
+def ready(tmp_path: Path, fake_nvml) -> tuple[Path, dict]:
+    """A project whose libtorch (cu128, bundled NCCL 2.27.5) covers both fake GPUs."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    make_libtorch(project / "libtorch", "precompiled/cu128", archs="7.0 8.0 9.0", nccl="2.27.5")
+    return project, fake_nvml.env(TWO_ARCHS)
+
+
+def _json(result) -> dict:
+    assert result.stdout.strip(), result.stderr
+    return json.loads(result.stdout)
+
+
+def _check(doc: dict, name: str) -> dict:
+    return next(c for c in doc["checks"] if c["name"] == name)
+
+
+def _system_has_nvml() -> bool:
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
+# ---- green path ----
+
+def test_green_path_prints_one_summary_line(ready) -> None:
+    project, env = ready
+    result = run_fdl("probe", "--skip-mount", cwd=project, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1 and result.stderr == ""
+    assert lines[0].endswith(": ready: 2 GPUs (sm_86, sm_90), libtorch 2.10.0 cu128, NCCL 2.27.5, data skipped")
+
+
+def test_quiet_green_path_prints_nothing(ready) -> None:
+    project, env = ready
+    result = run_fdl("probe", "--skip-mount", "--quiet", cwd=project, env=env)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+def test_json_report_follows_the_documented_schema(ready) -> None:
+    project, env = ready
+    result = run_fdl("probe", "--json", "--skip-mount", cwd=project, env=env)
+    assert result.returncode == 0
+    doc = _json(result)
+    assert set(doc) == {"schema_version", "host", "ok", "checks"}
+    assert doc["schema_version"] == 1 and doc["ok"] is True and doc["host"]
+    assert [c["name"] for c in doc["checks"]] == ["gpu", "libtorch", "nccl", "data"]
+    for check in doc["checks"]:
+        assert set(check) == {"name", "status", "message", "hint", "data"}
+    assert [c["status"] for c in doc["checks"]] == ["ok", "ok", "ok", "skipped"]
+    gpu = _check(doc, "gpu")["data"]
+    assert (gpu["driver_version"], gpu["cuda_driver_version"], gpu["count"]) == ("570.133.20", "12.8", 2)
+    assert [(d["name"], d["sm"], d["memory_total"], d["selected"]) for d in gpu["devices"]] == [
+        ("H100", "sm_90", 80 << 30, True), ("RTX3060", "sm_86", 12 << 30, True)]
+    libtorch = _check(doc, "libtorch")["data"]
+    assert (libtorch["source"], libtorch["active"], libtorch["version"], libtorch["variant"]) == (
+        "project", "precompiled/cu128", "2.10.0", "cu128")
+    nccl = _check(doc, "nccl")["data"]
+    assert (nccl["version"], nccl["version_source"], nccl["origin"]) == ("2.27.5", "ncclGetVersion", "libtorch")
+
+
+def test_human_and_json_reports_carry_the_same_findings(ready, tmp_path: Path) -> None:
+    project, env = ready
+    args = ("--data-path", str(tmp_path / "absent"))
+    human = run_fdl("probe", *args, cwd=project, env=env)
+    doc = _json(run_fdl("probe", "--json", *args, cwd=project, env=env))
+    assert human.returncode == 1 and doc["ok"] is False
+    for check in doc["checks"]:
+        assert check["message"] in human.stdout
+        if check["hint"] and check["status"] in ("error", "warning"):
+            assert check["hint"] in human.stdout
+
+
+# ---- GPU failures through the real pynvml ----
+
+def test_no_nvml_library(ready) -> None:
+    if _system_has_nvml():
+        pytest.skip("this host has a real libnvidia-ml.so.1, so a missing library cannot be arranged")
+    project, _ = ready
+    result = run_fdl("probe", "--skip-mount", cwd=project, env={})
+    assert result.returncode == 1
+    assert "No NVIDIA driver found: the NVML library libnvidia-ml.so.1 is not installed." in result.stdout
+    assert "hint: install the NVIDIA driver" in result.stdout and "--gpus all" in result.stdout
+
+
+def test_nvml_init_failure_after_a_driver_upgrade(ready, fake_nvml) -> None:
+    project, _ = ready
+    result = run_fdl("probe", "--skip-mount", cwd=project, env=fake_nvml.env("init-fail"))
+    assert result.returncode == 1
+    assert "kernel module and its user-space library are different versions" in result.stdout
+    assert "reboot" in result.stdout
+
+
+def test_nvml_driver_not_loaded(ready, fake_nvml) -> None:
+    project, _ = ready
+    doc = _json(run_fdl("probe", "--json", "--skip-mount", cwd=project, env=fake_nvml.env("init-fail:9")))
+    gpu = _check(doc, "gpu")
+    assert gpu["status"] == "error" and gpu["data"]["nvml_error_code"] == 9
+    assert "not loaded" in gpu["message"] and "modprobe nvidia" in gpu["hint"]
+
+
+def test_zero_gpus(ready, fake_nvml) -> None:
+    project, _ = ready
+    result = run_fdl("probe", "--skip-mount", cwd=project, env=fake_nvml.env("none", driver="535.104.05"))
+    assert result.returncode == 1
+    assert "NVML works (driver 535.104.05, CUDA 12.8) but reports no GPU on this host." in result.stdout
+    assert "lspci" in result.stdout
+
+
+def test_gpu_outside_the_libtorch_arch_list_blocks(tmp_path: Path, fake_nvml) -> None:
+    make_libtorch(tmp_path / "libtorch", "precompiled/cu128", archs="7.0 8.0 9.0", nccl="2.27.5")
+    env = fake_nvml.env("H100:9.0:80G,RTX 5090:12.0:32G")
+    result = run_fdl("probe", "--skip-mount", cwd=tmp_path, env=env)
+    assert result.returncode == 1
+    assert "NOT READY (1 error)" in result.stdout
+    assert "GPU 1 (RTX 5090, sm_120) is not covered by this build's arch list (7.0 8.0 9.0)" in result.stdout
+    quiet = run_fdl("probe", "--skip-mount", "--quiet", cwd=tmp_path, env=env)
+    assert quiet.returncode == 1 and quiet.stdout == ""
+    assert "error: libtorch: " in quiet.stderr and "sm_120" in quiet.stderr
+
+
+def test_gpu_selection_limits_the_arch_check(tmp_path: Path, fake_nvml) -> None:
+    make_libtorch(tmp_path / "libtorch", "precompiled/cu128", archs="9.0", nccl="2.27.5")
+    env = fake_nvml.env("H100:9.0:80G,RTX 5090:12.0:32G")
+    result = run_fdl("--gpus", "0", "probe", "--json", "--skip-mount", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stdout
+    gpu = _check(_json(result), "gpu")["data"]
+    assert gpu["selection"] == {"source": "--gpus", "spec": "0", "indices": [0]}
+    assert [d["selected"] for d in gpu["devices"]] == [True, False]
+
+
+def test_cuda_visible_devices_by_uuid(tmp_path: Path, fake_nvml) -> None:
+    make_libtorch(tmp_path / "libtorch", "precompiled/cu128", archs="9.0", nccl="2.27.5")
+    env = fake_nvml.env("H100:9.0:80G:uuid=GPU-aaaa-1,RTX 5090:12.0:32G:uuid=GPU-bbbb-2")
+    env["CUDA_VISIBLE_DEVICES"] = "GPU-bbbb"
+    doc = _json(run_fdl("probe", "--json", "--skip-mount", cwd=tmp_path, env=env))
+    assert [d["selected"] for d in _check(doc, "gpu")["data"]["devices"]] == [False, True]
+    assert _check(doc, "libtorch")["status"] == "error"  # the selected one is sm_120, outside "9.0"
+
+
+def test_visible_devices_hiding_every_gpu_warns(ready) -> None:
+    project, env = ready
+    result = run_fdl("probe", "--skip-mount", cwd=project, env={**env, "CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 0
+    assert "ready (1 warning)" in result.stdout and "hides every GPU" in result.stdout
+
+
+# ---- libtorch resolution through the command line ----
+
+def test_libtorch_path_flag_and_env(tmp_path: Path, fake_nvml) -> None:
+    flag_tree = make_libtorch(tmp_path / "opt", "", torch="2.9.1", cuda="12.6", archs="8.6 9.0", nccl="2.21.5")
+    env_tree = make_libtorch(tmp_path / "env", "", torch="2.10.0", nccl="2.27.5")
+    env = {**fake_nvml.env(TWO_ARCHS), "LIBTORCH": str(env_tree)}
+    by_flag = _json(run_fdl("probe", "--json", "--skip-mount", "--libtorch-path", str(flag_tree), cwd=tmp_path,
+                            env=env))
+    by_env = _json(run_fdl("probe", "--json", "--skip-mount", cwd=tmp_path, env=env))
+    assert (_check(by_flag, "libtorch")["data"]["source"], _check(by_flag, "nccl")["data"]["version"]) == (
+        "--libtorch-path", "2.21.5")
+    assert (_check(by_env, "libtorch")["data"]["source"], _check(by_env, "nccl")["data"]["version"]) == (
+        "LIBTORCH", "2.27.5")
+
+
+def test_project_libtorch_is_found_from_a_subdirectory(tmp_path: Path, fake_nvml) -> None:
+    (tmp_path / "fdl.yml").write_text("commands:\n  test: {run: 'true'}\n")
+    make_libtorch(tmp_path / "libtorch", "builds/sm86-sm90", archs="8.6 9.0", nccl="2.27.5")
+    (tmp_path / "src" / "deep").mkdir(parents=True)
+    doc = _json(run_fdl("probe", "--json", "--skip-mount", cwd=tmp_path / "src" / "deep",
+                        env=fake_nvml.env(TWO_ARCHS)))
+    assert _check(doc, "libtorch")["data"]["active"] == "builds/sm86-sm90"
+
+
+def test_no_libtorch_anywhere(tmp_path: Path, fake_nvml) -> None:
+    result = run_fdl("probe", "--skip-mount", cwd=tmp_path, env=fake_nvml.env(TWO_ARCHS))
+    assert result.returncode == 1
+    assert "No libtorch found" in result.stdout and "fdl libtorch download" in result.stdout
+
+
+def test_cuda_libtorch_without_nccl_blocks(tmp_path: Path, fake_nvml) -> None:
+    if find_nccl(None, {}) is not None:
+        pytest.skip("this host has a system libnccl.so.2")
+    make_libtorch(tmp_path / "libtorch", "precompiled/cu128", archs="8.0 9.0")
+    result = run_fdl("probe", "--skip-mount", cwd=tmp_path, env=fake_nvml.env(TWO_ARCHS))
+    assert result.returncode == 1 and "No libnccl.so.2 found for the CUDA libtorch (cu128)" in result.stdout
+
+
+def test_system_nccl_on_ld_library_path(tmp_path: Path, fake_nvml, fake_nccl) -> None:
+    make_libtorch(tmp_path / "libtorch", "precompiled/cu128", archs="8.0 9.0")
+    env = fake_nvml.env(TWO_ARCHS, extra_lib_dirs=(str(fake_nccl("2.26.2")),))
+    doc = _json(run_fdl("probe", "--json", "--skip-mount", cwd=tmp_path, env=env))
+    assert (_check(doc, "nccl")["status"], _check(doc, "nccl")["data"]["origin"]) == ("ok", "LD_LIBRARY_PATH")
+
+
+# ---- --docker ----
+
+def test_docker_service_replaces_the_host_nccl_check(tmp_path: Path, fake_nvml) -> None:
+    """A stand-in `docker` script on PATH: no Docker engine or compose plugin exists on these machines."""
+    make_libtorch(tmp_path / "libtorch", "precompiled/cu128", archs="8.0 9.0")  # no NCCL on the host
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/bin/sh\n[ \"$*\" = 'compose config --services' ] && printf 'cuda\\n'\n")
+    (bin_dir / "docker").chmod(0o755 | stat.S_IXUSR)
+    env = {**fake_nvml.env(TWO_ARCHS), "PATH": str(bin_dir)}
+    ok = run_fdl("probe", "--skip-mount", "--docker", "cuda", cwd=tmp_path, env=env)
+    assert ok.returncode == 0, ok.stdout
+    assert "NCCL from docker service cuda" in ok.stdout
+    missing = run_fdl("probe", "--skip-mount", "--docker", "rocm", cwd=tmp_path, env=env)
+    assert missing.returncode == 1 and "no service named 'rocm' (it has: cuda)" in missing.stdout
+
+
+def test_docker_not_installed(tmp_path: Path, fake_nvml) -> None:
+    make_libtorch(tmp_path / "libtorch", "precompiled/cu128", archs="8.0 9.0")
+    env = {**fake_nvml.env(TWO_ARCHS), "PATH": str(tmp_path)}
+    result = run_fdl("probe", "--skip-mount", "--docker", "cuda", cwd=tmp_path, env=env)
+    assert result.returncode == 1 and "docker command is not installed" in result.stdout
+
+
+# ---- data path through the command line ----
+
+def test_missing_data_path_blocks_with_a_way_out(ready, tmp_path: Path) -> None:
+    project, env = ready
+    result = run_fdl("probe", "--data-path", str(tmp_path / "nowhere"), cwd=project, env=env)
+    assert result.returncode == 1
+    assert f"Shared data path {tmp_path / 'nowhere'} does not exist on this host." in result.stdout
+    assert "--skip-mount" in result.stdout
+
+
+# ---- cluster env and import hygiene ----
+
+def test_cluster_env_still_probes_this_host_and_says_so(ready) -> None:
+    project, env = ready
+    (project / "fdl.yml").write_text("commands:\n  test: {run: 'true'}\n")
+    (project / "fdl.cluster.yml").write_text(textwrap.dedent("""\
+        cluster:
+          controller: {host: 127.0.0.1, port: 1337}
+          workers:
+            - {host: node-b, address: 10.0.0.12}
+            - {host: node-c, address: 10.0.0.13}
+        """))
+    result = run_fdl("@cluster", "probe", "--json", "--skip-mount", cwd=project, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "lists 2 cluster workers" in result.stderr and "only this host is probed" in result.stderr
+    assert _json(result)["ok"] is True
+
+
+def test_probe_never_imports_ansible_or_requests(ready) -> None:
+    project, env = ready
+    code = ("import sys; from fdl.cli.main import main; rc = main(['probe', '--json', '--skip-mount']); "
+            "bad = sorted(m for m in ('ansible', 'ansible_runner', 'requests', 'yaml') if m in sys.modules); "
+            "print('IMPORTED', bad, 'pynvml' in sys.modules, rc, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=project, env=fdl_env(env), capture_output=True,
+                          text=True, timeout=60)
+    assert "IMPORTED [] True 0" in done.stderr, done.stderr
