@@ -130,7 +130,8 @@ class JoinAgent:
         self.attempts += 1
         opts = self.options
         prep = prepare(opts, environ=self.environ, note=self.note, build_output=self.build_output)
-        tunnel = Tunnel(opts.ssh, opts.controller, identity=opts.identity, note=self.note) if opts.ssh else None
+        tunnel = Tunnel(opts.ssh, opts.controller, identity=opts.identity, note=self.note,
+                        environ=self.environ) if opts.ssh else None
         with tunnel if tunnel is not None else contextlib.nullcontext():
             host, port = tunnel.address if tunnel is not None else opts.controller
             shown = opts.controller_text + (f" (via ssh {opts.ssh})" if opts.ssh else "")

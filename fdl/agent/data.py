@@ -15,13 +15,15 @@ squash), a real write cannot. An unwritable stage is permanent (exit 2).
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from fdl.agent.options import SshfsSource
+from fdl.agent.tunnel import ssh_words
 from fdl.errors import ExitCode, FdlError, PermanentError
 
 MOUNT_TIMEOUT_S = 60
@@ -36,18 +38,22 @@ def is_read_only(path: str) -> bool:
     return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
 
 
-def sshfs_argv(source: SshfsSource, mountpoint: str, identity: str | None) -> list[str]:
+def sshfs_argv(source: SshfsSource, mountpoint: str, identity: str | None,
+               environ: Mapping[str, str] | None = None) -> list[str]:
     options = ["ro", "reconnect", "ServerAliveInterval=15", "ServerAliveCountMax=3", "BatchMode=yes",
                "ConnectTimeout=15"]
     if source.port:
         options.append(f"port={source.port}")
     if identity:
         options += [f"IdentityFile={identity}", "IdentitiesOnly=yes"]
+    words = ssh_words(environ)
+    if words != ["ssh"]:  # sshfs splits -o on commas: escape any in the command
+        options.append("ssh_command=" + shlex.join(words).replace(",", "\\,"))
     return ["sshfs", "-o", ",".join(options), source.remote, mountpoint]
 
 
 def prepare_data(data_root: str | None, source: SshfsSource | None, *, identity: str | None = None,
-                 note: Note = lambda _: None) -> str | None:
+                 environ: Mapping[str, str] | None = None, note: Note = lambda _: None) -> str | None:
     """Put the dataset root in place; returns it (None when no data plane is configured)."""
     if data_root is None:
         return None
@@ -77,7 +83,7 @@ def prepare_data(data_root: str | None, source: SshfsSource | None, *, identity:
         raise PermanentError(f"cannot create the mount point {data_root}: {exc.strerror}.",
                              hint="Create it once as root and give it to this user (or choose a --data-path "
                                   "this user may create).") from None
-    argv = sshfs_argv(source, data_root, identity)
+    argv = sshfs_argv(source, data_root, identity, environ)
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               timeout=MOUNT_TIMEOUT_S)

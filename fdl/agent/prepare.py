@@ -103,7 +103,8 @@ def prepare(options: JoinOptions, *, environ: Mapping[str, str] | None = None, n
         writable.append(libtorch_root(environ))
     prove_writable(writable, note=note)
 
-    data_root = prepare_data(options.data_root, options.data_source, identity=options.identity, note=note)
+    data_root = prepare_data(options.data_root, options.data_source, identity=options.identity, environ=environ,
+                             note=note)
     libtorch = _resolve_libtorch(options, offer, environ, note)
 
     run_id = None

@@ -11,19 +11,23 @@ context; leaving it stops ssh, whatever happened inside.
 ssh reads the user's own ~/.ssh/config and known_hosts as usual, so host
 keys and jump hosts are configured the OpenSSH way; BatchMode makes a
 missing key or an unknown host key fail at once instead of prompting.
+`FDL_SSH_COMMAND` replaces the plain `ssh` (e.g. `ssh -F /etc/fdl/ssh_config`
+or `ssh -o UserKnownHostsFile=...`), for the tunnel and for sshfs alike, the
+way RSYNC_RSH and GIT_SSH_COMMAND do for rsync and git.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from fdl.agent.options import SshHop
 from fdl.errors import ExitCode, FdlError, PermanentError
@@ -35,6 +39,13 @@ _PERMANENT_MARKERS = ("Permission denied", "Too many authentication failures")
 
 class TunnelError(FdlError):
     """The ssh forward could not be brought up (exit 1 unless the credential itself was refused)."""
+
+
+def ssh_words(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The ssh command to run: $FDL_SSH_COMMAND split like a shell would, else plain ssh."""
+    environ = os.environ if environ is None else environ
+    text = (environ.get("FDL_SSH_COMMAND") or "").strip()
+    return shlex.split(text) if text else ["ssh"]
 
 
 def _free_port() -> int:
@@ -65,8 +76,10 @@ class Tunnel:
     """A running `ssh -N -L` forward; `address` is the local end to dial."""
 
     def __init__(self, hop: SshHop, target: tuple[str, int], *, identity: str | None = None,
-                 note: Callable[[str], None] = lambda _: None, connect_timeout_s: float = CONNECT_TIMEOUT_S):
+                 note: Callable[[str], None] = lambda _: None, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+                 environ: Mapping[str, str] | None = None):
         self.hop = hop
+        self.ssh = ssh_words(environ)
         self.target = target
         self.identity = identity
         self.note = note
@@ -83,7 +96,7 @@ class Tunnel:
     def argv(self, local_port: int) -> list[str]:
         host, port = self.target
         target_host = f"[{host}]" if ":" in host else host
-        argv = ["ssh", "-N", "-L", f"127.0.0.1:{local_port}:{target_host}:{port}",
+        argv = [*self.ssh, "-N", "-L", f"127.0.0.1:{local_port}:{target_host}:{port}",
                 "-o", "ExitOnForwardFailure=yes", "-o", "BatchMode=yes",
                 "-o", f"ConnectTimeout={int(self.connect_timeout_s)}",
                 "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=3"]
@@ -101,7 +114,7 @@ class Tunnel:
         self.close()
 
     def open(self) -> None:
-        if shutil.which("ssh") is None:
+        if shutil.which(self.ssh[0]) is None:
             raise PermanentError("--ssh needs the OpenSSH client (ssh), which is not installed on this box.",
                                  hint="Install it (Debian/Ubuntu: apt-get install openssh-client).")
         if self.identity and not os.path.isfile(self.identity):
