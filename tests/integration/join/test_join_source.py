@@ -1,0 +1,173 @@
+"""`fdl join --source`: fetched and built on the worker, classed failures, and runs published by `fdl publish`."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_fdl
+from tests.integration.join.helpers import TRAIN, controller, finish, policy, results, spawn_join, wait_for
+
+pytestmark = pytest.mark.slow
+
+# A "build" that needs no toolchain but the shell: the recipe copies the script into place.
+COPY_BUILD = "mkdir -p out && cp train.py out/train && chmod +x out/train"
+
+
+def source_tree(root: Path, *, broken: bool = False) -> Path:
+    import sys
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "train.py").write_text(f"#!{sys.executable}\n{TRAIN}")
+    (root / "main.c").write_text("int main(void) { return 0 }\n" if broken else "int main(void) { return 0; }\n")
+    return root
+
+
+def test_a_source_spec_that_does_not_parse_is_permanent(tmp_path):
+    for extra in ((), ("--persist",)):
+        proc = spawn_join("127.0.0.1:1", *extra, "--source", "ftp://example.org/tree", "--devices", "cpu:1",
+                          home=tmp_path / "h")
+        code, _, err = finish(proc, timeout=60)
+        assert code == 2, err
+        assert "source spec 'ftp://example.org/tree' does not parse" in err and "unknown scheme" in err
+
+
+def test_a_source_that_does_not_compile_is_transient_and_persist_redials(tmp_path):
+    tree = source_tree(tmp_path / "src", broken=True)
+    args = ("--source", f"file://{tree}", "--source-build", "cc -o train main.c", "--source-bin", "train",
+            "--devices", "cpu:1")
+    code, _, err = finish(spawn_join("127.0.0.1:1", *args, home=tmp_path / "one"), timeout=120)
+    assert code == 1, err
+    assert "the source did not compile" in err and "transient on purpose" in err
+    assert "error" in err  # the compiler's own output reaches the user
+
+    persist = spawn_join("127.0.0.1:1", "--persist", *args, home=tmp_path / "persist")
+    try:
+        lines: list[str] = []
+        wait_for(lambda: lines.append(persist.stderr.readline()) or
+                 sum("re-dialing in" in line for line in lines) >= 2, timeout=120, what="two re-dials")
+        (tree / "main.c").write_text("int main(void) { return 0; }\n")  # the fix, pushed at the source
+        wait_for(lambda: lines.append(persist.stderr.readline()) or "no run listening" in lines[-1],
+                 timeout=120, what="the next dial to build and reach the dial")
+    finally:
+        os.killpg(persist.pid, signal.SIGTERM)
+        finish(persist)
+
+
+def test_a_missing_toolchain_is_permanent(tmp_path):
+    tree = source_tree(tmp_path / "src")
+    proc = spawn_join("127.0.0.1:1", "--source", f"file://{tree}", "--source-build", "fdlj7-no-such-compiler x",
+                      "--source-bin", "train", "--devices", "cpu:1", home=tmp_path / "h")
+    code, _, err = finish(proc, timeout=120)
+    assert code == 2 and "toolchain is missing" in err
+
+
+@pytest.mark.parametrize("spec", ["file:///fdlj7/no/such/tree", "rsync://127.0.0.1:1:/srv/tree"])
+def test_a_fetch_failure_is_transient(tmp_path, spec):
+    proc = spawn_join("127.0.0.1:1", "--source", spec, "--source-bin", "train", "--devices", "cpu:1",
+                      home=tmp_path / "h")
+    code, _, err = finish(proc, timeout=120)
+    assert code == 1, err
+    assert "fetching" in err and "failed" in err
+
+
+def test_nothing_published_yet_is_transient(tmp_path):
+    tree = source_tree(tmp_path / "src")
+    proc = spawn_join("127.0.0.1:1", "--source", f"file://{tree}", "--devices", "cpu:1", home=tmp_path / "h")
+    code, _, err = finish(proc, timeout=120)
+    assert code == 1 and "no run is published" in err
+
+
+def test_missing_vendor_headers_make_a_compile_failure_permanent(tmp_path):
+    if any(Path(d, "cuda_runtime.h").exists() for d in ("/usr/include", "/usr/local/cuda/include")):
+        pytest.skip("this machine has CUDA headers, so the permanent case cannot arise here")
+    from tests.unit.agent.test_libtorch_acquire import LIBTORCH
+
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    archive = mirror / "libtorch-cu128.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for name, data in LIBTORCH.items():
+            zf.writestr("libtorch/" + name, data)
+    (mirror / "libtorch-cu128.zip.sha256").write_text(hashlib.sha256(archive.read_bytes()).hexdigest() + "\n")
+    from tests.join_util import free_port
+
+    port = free_port()
+    server = subprocess.Popen(["python3", "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory",
+                               str(mirror)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: _answers(port), what="the mirror")
+        tree = source_tree(tmp_path / "src", broken=True)
+        proc = spawn_join("127.0.0.1:1", "--persist", "--libtorch", "cu128", "--source", f"file://{tree}",
+                          "--source-build", "cc -o train main.c", "--source-bin", "train", "--devices", "cpu:1",
+                          home=tmp_path / "h", env={"FDL_LIBTORCH_MIRROR": f"http://127.0.0.1:{port}"})
+        code, _, err = finish(proc, timeout=120)
+    finally:
+        server.terminate()
+        server.wait()
+    assert code == 2, err
+    assert "no CUDA development headers" in err and "install: " in err and "re-dialing" not in err
+    assert (tmp_path / "h" / ".flodl" / "libtorch" / "precompiled" / "cu128" / "lib").is_dir()
+
+
+def _answers(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_a_published_run_brings_its_args_and_run_id(tmp_path):
+    src = source_tree(tmp_path / "src")
+    served = tmp_path / "served"
+    published = run_fdl("publish", f"file://{src}", "--bin", "out/train", "--build", COPY_BUILD, "--to",
+                        str(served), "--", "--epochs", "3", cwd=tmp_path, env={"HOME": str(tmp_path / "op")})
+    assert published.returncode == 0, published.stderr
+    import yaml
+
+    run_id = yaml.safe_load((served / "tree" / ".fdl-run.yml").read_text())["run"]
+    with controller(policy(max_hosts=2, window_s=60)) as server:
+        a = spawn_join(server.address, "--source", f"file://{served}/tree", "--host", "a", "--devices", "cpu:1",
+                       home=tmp_path / "a")
+        b = spawn_join(server.address, "--source", f"file://{served}/tree", "--host", "b", "--devices", "cpu:1",
+                       home=tmp_path / "b")
+        (code_a, out_a, err_a), (code_b, out_b, _) = finish(a), finish(b)
+        state = server.state()
+    assert (code_a, code_b) == (0, 0), err_a
+    assert {m["run_id"] for m in state["roster"]} == {run_id} and state["run_id"] == run_id
+    assert {r["args"] for r in results(out_a) + results(out_b)} == {"--epochs,3"}
+    assert f"run {run_id[:12]}" in err_a
+
+
+def test_a_box_holding_another_publish_is_refused(tmp_path):
+    src = source_tree(tmp_path / "src")
+    served = tmp_path / "served"
+
+    def publish() -> None:
+        done = run_fdl("publish", f"file://{src}", "--bin", "out/train", "--build", COPY_BUILD, "--to", str(served),
+                       cwd=tmp_path, env={"HOME": str(tmp_path / "op")})
+        assert done.returncode == 0, done.stderr
+
+    publish()
+    with controller(policy(start="manual", window_s=60)) as server:
+        first = spawn_join(server.address, "--source", f"file://{served}/tree", "--host", "a", "--devices", "cpu:1",
+                           home=tmp_path / "a")
+        try:
+            wait_for(lambda: server.state()["roster"], timeout=120, what="the first box's admission")
+            publish()  # a new run: the next box fetches a different publish than the cohort's
+            late = spawn_join(server.address, "--source", f"file://{served}/tree", "--host", "b", "--devices",
+                              "cpu:1", home=tmp_path / "b")
+            code, _, err = finish(late)
+        finally:
+            os.killpg(first.pid, signal.SIGTERM)
+            finish(first)
+    assert code == 1 and "refused this box (run_id_differs)" in err
