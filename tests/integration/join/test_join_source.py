@@ -84,36 +84,50 @@ def test_nothing_published_yet_is_transient(tmp_path):
     assert code == 1 and "no run is published" in err
 
 
-def test_missing_vendor_headers_make_a_compile_failure_permanent(tmp_path):
-    if any(Path(d, "cuda_runtime.h").exists() for d in ("/usr/include", "/usr/local/cuda/include")):
-        pytest.skip("this machine has CUDA headers, so the permanent case cannot arise here")
+@pytest.fixture
+def mirror(tmp_path):
+    """A libtorch mirror (python -m http.server on loopback) serving fake cu128 and rocm7.1 archives."""
+    from tests.join_util import free_port
     from tests.unit.agent.test_libtorch_acquire import LIBTORCH
 
-    mirror = tmp_path / "mirror"
-    mirror.mkdir()
-    archive = mirror / "libtorch-cu128.zip"
-    with zipfile.ZipFile(archive, "w") as zf:
-        for name, data in LIBTORCH.items():
-            zf.writestr("libtorch/" + name, data)
-    (mirror / "libtorch-cu128.zip.sha256").write_text(hashlib.sha256(archive.read_bytes()).hexdigest() + "\n")
-    from tests.join_util import free_port
-
+    root = tmp_path / "mirror"
+    root.mkdir()
+    for variant in ("cu128", "rocm7.1"):
+        archive = root / f"libtorch-{variant}.zip"
+        with zipfile.ZipFile(archive, "w") as zf:
+            for name, data in LIBTORCH.items():
+                zf.writestr("libtorch/" + name, data)
+        (root / f"libtorch-{variant}.zip.sha256").write_text(hashlib.sha256(archive.read_bytes()).hexdigest() + "\n")
     port = free_port()
     server = subprocess.Popen(["python3", "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory",
-                               str(mirror)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: _answers(port), what="the mirror")
-        tree = source_tree(tmp_path / "src", broken=True)
-        proc = spawn_join("127.0.0.1:1", "--persist", "--libtorch", "cu128", "--source", f"file://{tree}",
-                          "--source-build", "cc -o train main.c", "--source-bin", "train", "--devices", "cpu:1",
-                          home=tmp_path / "h", env={"FDL_LIBTORCH_MIRROR": f"http://127.0.0.1:{port}"})
-        code, _, err = finish(proc, timeout=120)
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.terminate()
         server.wait()
-    assert code == 2, err
-    assert "no CUDA development headers" in err and "install: " in err and "re-dialing" not in err
-    assert (tmp_path / "h" / ".flodl" / "libtorch" / "precompiled" / "cu128" / "lib").is_dir()
+
+
+@pytest.mark.parametrize("variant, vendor", [("rocm7.1", "amd"), ("cu128", "nvidia")])
+def test_a_compile_failure_is_permanent_only_when_the_vendor_headers_are_missing(tmp_path, mirror, variant, vendor):
+    from fdl.publish.gate import headers_present
+
+    missing = not headers_present(vendor)
+    tree = source_tree(tmp_path / "src", broken=True)
+    proc = spawn_join("127.0.0.1:1", "--libtorch", variant, "--source", f"file://{tree}", "--source-build",
+                      "cc -o train main.c", "--source-bin", "train", "--devices", "cpu:1", home=tmp_path / "h",
+                      env={"FDL_LIBTORCH_MIRROR": mirror})
+    code, _, err = finish(proc, timeout=120)
+    label = {"rocm7.1": "rocm71", "cu128": "cu128"}[variant]
+    assert (tmp_path / "h" / ".flodl" / "libtorch" / "precompiled" / label / "lib").is_dir()
+    if missing:
+        assert code == 2, err
+        header = "hip/hip_runtime.h" if vendor == "amd" else "cuda_runtime.h"
+        assert f"development headers ({header})" in err and "install: " in err
+    else:
+        assert code == 1, err
+        assert "the source did not compile" in err
 
 
 def _answers(port: int) -> bool:
