@@ -23,6 +23,9 @@ import os, sys
 if os.environ.get("FDL_SIGNATURE_PROBE") == "1":
     print("fdl-signature: " + os.environ.get("TEST_SIGNATURE", "ab12cd34ef56ab12"), flush=True)
     sys.exit(0)
+if os.environ.get("TEST_EARLY_EXIT"):
+    print("failing before the world is up", flush=True)
+    sys.exit(int(os.environ["TEST_EARLY_EXIT"]))
 import torch
 import torch.distributed as dist
 dist.init_process_group("gloo")

@@ -165,3 +165,48 @@ def test_an_unwritable_stage_is_permanent(tmp_path):
                       env={"FDL_JOIN_STAGE": str(blocker / "stage")})
     code, _, err = finish(proc, timeout=60)
     assert code == 2 and "is not writable" in err
+
+
+def test_a_failure_elsewhere_stops_this_hosts_ranks(tmp_path):
+    """b's rank dies before the world is up; a's rank would wait in gloo's rendezvous for half an hour,
+    but the controller marks the run failed and a's heartbeat stops it."""
+    binary = train_binary(tmp_path)
+    with controller(policy(max_hosts=2, window_s=60)) as server:
+        a = spawn_join(server.address, "--bin", str(binary), "--host", "a", "--devices", "cpu:1", home=tmp_path / "a")
+        wait_for(lambda: server.state()["roster"], what="a's admission")
+        b = spawn_join(server.address, "--bin", str(binary), "--host", "b", "--devices", "cpu:1", home=tmp_path / "b",
+                       env={"TEST_EARLY_EXIT": "3"})
+        code_b, _, _ = finish(b)
+        code_a, _, err_a = finish(a, timeout=90)
+        state = server.state()
+    assert code_b == 3
+    assert code_a == 143  # its rank was stopped with SIGTERM
+    assert "the run failed (host b exited 3" in err_a and "stopping this host's ranks" in err_a
+    assert state["phase"] == "failed"
+
+
+def test_a_golden_image_boots_into_a_bare_fdl_join(tmp_path):
+    """Every option from the join: block; a `--` with nothing after it still overrides the block's args."""
+    binary = train_binary(tmp_path)
+    project = tmp_path / "worker"
+    project.mkdir()
+    with controller(policy(max_hosts=1, window_s=60)) as server:
+        (project / "fdl.yml").write_text(
+            f"join:\n  controller: {server.address}\n  bin: {binary}\n  devices: cpu:1\n  host: golden\n"
+            f"  gpu_ram_share: 0.25\n  args: [--from-block, '1']\n")
+        code, out, err = finish(spawn_join(home=tmp_path / "h", cwd=project))
+        assert code == 0, err
+        first = results(out)[0]
+    assert first["args"] == "--from-block,1" and first["share"] == "0.25" and first["host"] == "golden"
+    with controller(policy(max_hosts=1, window_s=60)) as server:
+        code, out, err = finish(spawn_join(server.address, "--", home=tmp_path / "h", cwd=project))
+        assert code == 0, err
+    assert results(out)[0]["args"] == ""
+
+
+def test_a_join_block_that_does_not_parse_is_permanent(tmp_path):
+    project = tmp_path / "worker"
+    project.mkdir()
+    (project / "fdl.yml").write_text("join:\n  controller: 10.0.0.1:1337\n  persist: sometimes\n")
+    code, _, err = finish(spawn_join(home=tmp_path / "h", cwd=project), timeout=60)
+    assert code == 2 and "join.persist" in err and "true or false" in err
