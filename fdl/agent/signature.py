@@ -25,6 +25,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from fdl.agent.supervisor import _die_with_parent as die_with_parent
 from fdl.errors import PermanentError
 
 PREFIX = "fdl-signature:"
@@ -50,7 +51,8 @@ def probe_signature(argv: Sequence[str], *, cwd: str | None, env: Mapping[str, s
     probe_env["FDL_SIGNATURE_PROBE"] = "1"
     try:
         proc = subprocess.Popen(list(argv), cwd=cwd, env=probe_env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=die_with_parent)
     except OSError as exc:
         raise PermanentError(f"cannot start the training binary {argv[0]}: {exc.strerror or exc}.",
                              hint="Check the path and that it is executable on this box.") from None

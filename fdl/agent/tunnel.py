@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from fdl.agent.options import SshHop
+from fdl.agent.supervisor import _die_with_parent as die_with_parent
 from fdl.errors import ExitCode, FdlError, PermanentError
 
 CONNECT_TIMEOUT_S = 15
@@ -123,9 +124,15 @@ class Tunnel:
         for attempt in range(3):  # the free port can be taken between our probe and ssh's bind
             self.local_port = _free_port()
             self._stderr = tempfile.SpooledTemporaryFile(max_size=1 << 16)
-            self.proc = subprocess.Popen(self.argv(self.local_port), stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=self._stderr, start_new_session=True)
-            if self._wait_listening():
+            try:
+                self.proc = subprocess.Popen(self.argv(self.local_port), stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.DEVNULL, stderr=self._stderr, start_new_session=True,
+                                             preexec_fn=die_with_parent)
+                listening = self._wait_listening()
+            except BaseException:  # a stop signal while it comes up: no ssh may outlive us
+                self.close()
+                raise
+            if listening:
                 self.note(f"tunnel: 127.0.0.1:{self.local_port} -> {self.hop} -> "
                           f"{self.target[0]}:{self.target[1]}")
                 return
