@@ -91,8 +91,8 @@ def bench_prepare(work: Path, runs: int, mib: int) -> tuple[float, float]:
     from fdl.agent.prepare import prepare
 
     mirror_dir, src = work / "mirror", work / "source"
-    mirror_dir.mkdir()
-    src.mkdir()
+    mirror_dir.mkdir(parents=True)
+    src.mkdir(parents=True)
     make_mirror(mirror_dir, mib)
     make_source(src)
     server, url = serve(mirror_dir)
