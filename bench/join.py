@@ -79,8 +79,11 @@ def port_in_range() -> int:
 
 
 def serve(directory: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
-    handler.log_message = lambda *a: None
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    handler = functools.partial(Quiet, directory=str(directory))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", port_in_range()), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
@@ -101,19 +104,21 @@ def bench_prepare(work: Path, runs: int, mib: int) -> tuple[float, float]:
              "devices": "cpu:1"}
     options = resolve_options(None, flags, None, environ={"FDL_LIBTORCH_MIRROR": url})
     cold, warm = [], []
+    sink = open(os.devnull, "w")  # noqa: SIM115 - closed below
     try:
         for i in range(runs):
             home = work / f"home{i}"
             environ = {**os.environ, "HOME": str(home)}
             environ.pop("LIBTORCH_PATH", None)
             start = time.perf_counter()
-            prepare(options, environ=environ, build_output=subprocess.DEVNULL)
+            prepare(options, environ=environ, build_output=sink)
             cold.append(time.perf_counter() - start)
             start = time.perf_counter()
-            prepare(options, environ=environ, build_output=subprocess.DEVNULL)
+            prepare(options, environ=environ, build_output=sink)
             warm.append(time.perf_counter() - start)
             shutil.rmtree(home)
     finally:
+        sink.close()
         server.shutdown()
         server.server_close()
     return statistics.median(cold), statistics.median(warm)
