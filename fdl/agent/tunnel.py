@@ -123,7 +123,7 @@ class Tunnel:
                                  hint="Point --identity at the private key the controller's sshd accepts.")
         for attempt in range(3):  # the free port can be taken between our probe and ssh's bind
             self.local_port = _free_port()
-            self._stderr = tempfile.SpooledTemporaryFile(max_size=1 << 16)
+            self._stderr = tempfile.SpooledTemporaryFile(max_size=1 << 16)  # noqa: SIM115 - closed in close()
             try:
                 self.proc = subprocess.Popen(self.argv(self.local_port), stdin=subprocess.DEVNULL,
                                              stdout=subprocess.DEVNULL, stderr=self._stderr, start_new_session=True,

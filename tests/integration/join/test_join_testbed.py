@@ -107,7 +107,7 @@ def test_three_walk_ins_stage_start_and_train(bed, door, tmp_path):
                     os.killpg(proc.pid, signal.SIGKILL)
             stop_sshfs(h2)
         state = server.state()
-    for name, (code, out, err) in outcome.items():
+    for name, (code, _, err) in outcome.items():
         assert code == 0, f"{name}: {err}"
     assert state["phase"] == "done" and state["world"]["size"] == 4
     roster = {m["host"]: m for m in state["roster"]}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fdl.agent.options import SshHop, parse_sshfs_source, parse_ssh_hop, resolve_options
+from fdl.agent.options import SshHop, parse_ssh_hop, parse_sshfs_source, resolve_options
 from fdl.config.schema import Devices, JoinDefaults
 from fdl.errors import ExitCode, UsageError
 
