@@ -6,6 +6,7 @@ import hashlib
 import os
 import signal
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -21,8 +22,6 @@ COPY_BUILD = "mkdir -p out && cp train.py out/train && chmod +x out/train"
 
 
 def source_tree(root: Path, *, broken: bool = False) -> Path:
-    import sys
-
     root.mkdir(parents=True, exist_ok=True)
     (root / "train.py").write_text(f"#!{sys.executable}\n{TRAIN}")
     (root / "main.c").write_text("int main(void) { return 0 }\n" if broken else "int main(void) { return 0; }\n")
@@ -99,7 +98,7 @@ def mirror(tmp_path):
                 zf.writestr("libtorch/" + name, data)
         (root / f"libtorch-{variant}.zip.sha256").write_text(hashlib.sha256(archive.read_bytes()).hexdigest() + "\n")
     port = free_port()
-    server = subprocess.Popen(["python3", "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory",
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory",
                                str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: _answers(port), what="the mirror")
