@@ -104,6 +104,29 @@ def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]
     return proc.returncode, out, err
 
 
+class Lines:
+    """Collects a running process's stderr lines in a thread, so a test can wait on them with a deadline."""
+
+    def __init__(self, proc: subprocess.Popen):
+        import threading
+
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            self.lines.append(line)
+
+    def count(self, text: str) -> int:
+        return sum(text in line for line in list(self.lines))
+
+    def text(self) -> str:
+        self._thread.join(timeout=10)
+        return "".join(self.lines)
+
+
 def wait_for(predicate: Callable[[], object], timeout: float = 60, what: str = "condition") -> object:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -124,5 +147,5 @@ def results(stdout: str) -> list[dict]:
     return found
 
 
-__all__ = ["REPO", "agent_env", "controller", "finish", "policy", "results", "spawn_join", "train_binary",
+__all__ = ["REPO", "Lines", "agent_env", "controller", "finish", "policy", "results", "spawn_join", "train_binary",
            "wait_for"]

@@ -14,6 +14,7 @@ import signal
 import pytest
 
 from tests.integration.join.helpers import (
+    Lines,
     controller,
     finish,
     policy,
@@ -118,25 +119,21 @@ def test_controller_down_one_shot_exits_1_and_persist_redials_until_it_joins(tmp
 
     persist = spawn_join(f"127.0.0.1:{port}", "--persist", "--bin", str(binary), "--host", "h1", "--devices",
                          "cpu:1", home=tmp_path / "persist")
+    lines = Lines(persist)
     try:
-        lines: list[str] = []
-
-        def redialed() -> bool:
-            lines.append(persist.stderr.readline())
-            return sum("re-dialing in" in line for line in lines) >= 2
-
-        wait_for(redialed, timeout=60, what="two re-dials")
+        wait_for(lambda: lines.count("re-dialing in") >= 2, timeout=60, what="two re-dials")
         assert persist.poll() is None
         with controller(policy(max_hosts=1, window_s=60), port=port) as server:
             wait_for(lambda: server.state()["phase"] == "done", timeout=90, what="the run to finish")
             state = server.state()
         assert state["roster"][0]["host"] == "h1" and state["roster"][0]["exit_code"] == 0
+        wait_for(lambda: lines.count("the agent exited 0; re-dialing"), timeout=30, what="the re-dial after 0")
         assert persist.poll() is None  # a clean finish re-dials too
     finally:
         os.killpg(persist.pid, signal.SIGTERM)
-        code, _, err = finish(persist)
-    assert code == 143
-    assert any("transient failure: no run listening" in line for line in lines)
+        persist.wait(60)
+    assert persist.returncode == 143
+    assert lines.count("transient failure: no run listening") >= 2
 
 
 def test_no_gpu_is_permanent_and_persist_stops(tmp_path, fake_nvml):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_fdl
-from tests.integration.join.helpers import TRAIN, controller, finish, policy, results, spawn_join, wait_for
+from tests.integration.join.helpers import TRAIN, Lines, controller, finish, policy, results, spawn_join, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -47,16 +47,16 @@ def test_a_source_that_does_not_compile_is_transient_and_persist_redials(tmp_pat
     assert "error" in err  # the compiler's own output reaches the user
 
     persist = spawn_join("127.0.0.1:1", "--persist", *args, home=tmp_path / "persist")
+    lines = Lines(persist)
     try:
-        lines: list[str] = []
-        wait_for(lambda: lines.append(persist.stderr.readline()) or
-                 sum("re-dialing in" in line for line in lines) >= 2, timeout=120, what="two re-dials")
+        wait_for(lambda: lines.count("re-dialing in") >= 2, timeout=120, what="two re-dials")
+        assert lines.count("the source did not compile") >= 2
         (tree / "main.c").write_text("int main(void) { return 0; }\n")  # the fix, pushed at the source
-        wait_for(lambda: lines.append(persist.stderr.readline()) or "no run listening" in lines[-1],
-                 timeout=120, what="the next dial to build and reach the dial")
+        wait_for(lambda: lines.count("no run listening"), timeout=120, what="a dial after a good build")
     finally:
         os.killpg(persist.pid, signal.SIGTERM)
-        finish(persist)
+        persist.wait(60)
+    assert persist.returncode == 143
 
 
 def test_a_missing_toolchain_is_permanent(tmp_path):
