@@ -127,6 +127,22 @@ class Lines:
         return "".join(self.lines)
 
 
+def terminate(proc: subprocess.Popen, lines: Lines, timeout: float = 60) -> int:
+    """SIGTERM the agent's process group, wait for it, drain and close its pipes; returns its exit code."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    lines.text()
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    return proc.returncode
+
+
 def wait_for(predicate: Callable[[], object], timeout: float = 60, what: str = "condition") -> object:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -147,5 +163,5 @@ def results(stdout: str) -> list[dict]:
     return found
 
 
-__all__ = ["REPO", "Lines", "agent_env", "controller", "finish", "policy", "results", "spawn_join", "train_binary",
-           "wait_for"]
+__all__ = ["REPO", "Lines", "agent_env", "controller", "finish", "policy", "results", "spawn_join", "terminate",
+           "train_binary", "wait_for"]

@@ -20,6 +20,7 @@ from tests.integration.join.helpers import (
     policy,
     results,
     spawn_join,
+    terminate,
     train_binary,
     wait_for,
 )
@@ -130,9 +131,8 @@ def test_controller_down_one_shot_exits_1_and_persist_redials_until_it_joins(tmp
         wait_for(lambda: lines.count("the agent exited 0; re-dialing"), timeout=30, what="the re-dial after 0")
         assert persist.poll() is None  # a clean finish re-dials too
     finally:
-        os.killpg(persist.pid, signal.SIGTERM)
-        persist.wait(60)
-    assert persist.returncode == 143
+        code = terminate(persist, lines)
+    assert code == 143
     assert lines.count("transient failure: no run listening") >= 2
 
 

@@ -13,7 +13,17 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_fdl
-from tests.integration.join.helpers import TRAIN, Lines, controller, finish, policy, results, spawn_join, wait_for
+from tests.integration.join.helpers import (
+    TRAIN,
+    Lines,
+    controller,
+    finish,
+    policy,
+    results,
+    spawn_join,
+    terminate,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -54,9 +64,8 @@ def test_a_source_that_does_not_compile_is_transient_and_persist_redials(tmp_pat
         (tree / "main.c").write_text("int main(void) { return 0; }\n")  # the fix, pushed at the source
         wait_for(lambda: lines.count("no run listening"), timeout=120, what="a dial after a good build")
     finally:
-        os.killpg(persist.pid, signal.SIGTERM)
-        persist.wait(60)
-    assert persist.returncode == 143
+        code = terminate(persist, lines)
+    assert code == 143
 
 
 def test_a_missing_toolchain_is_permanent(tmp_path):
