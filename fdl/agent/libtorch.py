@@ -1,7 +1,7 @@
 """libtorch acquisition for `fdl join --libtorch`: download, verify, install atomically, activate.
 
-Variants install under the user's libtorch root (`~/.flodl/libtorch/`, or
-`$FDL_LIBTORCH_HOME`) as `precompiled/<name>` (cpu, cu126, cu128, rocm70,
+Variants install under the user's libtorch root (`~/.flodl/libtorch/`) as
+`precompiled/<name>` (cpu, cu126, cu128, rocm70,
 rocm71), the layout the rest of fdl and flodl read; `.active` in the root is
 pointed at the variant so later builds and probes use it too.
 
@@ -65,13 +65,14 @@ class Installed(NamedTuple):
     acquired: bool  # downloaded by this call
 
 
-def libtorch_root(environ: Mapping[str, str] | None = None) -> Path:
+def home_of(environ: Mapping[str, str] | None = None) -> Path:
     environ = os.environ if environ is None else environ
-    given = (environ.get("FDL_LIBTORCH_HOME") or "").strip()
-    if given:
-        return Path(given).expanduser()
-    home = environ.get("HOME") or str(Path.home())
-    return Path(home) / ".flodl" / "libtorch"
+    return Path(environ.get("HOME") or str(Path.home()))
+
+
+def libtorch_root(environ: Mapping[str, str] | None = None) -> Path:
+    """The user's libtorch root, where every fdl command looks for installed variants."""
+    return home_of(environ) / ".flodl" / "libtorch"
 
 
 def vendor_of(variant: str) -> str | None:
@@ -139,7 +140,7 @@ def ensure_variant(variant: str, *, mirror: str | None, environ: Mapping[str, st
         lock_fd = os.open(root / ".lock", os.O_CREAT | os.O_RDWR, 0o644)
     except OSError as exc:
         raise PermanentError(f"the libtorch root {root} is not writable: {exc.strerror}.",
-                             hint="Give this user a writable home (~/.flodl), or set FDL_LIBTORCH_HOME.") from None
+                             hint="Give this user a writable home (~/.flodl).") from None
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         acquired = False

@@ -26,7 +26,7 @@ from typing import IO, NamedTuple
 
 from fdl.agent.data import prepare_data, prove_writable
 from fdl.agent.gpu import Offer, check_gpu_stack
-from fdl.agent.libtorch import ensure_variant, libtorch_root, route_auto
+from fdl.agent.libtorch import ensure_variant, home_of, libtorch_root, route_auto
 from fdl.agent.options import JoinOptions
 from fdl.agent.signature import probe_signature, probe_timeout
 from fdl.errors import PermanentError
@@ -77,7 +77,7 @@ def _resolve_libtorch(options: JoinOptions, offer: Offer, environ: Mapping[str, 
     from fdl.publish.libtorch import Libtorch, resolve_active
 
     if options.libtorch is None:
-        active = resolve_active(None, environ)
+        active = resolve_active(None, environ, home_of(environ))
         if active is not None:
             note(f"libtorch: using the active {active.label} ({active.path})")
         return active

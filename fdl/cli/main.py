@@ -27,6 +27,7 @@ BUILTINS: dict[str, tuple[str, str]] = {
     "start": ("fdl.cli.start", "Fire the start switch of a staging cluster run."),
     "config": ("fdl.cli.config", "Show the resolved configuration and where each value came from."),
     "join": ("fdl.cli.join", "Join a cluster run's window as a self-deployed worker."),
+    "publish": ("fdl.cli.publish", "Publish a build-gated training run for a fleet to pull."),
 }
 
 GLOBAL_VALUE_OPTIONS = ("--env", "--gpus")
