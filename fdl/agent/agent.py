@@ -125,11 +125,10 @@ class JoinAgent:
 
     def attempt(self) -> int:
         """Prepare, dial, run; returns the agent's exit code or raises a classed FdlError."""
-        from fdl.controller.client import ControllerClient, ControllerError, ControllerRefused
-
         self.attempts += 1
         opts = self.options
         prep = prepare(opts, environ=self.environ, note=self.note, build_output=self.build_output)
+        from fdl.controller.client import ControllerClient, ControllerError, ControllerRefused
         tunnel = Tunnel(opts.ssh, opts.controller, identity=opts.identity, note=self.note,
                         environ=self.environ) if opts.ssh else None
         with tunnel if tunnel is not None else contextlib.nullcontext():
