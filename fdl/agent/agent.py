@@ -128,13 +128,16 @@ class JoinAgent:
         self.attempts += 1
         opts = self.options
         prep = prepare(opts, environ=self.environ, note=self.note, build_output=self.build_output)
+
         from fdl.controller.client import ControllerClient, ControllerError, ControllerRefused
+
         tunnel = Tunnel(opts.ssh, opts.controller, identity=opts.identity, note=self.note,
                         environ=self.environ) if opts.ssh else None
         with tunnel if tunnel is not None else contextlib.nullcontext():
             host, port = tunnel.address if tunnel is not None else opts.controller
+            dial = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             shown = opts.controller_text + (f" (via ssh {opts.ssh})" if opts.ssh else "")
-            with ControllerClient(f"{host}:{port}", timeout=10.0) as client:
+            with ControllerClient(dial, timeout=10.0) as client:
                 try:
                     admitted = client.hello(self._hello(prep))
                 except ControllerRefused as exc:
@@ -158,7 +161,7 @@ class JoinAgent:
                     raise
                 return self._run_world(client, ticket, world, prep, admitted)
 
-    def _hello(self, prep: Prepared) -> dict:
+    def _hello(self, prep: Prepared):
         from fdl.controller.protocol import Hello
 
         opts = self.options
