@@ -138,9 +138,14 @@ def join(
     try:
         code = agent.run()
     except Stopped as stopped:
-        name = signal.Signals(stopped.signum).name
-        print(f"fdl: join: stopped by {name}", file=sys.stderr)
-        raise typer.Exit(128 + stopped.signum) from None
+        # The teardown is done (ranks stopped, exit reported, tunnel closed). Die of the same signal, so
+        # whoever started us sees what happened: a shell reads 128+N, and systemd counts a SIGTERM death
+        # as a clean stop (an exit code of 143 would be a failure, and a failure triggers FailureAction).
+        print(f"fdl: join: stopped by {signal.Signals(stopped.signum).name}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        signal.signal(stopped.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), stopped.signum)
+        raise typer.Exit(128 + stopped.signum) from None  # only reached when the signal is blocked
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
