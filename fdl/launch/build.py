@@ -81,11 +81,15 @@ def artifact_path(bin_: str, root: Path, target_dir: Path | None) -> Path:
 
 def host_libtorch(host: LaunchHost, root: Path):
     """The libtorch a host's build links against: its arch:'s variant, else this machine's own (or None)."""
-    from fdl.publish.libtorch import resolve_active, resolve_variant
+    from fdl.publish.libtorch import LibtorchError, resolve_active, resolve_variant
 
     if host.arch:
         return resolve_variant(host.arch, root, what=f"host {host.name}: arch {host.arch}")
-    return resolve_active(root)
+    try:
+        return resolve_active(root)
+    except LibtorchError as exc:
+        raise LibtorchError(f"host {host.name} has no arch:, so it builds against this machine's libtorch, and "
+                            f"that is not usable: {exc.message}", hint=exc.hint) from None
 
 
 def build_overrides(libtorch) -> dict[str, str]:

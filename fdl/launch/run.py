@@ -93,7 +93,26 @@ class Launcher:
             self._beat_stop.set()
             if self._beats is not None:
                 self._beats.join(timeout=5)
+            self._keep_state()
             self.server.stop()
+
+    @property
+    def run_dir(self) -> Path:
+        """This machine's record of the run: local rank logs and the final state.json."""
+        return Path.home() / ".flodl" / "launch" / "runs" / self.plan.run_id
+
+    def _keep_state(self) -> None:
+        """The final state.json outlives the controller (it goes with the launcher): kept in the run's directory."""
+        import json
+
+        from fdl.publish.manifest import atomic_write
+
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.run_dir / "state.json", json.dumps(self.server.state(), indent=1).encode(),
+                         mode=0o600)
+        except (OSError, RuntimeError, TimeoutError) as exc:
+            self.printer.note(f"could not keep the final state in {self.run_dir}: {exc}")
 
     def _announce(self) -> None:
         plan = self.plan
@@ -203,7 +222,7 @@ class Launcher:
                               f"rank spec")
             staged = stage_remote(plan, inventory, jobs, specs, progress=self.progress)
         self.inventory = inventory
-        log_root = Path.home() / ".flodl" / "launch" / "runs" / plan.run_id / "logs"
+        log_root = self.run_dir / "logs"
         for host in plan.hosts:
             if host.local:
                 job = jobs[host.name]
