@@ -25,9 +25,9 @@ import time
 import warnings
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch's own note on a numpy-less box
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 
 def main() -> int:

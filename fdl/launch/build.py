@@ -140,7 +140,7 @@ def _tail(path: Path, lines: int = 15) -> str:
 def prebuild(plan: LaunchPlan, jobs: list[BuildJob], *, progress: bool | None = None) -> None:
     """Run every job's recipe at once through playbooks/prebuild.yml; raise BuildError on the first failure."""
     from fdl.cluster.inventory import WORKERS_GROUP, ClusterInventory, InventoryHost
-    from fdl.cluster.runner import FAILED, OK, SKIPPED, run_playbook
+    from fdl.cluster.runner import OK, SKIPPED, run_playbook
 
     todo = [job for job in jobs if job.recipe is not None]
     if todo:

@@ -30,9 +30,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import fdl.agent.supervisor as supervisor_module
 from fdl.agent.supervisor import RESULT_PREFIX, Supervisor
@@ -188,7 +188,7 @@ class LocalSession(Session):
     def _run(self) -> None:
         try:  # the supervisor forks from this thread: its ranks' PR_SET_PDEATHSIG is tied to it
             self._result = self.supervisor.run()
-        except BaseException as exc:  # reported through outcome()
+        except BaseException as exc:  # noqa: BLE001 - reported through outcome(), as the host's failure
             self._error = exc
 
     def start(self) -> None:

@@ -23,7 +23,13 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fdl.config.schema import DEFAULT_PORT, ClusterSpec, CommandSpec, Devices, WorkerSpec
+from fdl.config.schema import (
+    DEFAULT_PORT,
+    ClusterSpec,
+    CommandSpec,
+    Devices,
+    WorkerSpec,
+)
 from fdl.errors import ConfigError, UsageError
 
 CLUSTER, SINGLE = "cluster", "single"

@@ -21,11 +21,20 @@ import time
 from pathlib import Path
 
 from fdl import __version__
+from fdl.cluster.runner import Interrupts
 from fdl.controller.machine import DONE, FAILED, FORMING, TERMINAL, TRAINING, Refused
 from fdl.errors import ExitCode, FdlError
 from fdl.launch.build import BuildJob, build_jobs, check_artifacts, prebuild
-from fdl.launch.dispatch import (GRACE_S, HostOutcome, LocalSession, Printer, RemoteSession, Session,
-                                 rank_specs, stage_remote, wait_sessions)
+from fdl.launch.dispatch import (
+    GRACE_S,
+    HostOutcome,
+    LocalSession,
+    Printer,
+    RemoteSession,
+    Session,
+    rank_specs,
+    stage_remote,
+)
 from fdl.launch.plan import SINGLE, LaunchPlan
 
 BEAT_S = 1.0
@@ -36,28 +45,75 @@ class RunFailed(FdlError):
     """The run ended failed: a rank exited non-zero, a host was lost, or the window never formed."""
 
 
-class _Signals:
-    """While active (main thread only), SIGINT/SIGTERM set a flag; a second one asks for haste."""
+class _Watch:
+    """The supervision loop's state: which hosts ended how, the first failure, and the stop in progress."""
 
-    def __init__(self):
-        self.count = 0
-        self.signum: int | None = None
-        self._saved: dict = {}
+    def __init__(self, launcher: Launcher, sessions: list[Session]):
+        self.launcher = launcher
+        self.server = launcher.server
+        self.sessions = sessions
+        self.outcomes: dict[str, HostOutcome] = {}
+        self.first: HostOutcome | None = None
+        self.stopping_since: float | None = None
+        self.killed = False
+        self.interrupted = False
 
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._saved[sig] = signal.signal(sig, self._handle)
-        return self
+    @property
+    def finished(self) -> bool:
+        return len(self.outcomes) == len(self.sessions) and self.server.machine.phase in TERMINAL
 
-    def _handle(self, signum, frame):
-        self.count += 1
-        self.signum = signum
+    def start(self) -> None:
+        launcher = self.launcher
+        for session in self.sessions:
+            session.start()
+            launcher.running.add(session.host)
+        launcher.printer.note(f"ranks started on {len(self.sessions)} host(s)")
+        for name in list(launcher.running):  # the world is up as far as the launcher's hosts go
+            self.server.call(lambda m, t=launcher.tickets[name]: m.heartbeat(t, running=True))
 
-    def __exit__(self, *exc):
-        for sig, handler in self._saved.items():
-            signal.signal(sig, handler)
-        return False
+    def interrupt(self, signum: int | None) -> None:
+        if not self.interrupted:
+            self.interrupted = True
+            self.launcher._fail("interrupted: the launcher got " + ("SIGTERM" if signum == signal.SIGTERM
+                                                                      else "Ctrl-C"))
+
+    def hurry(self) -> None:
+        self.interrupted = True
+        self.stopping_since = self.stopping_since or time.monotonic()
+        self._kill()
+
+    def _kill(self) -> None:
+        self.killed = True
+        for session in self.sessions:
+            if session.host not in self.outcomes:
+                session.kill()
+
+    def step(self) -> None:
+        """Collect ended hosts (exit reports), and once the run failed stop every host still running."""
+        launcher, server = self.launcher, self.server
+        for session in self.sessions:
+            if session.host in self.outcomes or not session.done:
+                continue
+            outcome = session.outcome()
+            self.outcomes[session.host] = outcome
+            launcher.running.discard(session.host)
+            if outcome.code != 0 and self.first is None and server.machine.phase not in TERMINAL:
+                self.first = outcome
+            try:
+                server.call(lambda m, o=outcome: m.report_exit(launcher.tickets[o.host], o.code, o.detail))
+            except Refused:
+                pass
+        if server.machine.phase == FAILED and self.stopping_since is None:
+            self.stopping_since = time.monotonic()
+            still = [s for s in self.sessions if s.host not in self.outcomes]
+            if still:
+                launcher.printer.note(f"the run failed ({server.machine.reason}); stopping the ranks on "
+                                      f"{', '.join(s.host for s in still)}")
+            for session in still:
+                session.stop()
+        if self.stopping_since is not None and not self.killed \
+                and time.monotonic() - self.stopping_since > GRACE_S + 10:
+            self._kill()
 
 
 class Launcher:
@@ -131,7 +187,7 @@ class Launcher:
         try:
             jobs = self._build()
             self._join_hosts()
-            with _Signals() as signals:
+            with Interrupts(threading.Event()) as signals:
                 if not self._wait_world(signals):
                     return self._interrupted()
                 if self.server.machine.phase == FAILED:
@@ -193,12 +249,12 @@ class Launcher:
                 except (Refused, RuntimeError, TimeoutError):
                     pass
 
-    def _wait_world(self, signals: _Signals) -> bool:
+    def _wait_world(self, signals: Interrupts) -> bool:
         """Until the world forms or the run fails; False when interrupted."""
         server = self.server
         noted = False
         while not server.wait_phase(FORMING, TRAINING, *TERMINAL, timeout=0.2):
-            if signals.count:
+            if signals.cancel.is_set():
                 return False
             if not noted and time.monotonic() - self.started > 2:
                 noted = True
@@ -238,55 +294,22 @@ class Launcher:
 
     def _supervise(self, sessions: list[Session]) -> int:
         server = self.server
-        outcomes: dict[str, HostOutcome] = {}
-        first: HostOutcome | None = None
-        stopping_since: float | None = None
-        killed = False
-        with _Signals() as signals:
-            for session in sessions:
-                session.start()
-                self.running.add(session.host)
-            self.printer.note(f"ranks started on {len(sessions)} host(s)")
-            if sessions:
-                for name in list(self.running):  # the world is up as far as the launcher's hosts go
-                    self.server.call(lambda m, t=self.tickets[name]: m.heartbeat(t, running=True))
-            while True:
-                if signals.count and stopping_since is None:
-                    self._fail("interrupted: the launcher got "
-                               + ("Ctrl-C" if signals.signum == signal.SIGINT else "SIGTERM"))
-                for session in sessions:
-                    if session.host in outcomes or not session.done:
-                        continue
-                    outcome = session.outcome()
-                    outcomes[session.host] = outcome
-                    self.running.discard(session.host)
-                    if outcome.code != 0 and first is None and server.machine.phase not in TERMINAL:
-                        first = outcome
-                    try:
-                        server.call(lambda m, o=outcome: m.report_exit(self.tickets[o.host], o.code, o.detail))
-                    except Refused:
-                        pass
-                phase = server.machine.phase
-                if phase == FAILED and stopping_since is None:
-                    stopping_since = time.monotonic()
-                    still = [s for s in sessions if s.host not in outcomes]
-                    if still:
-                        self.printer.note(f"the run failed ({server.machine.reason}); stopping the ranks on "
-                                          f"{', '.join(s.host for s in still)}")
-                    for session in still:
-                        session.stop()
-                if stopping_since is not None and not killed and (
-                        time.monotonic() - stopping_since > GRACE_S + 10 or signals.count > 1):
-                    killed = True
-                    for session in sessions:
-                        if session.host not in outcomes:
-                            session.kill()
-                if len(outcomes) == len(sessions) and phase in TERMINAL:
-                    break
-                time.sleep(0.1)
-            interrupted = signals.count > 0
+        watch = _Watch(self, sessions)
+        cancel = threading.Event()
+        with Interrupts(cancel) as interrupts:
+            watch.start()
+            while not watch.finished:
+                try:
+                    if cancel.is_set():
+                        watch.interrupt(interrupts.signal)
+                    watch.step()
+                    time.sleep(0.1)
+                except KeyboardInterrupt:  # a second Ctrl-C: no more grace for the ranks
+                    watch.hurry()
+        interrupted = watch.interrupted
+        outcomes, first = watch.outcomes, watch.first
         if interrupted or any(o.host in self._remote_names() and not o.codes for o in outcomes.values()):
-            self._sweep(interrupted)
+            self._sweep()
         elapsed = time.monotonic() - self.started
         state = server.state()
         if interrupted:
@@ -294,17 +317,17 @@ class Launcher:
             return ExitCode.INTERRUPTED
         if state["phase"] == DONE:
             self.printer.note(f"run done: {state['world']['size']} rank(s) on {state['world']['nodes']} host(s) "
-                              f"exited 0 in {elapsed:.1f}s")
+                              f"exited 0 in {elapsed:.1f}s; rank logs under ~/.flodl/launch/runs/{self.plan.run_id}/ "
+                              f"on each host")
             return ExitCode.OK
-        raise self._failure(first, outcomes, sessions, state)
+        raise self._failure(first, sessions, state)
 
     # ------------------------------------------------------------------ endings
 
     def _remote_names(self) -> set[str]:
         return {h.name for h in self.plan.remote}
 
-    def _failure(self, first: HostOutcome | None, outcomes: dict[str, HostOutcome], sessions: list[Session],
-                 state: dict) -> RunFailed:
+    def _failure(self, first: HostOutcome | None, sessions: list[Session], state: dict) -> RunFailed:
         logs = {s.host: str(getattr(s, "log_dir", "")) for s in sessions}
         if first is not None:
             rank = f", rank {first.first_rank}" if first.first_rank is not None else ""
@@ -330,7 +353,7 @@ class Launcher:
         self.printer.note("interrupted before any rank started; nothing is running")
         return ExitCode.INTERRUPTED
 
-    def _sweep(self, interrupted: bool) -> None:
+    def _sweep(self) -> None:
         """Stop anything of this run left on the remote hosts (roles/fdl_reap finds it by FDL_RUN_ID)."""
         remote = sorted(self._remote_names())
         if not remote or getattr(self, "inventory", None) is None:

@@ -47,9 +47,9 @@ def torch_python(where: Path) -> Path:
     """
     base = Path("/usr/bin/python3")
     site = Path(sysconfig.get_paths()["purelib"])
-    probe = subprocess.run([str(base), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                           capture_output=True, text=True)
-    wanted = "%d.%d" % sys.version_info[:2]
+    probe = subprocess.run([str(base), "-c", "import sys; print(*sys.version_info[:2], sep='.')"],
+                           capture_output=True, text=True, check=False)
+    wanted = "{}.{}".format(*sys.version_info[:2])
     if probe.returncode != 0 or probe.stdout.strip() != wanted:
         reason = f"/usr/bin/python3 is not Python {wanted}, so it cannot load this suite's torch for other users"
         if IN_CI:

@@ -21,8 +21,14 @@ import pytest
 import yaml
 
 from tests.conftest import fdl_env, run_fdl
-from tests.integration.launch.helpers import checksums, final_state, free_port, run_processes, train_script, \
-    write_project
+from tests.integration.launch.helpers import (
+    checksums,
+    final_state,
+    free_port,
+    run_processes,
+    train_script,
+    write_project,
+)
 
 pytestmark = [pytest.mark.testbed(hosts=3), pytest.mark.slow]
 
@@ -102,7 +108,7 @@ def test_ctrl_c_on_the_launcher_leaves_nothing_on_any_host(bed, torchpy, short_t
             raise AssertionError("the ranks did not start")
         time.sleep(2)  # inside init_process_group / training
         os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C at the terminal delivers to the launcher
-        out, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
