@@ -18,7 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.conftest import REPO, fdl_env, need_root_or_skip, run_fdl

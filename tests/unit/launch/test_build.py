@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from fdl.config.schema import ClusterSpec, CommandSpec, ControllerSpec, Devices, SshDefaults, WorkerSpec
+from fdl.config.schema import (
+    ClusterSpec,
+    CommandSpec,
+    ControllerSpec,
+    Devices,
+    SshDefaults,
+    WorkerSpec,
+)
 from fdl.launch.build import BuildError, artifact_path, build_jobs, check_artifacts
 from fdl.launch.plan import plan_launch
 from fdl.publish.libtorch import LibtorchError

@@ -7,7 +7,14 @@ from pathlib import Path
 from fdl.cluster.inventory import build_inventory
 from fdl.cluster.runner import control_path_dir
 from fdl.cluster.ssh import login, rsync_rsh, ssh_argv
-from fdl.config.schema import ClusterSpec, CommandSpec, ControllerSpec, Devices, SshDefaults, WorkerSpec
+from fdl.config.schema import (
+    ClusterSpec,
+    CommandSpec,
+    ControllerSpec,
+    Devices,
+    SshDefaults,
+    WorkerSpec,
+)
 from fdl.launch.dispatch import rank_specs
 from fdl.launch.plan import plan_launch
 
