@@ -34,7 +34,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import fdl.agent.supervisor as supervisor_module
 from fdl.agent.supervisor import RESULT_PREFIX, Supervisor
 from fdl.errors import RemoteError
 from fdl.launch.build import BuildJob
@@ -103,12 +102,14 @@ def stage_remote(plan: LaunchPlan, inventory, jobs: dict[str, BuildJob], specs: 
 
     hosts = [h.name for h in plan.remote]
     dispatch_plan = {}
+    digests: dict[str, str] = {}
     for name in hosts:
         job = jobs.get(name)
         artifact = str(job.artifact) if job is not None and job.artifact is not None else ""
+        if artifact and artifact not in digests:
+            digests[artifact] = _sha256(artifact)
         dispatch_plan[name] = {
-            "run_id": plan.run_id, "supervisor_src": str(Path(supervisor_module.__file__).resolve()),
-            "artifact": artifact, "bin_dir": plan.command.name,
+            "run_id": plan.run_id, "artifact": artifact, "artifact_sha256": digests.get(artifact, ""), "bin_dir": plan.command.name,
             "rsh": rsync_rsh(inventory.hosts[name]), "login": login(inventory.hosts[name]),
             "command": list(plan.args) if plan.command.bin is not None else plan.rank_argv(None),
             "ranks": specs[name], "label": name, "grace_s": GRACE_S,
@@ -130,6 +131,16 @@ def stage_remote(plan: LaunchPlan, inventory, jobs: dict[str, BuildJob], specs: 
                           hint="Each host needs python3 and rsync, and must be reachable over ssh as its user "
                                "(fdl @cluster probe checks the rest).")
     return staged
+
+
+def _sha256(path: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 class Session:

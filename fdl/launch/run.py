@@ -318,7 +318,7 @@ class Launcher:
         if state["phase"] == DONE:
             self.printer.note(f"run done: {state['world']['size']} rank(s) on {state['world']['nodes']} host(s) "
                               f"exited 0 in {elapsed:.1f}s; rank logs under ~/.flodl/launch/runs/{self.plan.run_id}/ "
-                              f"on each host")
+                              + ("on this machine" if self.plan.mode == SINGLE else "on each host"))
             return ExitCode.OK
         raise self._failure(first, sessions, state)
 

@@ -7,31 +7,22 @@ from pathlib import Path
 from fdl.cluster.inventory import build_inventory
 from fdl.cluster.runner import control_path_dir
 from fdl.cluster.ssh import login, rsync_rsh, ssh_argv
-from fdl.config.schema import (
-    ClusterSpec,
-    CommandSpec,
-    ControllerSpec,
-    Devices,
-    SshDefaults,
-    WorkerSpec,
-)
+from fdl.config import schema
 from fdl.launch.dispatch import rank_specs
 from fdl.launch.plan import plan_launch
 
-CPU2 = Devices(kind="cpu", count=2)
+CPU2 = schema.Devices(kind="cpu", count=2)
 
 
-def spec(discovery: bool = False) -> ClusterSpec:
-    from fdl.config.schema import JoinPolicy
-
-    worker = WorkerSpec(host="b", address="10.0.0.12", user="op", port=2222, identity="keys/id",
+def spec(discovery: bool = False) -> schema.ClusterSpec:
+    worker = schema.WorkerSpec(host="b", address="10.0.0.12", user="op", port=2222, identity="keys/id",
                         local_devices=CPU2, env=(("LD_PRELOAD", "/x/libnccl.so.2"), ("RANK", "from-worker")))
-    return ClusterSpec(controller=ControllerSpec(join=JoinPolicy(discovery=discovery)),
-                       ssh=SshDefaults(known_hosts="/etc/fdl/known_hosts"), workers=(worker,))
+    return schema.ClusterSpec(controller=schema.ControllerSpec(join=schema.JoinPolicy(discovery=discovery)),
+                       ssh=schema.SshDefaults(known_hosts="/etc/fdl/known_hosts"), workers=(worker,))
 
 
 def test_rank_env_is_the_worlds_over_the_workers_env():
-    plan = plan_launch(CommandSpec(name="t", cluster=True, run="true"), [], spec(), Path("/p"),
+    plan = plan_launch(schema.CommandSpec(name="t", cluster=True, run="true"), [], spec(), Path("/p"),
                        is_local=lambda a, p: False)
     assignment = {"ranks": [{"rank": 4, "env": {"RANK": "4", "FDL_RUN_ID": "abc"}}]}
     (entry,) = rank_specs(plan, plan.hosts[0], assignment)
@@ -41,7 +32,7 @@ def test_rank_env_is_the_worlds_over_the_workers_env():
 
 
 def test_a_cohort_without_run_id_gets_the_launchs_own():
-    plan = plan_launch(CommandSpec(name="t", cluster=True, run="true"), [], spec(discovery=True), Path("/p"),
+    plan = plan_launch(schema.CommandSpec(name="t", cluster=True, run="true"), [], spec(discovery=True), Path("/p"),
                        is_local=lambda a, p: False)
     (entry,) = rank_specs(plan, plan.hosts[0], {"ranks": [{"rank": 0, "env": {"FDL_RUN_ID": ""}}]})
     assert entry["env"]["FDL_RUN_ID"] == plan.run_id
