@@ -209,7 +209,12 @@ class LocalSession(Session):
         self.supervisor.stop("terminated")
 
     def kill(self) -> None:
-        self.supervisor.grace_s = 0
+        for proc in list(self.supervisor.procs.values()):
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     @property
     def done(self) -> bool:
@@ -236,11 +241,16 @@ class RemoteSession(Session):
         self.result: dict | None = None
         self.stderr: list[str] = []
         self._pumps: list[threading.Thread] = []
+        self._start_error: str | None = None
 
     def start(self) -> None:
         # Its own session: a Ctrl-C at the terminal reaches the launcher only, which then stops every host in order.
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            self._start_error = f"cannot run ssh: {exc.strerror or exc}"
+            return
         for target, stream in ((self._out, self.proc.stdout), (self._err, self.proc.stderr)):
             pump = threading.Thread(target=target, args=(stream,), daemon=True)
             pump.start()
@@ -284,10 +294,14 @@ class RemoteSession(Session):
 
     @property
     def done(self) -> bool:
+        if self._start_error is not None:
+            return True
         return self.proc is not None and self.proc.poll() is not None and not any(p.is_alive() for p in self._pumps)
 
     def outcome(self) -> HostOutcome:
-        assert self.proc is not None
+        if self._start_error is not None or self.proc is None:
+            return HostOutcome(self.host, 127, {}, None, self._start_error or "the session never started")
+        self.stop()  # the pipe into an ended session is closed too
         code = self.proc.returncode
         fallback = None
         if self.result is None:

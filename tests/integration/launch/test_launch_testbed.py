@@ -55,23 +55,31 @@ def assert_no_leftovers(bed) -> None:
     assert not any(left.values()), f"processes of the run left behind: {left}"
 
 
-def test_gloo_job_across_three_hosts(bed, torchpy, short_tmp, testbed_home):
-    project = demo_project(short_tmp / "proj", bed, torchpy, ["--steps", "5"])
+def test_gloo_job_across_three_hosts_and_the_launchers_own(bed, torchpy, short_tmp, testbed_home):
+    # the launcher's box is a worker too (its bridge address): its rank runs here, without ssh, and is rank 0
+    root = short_tmp / "proj"
+    train_script(root, torchpy)
+    doc = cluster_doc(bed, free_port(bed.gateway))
+    doc["cluster"]["workers"].insert(0, {"host": "ctl", "address": bed.gateway, "local_devices": "cpu:1",
+                                         "env": {"GLOO_SOCKET_IFNAME": bed.bridge}})
+    project = write_project(root, {"train": {"cluster": True, "bin": "train.py", "args": ["--steps", "5"]}}, doc)
     done = run_fdl("@cluster", "train", cwd=project, env=testbed_home, timeout=300)
     assert done.returncode == 0, done.stderr + done.stdout
     ranks = checksums(done.stdout)
-    assert sorted(ranks) == [0, 1, 2, 3, 4, 5], done.stdout
+    assert sorted(ranks) == list(range(7)), done.stdout
     assert len({r["sum"] for r in ranks.values()}) == 1  # every rank holds the same all-reduced weights
-    assert {r["size"] for r in ranks.values()} == {6}
-    assert [ranks[i]["host"] for i in range(6)] == ["h1", "h1", "h2", "h2", "h3", "h3"]  # workers: order
-    assert "world formed: 6 ranks on 3 host(s), backend gloo" in done.stderr
-    assert "run done: 6 rank(s) on 3 host(s) exited 0" in done.stderr
+    assert {r["size"] for r in ranks.values()} == {7}
+    assert [ranks[i]["host"] for i in range(7)] == ["ctl", "h1", "h1", "h2", "h2", "h3", "h3"]  # workers: order
+    assert "world formed: 7 ranks on 4 host(s), backend gloo, master " + bed.gateway in done.stderr
+    assert "staging on 3 remote host(s)" in done.stderr  # not on ctl
+    assert "run done: 7 rank(s) on 4 host(s) exited 0" in done.stderr
     state = final_state(Path(testbed_home["HOME"]))
     assert state["phase"] == "done" and state["kind"] == "roster"
-    assert {m["host"]: m["exit_code"] for m in state["roster"]} == {"h1": 0, "h2": 0, "h3": 0}
+    assert {m["host"]: m["exit_code"] for m in state["roster"]} == {"ctl": 0, "h1": 0, "h2": 0, "h3": 0}
     for host in bed.hosts:  # one log per rank on each host, under the host user's home
         logs = sorted(p.name for p in (host.home / ".flodl" / "launch" / "runs").glob("*/logs/rank-*.log"))
         assert len(logs) == 2, (host.name, logs)
+    assert len(list((Path(testbed_home["HOME"]) / ".flodl/launch/runs").glob("*/logs/rank-0.log"))) == 1
     assert_no_leftovers(bed)
 
 

@@ -48,3 +48,86 @@ def test_ssh_argv_uses_the_inventorys_login_and_the_runners_control_path(tmp_pat
     assert "-o UserKnownHostsFile=/etc/fdl/known_hosts" in joined
     assert f"ControlPath={control_path_dir()}/%C" in joined and "BatchMode=yes" in joined
     assert rsync_rsh(host).startswith("ssh ") and "op@10.0.0.12" not in rsync_rsh(host)
+
+
+# --------------------------------------------------------------------------- the remote session, without ssh
+# `sh -c REMOTE` stands in for `ssh host REMOTE`: the same remote command line, run here, so the session's
+# streaming, result parsing and stdin-EOF teardown are exercised with the real supervisor file.
+
+def staged_run(tmp_path: Path, argv: list[str], ranks: int = 2) -> dict:
+    import json
+    import shutil
+
+    import fdl.agent.supervisor as supervisor
+
+    run_dir = tmp_path / "runs" / "r1"
+    (run_dir / "logs").mkdir(parents=True)
+    shutil.copy(supervisor.__file__, tmp_path / "supervisor.py")
+    spec = {"argv": argv, "cwd": str(run_dir), "log_dir": str(run_dir / "logs"), "label": "hx", "grace_s": 2,
+            "watch_stdin": True, "ranks": [{"rank": r, "env": {"RANK": str(r)}} for r in range(ranks)]}
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    return {"run_dir": str(run_dir), "supervisor": str(tmp_path / "supervisor.py"),
+            "spec": str(run_dir / "spec.json")}
+
+
+def session(tmp_path: Path, argv: list[str], lines: list[str]):
+    import sys
+
+    from fdl.launch.dispatch import RemoteSession
+    from fdl.launch.plan import LaunchHost
+
+    class Collect:
+        def line(self, text: str) -> None:
+            lines.append(text)
+
+    host = LaunchHost(name="hx", address="x", devices=CPU2, local=False,
+                      worker=schema.WorkerSpec(host="hx", address="x", python=sys.executable))
+    return RemoteSession(host, ["sh", "-c"], staged_run(tmp_path, argv), Collect(), "abc123")
+
+
+def wait_done(s, timeout: float = 30) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not s.done:
+        assert time.monotonic() < deadline, "the session did not end"
+        time.sleep(0.05)
+
+
+def test_a_remote_session_streams_prefixed_lines_and_reports_each_rank(tmp_path):
+    lines: list[str] = []
+    s = session(tmp_path, ["sh", "-c", 'echo "hello from $RANK $FDL_RUN_ID"; exit $RANK'], lines)
+    s.start()
+    wait_done(s)
+    outcome = s.outcome()
+    assert outcome.code == 1 and outcome.codes == {0: 0, 1: 1} and outcome.first_rank == 1
+    assert outcome.detail == "rank 1 exited 1"
+    assert sorted(lines) == ["[hx/0] hello from 0 abc123", "[hx/1] hello from 1 abc123"]
+    assert (tmp_path / "runs/r1/logs/rank-1.log").read_text() == "hello from 1 abc123\n"
+
+
+def test_closing_the_sessions_stdin_takes_its_ranks_down(tmp_path):
+    lines: list[str] = []
+    s = session(tmp_path, ["sh", "-c", "echo up; exec sleep 60"], lines)
+    s.start()
+    import time
+
+    deadline = time.monotonic() + 30
+    while len(lines) < 2:  # both ranks up
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    s.stop()  # what the launcher does to every other host when the run fails
+    wait_done(s)
+    outcome = s.outcome()
+    assert outcome.code != 0 and set(outcome.codes) == {0, 1}
+    assert outcome.detail == "ranks orphaned"
+
+
+def test_a_session_that_cannot_start_is_a_failed_host(tmp_path):
+    from fdl.launch.dispatch import RemoteSession
+    from fdl.launch.plan import LaunchHost
+
+    host = LaunchHost(name="hx", address="x", devices=CPU2, local=False)
+    s = RemoteSession(host, [str(tmp_path / "no-ssh-here")], staged_run(tmp_path, ["true"]), None, "abc")
+    s.start()
+    assert s.done and s.outcome().code == 127 and "cannot run ssh" in s.outcome().detail
