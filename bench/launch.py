@@ -32,9 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import yaml  # noqa: E402
+import yaml
 
-from bench._timing import PY, compile_package, env_for_fdl, fdl_command, interleaved  # noqa: E402
+from bench._timing import PY, compile_package, env_for_fdl, fdl_command, interleaved
 
 RANK = "python3 -c pass"
 PORTS = range(26800, 26900)

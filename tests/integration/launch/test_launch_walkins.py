@@ -9,7 +9,14 @@ import sys
 import pytest
 
 from tests.conftest import fdl_env
-from tests.integration.join.helpers import agent_env, finish, results, spawn_join, train_binary, wait_for
+from tests.integration.join.helpers import (
+    agent_env,
+    finish,
+    results,
+    spawn_join,
+    train_binary,
+    wait_for,
+)
 from tests.integration.launch.helpers import final_state, free_port, write_project
 
 pytestmark = pytest.mark.slow

@@ -58,7 +58,7 @@ def staged_run(tmp_path: Path, argv: list[str], ranks: int = 2) -> dict:
     import json
     import shutil
 
-    import fdl.agent.supervisor as supervisor
+    from fdl.agent import supervisor
 
     run_dir = tmp_path / "runs" / "r1"
     (run_dir / "logs").mkdir(parents=True)
