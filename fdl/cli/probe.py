@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from fdl.checks.probe import ProbeOptions, run_probe
+from fdl.checks.probe import CORE_CHECKS, ProbeOptions, run_probe
 from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, HostReport
 from fdl.cli.context import Globals
 from fdl.config.discover import find_base
@@ -95,7 +95,8 @@ def render_json(reports: list[HostReport]) -> str:
 
 
 def render_human(reports: list[HostReport], *, quiet: bool = False) -> tuple[str, str]:
-    """(stdout text, stderr text). Green: one summary line per host; otherwise every check with hints."""
+    """(stdout text, stderr text). Green: one summary line per host; otherwise the core checks (gpu, libtorch,
+    nccl, data) and every other check that warns or fails, with hints."""
     out: list[str] = []
     err: list[str] = []
     for report in reports:
@@ -110,6 +111,8 @@ def render_human(reports: list[HostReport], *, quiet: bool = False) -> tuple[str
             continue
         out.append(headline(report))
         for check in report.checks:
+            if check.status not in (ERROR, WARNING) and check.name not in CORE_CHECKS:
+                continue  # the depth checks (GPU health, stack) show up only when they found something
             out.append(f"  {_mark(check.status):<8} {check.name:<9} {check.message}")
             if check.hint and check.status in (ERROR, WARNING):
                 out.append(f"  {'':<8} {'':<9} hint: {check.hint}")
@@ -128,10 +131,12 @@ def _mark(status: str) -> str:
 
 
 def summary_line(report: HostReport) -> str:
-    """The green path: one line of the facts that matter."""
+    """The green path: one line of the facts that matter (warnings, if any, are listed by render_human)."""
     parts = []
     for check in report.checks:
         data = check.data
+        if check.name not in CORE_CHECKS:
+            continue  # green depth checks stay out of the one-line summary
         if check.status == SKIPPED:
             parts.append(f"{check.name} skipped")
         elif check.name == "gpu":

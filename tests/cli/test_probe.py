@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ TWO_ARCHS = "H100:9.0:80G,RTX3060:8.6:12G"
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Nothing from the machine running the tests leaks into what probe finds."""
     for var in ("CUDA_VISIBLE_DEVICES", "LIBTORCH", "LIBTORCH_PATH", "LD_PRELOAD", "LD_LIBRARY_PATH",
-                "FDL_FAKE_NVML", "FDL_FAKE_NVML_DRIVER", "FDL_FAKE_NVML_CUDA"):
+                "FDL_FAKE_NVML", "FDL_FAKE_NVML_DRIVER", "FDL_FAKE_NVML_CUDA", "FDL_PROBE_ROOT"):
         monkeypatch.delenv(var, raising=False)
     (tmp_path / "home").mkdir()
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -78,12 +79,17 @@ def test_json_report_follows_the_documented_schema(ready) -> None:
     result = run_fdl("probe", "--json", "--skip-mount", cwd=project, env=env)
     assert result.returncode == 0
     doc = _json(result)
-    assert set(doc) == {"schema_version", "host", "ok", "checks"}
-    assert doc["schema_version"] == 1 and doc["ok"] is True and doc["host"]
-    assert [c["name"] for c in doc["checks"]] == ["gpu", "libtorch", "nccl", "data"]
+    assert set(doc) == {"schema_version", "host", "ok", "time", "checks"}
+    assert doc["schema_version"] == 2 and doc["ok"] is True and doc["host"]
+    assert abs(doc["time"] - time.time()) < 600
+    assert [c["name"] for c in doc["checks"]] == [
+        "gpu", "libtorch", "nccl", "data", "gpu_count", "gpu_persistence", "gpu_ecc", "gpu_retired_memory",
+        "gpu_pcie", "gpu_throttle", "gpu_mig", "nouveau", "device_nodes", "cuda_driver"]
     for check in doc["checks"]:
         assert set(check) == {"name", "status", "message", "hint", "data"}
-    assert [c["status"] for c in doc["checks"]] == ["ok", "ok", "ok", "skipped"]
+    statuses = {c["name"]: c["status"] for c in doc["checks"]}
+    assert (statuses.pop("data"), statuses.pop("gpu_count")) == ("skipped", "skipped")  # nothing declared
+    assert set(statuses.values()) == {"ok"}, statuses
     gpu = _check(doc, "gpu")["data"]
     assert (gpu["driver_version"], gpu["cuda_driver_version"], gpu["count"]) == ("570.133.20", "12.8", 2)
     assert [(d["name"], d["sm"], d["memory_total"], d["selected"]) for d in gpu["devices"]] == [
@@ -101,8 +107,10 @@ def test_human_and_json_reports_carry_the_same_findings(ready, tmp_path: Path) -
     human = run_fdl("probe", *args, cwd=project, env=env)
     doc = _json(run_fdl("probe", "--json", *args, cwd=project, env=env))
     assert human.returncode == 1 and doc["ok"] is False
+    core = ("gpu", "libtorch", "nccl", "data")
     for check in doc["checks"]:
-        assert check["message"] in human.stdout
+        shown = check["name"] in core or check["status"] in ("error", "warning")
+        assert (check["message"] in human.stdout) is shown, check["name"]
         if check["hint"] and check["status"] in ("error", "warning"):
             assert check["hint"] in human.stdout
 
