@@ -258,8 +258,11 @@ def read_health(pynvml, handle) -> GpuHealth:
         health.pstate = int(pynvml.nvmlDeviceGetPerformanceState(handle))
 
     def clock_reasons():
+        current = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)  # bindings before 12.535 lack it
         try:  # the current name; drivers before 535 only know the older "throttle" one
-            health.clock_reasons = int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+            if current is None:
+                raise pynvml.NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+            health.clock_reasons = int(current(handle))
         except pynvml.NVMLError as exc:
             if getattr(exc, "value", None) != NVML_ERROR_FUNCTION_NOT_FOUND:
                 raise

@@ -294,3 +294,43 @@ def test_probe_never_imports_ansible_or_requests(ready) -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=project, env=fdl_env(env), capture_output=True,
                           text=True, timeout=60)
     assert "IMPORTED [] True 0" in done.stderr, done.stderr
+
+
+# ---- GPU health and software stack (the depth checks) in the human report ----
+
+def test_a_depth_warning_shows_only_that_depth_check(tmp_path: Path, fake_nvml) -> None:
+    make_libtorch(tmp_path / "libtorch", "precompiled/cu128", archs="8.0 9.0", nccl="2.27.5")
+    env = fake_nvml.env("H100:9.0:80G,A100:8.0:40G:persist=0:pcie=4.8/4.16")
+    result = run_fdl("probe", "--skip-mount", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stdout
+    assert "ready (2 warnings)" in result.stdout
+    assert "warning  gpu_persistence Persistence mode is off on GPU 1 (A100)" in result.stdout
+    assert "hint: enable the nvidia-persistenced service" in result.stdout
+    assert "gpu_pcie" in result.stdout and "x8 of x16 lanes" in result.stdout
+    for green in ("gpu_ecc", "gpu_mig", "nouveau", "device_nodes", "cuda_driver", "gpu_throttle"):
+        assert green not in result.stdout, green
+    for core in ("gpu ", "libtorch", "nccl", "data"):  # the core checks give the context
+        assert f" {core}" in result.stdout
+
+
+def test_a_depth_error_blocks_and_quiet_names_it(tmp_path: Path, fake_nvml) -> None:
+    make_libtorch(tmp_path / "libtorch", "precompiled/cu128", archs="8.0 9.0", nccl="2.27.5")
+    env = fake_nvml.env("H100:9.0:80G:ecc_vol=4,H100:9.0:80G:mig=on")
+    result = run_fdl("probe", "--skip-mount", cwd=tmp_path, env=env)
+    assert result.returncode == 1
+    assert "NOT READY (2 errors)" in result.stdout
+    assert "ERROR    gpu_ecc" in result.stdout and "ERROR    gpu_mig" in result.stdout
+    quiet = run_fdl("probe", "--skip-mount", "--quiet", cwd=tmp_path, env=env)
+    assert quiet.returncode == 1 and quiet.stdout == ""
+    assert "error: gpu_ecc: GPU 0 (H100): 4 uncorrectable ECC errors" in quiet.stderr
+    assert "hint: turn MIG off" in quiet.stderr
+
+
+def test_driver_too_old_for_the_libtorch_build_names_both(tmp_path: Path, fake_nvml) -> None:
+    make_libtorch(tmp_path / "libtorch", "precompiled/cu128", archs="8.0 9.0", nccl="2.27.5")
+    result = run_fdl("probe", "--skip-mount", cwd=tmp_path,
+                     env=fake_nvml.env("H100:9.0:80G", driver="470.256.02", cuda=11040))
+    assert result.returncode == 1
+    assert ("The driver 470.256.02 supports CUDA 11.4, but libtorch cu128 is built for CUDA 12.8" in
+            result.stdout)
+    assert "hint: upgrade the NVIDIA driver (CUDA 12.8 needs driver 570.26 or newer)" in result.stdout
