@@ -26,6 +26,7 @@ BUILTINS: dict[str, tuple[str, str]] = {
     "status": ("fdl.cli.status", "Show the live state of a cluster run."),
     "start": ("fdl.cli.start", "Fire the start switch of a staging cluster run."),
     "config": ("fdl.cli.config", "Show the resolved configuration and where each value came from."),
+    "publish": ("fdl.cli.publish", "Publish a build-gated training run for a fleet to pull."),
 }
 
 GLOBAL_VALUE_OPTIONS = ("--env", "--gpus")

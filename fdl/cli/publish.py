@@ -1,0 +1,124 @@
+"""`fdl publish [SOURCE] --bin PATH [flags] [-- ARGS]`: put a gated run where a fleet can pull it."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperCommand
+
+from fdl.cli.context import Globals
+
+TAIL_KEY = "fdl.publish.tail"
+
+
+class TailCommand(TyperCommand):
+    """A command whose first standalone `--` ends fdl's options; what follows is the run's args.
+
+    Click drops a bare `--` and would hand the words after it to positional
+    parameters, so "an empty tail" and "no tail" would look the same. The
+    split happens here, before click parses, and is kept in ctx.meta:
+    None when there was no `--`, a (possibly empty) list when there was.
+    """
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta[TAIL_KEY] = list(args[cut + 1:])
+            args = args[:cut]
+        else:
+            ctx.meta[TAIL_KEY] = None
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), "[-- ARGS...]"]
+
+
+app = typer.Typer(rich_markup_mode=None, add_completion=False)
+
+
+@app.command(
+    cls=TailCommand,
+    help=(
+        "Publish a training run: fetch SOURCE into the served tree (<--to>/tree), build it once as a gate, and "
+        "write the run manifest (.fdl-run.yml) that workers read. Everything after a standalone -- is the run's "
+        "own arguments (an empty -- means: no arguments, overriding the publish: block).\n\n"
+        "SOURCE is file:///abs/path, rsync://[user@]host[:port]:/abs/path or "
+        "git+https://host/owner/repo#<tag|branch|sha>. Flags default from the publish: block of fdl.yml "
+        "(flags win field by field). Exit code: 0 published, 1 otherwise."
+    ),
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+def publish(
+    ctx: typer.Context,
+    source: Annotated[str | None, typer.Argument(help="Source spec (default: publish.source in fdl.yml).",
+                                                 show_default=False)] = None,
+    bin_: Annotated[str | None, typer.Option("--bin", help="Built artifact relative to the project dir "
+                                                           "(required here or in the publish: block).",
+                                             metavar="PATH")] = None,
+    cwd: Annotated[str | None, typer.Option("--cwd", help="Project directory inside the tree (default: its root).",
+                                            metavar="DIR")] = None,
+    build: Annotated[str | None, typer.Option("--build", help="Build recipe, a shell line "
+                                                              "(default: cargo build --release).",
+                                              metavar="SHELL")] = None,
+    to: Annotated[str | None, typer.Option("--to", help="Served directory (default ~/.flodl/run); an rrsync -ro "
+                                                        "key is scoped to exactly this.", metavar="DIR")] = None,
+    identity: Annotated[str | None, typer.Option("--identity", help="ssh key for an rsync:// (or git+ssh://) "
+                                                                    "source the controller pulls.",
+                                                 metavar="KEY")] = None,
+    no_build: Annotated[bool, typer.Option("--no-build", help="Skip the build gate (recorded as built: false "
+                                                              "in the manifest).")] = False,
+    gate: Annotated[list[str] | None, typer.Option("--gate", help="Extra check-build against another libtorch "
+                                                                  "variant, e.g. precompiled/rocm70 "
+                                                                  "(repeatable).", metavar="VARIANT")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout "
+                                                         "(notes on stderr).")] = False,
+    no_wait: Annotated[bool, typer.Option("--no-wait", help="Fail at once when another publish holds the served "
+                                                            "directory, instead of waiting for it.")] = False,
+) -> None:
+    from fdl.errors import ExitCode, FdlError
+    from fdl.publish.run import PublishFlags, publish as do_publish, render_human, report_data, resolve_request
+
+    g: Globals = ctx.find_object(Globals)
+    tail = ctx.meta.get(TAIL_KEY)
+    flags = PublishFlags(source=source, bin=bin_, cwd=cwd, build=build, to=to, identity=identity,
+                         gates=tuple(gate or ()), args=None if tail is None else tuple(tail),
+                         no_build=no_build, no_wait=no_wait)
+
+    def note(text: str) -> None:
+        print(f"fdl publish: {text}", file=sys.stderr, flush=True)
+
+    config = g.config(required=False)
+    origins = config.origins
+
+    def where(key: str) -> str:
+        origin = origins.get(("publish", key))
+        return f"publish: block ({origin})" if origin is not None else "publish: block"
+
+    try:
+        request = resolve_request(flags, config.publish, cwd=Path.cwd(), block_root=config.root, block_where=where)
+        result = do_publish(request, project_root=config.root, note=note)
+    except FdlError as exc:
+        if as_json:
+            print(json.dumps({"published": False, "error": exc.message, "hint": exc.hint}, indent=2))
+        exc.exit_code = ExitCode.FAILURE  # publish documents 1 for every refusal and failure
+        raise
+    data = report_data(result, host=socket.gethostname(), user=_user())
+    if not result.manifest.built:
+        note("WARNING: published with --no-build: NOTHING HAS COMPILED THIS TREE (manifest built: false)")
+    if as_json:
+        print(json.dumps(data, indent=2))
+    else:
+        sys.stdout.write(render_human(data))
+
+
+def _user() -> str | None:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return None

@@ -1,0 +1,307 @@
+"""Moving a source tree onto local disk: rsync for file:// and rsync://, git for git+.
+
+Both are incremental and keep mtimes, which is what keeps cargo's own
+incremental build alive across fetches: `rsync -a --delete` copies what
+changed and removes what went away; a git fetch plus a forced checkout
+rewrites only the files that differ. Build output (`target/` at any depth),
+`.git/` and the project's `/libtorch/` are never copied and never deleted on
+the receiving side, so the gate's warm cache survives a republish.
+
+`pull_run` is the worker's side: it fetches a published tree together with
+its manifest and checks, by reading the manifest before and after the copy,
+that no publish started in between (a tree copied across a publish boundary
+could mix two runs).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from fdl.errors import FdlError, RemoteError
+from fdl.publish.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ManifestMissing,
+    atomic_write,
+    parse_manifest,
+    read_manifest,
+    remove_manifest,
+)
+from fdl.publish.spec import FileSource, GitSource, RsyncSource, SourceSpec
+
+EXCLUDES = ("target/", ".git/", "/libtorch/", f"/{MANIFEST_NAME}", f"/{MANIFEST_NAME}.*.tmp")
+SSH_CONNECT_TIMEOUT = 15
+Note = Callable[[str], None]
+
+
+class FetchError(FdlError):
+    """Fetching a source tree failed (a retry or a fix at the source can mend it)."""
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """What a fetch put in place."""
+
+    kind: str
+    commit: str | None = None  # git sources: the commit checked out
+
+
+def _need(tool: str, why: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        raise FetchError(f"{why} needs {tool}, which is not installed (not on PATH).",
+                         hint=f"Install it: {install_line(tool)}")
+    return path
+
+
+def install_line(package: str) -> str:
+    """A one-line install command for a Debian/Fedora/macOS package of the same name."""
+    sudo = "" if os.geteuid() == 0 else "sudo "
+    if shutil.which("apt-get"):
+        return f"{sudo}apt-get install {package}"
+    if shutil.which("dnf"):
+        return f"{sudo}dnf install {package}"
+    if shutil.which("brew"):
+        return f"brew install {package}"
+    return f"install the '{package}' package with your system's package manager"
+
+
+def check_tools(source: SourceSpec) -> None:
+    """Refuse early when the tools a source needs are missing (before anything is touched)."""
+    if isinstance(source, GitSource):
+        _need("git", "a git+ source")
+        if source.url.startswith("ssh://"):
+            _need("ssh", "a git+ssh source")
+    else:
+        _need("rsync", f"a {source.kind}:// source")
+        if isinstance(source, RsyncSource):
+            _need("ssh", "an rsync:// source")
+
+
+def ssh_command(source: RsyncSource, identity: str | None, env: Mapping[str, str] | None = None) -> str:
+    """The remote shell rsync runs: $RSYNC_RSH (default ssh) plus port, key and no prompts.
+
+    RSYNC_RSH is rsync's own variable for the remote shell, so ssh options a
+    site already passes that way (a known-hosts file, a jump host) keep working.
+    """
+    env = os.environ if env is None else env
+    words = shlex.split(env.get("RSYNC_RSH", "").strip() or "ssh")
+    if source.port is not None:
+        words += ["-p", str(source.port)]
+    if identity:
+        words += ["-i", identity, "-o", "IdentitiesOnly=yes"]
+    words += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT}"]
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def rsync_argv(src: str, dest: Path, *, rsh: str | None = None, excludes: tuple[str, ...] = EXCLUDES,
+               delete: bool = True) -> list[str]:
+    # --modify-window=-1: compare mtimes to the nanosecond. The default compares whole
+    # seconds, so a same-size edit made within a second of the previous copy would be
+    # skipped by rsync's quick check and the tree would keep the old file.
+    argv = ["rsync", "-a", "--modify-window=-1"]
+    if delete:
+        argv.append("--delete")
+    argv += [f"--exclude={pattern}" for pattern in excludes]
+    if rsh is not None:
+        argv += ["-e", rsh]
+    return argv + [src, f"{dest}/"]
+
+
+def _run(argv: list[str], what: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, env=None if env is None else dict(env),
+                              stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        raise FetchError(f"cannot start {argv[0]} to {what}: {exc.strerror}.") from None
+
+
+def _tail(text: str, lines: int = 12) -> str:
+    kept = [line for line in text.strip().splitlines() if line.strip()][-lines:]
+    return "\n    ".join(kept) if kept else "(no output)"
+
+
+def materialize(source: SourceSpec, tree: Path, *, identity: str | None = None, note: Note = lambda _: None,
+                env: Mapping[str, str] | None = None) -> Fetched:
+    """Make `tree` hold the source, incrementally. `tree` is fdl's to manage: local edits there do not survive."""
+    tree = Path(tree)
+    tree.mkdir(parents=True, exist_ok=True)
+    if isinstance(source, GitSource):
+        return _git(source, tree, identity, note, env)
+    if isinstance(source, FileSource):
+        src = source.path.rstrip("/") + "/"
+        argv = rsync_argv(src, tree)
+        what = f"copy {source.path}"
+    else:
+        argv = rsync_argv(source.remote.rstrip("/") + "/", tree, rsh=ssh_command(source, identity, env))
+        what = f"pull {source.remote}"
+    result = _run(argv, what, env)
+    if result.returncode != 0:
+        raise FetchError(_rsync_failure(source, result), hint=_rsync_hint(source, result))
+    note(f"source: {'copied' if isinstance(source, FileSource) else 'pulled'} {source.spec} into {tree} "
+         f"(rsync, incremental)")
+    return Fetched(kind=source.kind)
+
+
+def _rsync_failure(source: SourceSpec, result: subprocess.CompletedProcess) -> str:
+    code = result.returncode
+    if code == 24:
+        why = "files vanished from the source while it was being copied (it changed under the copy)"
+    elif code == 255 or _ssh_failed(result.stderr):
+        why = "ssh could not connect or log in"
+    else:
+        why = f"rsync exited {code}"
+    return f"fetching {source.spec} failed: {why}:\n    {_tail(result.stderr)}"
+
+
+_SSH_FAILURES = ("Permission denied", "Connection refused", "Connection timed out", "Host key verification failed",
+                 "Could not resolve hostname", "No route to host", "Connection closed by")
+
+
+def _ssh_failed(stderr: str) -> bool:
+    return any(text in stderr for text in _SSH_FAILURES)
+
+
+def _rsync_hint(source: SourceSpec, result: subprocess.CompletedProcess) -> str:
+    if isinstance(source, FileSource):
+        return "Check that the directory exists and is readable, then publish again."
+    if result.returncode == 255 or _ssh_failed(result.stderr):
+        return ("Check the host, port, user and key (--identity), and that this box knows the host's key "
+                "(ssh once by hand, or pass ssh options through RSYNC_RSH).")
+    return ("Check the remote path, and that the key's forced command (if any) permits rsync: a key "
+            "restricted with command=\"rrsync -ro DIR\" sees paths re-rooted at DIR.")
+
+
+def _git_env(source: GitSource, identity: str | None, env: Mapping[str, str] | None) -> dict:
+    out = dict(os.environ if env is None else env)
+    out["GIT_TERMINAL_PROMPT"] = "0"  # never wait on a credential prompt
+    out.setdefault("GIT_ASKPASS", "true")
+    if source.url.startswith("ssh://"):
+        words = shlex.split(out.get("GIT_SSH_COMMAND", "").strip() or "ssh")
+        if identity:
+            words += ["-i", identity, "-o", "IdentitiesOnly=yes"]
+        words += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT}"]
+        out["GIT_SSH_COMMAND"] = " ".join(shlex.quote(w) for w in words)
+    return out
+
+
+def _git(source: GitSource, tree: Path, identity: str | None, note: Note,
+         env: Mapping[str, str] | None) -> Fetched:
+    genv = _git_env(source, identity, env)
+
+    def git(*args: str, what: str) -> subprocess.CompletedProcess:
+        return _run(["git", "-C", str(tree), *args], what, genv)
+
+    def must(result: subprocess.CompletedProcess, what: str) -> None:
+        if result.returncode != 0:
+            raise FetchError(f"git failed to {what} in {tree}:\n    {_tail(result.stderr)}")
+
+    if not (tree / ".git").is_dir():
+        must(git("init", "--quiet", what="initialise the tree"), "initialise the tree")
+    fetched = git("fetch", "--quiet", "--no-tags", "--depth", "1", "--", source.url, source.ref,
+                  what=f"fetch {source.spec}")
+    target = "FETCH_HEAD"
+    if fetched.returncode != 0:
+        first_error = fetched.stderr
+        # A commit by (possibly abbreviated) sha cannot always be fetched by name;
+        # fetch the branches and tags and look it up among them.
+        if all(ch in "0123456789abcdef" for ch in source.ref.lower()) and 4 <= len(source.ref) <= 64:
+            full = git("fetch", "--quiet", "--tags", "--", source.url,
+                       "+refs/heads/*:refs/fdl-fetch/heads/*", what=f"fetch {source.spec}")
+            found = git("rev-parse", "--verify", "--quiet", f"{source.ref}^{{commit}}",
+                        what="find the commit") if full.returncode == 0 else None
+            if found is None or found.returncode != 0:
+                raise FetchError(
+                    f"fetching {source.spec} failed: no branch, tag or commit '{source.ref}' there:\n    "
+                    f"{_tail(first_error)}",
+                    hint="Check the ref (a full commit sha always works when the commit is on a branch).")
+            target = found.stdout.strip()
+        else:
+            raise FetchError(
+                f"fetching {source.spec} failed (is '{source.ref}' a branch, tag or commit of {source.url}?):"
+                f"\n    {_tail(first_error)}",
+                hint="Check the URL, the ref and this box's access to the repository.")
+    must(git("checkout", "--quiet", "--force", "--detach", target, what="check out"), f"check out {source.ref}")
+    # Files that are not part of this commit (a previous source's) go; build output stays.
+    must(git("clean", "--quiet", "-f", "-d", "-e", "target/", "-e", "/libtorch/", what="clean"),
+         "remove files that are not part of the commit")
+    head = git("rev-parse", "HEAD", what="read the commit")
+    commit = head.stdout.strip() if head.returncode == 0 else None
+    note(f"source: checked out {source.spec} ({commit[:12] if commit else '?'}) in {tree}")
+    return Fetched(kind="git", commit=commit)
+
+
+# --------------------------------------------------------------------------- the worker's pull
+
+
+def _read_remote_manifest(source: FileSource | RsyncSource, identity: str | None, scratch: Path,
+                          env: Mapping[str, str] | None) -> bytes | None:
+    if isinstance(source, FileSource):
+        try:
+            return (Path(source.path) / MANIFEST_NAME).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise FetchError(f"cannot read {source.path}/{MANIFEST_NAME}: {exc.strerror}.") from None
+    target = scratch / "manifest"
+    argv = ["rsync", "-e", ssh_command(source, identity, env), f"{source.remote.rstrip('/')}/{MANIFEST_NAME}",
+            str(target)]
+    result = _run(argv, f"read the run manifest from {source.remote}", env)
+    if result.returncode == 0:
+        return target.read_bytes()
+    if result.returncode == 23 and ("No such file" in result.stderr or "change_dir" in result.stderr):
+        return None
+    if "Restricted directory does not exist" in result.stderr:  # rrsync: nothing was ever served there
+        return None
+    if "rrsync error" in result.stderr and "No such file" in result.stderr:
+        raise ManifestMissing(
+            f"no run manifest at {source.path}/{MANIFEST_NAME} behind {source.host}'s rrsync key. That key "
+            f"re-roots every path at the controller's served directory, so the tree is {source.at('/tree')} "
+            f"there; an absolute path is rooted twice. If the spelling is "
+            f"right, nothing is published yet.",
+            hint="Use the rrsync spelling fdl publish printed, or wait for the next publish.")
+    if result.returncode == 255 or _ssh_failed(result.stderr):
+        raise RemoteError(_rsync_failure(source, result), hint=_rsync_hint(source, result))
+    raise FetchError(_rsync_failure(source, result), hint=_rsync_hint(source, result))
+
+
+def pull_run(source: FileSource | RsyncSource, dest: Path, *, identity: str | None = None,
+             note: Note = lambda _: None, env: Mapping[str, str] | None = None) -> Manifest:
+    """Fetch a published run (tree plus manifest) into dest; returns its manifest.
+
+    Raises ManifestMissing (exit 1, transient) when nothing is published there
+    or a publish started while the tree was being copied.
+    """
+    if isinstance(source, GitSource):
+        raise FetchError("a published run is pulled from a file:// or rsync:// source (the served tree), "
+                         "not from git.")
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    remove_manifest(dest)
+    where = source.spec
+    with tempfile.TemporaryDirectory(prefix=".fdl-pull-", dir=dest.parent) as scratch:
+        before = _read_remote_manifest(source, identity, Path(scratch), env)
+        if before is None:
+            raise ManifestMissing(
+                f"no run is published at {where} yet ({MANIFEST_NAME} is missing): nothing was published there, "
+                f"a publish is under way, or its build failed.",
+                hint="Wait for the next dial, or run `fdl publish` on the controller.")
+        first = parse_manifest(before, f"{where}/{MANIFEST_NAME}")
+        materialize(source, dest, identity=identity, note=note, env=env)
+        after = _read_remote_manifest(source, identity, Path(scratch), env)
+    if after != before:
+        raise ManifestMissing(
+            f"a new publish started at {where} while its tree was being copied (run {first.run[:12]} was "
+            f"replaced), so the copy may mix two runs; it is not used.",
+            hint="Fetch again on the next dial.")
+    atomic_write(dest / MANIFEST_NAME, before, mode=0o644)
+    manifest = read_manifest(dest, required=True)
+    assert manifest is not None
+    return manifest

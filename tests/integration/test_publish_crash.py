@@ -1,0 +1,121 @@
+"""Crash injection: SIGKILL a publish at spread-out points, 50 times; a manifest always means a complete, built tree."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fdl.publish.manifest import MANIFEST_NAME, read_manifest
+from tests.conftest import fdl_env
+from tests.integration.publish_support import publish_env
+
+RUNS = 50
+# The build hashes exactly the tree it sees; the check recomputes that hash.
+RECIPE = "sleep 0.2; mkdir -p out && cat data/*.txt | sha256sum | cut -d' ' -f1 > out/app.tmp && mv out/app.tmp out/app"
+
+
+def write_version(src: Path, version: int) -> list[str]:
+    """Source tree of one version: a version-dependent set of files, each naming its version."""
+    data = src / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    names = [f"f{n:02d}.txt" for n in range(10 + version % 7)]
+    for stale in data.iterdir():
+        if stale.name not in names:
+            stale.unlink()
+    for name in names:
+        (data / name).write_text(f"v{version} {name}\n" * 200)
+    return names
+
+
+def check_invariant(tree: Path) -> int | None:
+    """If a manifest is present, the tree is one whole version and was built from exactly that tree."""
+    manifest = read_manifest(tree)
+    if manifest is None:
+        return None
+    assert manifest.built is True
+    assert manifest.args[0] == "--version"
+    version = int(manifest.args[1])
+    names = sorted(p.name for p in (tree / "data").iterdir())
+    assert names == sorted(f"f{n:02d}.txt" for n in range(10 + version % 7)), "file set of another version"
+    blob = b""
+    for name in names:
+        text = (tree / "data" / name).read_text()
+        assert text == f"v{version} {name}\n" * 200, f"{name} is not from version {version}"
+        blob += text.encode()
+    assert (tree / "out" / "app").read_text().strip() == hashlib.sha256(blob).hexdigest(), "built from another tree"
+    return version
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_never_leaves_a_manifest_over_an_incomplete_tree(tmp_path: Path) -> None:
+    home, src = tmp_path / "home", tmp_path / "src"
+    home.mkdir()
+    tree = home / ".flodl" / "run" / "tree"
+    env = fdl_env(publish_env(home))
+    seed = int(os.environ.get("FDL_CRASH_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+
+    def start(version: int) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "fdl", "publish", f"file://{src}", "--bin", "out/app", "--build", RECIPE,
+                "--no-wait", "--", "--version", str(version)]
+        return subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True)  # its own process group: the kill takes the build too
+
+    # Undisturbed publishes first, to learn how long a whole one takes on this (shared, noisy) box.
+    durations = []
+    for _ in range(3):
+        write_version(src, 0)
+        began = time.monotonic()
+        first = start(0)
+        assert first.wait(timeout=120) == 0, first.stderr.read()
+        first.stderr.close()
+        durations.append(time.monotonic() - began)
+    whole = sorted(durations)[1]
+    assert check_invariant(tree) == 0
+
+    outcomes = {"complete": 0, "no manifest": 0, "previous run": 0}
+    previous = 0
+    for version in range(1, RUNS + 1):
+        write_version(src, version)
+        # Spread the kills over the whole publish, and past it so some complete.
+        delay = whole * 1.4 * (version - 1 + rng.random()) / RUNS
+        process = start(version)
+        time.sleep(delay)
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait(timeout=60)
+        process.stderr.close()
+        try:
+            seen = check_invariant(tree)
+        except AssertionError as exc:
+            raise AssertionError(f"seed {seed}, publish {version} killed after {delay:.3f}s: {exc}") from None
+        if seen == version:
+            outcomes["complete"] += 1
+            previous = version
+        elif seen is None:
+            outcomes["no manifest"] += 1
+        else:
+            assert seen == previous, f"seed {seed}: manifest of run {seen}, expected {previous} or {version}"
+            outcomes["previous run"] += 1
+    print(f"crash injection (seed {seed}, one publish {whole:.2f}s): {outcomes}")
+    # Kills must have landed inside the window the commit point protects (manifest removed, not yet
+    # rewritten); how many publishes finished first depends on this box's load.
+    assert outcomes["no manifest"] > 0, outcomes
+
+    # No stale lock and no half-written state stops the next publish.
+    write_version(src, RUNS + 1)
+    final = start(RUNS + 1)
+    assert final.wait(timeout=120) == 0, final.stderr.read()
+    final.stderr.close()
+    assert check_invariant(tree) == RUNS + 1
+    assert [p.name for p in tree.iterdir() if p.name.startswith(MANIFEST_NAME)] == [MANIFEST_NAME]

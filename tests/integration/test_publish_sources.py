@@ -1,0 +1,235 @@
+"""Publishing from real sources: a Rust crate through cargo, a local git repository, rsync over a real sshd,
+and a worker pulling the served tree through an `rrsync -ro` key."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fdl.publish.fetch import pull_run
+from fdl.publish.manifest import MANIFEST_NAME, ManifestMissing, read_manifest
+from fdl.publish.spec import parse_source_spec
+from tests.conftest import run_fdl
+from tests.integration.publish_support import LoopbackSshd, git, make_crate, need_cargo_or_skip, publish_env
+
+
+def publish(home: Path, *args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return run_fdl("publish", *args, cwd=cwd, env=publish_env(home, **env), timeout=600)
+
+
+def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result
+
+
+# --------------------------------------------------------------------------- a real crate, the default recipe
+
+
+@pytest.mark.slow
+def test_rust_crate_gate_with_the_default_recipe(tmp_path: Path) -> None:
+    need_cargo_or_skip()
+    home, crate = tmp_path / "home", make_crate(tmp_path / "crate", "tiny", "v1")
+    home.mkdir()
+    result = ok(publish(home, f"file://{crate}", "--bin", "target/release/tiny", "--json", cwd=tmp_path))
+    data = json.loads(result.stdout)
+    tree = Path(data["tree"])
+    binary = tree / "target" / "release" / "tiny"
+    assert subprocess.run([binary], capture_output=True, text=True).stdout == "v1\n"
+    manifest = read_manifest(tree)
+    assert manifest.build == "cargo build --release" and manifest.built is True
+    assert manifest.rustc and manifest.rustc.startswith("rustc ")
+    # Republish unchanged: the warm target/ survives the refetch, so cargo has nothing to rebuild.
+    stamp = binary.stat().st_mtime_ns
+    ok(publish(home, f"file://{crate}", "--bin", "target/release/tiny", cwd=tmp_path))
+    assert binary.stat().st_mtime_ns == stamp
+    # A crate that does not compile publishes nothing, and the previous run is out of service.
+    (crate / "src" / "main.rs").write_text("fn main() { this is not rust }\n")
+    result = publish(home, f"file://{crate}", "--bin", "target/release/tiny", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "error" in result.stderr and "the build gate failed: `cargo build --release` exited" in result.stderr
+    assert not (tree / MANIFEST_NAME).exists()
+
+
+# --------------------------------------------------------------------------- git
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "a.txt").write_text("v1\n")
+    (repo / "old.txt").write_text("only in v1\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "one")
+    git(repo, "tag", "v1")
+    (repo / "a.txt").write_text("v2\n")
+    git(repo, "rm", "-q", "old.txt")
+    git(repo, "commit", "-q", "-am", "two")
+    git(repo, "tag", "v2")
+    git(repo, "checkout", "-q", "-b", "feature/next")
+    (repo / "a.txt").write_text("next\n")
+    git(repo, "commit", "-q", "-am", "three")
+    git(repo, "checkout", "-q", "main")
+    return repo
+
+
+GIT_BUILD = "mkdir -p out && cat a.txt > out/app"
+
+
+def test_git_source_pins_tags_branches_and_commits(tmp_path: Path, repo: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    tree = home / ".flodl" / "run" / "tree"
+
+    def at(ref: str) -> dict:
+        result = ok(publish(home, f"git+file://{repo}#{ref}", "--bin", "out/app", "--build", GIT_BUILD, "--json",
+                            cwd=tmp_path))
+        return json.loads(result.stdout)
+
+    first = at("v1")
+    assert (tree / "out" / "app").read_text() == "v1\n" and (tree / "old.txt").exists()
+    assert first["source"]["commit"] == git(repo, "rev-parse", "v1")
+    assert first["manifest"]["origin"] == f"git+file://{repo}#v1"
+    (tree / "target").mkdir()
+    (tree / "target" / "cache").write_text("warm")
+    (tree / "stray.txt").write_text("not in the repository")
+    at("v2")
+    assert (tree / "out" / "app").read_text() == "v2\n"
+    assert not (tree / "old.txt").exists() and not (tree / "stray.txt").exists()
+    assert (tree / "target" / "cache").read_text() == "warm"  # untracked build output is kept
+    at("feature/next")
+    assert (tree / "out" / "app").read_text() == "next\n"
+    sha = git(repo, "rev-parse", "v1")
+    assert at(sha)["source"]["commit"] == sha
+    assert at(sha[:10])["source"]["commit"] == sha  # an abbreviated commit is found among the branches
+    assert (tree / "a.txt").read_text() == "v1\n"
+
+
+def test_unknown_git_ref_publishes_nothing(tmp_path: Path, repo: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    ok(publish(home, f"git+file://{repo}#v1", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path))
+    result = publish(home, f"git+file://{repo}#v9", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path)
+    assert result.returncode == 1
+    assert f"fetching git+file://{repo}#v9 failed" in result.stderr and "Nothing was published" in result.stderr
+    assert not (home / ".flodl" / "run" / "tree" / MANIFEST_NAME).exists()
+
+
+def test_file_and_git_sources_can_take_turns_in_the_same_served_dir(tmp_path: Path, repo: Path) -> None:
+    home, src = tmp_path / "home", tmp_path / "src"
+    home.mkdir()
+    src.mkdir()
+    (src / "a.txt").write_text("from a directory\n")
+    (src / "only-in-dir.txt").write_text("x\n")
+    tree = home / ".flodl" / "run" / "tree"
+    ok(publish(home, f"file://{src}", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path))
+    ok(publish(home, f"git+file://{repo}#v1", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path))
+    assert (tree / "out" / "app").read_text() == "v1\n"
+    assert not (tree / "only-in-dir.txt").exists()
+    ok(publish(home, f"file://{src}", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path))
+    assert (tree / "out" / "app").read_text() == "from a directory\n"
+    assert not (tree / "old.txt").exists()
+
+
+# --------------------------------------------------------------------------- rsync over a real sshd
+
+
+@pytest.fixture
+def sshd(tmp_path: Path):
+    server = LoopbackSshd(tmp_path / "sshd").start()
+    yield server
+    server.stop()
+
+
+def test_rsync_source_is_pulled_over_ssh_with_the_identity(tmp_path: Path, sshd: LoopbackSshd) -> None:
+    home, src = tmp_path / "home", tmp_path / "remote-src"
+    home.mkdir()
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "a.txt").write_text("remote\n")
+    sshd.authorize()
+    spec = f"rsync://{sshd.user}@127.0.0.1:{sshd.port}:{src}"
+    result = ok(publish(home, spec, "--identity", str(sshd.client_key), "--cwd", "sub", "--bin", "out/app",
+                        "--build", GIT_BUILD, cwd=tmp_path, RSYNC_RSH=sshd.rsync_rsh))
+    tree = home / ".flodl" / "run" / "tree"
+    assert (tree / "sub" / "out" / "app").read_text() == "remote\n"
+    assert yaml.safe_load((tree / MANIFEST_NAME).read_text())["origin"] == spec
+    assert "pulled" in result.stderr
+    # A key the host does not accept is refused, and nothing is published.
+    sshd.authorized_keys.write_text("")
+    result = publish(home, spec, "--identity", str(sshd.client_key), "--cwd", "sub", "--bin", "out/app",
+                     "--build", GIT_BUILD, cwd=tmp_path, RSYNC_RSH=sshd.rsync_rsh)
+    assert result.returncode == 1 and "ssh could not connect or log in" in result.stderr, result.stderr
+    assert not (tree / MANIFEST_NAME).exists()
+
+
+def test_worker_pulls_through_an_rrsync_ro_key(tmp_path: Path, sshd: LoopbackSshd) -> None:
+    home, src = tmp_path / "home", tmp_path / "src"
+    home.mkdir()
+    src.mkdir()
+    (src / "a.txt").write_text("served\n")
+    served = home / ".flodl" / "run"
+    sshd.authorize(f'command="rrsync -ro {served}",restrict')
+    spec = parse_source_spec(f"rsync://{sshd.user}@127.0.0.1:{sshd.port}:/tree")
+    worker = tmp_path / "worker" / "tree"
+    env = dict(os.environ, RSYNC_RSH=sshd.rsync_rsh)
+
+    # Before any publish the served tree does not exist: no run, a transient state.
+    with pytest.raises(ManifestMissing):
+        pull_run(spec, worker, identity=str(sshd.client_key), env=env)
+
+    data = json.loads(ok(publish(home, f"file://{src}", "--bin", "out/app", "--build", GIT_BUILD, "--json",
+                                 cwd=tmp_path)).stdout)
+    rrsync_spelling = next(w for w in data["worker_sources"] if w["key"] == "rrsync")
+    assert rrsync_spelling["authorized_keys_options"] == f'command="rrsync -ro {served}",restrict'
+
+    manifest = pull_run(spec, worker, identity=str(sshd.client_key), env=env)
+    assert manifest.run == data["run"]
+    assert (worker / "out" / "app").read_text() == "served\n"
+    assert read_manifest(worker) == manifest
+
+    # The plain spelling (the absolute path) is rooted twice behind rrsync and fails.
+    absolute = parse_source_spec(f"rsync://{sshd.user}@127.0.0.1:{sshd.port}:{served}/tree")
+    with pytest.raises(ManifestMissing, match=f"the tree is rsync://{sshd.user}@127.0.0.1:{sshd.port}:/tree"):
+        pull_run(absolute, tmp_path / "worker2", identity=str(sshd.client_key), env=env)
+
+    # The key can read the served directory and nothing else: no writes, no escape, no shell.
+    (tmp_path / "upload.txt").write_text("x")
+    pushed = sshd.rsync(str(tmp_path / "upload.txt"), f"{sshd.user}@127.0.0.1:/tree/upload.txt")
+    assert pushed.returncode != 0 and "read-only server is not allowed" in pushed.stderr
+    assert not (served / "tree" / "upload.txt").exists()
+    escaped = sshd.rsync(f"{sshd.user}@127.0.0.1:/../../../etc/hostname", str(tmp_path / "escaped"))
+    assert escaped.returncode != 0 and "do not use .." in escaped.stderr
+    rerooted = sshd.rsync(f"{sshd.user}@127.0.0.1:/etc/hostname", str(tmp_path / "escaped"))
+    assert rerooted.returncode != 0  # /etc/hostname means <served>/etc/hostname here
+    assert not (tmp_path / "escaped").exists()
+    shell = sshd.ssh("cat", "/etc/hostname")
+    assert shell.returncode != 0 and "does not run rsync" in shell.stderr
+
+
+def test_a_pull_refuses_a_tree_copied_across_a_publish(tmp_path: Path) -> None:
+    """The worker's consistency check, on a file:// source: the manifest changed during the copy."""
+    home, src = tmp_path / "home", tmp_path / "src"
+    home.mkdir()
+    src.mkdir()
+    (src / "a.txt").write_text("one\n")
+    ok(publish(home, f"file://{src}", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path))
+    served_tree = home / ".flodl" / "run" / "tree"
+    spec = parse_source_spec(f"file://{served_tree}")
+    notes: list[str] = []
+
+    def republish_midway(text: str) -> None:
+        notes.append(text)
+        if len(notes) == 1:  # called once the tree has been copied, before the manifest is read again
+            ok(publish(home, f"file://{src}", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path))
+
+    with pytest.raises(ManifestMissing, match="while its tree was being copied"):
+        pull_run(spec, tmp_path / "worker", note=republish_midway)
+    assert not (tmp_path / "worker" / MANIFEST_NAME).exists()
+    manifest = pull_run(spec, tmp_path / "worker")
+    assert manifest == read_manifest(served_tree)
