@@ -226,6 +226,8 @@ def to_check(result: CollectiveResult):
         host = next((h for h, ranks in result.hosts.items() if result.slowest_rank in ranks), "?")
         summary += f"; slowest rank {result.slowest_rank} on {host}"
     summary += "."
+    if not result.world_size:
+        summary = ""  # no rank ever started: nothing to sum up
     if not notes:
         return CheckResult(name, OK, summary, data=data)
     status = ERROR if any(n[0] == ERROR for n in notes) else WARNING
@@ -233,8 +235,8 @@ def to_check(result: CollectiveResult):
     for _, _, hint in notes:
         if hint and hint not in hints:
             hints.append(hint)
-    return CheckResult(name, status, " ".join([n[1] for n in notes] + [summary]), hint="; ".join(hints),
-                       data=data)
+    return CheckResult(name, status, " ".join([n[1] for n in notes] + ([summary] if summary else [])),
+                       hint="; ".join(hints) or None, data=data)
 
 
 def format_rows(result: CollectiveResult) -> list[str]:

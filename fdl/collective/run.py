@@ -112,7 +112,9 @@ def run_ranks(ranks: list[dict], options: CollectiveOptions, *, script: str | No
         timer.cancel()
     result = aggregate(collector.events, abandoned=abandoned.is_set(), time_limit_s=options.time_limit_s,
                        elapsed_s=round(time.monotonic() - started, 3))
-    if not result.finished and not result.errors and not result.abandoned and group.first_failure is not None:
+    quiet_skip = bool(result.skipped_hosts) and not result.world_size  # PyTorch missing: a skip, not a failure
+    if not result.finished and not result.errors and not result.abandoned and group.first_failure is not None \
+            and not quiet_skip:
         rank = group.first_failure
         last = (collector.tails.get(rank) or ["no output"])[-1]
         result.failure = f"rank {rank} exited with code {group.codes.get(rank)} ({last})"
