@@ -27,6 +27,7 @@ BUILTINS: dict[str, tuple[str, str]] = {
     "start": ("fdl.cli.start", "Fire the start switch of a staging cluster run."),
     "config": ("fdl.cli.config", "Show the resolved configuration and where each value came from."),
     "publish": ("fdl.cli.publish", "Publish a build-gated training run for a fleet to pull."),
+    "join-config": ("fdl.cli.join_config", "Set up a farm: key, token, overlay, sshd door and the steps to open it."),
 }
 
 GLOBAL_VALUE_OPTIONS = ("--env", "--gpus")

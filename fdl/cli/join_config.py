@@ -1,0 +1,182 @@
+"""`fdl join-config LABEL`: the once-per-farm wizard (keys, token, overlay, sshd door, setup steps)."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fdl.cli.context import Globals
+
+app = typer.Typer(rich_markup_mode=None, add_completion=False)
+
+
+class Door(str, Enum):
+    a = "a"
+    b = "b"
+    tunnel_only = "tunnel-only"
+
+
+class TtyPrompter:
+    """Questions on stderr (stdout carries the report), answers from stdin."""
+
+    def choose(self, question: str, choices: tuple[str, ...], default: str) -> str:
+        import click
+
+        return click.prompt(question, default=default, type=click.Choice(list(choices)), err=True)
+
+    def text(self, question: str, default: str) -> str:
+        return typer.prompt(question, default=default, err=True)
+
+    def confirm(self, question: str, default: bool) -> bool:
+        return typer.confirm(question, default=default, err=True)
+
+
+@app.command(context_settings={"help_option_names": ["-h", "--help"]})
+def join_config(
+    ctx: typer.Context,
+    label: Annotated[str | None, typer.Argument(
+        help="The farm's name: it becomes the env overlay fdl.LABEL.yml (default: the env selected with @LABEL).",
+        show_default=False)] = None,
+    door: Annotated[Door | None, typer.Option(
+        "--door", help="a: read-only sftp for mounting data; b: read-only rsync of the published run (rrsync); "
+                       "tunnel-only: the forward to the controller port and nothing else. Default on a re-run: "
+                       "the farm's own.", show_default=False)] = None,
+    controller: Annotated[str | None, typer.Option(
+        "--controller", metavar="[USER@]HOST[:PORT]",
+        help="The controller box as workers reach its sshd door (default port 2222). Default on a re-run: "
+             "the farm's own.", show_default=False)] = None,
+    port: Annotated[int | None, typer.Option(
+        "--port", help="The training port workers forward to (the controller's join channel; default 1337).",
+        show_default=False)] = None,
+    served: Annotated[str | None, typer.Option(
+        "--served", metavar="DIR",
+        help="Door a: the directory served read-only over sftp (default /flodl/data). Door b: the served "
+             "directory of fdl publish --to, which rrsync scopes the key to (default ~/.flodl/run).",
+        show_default=False)] = None,
+    inherit_from: Annotated[str | None, typer.Option(
+        "--inherit-from", metavar="ENV", help="Start the new overlay from another env overlay (farms sharing a base).",
+        show_default=False)] = None,
+    regen: Annotated[bool, typer.Option(
+        "--regen", help="Rotate the farm's key and token together (a new farm instantiation): workers holding the "
+                        "old ones stop being admitted.")] = False,
+    install_key: Annotated[bool | None, typer.Option(
+        "--install-key/--no-install-key",
+        help="Install the door's key line into ~/.ssh/authorized_keys (or --authorized-keys). Only this or a yes "
+             "at the prompt consents; --yes does not.", show_default=False)] = None,
+    authorized_keys: Annotated[str | None, typer.Option(
+        "--authorized-keys", metavar="PATH",
+        help="Install into this key file instead (an sshd in a container, AuthorizedKeysFile elsewhere). Its "
+             "directory is left exactly as found; paths under /etc/ssh are refused.", show_default=False)] = None,
+    cloud_init: Annotated[bool, typer.Option(
+        "--cloud-init", help="Also write cloud-init user-data that turns a fresh worker into a member of this "
+                             "farm.")] = False,
+    sshd_config: Annotated[str, typer.Option(
+        "--sshd-config", metavar="PATH",
+        help="The sshd configuration the doctor reads (read only; the drop-in goes to its sshd_config.d/).")]
+        = "/etc/ssh/sshd_config",
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Accept the default of every ordinary question.")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the report as JSON on stdout (secrets as file paths, never their contents); "
+                       "notes go to stderr. Asks nothing.")] = False,
+) -> None:
+    """Set up a farm on this controller box: key, token, overlay, sshd door and the steps to open it.
+
+    Exit 0 with the report; 1 on a refusal (contradictory flags, a decision needed without a terminal,
+    a permission that cannot be fixed).
+    """
+    from fdl.farm import wizard
+
+    g = ctx.find_object(Globals)
+    env = g.env if g is not None else None
+    interactive = sys.stdin.isatty() and not as_json
+    request = wizard.Request(
+        label=label, env_label=env.name if env else None, env_source=env.source if env else None,
+        door=door.value if door else None, controller=controller, port=port, served=served,
+        inherit_from=inherit_from, regen=regen, install_key=install_key, authorized_keys=authorized_keys,
+        cloud_init=cloud_init, sshd_config=sshd_config, assume_yes=yes, interactive=interactive, cwd=Path.cwd(),
+    )
+    prompter = TtyPrompter() if interactive else None
+    plan = wizard.prepare(request, prompter)
+    if not as_json:
+        typer.echo(render_header(plan))
+        typer.echo(render_doctor(plan.findings))
+    plan = wizard.decide(plan, request, prompter)
+    report = wizard.apply(plan, request.cwd)
+    for note in report.notes:
+        typer.echo(f"fdl: note: {note}", err=True)
+    if as_json:
+        typer.echo(wizard.report_json(report))
+    else:
+        typer.echo(render_rest(report, request.cwd))
+
+
+# --------------------------------------------------------------------------- human rendering
+
+
+def render_header(plan) -> str:
+    from fdl.farm.doors import TITLES
+
+    shape = plan.shape
+    lines = [f"farm {plan.label}: door {shape.door} ({TITLES[shape.door]})",
+             f"  workers dial {shape.controller} and forward to 127.0.0.1:{shape.controller_port}"]
+    if shape.served:
+        lines.append(f"  served: {shape.served}")
+    recovered = [k for k, v in plan.shape_from.items() if v == "worker yml"]
+    if recovered:
+        lines.append(f"  ({', '.join(recovered)} recovered from the farm's worker yml)")
+    return "\n".join(lines)
+
+
+def render_doctor(findings) -> str:
+    lines = ["", "host doctor (before anything is written):"]
+    width = max((len(f.name) for f in findings), default=6)
+    for f in findings:
+        status = {"ok": "ok", "warning": "WARN", "error": "ERROR", "skipped": "skip"}.get(f.status, f.status)
+        lines.append(f"  {status:<5}  {f.name:<{width}}  {f.message}")
+        if f.hint and f.status != "ok":
+            lines.append(f"  {'':<5}  {'':<{width}}  fix: {f.hint}")
+    return "\n".join(lines)
+
+
+def render_rest(report, cwd: Path) -> str:
+    from fdl.farm.wizard import _rel
+
+    farm = _rel(report.farm_dir, cwd)
+    cred = report.credentials
+    token = _rel(cred["token"], cwd)
+    lines = ["", f"credentials: {cred['action']} (key {cred['fingerprint']}; the token is in {token})",
+             f"files in {farm}/:",
+             "  key, key.pub, token     the farm's key pair and admission token (0600)",
+             "  worker.yml              the worker's fdl.yml join block (holds the token)",
+             f"  sshd-door.conf          the sshd drop-in (Match LocalPort {report.shape.door_port})",
+             f"  authorized_keys.line    the key line for door {report.door}",
+             "  door-selftest.sh        the door self-test"]
+    if report.files.get("cloud_init"):
+        lines.append("  cloud-init.yml          user-data for workers (holds the key and token)")
+    lines.append(f"overlay: {report.overlay['message']}")
+    if report.overlay.get("snippet_text"):
+        lines += ["  " + line for line in report.overlay["snippet_text"].rstrip("\n").splitlines()]
+    ak = report.authorized_keys
+    if ak["installed"]:
+        lines.append(f"authorized_keys: {ak['action']} in {ak['path']} (line {ak['line']})")
+    else:
+        lines.append(f"authorized_keys: not installed into {ak['path']}")
+    for issue in ak.get("permissions", []):
+        state = "fixed" if ak.get("permissions_fixed") and issue["fixable"] else "left as found"
+        lines.append(f"  permissions: {issue['path']} was {issue['mode']} ({issue['problem']}): {issue['command']} "
+                     f"[{state}]")
+    if ak.get("listening") is not None:
+        where = f"{ak['listening']['host']}:{ak['listening']['port']}"
+        lines.append(f"  {'something answers' if ak['listening']['answering'] else 'nothing listens yet'} on {where}")
+    lines += ["", "setup on this box:"]
+    for step in report.steps:
+        mark = "done: " if step["done"] else ""
+        lines.append(f"  {step['n']}. {mark}{step['title']}")
+        if step["command"]:
+            lines.append(f"       {step['command']}")
+    lines += ["", "on each worker:"] + [f"  - {w}" for w in report.worker_steps]
+    return "\n".join(lines)

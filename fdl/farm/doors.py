@@ -1,0 +1,131 @@
+"""The three farm doors: what a worker's key may do once it reaches the controller's sshd.
+
+Shared by `fdl join-config` and the `fdl_join_door` Ansible role (as
+module_utils): standard library only, siblings imported relatively.
+
+Every door refuses a shell and permits exactly one forward, to the
+controller's training port on the controller box's loopback. On top of that:
+
+- door a ("mount"): the key runs sshd's built-in sftp server read-only
+  (`internal-sftp -R`), starting in the served directory: what sshfs needs to
+  mount a dataset, and nothing that writes;
+- door b ("source"): the key runs `rrsync -ro <served>`, so rsync can pull the
+  published run tree and nothing else (rrsync re-roots every path under
+  <served> and refuses writes);
+- tunnel-only: the forward and nothing more; the drop-in adds a ForceCommand
+  that ends any session at once.
+
+Only the tunnel-only door uses ForceCommand: a daemon-level forced command
+would override the command the a and b keys carry, leaving the tunnel up
+while the mount or the pull failed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DOOR_A, DOOR_B, DOOR_TUNNEL = "a", "b", "tunnel-only"
+DOORS = (DOOR_A, DOOR_B, DOOR_TUNNEL)
+TITLES = {
+    DOOR_A: "read-only sftp for mounting data (sshfs)",
+    DOOR_B: "read-only rsync of the served run tree (rrsync)",
+    DOOR_TUNNEL: "a forward to the controller port, nothing else",
+}
+DEFAULT_DOOR_PORT = 2222
+DEFAULT_CONTROLLER_PORT = 1337
+CONTROLLER_LOOPBACK = "127.0.0.1"
+# sshd runs the key's command through the account's shell and the option is a
+# double-quoted string: keep served paths to characters that need no quoting.
+_SAFE_PATH_RE = re.compile(r"^/[A-Za-z0-9._/@+-]*$")
+_LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+class DoorError(ValueError):
+    """Input that cannot make a door (the message says which and why)."""
+
+
+def check_served(path: str) -> str:
+    if not _SAFE_PATH_RE.match(path) or "/../" in path + "/" or path.endswith("/.."):
+        raise DoorError(
+            f"the served directory {path!r} must be an absolute path of letters, digits and . _ / @ + - "
+            f"(it is written into a quoted command in the key line, so spaces, quotes and '..' are refused)")
+    return path.rstrip("/") or "/"
+
+
+def check_label(label: str) -> str:
+    if not _LABEL_RE.match(label):
+        raise DoorError(f"farm label {label!r} must be letters, digits, '-' and '_' (it names fdl.{label}.yml)")
+    return label
+
+
+def key_options(door: str, *, controller_port: int, served: str | None = None, rrsync: str = "rrsync") -> str:
+    """The option list that confines a farm key to its door."""
+    permit = f'restrict,port-forwarding,permitopen="{CONTROLLER_LOOPBACK}:{int(controller_port)}"'
+    if door == DOOR_A:
+        if served is None:
+            raise DoorError("door a needs the served directory")
+        return f'{permit},command="internal-sftp -R -d {check_served(served)}"'
+    if door == DOOR_B:
+        if served is None:
+            raise DoorError("door b needs the served directory")
+        if not _SAFE_PATH_RE.match(rrsync) and rrsync != "rrsync":
+            raise DoorError(f"rrsync path {rrsync!r} needs quoting; install rrsync somewhere plainer")
+        return f'{permit},command="{rrsync} -ro {check_served(served)}"'
+    if door == DOOR_TUNNEL:
+        return permit
+    raise DoorError(f"unknown door {door!r}: choose one of {', '.join(DOORS)}")
+
+
+def key_line(door: str, public_key: str, *, label: str, controller_port: int, served: str | None = None,
+             rrsync: str = "rrsync") -> str:
+    """The complete authorized_keys line for a farm's public key (`TYPE BLOB [comment]`)."""
+    fields = public_key.split()
+    if len(fields) < 2:
+        raise DoorError("the public key must read 'TYPE BASE64 [comment]'")
+    options = key_options(door, controller_port=controller_port, served=served, rrsync=rrsync)
+    return f"{options} {fields[0]} {fields[1]} fdl-farm-{check_label(label)}"
+
+
+@dataclass(frozen=True)
+class PortLine:
+    port: int
+    why: str
+
+
+def port_lines(door_port: int, explicit_ports: list[int], default_port: int = 22) -> list[PortLine]:
+    """The Port directives the drop-in must carry so that sshd listens on the door AND keeps its old ports.
+
+    sshd listens on the implicit 22 only while no Port directive exists at all:
+    a drop-in that adds `Port 2222` alone would silently close 22.
+    """
+    out = []
+    if not explicit_ports:
+        out.append(PortLine(default_port, "keeps sshd on its default port: once any Port line exists, the "
+                                          "implicit one is gone"))
+    if door_port not in explicit_ports:
+        out.append(PortLine(door_port, "the door workers dial"))
+    return out
+
+
+def dropin_vars(door: str, *, label: str, door_port: int, controller_port: int,
+                explicit_ports: list[int]) -> dict:
+    """Everything the sshd drop-in template needs, computed once for both callers."""
+    if door not in DOORS:
+        raise DoorError(f"unknown door {door!r}: choose one of {', '.join(DOORS)}")
+    return {
+        "label": check_label(label),
+        "door": door,
+        "door_title": TITLES[door],
+        "door_port": int(door_port),
+        "controller_host": CONTROLLER_LOOPBACK,
+        "controller_port": int(controller_port),
+        "ports": [{"port": p.port, "why": p.why} for p in port_lines(int(door_port), explicit_ports)],
+        "force_command": (f'echo "fdl farm {label}: this door only forwards to the controller port; no shell, '
+                          f'no commands" >&2; exit 1') if door == DOOR_TUNNEL else None,
+    }
+
+
+def dropin_name(label: str) -> str:
+    """File name in sshd_config.d: sorts early, since for most keywords sshd keeps the first value it reads."""
+    return f"01-fdl-{check_label(label)}.conf"

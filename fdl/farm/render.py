@@ -1,0 +1,49 @@
+"""Render the farm's files from the shipped jinja2 templates.
+
+The sshd drop-in template belongs to the fdl_join_door role, and the wizard
+renders that very file, with the same whitespace rules as Ansible's template
+module (trim_blocks, trailing newline kept) and stand-ins for the two
+Ansible-only names it uses (`ansible_managed`, the `comment` filter).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from fdl.resources import roles_dir, templates_dir
+
+DROPIN_TEMPLATE = ("fdl_join_door", "sshd-door.conf.j2")
+MANAGED = "Written by fdl join-config; install it as it is (re-run the wizard to change it)."
+
+
+def comment(text: str) -> str:
+    """Ansible's `comment` filter, plain style: the text framed by '#' lines."""
+    body = "\n".join(f"# {line}" if line else "#" for line in str(text).splitlines())
+    return f"#\n{body}\n#"
+
+
+@lru_cache(maxsize=None)
+def _env(folder: str) -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(folder), trim_blocks=True, keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined, autoescape=False)
+    env.filters["comment"] = comment
+    return env
+
+
+def render(name: str, **values: object) -> str:
+    """A template from templates/farm/."""
+    text = _env(str(templates_dir() / "farm")).get_template(name).render(**values)
+    return text if text.endswith("\n") else text + "\n"
+
+
+def dropin_template_path() -> Path:
+    return roles_dir() / DROPIN_TEMPLATE[0] / "templates" / DROPIN_TEMPLATE[1]
+
+
+def render_dropin(values: dict, managed: str = MANAGED) -> str:
+    """The sshd drop-in, from the role's own template."""
+    folder = str(dropin_template_path().parent)
+    return _env(folder).get_template(DROPIN_TEMPLATE[1]).render(ansible_managed=managed, **values)

@@ -1,0 +1,774 @@
+"""`fdl join-config`: everything a farm needs, in one pass on the controller box.
+
+Two phases, so that nothing is written before every question is answered and
+the host doctor has spoken:
+
+- `prepare()` settles the farm's shape (flags, else what the farm's own
+  worker yml says, else prompts or defaults), observes the host, renders and
+  checks the sshd drop-in, and takes every decision (rotate? install the key
+  line? fix permissions?). A decision needed without a terminal is a refusal.
+- `apply()` writes: the farm directory, credentials, worker yml, drop-in,
+  key line, cloud-init, self-test, the overlay (created, or only its token
+  rewritten), and the authorized_keys line when consent was given.
+
+The library never prints: questions go through a `Prompter` the caller
+supplies, results come back as a `FarmReport`.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+import yaml
+
+from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, CheckResult
+from fdl.config.discover import find_base, overlay_file
+from fdl.config.schema import split_host_port
+from fdl.errors import FdlError
+from fdl.farm import credentials as creds_mod
+from fdl.farm.authorized_keys import (
+    AuthorizedKeysError,
+    KeyIdentity,
+    PermissionIssue,
+    atomic_write,
+    check_permissions,
+    find_key,
+    fix_permissions,
+    install_line,
+    under_forbidden_root,
+)
+from fdl.farm.doctor import DEFAULT_SSHD_CONFIG, HostFacts, Spelling, diagnose, gather_facts, probe_banner
+from fdl.farm.doors import (
+    DEFAULT_CONTROLLER_PORT,
+    DEFAULT_DOOR_PORT,
+    DOOR_A,
+    DOOR_B,
+    DOOR_TUNNEL,
+    DOORS,
+    TITLES,
+    DoorError,
+    check_label,
+    check_served,
+    dropin_name,
+    dropin_vars,
+    key_line,
+)
+from fdl.farm.overlay import OverlayEditError, current_token, has_token, read_crate, rewrite_token
+from fdl.farm.render import render, render_dropin
+from fdl.farm.sshd_config import scan
+
+FARM_ROOT = ".fdl"
+WORKER_YML, DROPIN, KEY_LINE, CLOUD_INIT, SELFTEST, SNIPPET, INSTALLED = (
+    "worker.yml", "sshd-door.conf", "authorized_keys.line", "cloud-init.yml", "door-selftest.sh",
+    "overlay-snippet.yml", "installed-at")
+WORKER_DIR = "/etc/fdl/{label}"  # where the setup steps and cloud-init put a worker's copy
+DEFAULT_DATA_DIR = "/flodl/data"
+_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
+_SHAPE_RE = re.compile(r"^# fdl-farm-shape: (.*)$", re.M)
+
+
+def refusal(message: str, hint: str | None = None) -> FdlError:
+    """Every refusal of the wizard exits 1 (its documented contract)."""
+    return FdlError(message, hint=hint, exit_code=1)
+
+
+class Prompter(Protocol):
+    """How the wizard asks a person; only used when Request.interactive is true."""
+
+    def choose(self, question: str, choices: tuple[str, ...], default: str) -> str: ...
+
+    def text(self, question: str, default: str) -> str: ...
+
+    def confirm(self, question: str, default: bool) -> bool: ...
+
+
+@dataclass
+class Request:
+    """What the command line said (None: not given)."""
+
+    label: str | None = None
+    env_label: str | None = None  # the env selected with @NAME / --env / FDL_ENV
+    env_source: str | None = None
+    door: str | None = None
+    controller: str | None = None
+    port: int | None = None
+    served: str | None = None
+    inherit_from: str | None = None
+    regen: bool = False
+    install_key: bool | None = None
+    authorized_keys: str | None = None
+    cloud_init: bool = False
+    sshd_config: str = DEFAULT_SSHD_CONFIG
+    assume_yes: bool = False
+    interactive: bool = False
+    cwd: Path = field(default_factory=Path.cwd)
+
+
+@dataclass
+class Shape:
+    """The farm's shape: which door, where workers dial, what it serves."""
+
+    door: str
+    user: str
+    host: str
+    door_port: int
+    controller_port: int
+    served: str | None
+
+    @property
+    def controller(self) -> str:
+        return f"{self.user}@{self.host}:{self.door_port}"
+
+
+@dataclass
+class Plan:
+    label: str
+    root: Path
+    farm_dir: Path
+    overlay: Path
+    shape: Shape
+    shape_from: dict[str, str]  # field -> "flag" | "worker yml" | "prompt" | "default"
+    existing: creds_mod.Credentials | None
+    rotate: bool
+    facts: HostFacts
+    findings: list[CheckResult]
+    dropin_text: str
+    dropin_target: str
+    rrsync: str
+    ak_path: str
+    ak_explicit: bool
+    install: bool
+    fix_perms: bool
+    perm_issues: list[PermissionIssue]
+    old_line_at: int | None  # where the key being rotated out sits in ak_path
+    inherit_from: str | None
+    cloud_init: bool
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FarmReport:
+    """What the wizard did: the human report and its JSON twin carry the same data."""
+
+    label: str
+    door: str
+    shape: Shape
+    shape_from: dict[str, str]
+    farm_dir: Path
+    files: dict[str, str]
+    credentials: dict
+    overlay: dict
+    authorized_keys: dict
+    doctor: list[CheckResult]
+    steps: list[dict]
+    worker_steps: list[str]
+    notes: list[str]
+
+    def to_dict(self) -> dict:
+        return {
+            "label": self.label,
+            "door": self.door,
+            "door_title": TITLES[self.door],
+            "controller": {"user": self.shape.user, "host": self.shape.host, "door_port": self.shape.door_port,
+                           "training_port": self.shape.controller_port, "ssh": self.shape.controller},
+            "served": self.shape.served,
+            "shape_from": self.shape_from,
+            "farm_dir": str(self.farm_dir),
+            "files": self.files,
+            "credentials": self.credentials,
+            "overlay": self.overlay,
+            "authorized_keys": self.authorized_keys,
+            "doctor": [{"name": c.name, "status": c.status, "message": c.message, "hint": c.hint}
+                       for c in self.doctor],
+            "steps": self.steps,
+            "worker_steps": self.worker_steps,
+            "notes": self.notes,
+        }
+
+
+# --------------------------------------------------------------------------- shape
+
+
+def parse_controller(text: str, default_user: str) -> tuple[str, str, int]:
+    """`[user@]host[:port]` -> (user, host, door port)."""
+    user, _, rest = text.rpartition("@")
+    user = user or default_user
+    if not _USER_RE.match(user):
+        raise refusal(f"--controller {text!r}: {user!r} is not a login name (letters, digits, '.', '-', '_').")
+    try:
+        host, port = split_host_port(rest, default_port=DEFAULT_DOOR_PORT)
+    except ValueError as exc:
+        raise refusal(f"--controller {text!r}: {exc}. Expected USER@HOST[:PORT], e.g. op@10.0.0.1:2222.") from None
+    return user, host, port
+
+
+def recover_shape(worker_yml: Path) -> dict:
+    """The farm's shape as its own worker yml records it ({} when there is no such file)."""
+    try:
+        text = worker_yml.read_text(encoding="utf-8")
+    except OSError:
+        return {}
+    out: dict = {}
+    marker = _SHAPE_RE.search(text)
+    if marker:
+        for item in marker.group(1).split():
+            key, _, value = item.partition("=")
+            if key in ("door", "served") and value:
+                out[key] = value
+    try:
+        doc = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        return out
+    join = doc.get("join") if isinstance(doc, dict) else None
+    if not isinstance(join, dict):
+        return out
+    if isinstance(join.get("ssh"), str):
+        try:
+            out["user"], out["host"], out["door_port"] = parse_controller(join["ssh"], getpass.getuser())
+        except FdlError:
+            pass
+    if join.get("controller") is not None:
+        try:
+            out["controller_port"] = split_host_port(str(join["controller"]))[1]
+        except ValueError:
+            pass
+    if "door" not in out:  # a hand-edited file lost its marker: read the door off what it fetches
+        out["door"] = DOOR_B if "source" in join else DOOR_A if "data_source" in join else DOOR_TUNNEL
+    return out
+
+
+def _primary_address() -> str:
+    """This box's outward address (a UDP connect sends nothing), else its host name."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect(("192.0.2.1", 9))  # TEST-NET-1: never routed, nothing is sent
+            address = sock.getsockname()[0]
+            if address and not address.startswith("0."):
+                return address
+    except OSError:
+        pass
+    return socket.gethostname()
+
+
+def _decide(req: Request, what: str, flag: str, default_text: str) -> None:
+    """Raise the refusal for a decision that needs a person when there is no terminal."""
+    if not req.interactive and not req.assume_yes:
+        raise refusal(f"{what} needs deciding and there is no terminal to ask on (stdin is not a tty, or --json).",
+                      hint=f"pass {flag}, or --yes to take the default ({default_text})")
+
+
+def _resolve_label(req: Request) -> str:
+    label = req.label or req.env_label
+    if req.label and req.env_label and req.label != req.env_label:
+        raise refusal(f"two farm names: {req.label!r} on the command line and {req.env_label!r} from "
+                      f"{req.env_source}. Name one.")
+    if not label:
+        raise refusal("name the farm: fdl join-config LABEL (or fdl @LABEL join-config); it becomes the env "
+                      "overlay fdl.LABEL.yml.")
+    try:
+        return check_label(label)
+    except DoorError as exc:
+        raise refusal(str(exc) + ".") from None
+
+
+def _settle_shape(req: Request, prompter: Prompter | None, recovered: dict) -> tuple[Shape, dict[str, str]]:
+    origin: dict[str, str] = {}
+    me = getpass.getuser()
+
+    # the door
+    if req.door is not None:
+        door, origin["door"] = req.door, "flag"
+    elif "door" in recovered:
+        door, origin["door"] = recovered["door"], "worker yml"
+    else:
+        _decide(req, "the door (a: sftp mount, b: source pull, tunnel-only)", "--door a|b|tunnel-only", "b")
+        if req.interactive and prompter is not None:
+            door, origin["door"] = prompter.choose(
+                "Door: a = read-only sftp for mounting data, b = read-only rsync of the published run, "
+                "tunnel-only = just the forward", DOORS, DOOR_B), "prompt"
+        else:
+            door, origin["door"] = DOOR_B, "default"
+    if door not in DOORS:
+        raise refusal(f"unknown door {door!r}: choose one of {', '.join(DOORS)}.")
+
+    # the controller as workers dial it
+    if req.controller is not None:
+        user, host, door_port = parse_controller(req.controller, me)
+        origin["controller"] = "flag"
+    elif "host" in recovered:
+        user, host, door_port = recovered["user"], recovered["host"], recovered["door_port"]
+        origin["controller"] = "worker yml"
+    else:
+        default = f"{me}@{_primary_address()}:{DEFAULT_DOOR_PORT}"
+        _decide(req, "the controller address workers dial", "--controller USER@HOST[:PORT]", default)
+        if req.interactive and prompter is not None:
+            user, host, door_port = parse_controller(
+                prompter.text("Controller as workers reach its door (USER@HOST:PORT)", default), me)
+            origin["controller"] = "prompt"
+        else:
+            user, host, door_port = parse_controller(default, me)
+            origin["controller"] = "default"
+
+    if req.port is not None:
+        controller_port, origin["port"] = req.port, "flag"
+    elif "controller_port" in recovered:
+        controller_port, origin["port"] = recovered["controller_port"], "worker yml"
+    else:
+        controller_port, origin["port"] = DEFAULT_CONTROLLER_PORT, "default"
+
+    served = None
+    if door in (DOOR_A, DOOR_B):
+        if req.served is not None:
+            served, origin["served"] = os.path.abspath(os.path.expanduser(req.served)), "flag"
+        elif recovered.get("served") and recovered.get("door") == door:
+            served, origin["served"] = recovered["served"], "worker yml"
+        else:
+            served = DEFAULT_DATA_DIR if door == DOOR_A else str(Path.home() / ".flodl" / "run")
+            origin["served"] = "default"
+        try:
+            served = check_served(served)
+        except DoorError as exc:
+            raise refusal(str(exc) + ".") from None
+    elif req.served is not None:
+        raise refusal("--served names what doors a and b serve; the tunnel-only door serves nothing. "
+                      "Drop --served or pick door a or b.")
+
+    if door_port == 22:
+        raise refusal(
+            "the door cannot be port 22: the drop-in confines every connection arriving on the door port, "
+            "so on 22 it would confine your own logins too.",
+            hint="give the door a port of its own, e.g. --controller USER@HOST:2222")
+    if door_port == controller_port:
+        raise refusal(f"the door port and the training port are both {door_port}; they must differ.")
+    if not 1 <= controller_port <= 65535:
+        raise refusal(f"--port {controller_port}: expected a TCP port from 1 to 65535.")
+    return Shape(door, user, host, door_port, controller_port, served), origin
+
+
+# --------------------------------------------------------------------------- drop-in check
+
+
+def validate_dropin(sshd: str, main_config: str, text: str) -> CheckResult:
+    """`sshd -t` over this box's configuration with the new drop-in read first (as root)."""
+    if os.geteuid() != 0:
+        return CheckResult("sshd -t", SKIPPED, "the drop-in was not checked with sshd -t (that needs root, to read "
+                           "the host keys)", hint="the setup steps run sshd -t before the reload")
+    with tempfile.TemporaryDirectory(prefix="fdl-dropin-") as tmp:
+        dropin = Path(tmp) / "door.conf"
+        dropin.write_text(text)
+        wrapper = Path(tmp) / "sshd_config"
+        wrapper.write_text(f"Include {dropin}\nInclude {os.path.abspath(main_config)}\n")
+        try:
+            done = subprocess.run([sshd, "-t", "-f", str(wrapper)], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return CheckResult("sshd -t", WARNING, f"sshd -t could not run: {exc}")
+    if done.returncode == 0:
+        return CheckResult("sshd -t", OK, "the drop-in passes sshd -t together with this box's configuration")
+    detail = (done.stderr or done.stdout).strip().replace(str(dropin), DROPIN)
+    return CheckResult("sshd -t", ERROR, f"sshd -t rejects the configuration with the drop-in: {detail}",
+                       hint="fix what sshd names in your configuration, then run the wizard again")
+
+
+# --------------------------------------------------------------------------- prepare
+
+
+def prepare(req: Request, prompter: Prompter | None = None,
+            observe: Callable[..., HostFacts] = gather_facts) -> Plan:
+    """Settle everything and check the host; writes nothing."""
+    label = _resolve_label(req)
+    if req.inherit_from is not None:
+        if req.inherit_from == label:
+            raise refusal(f"--inherit-from {label}: a farm cannot inherit from itself.")
+        try:
+            check_label(req.inherit_from)
+        except DoorError as exc:
+            raise refusal(f"--inherit-from: {exc}.") from None
+    if req.authorized_keys is not None and req.install_key is False:
+        raise refusal("--authorized-keys names where to install the key line, and --no-install-key says not to "
+                      "install it. Drop one of them.")
+    ak_explicit = req.authorized_keys is not None
+    ak_path = os.path.abspath(os.path.expanduser(req.authorized_keys or "~/.ssh/authorized_keys"))
+    if under_forbidden_root(ak_path):
+        raise refusal(
+            f"{req.authorized_keys or ak_path} is under /etc/ssh, and fdl never edits anything there.",
+            hint="install the line with your configuration management (the fdl_join_door role), or point sshd's "
+                 "AuthorizedKeysFile at a file the account owns")
+
+    base = find_base(req.cwd)
+    root = base.parent if base is not None else req.cwd.resolve()
+    notes: list[str] = []
+    if base is None:
+        notes.append(f"no fdl.yml in {root} or above: `fdl @{label} <cmd>` needs one next to fdl.{label}.yml.")
+    farm_dir = root / FARM_ROOT / label
+    overlay = overlay_file(root, label) or root / f"fdl.{label}.yml"
+
+    recovered = recover_shape(farm_dir / WORKER_YML)
+    shape, shape_from = _settle_shape(req, prompter, recovered)
+    if recovered and req.controller is None and req.door is None:
+        notes.append(f"farm shape recovered from {farm_dir / WORKER_YML}: door {shape.door}, {shape.controller} "
+                     f"(name --door or --controller to change it).")
+
+    existing = creds_mod.load(farm_dir)
+    rotate = False
+    if existing is None:
+        if req.regen:
+            notes.append("--regen: there were no credentials to rotate; new ones are minted.")
+    elif req.regen:
+        rotate = True
+    elif req.interactive and prompter is not None:
+        rotate = not prompter.confirm(
+            f"The farm already has a key ({existing.fingerprint}) and a token. Keep them? (no = rotate both: "
+            f"workers holding the old ones stop being admitted)", True)
+
+    # the host, before anything is written
+    target_dir = os.path.join(os.path.dirname(os.path.abspath(req.sshd_config)), "sshd_config.d")
+    dropin_target = os.path.join(target_dir, dropin_name(label))
+    explicit = scan(req.sshd_config).ports(exclude=(dropin_target,)) if os.path.exists(req.sshd_config) else []
+    dropin_text = render_dropin(dropin_vars(shape.door, label=label, door_port=shape.door_port,
+                                            controller_port=shape.controller_port, explicit_ports=explicit))
+    facts = observe(door_port=shape.door_port, served=shape.served, sshd_config=req.sshd_config,
+                    dropin_target=dropin_target, dropin_lines=dropin_text.splitlines(), probe_host=shape.host)
+    findings = diagnose(facts, door=shape.door, door_port=shape.door_port)
+    if facts.sshd_path is not None:
+        findings.append(validate_dropin(facts.sshd_path, req.sshd_config, dropin_text))
+    scan_ = facts.sshd_config
+    ak_files = scan_.authorized_keys_files() if scan_ is not None else None
+    if not ak_explicit and ak_files is not None and not any(
+            f in (".ssh/authorized_keys", "%h/.ssh/authorized_keys", "~/.ssh/authorized_keys") for f in ak_files):
+        findings.append(CheckResult(
+            "authorized-keys-file", WARNING,
+            f"sshd reads keys from {' '.join(ak_files)}, not ~/.ssh/authorized_keys: a line installed there is "
+            f"ignored", hint="name the file sshd reads with --authorized-keys PATH (never one under /etc/ssh)"))
+
+    return Plan(
+        label=label, root=root, farm_dir=farm_dir, overlay=overlay, shape=shape, shape_from=shape_from,
+        existing=existing, rotate=rotate, facts=facts, findings=findings, dropin_text=dropin_text,
+        dropin_target=dropin_target, rrsync=facts.rrsync_path or "rrsync", ak_path=ak_path, ak_explicit=ak_explicit,
+        install=False, fix_perms=False, perm_issues=[], old_line_at=None,
+        inherit_from=req.inherit_from, cloud_init=req.cloud_init, notes=notes)
+
+
+def decide(plan: Plan, req: Request, prompter: Prompter | None = None) -> Plan:
+    """Take the authorized_keys decisions (consent, permissions); writes nothing, may refuse."""
+    ak_path, ak_explicit, notes = plan.ak_path, plan.ak_explicit, plan.notes
+    existing, rotate = plan.existing, plan.rotate
+    # the authorized_keys decisions
+    uid = os.getuid()
+    if ak_explicit:
+        for candidate in (ak_path, os.path.dirname(ak_path)):
+            try:
+                uid = os.stat(candidate).st_uid
+                break
+            except OSError:
+                continue
+    old_line_at = None
+    if rotate and existing is not None:
+        try:
+            old_line_at = find_key(Path(ak_path).read_bytes(), existing.identity)
+        except OSError:
+            old_line_at = None
+    install = bool(req.install_key)
+    if existing is not None and not rotate and req.install_key is None and _line_is_current(plan, existing):
+        pass  # the exact line is already in place: nothing to ask
+    elif old_line_at is not None and req.install_key is None:
+        if not req.interactive or prompter is None:
+            raise refusal(
+                f"rotating the farm's credentials leaves the old key installed in {ak_path} (line {old_line_at}), "
+                f"where it would keep letting old workers in. Replacing that line needs your consent, and --yes "
+                f"does not give it.", hint="add --install-key, or remove the line yourself first")
+        install = prompter.confirm(f"Replace the old farm key line in {ak_path} (line {old_line_at}) with the "
+                                   f"new key?", True)
+        if not install:
+            notes.append(f"the old farm key stays in {ak_path} (line {old_line_at}): workers holding it are still "
+                         f"let in until you remove that line.")
+    elif old_line_at is not None and req.install_key is False:
+        notes.append(f"--no-install-key: the old farm key stays in {ak_path} (line {old_line_at}) and keeps letting "
+                     f"workers that hold it in until you remove that line.")
+    elif req.install_key is None and req.interactive and prompter is not None:
+        install = prompter.confirm(f"Install the door's key line into {ak_path}? (only fdl's own line is "
+                                   f"touched)", False)
+    elif req.install_key is None:
+        notes.append(f"the key line was not installed into {ak_path} (installing needs --install-key or a yes "
+                     f"at the prompt; --yes does not count).")
+
+    perm_issues: list[PermissionIssue] = []
+    fix_perms = False
+    if install:
+        perm_issues = check_permissions(ak_path, uid=uid, manage_parent=not ak_explicit,
+                                        home=str(Path.home()) if not ak_explicit else None)
+        if not ak_explicit and not os.path.isdir(os.path.dirname(ak_path)):
+            notes.append(f"{os.path.dirname(ak_path)} will be created, mode 0700.")
+        if ak_explicit and not os.path.isdir(os.path.dirname(ak_path)):
+            raise refusal(f"the directory {os.path.dirname(ak_path)} does not exist; with --authorized-keys fdl "
+                          f"leaves that directory to you.", hint="create it with the owner and mode your sshd "
+                          "expects, then run again")
+        unfixable = [i for i in perm_issues if i.blocking and not i.fixable]
+        if unfixable:
+            lines = "; ".join(f"{i.path} is {i.problem} (fix: {i.command})" for i in unfixable)
+            raise refusal(f"sshd would ignore the key line because of permissions this process cannot fix: {lines}.")
+        fixable = [i for i in perm_issues if i.fixable]
+        if fixable:
+            listing = "; ".join(f"{i.path} is {i.mode:04o}, {i.problem}: {i.command}" for i in fixable)
+            if req.interactive and prompter is not None:
+                fix_perms = prompter.confirm(f"Permissions: {listing}. Fix them?", True)
+            elif req.assume_yes:
+                fix_perms = True
+            elif any(i.blocking for i in fixable):
+                raise refusal(f"permissions need fixing before sshd will read the key line ({listing}), and there "
+                              f"is no terminal to confirm on.", hint="run those chmod commands, or add --yes to "
+                                                                     "let the wizard run them")
+            if not fix_perms and any(i.blocking for i in fixable):
+                raise refusal(f"sshd would ignore the key line while these permissions stand: {listing}.",
+                              hint="run the chmod commands shown, then run again")
+
+    if install and plan.facts.in_container:
+        notes.append(f"this looks like a container: the key line goes into {ak_path} here, which only matters if the "
+                     f"sshd workers dial reads it. Install it where that sshd lives (or name its key file with "
+                     f"--authorized-keys, e.g. a bind-mounted directory).")
+    plan.install, plan.fix_perms, plan.perm_issues, plan.old_line_at = install, fix_perms, perm_issues, old_line_at
+    return plan
+
+
+def _line_is_current(plan: Plan, cred: creds_mod.Credentials) -> bool:
+    """True when the key file already holds exactly the line this run would install."""
+    try:
+        data = Path(plan.ak_path).read_bytes()
+    except OSError:
+        return False
+    at = find_key(data, cred.identity)
+    if at is None:
+        return False
+    line = key_line(plan.shape.door, cred.public_key, label=plan.label, controller_port=plan.shape.controller_port,
+                    served=plan.shape.served, rrsync=plan.rrsync)
+    return data.split(b"\n")[at - 1].rstrip(b"\r") == line.encode()
+
+
+# --------------------------------------------------------------------------- apply
+
+
+def _rel(path: Path | str, cwd: Path) -> str:
+    """How a path is spelled in the steps: relative to where the user stands when it is below it."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(cwd.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _write(path: Path, text: str, mode: int) -> None:
+    atomic_write(str(path), text.encode("utf-8"), mode)
+
+
+def _cloud_packages(door: str) -> list[str]:
+    return ["openssh-client"] + (["rsync"] if door == DOOR_B else ["sshfs"] if door == DOOR_A else [])
+
+
+def _overlay(plan: Plan, token: str, cwd: Path) -> dict:
+    crate = read_crate(plan.root)
+    values = dict(label=plan.label, inherit_from=plan.inherit_from, host=plan.shape.host,
+                  controller_port=plan.shape.controller_port, tunnel=plan.shape.door == DOOR_TUNNEL, token=token,
+                  crate=crate)
+    shown = _rel(plan.overlay, cwd)
+    if not plan.overlay.exists():
+        _write(plan.overlay, render("overlay.yml.j2", **values), 0o600)
+        return {"path": str(plan.overlay), "action": "created",
+                "command": crate.name if crate else None,
+                "message": f"{shown} created" + (f" with command '{crate.name}' (cluster: true)" if crate else
+                                                 " (commands: left as a commented placeholder)")}
+    data = plan.overlay.read_bytes()
+    snippet = plan.farm_dir / SNIPPET
+    masked = render("overlay.yml.j2", **dict(values, token=f"<the contents of {_rel(plan.farm_dir / 'token', cwd)}>"))
+    if not has_token(data):
+        _write(snippet, render("overlay.yml.j2", **values), 0o600)
+        return {"path": str(plan.overlay), "action": "snippet", "snippet": str(snippet), "snippet_text": masked,
+                "message": f"{shown} has no token line, so fdl leaves it as you wrote it; paste what you need from "
+                           f"{_rel(snippet, cwd)} (the same snippet with the token in it)"}
+    if current_token(data) == token:
+        return {"path": str(plan.overlay), "action": "unchanged", "message": f"{shown} already holds the farm's token"}
+    try:
+        new = rewrite_token(data, token)
+    except OverlayEditError as exc:
+        _write(snippet, render("overlay.yml.j2", **values), 0o600)
+        return {"path": str(plan.overlay), "action": "snippet", "snippet": str(snippet), "snippet_text": masked,
+                "message": f"{shown} was left alone ({exc}); set its token from {_rel(snippet, cwd)}"}
+    assert new is not None
+    mode = plan.overlay.stat().st_mode & 0o777
+    atomic_write(str(plan.overlay), new, mode)
+    return {"path": str(plan.overlay), "action": "token-rewritten",
+            "message": f"{shown}: only its token line was rewritten"}
+
+
+def apply(plan: Plan, cwd: Path | None = None) -> FarmReport:
+    """Write the farm. Call only with a Plan from prepare()."""
+    cwd = cwd or Path.cwd()
+    shape, label, farm = plan.shape, plan.label, plan.farm_dir
+    notes = list(plan.notes)
+    farm.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(farm, 0o700)
+    ignore = farm / ".gitignore"
+    if not ignore.exists():
+        _write(ignore, "# written by fdl join-config: this folder holds the farm's private key and token\n*\n",
+               0o644)
+
+    if plan.existing is not None and not plan.rotate:
+        cred = plan.existing
+        cred_action = "reused"
+    else:
+        cred = creds_mod.mint(farm, label)
+        cred_action = "rotated" if plan.existing is not None else "created"
+    token = cred.token()
+
+    line = key_line(shape.door, cred.public_key, label=label, controller_port=shape.controller_port,
+                    served=shape.served, rrsync=plan.rrsync)
+    worker_key = WORKER_DIR.format(label=label) + "/key"
+    worker_values = dict(label=label, door=shape.door, door_title=TITLES[shape.door], worker_key=worker_key,
+                         served=shape.served, user=shape.user, host=shape.host, door_port=shape.door_port,
+                         controller_port=shape.controller_port, token=token)
+    worker_yml = render("worker.yml.j2", **worker_values)
+    files = {
+        "farm_dir": str(farm),
+        "key": str(cred.key),
+        "public_key": str(cred.public),
+        "token": str(cred.token_file),
+        "worker_yml": str(farm / WORKER_YML),
+        "dropin": str(farm / DROPIN),
+        "authorized_keys_line": str(farm / KEY_LINE),
+        "selftest": str(farm / SELFTEST),
+        "gitignore": str(ignore),
+        "cloud_init": None,
+        "overlay": str(plan.overlay),
+    }
+    _write(farm / WORKER_YML, worker_yml, 0o600)
+    _write(farm / DROPIN, plan.dropin_text, 0o644)
+    _write(farm / KEY_LINE, line + "\n", 0o644)
+    selftest_values = dict(worker_values, script=_rel(farm / SELFTEST, cwd))
+    selftest_values.pop("token")
+    _write(farm / SELFTEST, render("door-selftest.sh.j2", **selftest_values), 0o755)
+    if plan.cloud_init:
+        text = render("cloud-init.yml.j2", label=label, door=shape.door, packages=_cloud_packages(shape.door),
+                      worker_dir=WORKER_DIR.format(label=label), private_key=cred.key.read_text().rstrip("\n"),
+                      worker_yml=worker_yml.rstrip("\n"))
+        _write(farm / CLOUD_INIT, text, 0o600)
+        files["cloud_init"] = str(farm / CLOUD_INIT)
+
+    overlay = _overlay(plan, token, cwd)
+    if overlay["action"] == "snippet":
+        files["overlay_snippet"] = overlay["snippet"]
+    if plan.inherit_from and overlay["action"] != "created":
+        notes.append(f"inherit-from was not added to the existing {_rel(plan.overlay, cwd)} (fdl only edits its "
+                     f"token line): add 'inherit-from: {plan.inherit_from}' yourself.")
+
+    ak = _install(plan, cred, line, notes)
+    steps, worker_steps = _steps(plan, cred, ak, cwd)
+    credentials = {"action": cred_action, "fingerprint": cred.fingerprint, "key": str(cred.key),
+                   "public_key": str(cred.public), "token": str(cred.token_file)}
+    return FarmReport(label=label, door=shape.door, shape=shape, shape_from=plan.shape_from, farm_dir=farm,
+                      files=files, credentials=credentials, overlay=overlay, authorized_keys=ak,
+                      doctor=plan.findings, steps=steps, worker_steps=worker_steps, notes=notes)
+
+
+def _install(plan: Plan, cred: creds_mod.Credentials, line: str, notes: list[str]) -> dict:
+    out: dict = {"path": plan.ak_path, "installed": False, "action": "not-installed", "line": None,
+                 "permissions": [i.to_dict() for i in plan.perm_issues], "permissions_fixed": False,
+                 "listening": None}
+    if not plan.install:
+        try:
+            at = find_key(Path(plan.ak_path).read_bytes(), cred.identity)
+        except OSError:
+            at = None
+        if at is not None:
+            current = Path(plan.ak_path).read_bytes().split(b"\n")[at - 1].rstrip(b"\r") == line.encode()
+            out.update(installed=True, action="already-present" if current else "outdated", line=at)
+            if not current:
+                notes.append(f"{plan.ak_path} line {at} carries the farm key with other options than this run "
+                             f"composed (the door or its ports changed?): run again with --install-key to update it.")
+        return out
+    retire: tuple[KeyIdentity, ...] = ()
+    if plan.existing is not None and plan.existing.identity != cred.identity:
+        retire = (plan.existing.identity,)
+    if plan.fix_perms:
+        fix_permissions(plan.perm_issues)
+        out["permissions_fixed"] = bool(plan.perm_issues)
+    file_issue = next((i for i in plan.perm_issues if i.path == plan.ak_path), None)
+    mode = 0o600 if plan.fix_perms or file_issue is None else None
+    try:
+        result = install_line(plan.ak_path, line, cred.identity, retire=retire, mode=mode,
+                              create_parent=not plan.ak_explicit)
+    except AuthorizedKeysError as exc:
+        raise refusal(str(exc)) from None
+    except PermissionError as exc:
+        raise refusal(f"cannot write {plan.ak_path}: {exc.strerror}. The farm files were written; the key line "
+                      f"was not installed.", hint="run as the account that owns the file") from None
+    out.update(installed=True, action=result.action, line=result.line_number, removed_old=result.removed)
+    try:
+        with open(os.path.join(plan.farm_dir, INSTALLED), "a+", encoding="utf-8") as handle:
+            handle.seek(0)
+            if plan.ak_path not in handle.read().splitlines():
+                handle.write(plan.ak_path + "\n")
+    except OSError:
+        pass
+    listening, banner = probe_banner(plan.shape.host, plan.shape.door_port)
+    out["listening"] = {"host": plan.shape.host, "port": plan.shape.door_port, "answering": listening,
+                        "banner": banner}
+    if not listening:
+        where = " (on macOS: turn on Remote Login)" if plan.facts.macos else ""
+        notes.append(f"nothing listens on {plan.shape.host}:{plan.shape.door_port} yet, where workers will dial: "
+                     f"install the drop-in and reload sshd (the steps below){where}.")
+    return out
+
+
+def _steps(plan: Plan, cred: creds_mod.Credentials, ak: dict, cwd: Path) -> tuple[list[dict], list[str]]:
+    say = Spelling(plan.facts)
+    farm = plan.farm_dir
+    rel = lambda name: _rel(farm / name, cwd)  # noqa: E731 - a local spelling helper
+    steps: list[dict] = []
+
+    def step(title: str, command: str | None = None, done: bool = False) -> None:
+        steps.append({"n": len(steps) + 1, "title": title, "command": command, "done": done})
+
+    step("Review what the wizard wrote (nothing below repeats it: every command reads these files)",
+         f"ls -l {_rel(farm, cwd)} && cat {rel(DROPIN)} {rel(KEY_LINE)}")
+    for finding in plan.findings:
+        if finding.status == ERROR and finding.hint and finding.name not in ("listener", "sshd -t"):
+            step(f"Fix: {finding.message}", finding.hint)
+    step("Install the sshd drop-in", f"sudo install -m 0644 {rel(DROPIN)} {plan.dropin_target}")
+    step("Check sshd's configuration, then reload it", f"{say.sshd_test()} && {say.reload()}")
+    if ak["installed"] and ak["action"] != "not-installed":
+        step(f"Key line installed in {plan.ak_path} (line {ak['line']})", None, done=True)
+    else:
+        extra = f" --authorized-keys {plan.ak_path}" if plan.ak_explicit else ""
+        step(f"Install the key line into {plan.ak_path} (re-running reuses the farm's key and token)",
+             f"fdl join-config {plan.label} --install-key{extra}")
+    for finding in plan.findings:
+        if finding.name in ("firewall", "selinux") and finding.status != OK and finding.hint \
+                and not any(s["command"] == finding.hint for s in steps):
+            step(f"Let port {plan.shape.door_port} through: {finding.message}", finding.hint)
+    step(f"Self-test the door (door {plan.shape.door}): it logs in with the farm key as a worker would",
+         f"sh {rel(SELFTEST)}")
+
+    worker_dir = WORKER_DIR.format(label=plan.label)
+    worker = [f"copy {rel(WORKER_YML)} to {worker_dir}/fdl.yml and {rel('key')} to {worker_dir}/key (mode 0600) "
+              f"on the worker, then run `fdl join` in {worker_dir}"]
+    if plan.cloud_init:
+        worker.append(f"or boot workers with {rel(CLOUD_INIT)} as their cloud-init user-data")
+    else:
+        worker.append("or add --cloud-init to get user-data that does this at boot")
+    return steps, worker
+
+
+def report_json(report: FarmReport) -> str:
+    return json.dumps(report.to_dict(), indent=2, sort_keys=False)
+
+
+def ssh_keygen_available() -> bool:
+    return shutil.which("ssh-keygen") is not None

@@ -1,0 +1,1 @@
+../../../../fdl/farm/doors.py

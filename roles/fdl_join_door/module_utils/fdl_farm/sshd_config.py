@@ -1,0 +1,1 @@
+../../../../fdl/farm/sshd_config.py

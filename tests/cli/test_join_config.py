@@ -1,0 +1,356 @@
+"""`fdl join-config` from the command line: what a user runs, what they read, exit codes.
+
+Every run has its own HOME (so ~/.ssh is a temp directory) and its own sshd
+configuration for the doctor to read; nothing here touches the machine's
+/etc/ssh or the real ~/.ssh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import fdl_env, run_fdl
+
+DOOR = "op@127.0.0.1:22990"  # nothing listens there: these tests need no sshd
+FOREIGN = (b"# the operator's own keys\r\n"
+           b"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIForeignForeignForeignForeignForeignForeig01 me@laptop\r\n"
+           b"\r\n"
+           b'from="10.0.0.0/8",command="echo \\"hi there\\"" ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQ== ci')
+
+
+@pytest.fixture(scope="session")
+def host_key(tmp_path_factory) -> Path:
+    key = tmp_path_factory.mktemp("hostkey") / "ssh_host_ed25519_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    return key
+
+
+class Project:
+    def __init__(self, root: Path, host_key: Path):
+        self.root = root / "proj"
+        self.home = root / "home"
+        self.etc = root / "etc-ssh"
+        for d in (self.root, self.home, self.etc / "sshd_config.d"):
+            d.mkdir(parents=True)
+        os.chmod(self.home, 0o755)
+        self.sshd_config = self.etc / "sshd_config"
+        self.sshd_config.write_text(f"Include {self.etc}/sshd_config.d/*.conf\nPort 22\nHostKey {host_key}\n"
+                                    f"UsePAM no\nSubsystem sftp internal-sftp\n")
+        (self.root / "fdl.yml").write_text("commands:\n  test:\n    run: 'true'\n")
+
+    @property
+    def farm(self) -> Path:
+        return self.root / ".fdl"
+
+    def ak(self) -> Path:
+        return self.home / ".ssh" / "authorized_keys"
+
+    def run(self, *args: str, sshd: bool = True, input: str | None = None):
+        extra = ["--sshd-config", str(self.sshd_config)] if sshd else []
+        return run_fdl(*args, *extra, cwd=self.root, env={"HOME": str(self.home)}, input=input)
+
+    def json(self, *args: str):
+        done = self.run(*args, "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout), done
+
+
+@pytest.fixture
+def proj(tmp_path, host_key) -> Project:
+    return Project(tmp_path, host_key)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+# --------------------------------------------------------------------------- the scaffold
+
+
+def test_scripted_first_run_writes_the_farm_and_reports(proj):
+    (proj.root / "Cargo.toml").write_text('[package]\nname = "my-train"\n')
+    done = proj.run("join-config", "b300", "--controller", DOOR, "--cloud-init", "--yes")
+    assert done.returncode == 0, done.stderr
+    farm = proj.farm / "b300"
+    assert (farm / ".gitignore").read_text().splitlines()[-1] == "*"
+    for name in ("key", "key.pub", "token", "worker.yml", "cloud-init.yml"):
+        assert mode(farm / name) == 0o600, name
+    assert mode(farm / "door-selftest.sh") == 0o755
+    assert "Match LocalPort 22990" in (farm / "sshd-door.conf").read_text()
+    assert "host doctor (before anything is written):" in done.stdout
+    assert "setup on this box:" in done.stdout
+    # the steps read the farm's files instead of repeating them, and end with the self-test
+    assert f"sudo install -m 0644 .fdl/b300/sshd-door.conf {proj.etc}/sshd_config.d/01-fdl-b300.conf" in done.stdout
+    steps = [line.strip() for line in done.stdout.split("setup on this box:")[1].split("on each worker:")[0]
+             .splitlines() if line.strip()]
+    assert steps[-1] == "sh .fdl/b300/door-selftest.sh"
+    token = (farm / "token").read_text().strip()
+    assert token not in done.stdout and token not in done.stderr
+    # --yes is not consent to edit authorized_keys
+    assert not proj.ak().exists()
+    assert "--yes does not count" in done.stderr
+
+
+def test_the_overlay_is_a_working_env_with_a_cluster_command_named_after_the_crate(proj):
+    (proj.root / "Cargo.toml").write_text('[package]\nname = "lib"\n[[bin]]\nname = "train"\n')
+    assert proj.run("join-config", "b300", "--controller", DOOR, "--yes").returncode == 0
+    shown = run_fdl("@b300", "config", "show", "--json", cwd=proj.root, env={"HOME": str(proj.home)})
+    assert shown.returncode == 0, shown.stderr
+    doc = yaml.safe_load((proj.root / "fdl.b300.yml").read_text())
+    join = doc["cluster"]["controller"]["join"]
+    assert join["discovery"] is True and join["start"] == "manual"
+    assert join["token"] == (proj.farm / "b300" / "token").read_text().strip()
+    assert doc["commands"]["train"] == {"cluster": True, "build": "cargo build --release --bin train",
+                                        "bin": "target/release/train"}
+
+
+def test_without_a_crate_the_command_is_a_commented_placeholder_and_other_commands_warn(proj):
+    assert proj.run("join-config", "b300", "--controller", DOOR, "--yes").returncode == 0
+    text = (proj.root / "fdl.b300.yml").read_text()
+    assert "commands" not in yaml.safe_load(text) and "#     cluster: true" in text
+    ran = run_fdl("@b300", "test", cwd=proj.root, env={"HOME": str(proj.home)})
+    assert ran.returncode == 0 and "not a cluster command" in ran.stderr
+
+
+def test_json_twin_names_secrets_by_path_only(proj):
+    doc, done = proj.json("join-config", "b300", "--controller", DOOR, "--door", "a", "--served", "/flodl/data",
+                          "--cloud-init", "--yes")
+    farm = proj.farm / "b300"
+    assert doc["door"] == "a" and doc["controller"]["door_port"] == 22990
+    assert doc["files"]["token"] == str(farm / "token") and doc["files"]["key"] == str(farm / "key")
+    secret_key = (farm / "key").read_text()
+    token = (farm / "token").read_text().strip()
+    for secret in (token, secret_key.splitlines()[1]):
+        assert secret not in done.stdout and secret not in done.stderr
+    assert doc["steps"][-1]["command"] == "sh .fdl/b300/door-selftest.sh"
+    assert {c["name"] for c in doc["doctor"]} >= {"sshd", "listener", "sftp", "served"}
+    assert doc["authorized_keys"]["installed"] is False
+
+
+def test_cloud_init_carries_the_farm_key_and_worker_config(proj):
+    assert proj.run("join-config", "b300", "--controller", DOOR, "--door", "b", "--cloud-init", "--yes") \
+        .returncode == 0
+    farm = proj.farm / "b300"
+    text = (farm / "cloud-init.yml").read_text()
+    assert text.startswith("#cloud-config\n")
+    doc = yaml.safe_load(text)
+    files = {f["path"]: f for f in doc["write_files"]}
+    assert files["/etc/fdl/b300/key"]["content"] == (farm / "key").read_text()
+    worker = yaml.safe_load(files["/etc/fdl/b300/fdl.yml"]["content"])
+    assert worker["join"]["ssh"] == DOOR and worker["join"]["source"] == "rsync://op@127.0.0.1:22990:/tree"
+    assert "RestartPreventExitStatus=2" in files["/etc/systemd/system/flodl-join.service"]["content"]
+    assert "rsync" in doc["packages"]
+
+
+# --------------------------------------------------------------------------- re-runs
+
+
+def test_rerun_reuses_credentials_and_recovers_the_farm_shape(proj):
+    first, _ = proj.json("join-config", "b300", "--door", "tunnel-only", "--controller", "op@10.9.8.7:2299",
+                         "--port", "1400", "--yes")
+    farm = proj.farm / "b300"
+    key, token, overlay = (farm / "key").read_bytes(), (farm / "token").read_bytes(), \
+        (proj.root / "fdl.b300.yml").read_bytes()
+    again, _ = proj.json("join-config", "b300", "--yes")
+    assert again["door"] == "tunnel-only" and again["controller"]["ssh"] == "op@10.9.8.7:2299"
+    assert again["controller"]["training_port"] == 1400
+    assert again["shape_from"]["door"] == "worker yml" and again["shape_from"]["controller"] == "worker yml"
+    assert again["credentials"]["action"] == "reused"
+    assert (farm / "key").read_bytes() == key and (farm / "token").read_bytes() == token
+    assert (proj.root / "fdl.b300.yml").read_bytes() == overlay
+    assert again["overlay"]["action"] == "unchanged"
+    changed, _ = proj.json("join-config", "b300", "--door", "b", "--yes")
+    assert changed["door"] == "b" and changed["controller"]["ssh"] == "op@10.9.8.7:2299"
+
+
+def test_regen_rotates_key_and_token_and_touches_only_the_token_line(proj):
+    assert proj.run("join-config", "b300", "--controller", DOOR, "--yes").returncode == 0
+    overlay = proj.root / "fdl.b300.yml"
+    edited = overlay.read_bytes().replace(b"\n", b"\r\n") + b"# my own note\r\n"
+    edited = edited.replace(b"window_s: 600", b"window_s: 900")
+    overlay.write_bytes(edited)
+    farm = proj.farm / "b300"
+    old_pub, old_token = (farm / "key.pub").read_text(), (farm / "token").read_text().strip()
+    done = run_fdl("@b300", "join-config", "--regen", "--yes", "--sshd-config", str(proj.sshd_config),
+                   cwd=proj.root, env={"HOME": str(proj.home)})
+    assert done.returncode == 0, done.stderr
+    new_token = (farm / "token").read_text().strip()
+    assert new_token != old_token and (farm / "key.pub").read_text() != old_pub
+    after = overlay.read_bytes()
+    assert after == edited.replace(old_token.encode(), new_token.encode())
+    assert "credentials: rotated" in done.stdout
+
+
+def test_two_names_for_the_farm_is_a_refusal(proj):
+    done = run_fdl("@b300", "join-config", "other", "--yes", cwd=proj.root, env={"HOME": str(proj.home)})
+    assert done.returncode == 1 and "two farm names" in done.stderr
+
+
+def test_a_hand_written_overlay_without_token_is_never_edited(proj):
+    overlay = proj.root / "fdl.b300.yml"
+    mine = b"# written by hand\ncluster:\n  controller: 10.0.0.1:1337\n"
+    overlay.write_bytes(mine)
+    doc, done = proj.json("join-config", "b300", "--controller", DOOR, "--yes")
+    assert overlay.read_bytes() == mine
+    assert doc["overlay"]["action"] == "snippet"
+    snippet = Path(doc["overlay"]["snippet"])
+    token = (proj.farm / "b300" / "token").read_text().strip()
+    assert mode(snippet) == 0o600 and f'token: "{token}"' in snippet.read_text()
+    human = proj.run("join-config", "b300", "--yes")
+    assert human.returncode == 0 and overlay.read_bytes() == mine
+    assert 'token: "<the contents of .fdl/b300/token>"' in human.stdout  # the snippet, printed, secret left out
+    assert token not in human.stdout
+
+
+# --------------------------------------------------------------------------- refusals (exit 1)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["join-config", "lab"], "no terminal to ask on"),
+    (["join-config"], "name the farm"),
+    (["join-config", "lab", "--door", "tunnel-only", "--served", "/srv", "--controller", DOOR], "serves nothing"),
+    (["join-config", "lab", "--authorized-keys", "/etc/ssh/authorized_keys.d/op", "--install-key", "--yes"],
+     "/etc/ssh"),
+    (["join-config", "lab", "--authorized-keys", "/tmp/x", "--no-install-key", "--yes"], "Drop one of them"),
+    (["join-config", "lab", "--controller", "op@127.0.0.1:22", "--yes"], "cannot be port 22"),
+    (["join-config", "lab", "--controller", "op@127.0.0.1:1337", "--yes"], "must differ"),
+    (["join-config", "lab", "--inherit-from", "lab", "--yes"], "inherit from itself"),
+    (["join-config", "lab", "--controller", "b@d user@h", "--yes"], "not a login name"),
+])
+def test_refusals_exit_1_and_write_nothing(proj, args, says):
+    done = proj.run(*args)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert says in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not proj.farm.exists() and not (proj.root / "fdl.lab.yml").exists()
+
+
+# --------------------------------------------------------------------------- authorized_keys
+
+
+def test_install_key_creates_ssh_dir_and_keeps_foreign_lines(proj):
+    done = proj.run("join-config", "b300", "--controller", DOOR, "--door", "tunnel-only", "--install-key")
+    assert done.returncode == 0, done.stderr
+    ak = proj.ak()
+    assert mode(ak.parent) == 0o700 and mode(ak) == 0o600
+    line = (proj.farm / "b300" / "authorized_keys.line").read_bytes()
+    assert ak.read_bytes() == line
+    assert "nothing listens on 127.0.0.1:22990 yet" in done.stderr
+
+    ak.write_bytes(FOREIGN + b"\r\n" + line.rstrip(b"\n") + b"\r\n# after\r\n")
+    again = proj.run("join-config", "b300", "--install-key")
+    assert again.returncode == 0 and "authorized_keys: unchanged" in again.stdout
+    assert ak.read_bytes() == FOREIGN + b"\r\n" + line.rstrip(b"\n") + b"\r\n# after\r\n"
+
+
+def test_regen_needs_consent_to_replace_the_installed_line(proj):
+    assert proj.run("join-config", "b300", "--controller", DOOR, "--door", "b", "--install-key").returncode == 0
+    ak = proj.ak()
+    ak.write_bytes(FOREIGN + b"\n" + ak.read_bytes())
+    before = ak.read_bytes()
+    farm = proj.farm / "b300"
+    token = (farm / "token").read_bytes()
+    refused = proj.run("join-config", "b300", "--regen", "--yes")
+    assert refused.returncode == 1 and "--yes does not give it" in refused.stderr
+    assert ak.read_bytes() == before and (farm / "token").read_bytes() == token
+    done = proj.run("join-config", "b300", "--regen", "--install-key")
+    assert done.returncode == 0, done.stderr
+    after = ak.read_bytes()
+    assert after.startswith(FOREIGN + b"\n")
+    assert after[len(FOREIGN) + 1:] == (farm / "authorized_keys.line").read_bytes()
+    assert (farm / "token").read_bytes() != token
+
+
+def test_loose_permissions_are_reported_and_fixed_only_on_confirm(proj):
+    ssh = proj.home / ".ssh"
+    ssh.mkdir()
+    os.chmod(ssh, 0o775)
+    proj.ak().write_bytes(FOREIGN)
+    os.chmod(proj.ak(), 0o664)
+    refused = proj.run("join-config", "b300", "--controller", DOOR, "--door", "b", "--install-key")
+    assert refused.returncode == 1
+    assert f"chmod 700 {ssh}" in refused.stderr and f"chmod 600 {proj.ak()}" in refused.stderr
+    assert mode(ssh) == 0o775 and not proj.farm.exists()
+    done = proj.run("join-config", "b300", "--controller", DOOR, "--door", "b", "--install-key", "--yes")
+    assert done.returncode == 0, done.stderr
+    assert mode(ssh) == 0o700 and mode(proj.ak()) == 0o600
+    assert f"chmod 700 {ssh}" in done.stdout and "[fixed]" in done.stdout
+    assert proj.ak().read_bytes().startswith(FOREIGN)
+
+
+def test_explicit_key_file_leaves_its_directory_exactly_as_found(proj, tmp_path):
+    layout = tmp_path / "container-keys"
+    layout.mkdir()
+    os.chmod(layout, 0o751)
+    target = layout / "authorized_keys"
+    target.write_bytes(FOREIGN)
+    os.chmod(target, 0o600)
+    before = (sorted(p.name for p in layout.iterdir()), mode(layout), layout.stat().st_uid)
+    done = proj.run("join-config", "b300", "--controller", DOOR, "--door", "b", "--install-key",
+                    "--authorized-keys", str(target))
+    assert done.returncode == 0, done.stderr
+    assert (sorted(p.name for p in layout.iterdir()), mode(layout), layout.stat().st_uid) == before
+    assert target.read_bytes().startswith(FOREIGN) and not proj.ak().exists()
+    missing = proj.run("join-config", "b300", "--install-key", "--authorized-keys", str(tmp_path / "no" / "ak"))
+    assert missing.returncode == 1 and "leaves that directory to you" in missing.stderr
+    assert not (tmp_path / "no").exists()
+
+
+# --------------------------------------------------------------------------- interactive
+
+
+def test_prompts_offer_defaults_on_a_terminal(proj):
+    pexpect = pytest.importorskip("pexpect")
+    child = pexpect.spawn(sys.executable, ["-m", "fdl", "join-config", "b300", "--sshd-config",
+                                           str(proj.sshd_config)], cwd=str(proj.root),
+                          env=fdl_env({"HOME": str(proj.home)}), encoding="utf-8", timeout=60)
+    try:
+        child.expect(r"Door.*\[b\]")
+        child.sendline("tunnel-only")
+        child.expect(r"Controller as workers reach its door.*\[")
+        child.sendline(DOOR)
+        child.expect(r"host doctor")
+        child.expect(r"Install the door's key line into .*\[y/N\]")
+        child.sendline("y")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0, child.before
+    assert proj.ak().read_bytes() == (proj.farm / "b300" / "authorized_keys.line").read_bytes()
+    # a re-run asks whether to keep the credentials (default: keep) and nothing about a line already in place
+    child = pexpect.spawn(sys.executable, ["-m", "fdl", "join-config", "b300", "--sshd-config",
+                                           str(proj.sshd_config)], cwd=str(proj.root),
+                          env=fdl_env({"HOME": str(proj.home)}), encoding="utf-8", timeout=60)
+    try:
+        child.expect(r"Keep them\?.*\[Y/n\]")
+        child.sendline("")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    assert "Install the door's key line" not in child.before
+    assert "credentials: reused" in child.before
+    # answering no rotates both, and the installed old line is replaced once confirmed
+    old_line = proj.ak().read_bytes()
+    child = pexpect.spawn(sys.executable, ["-m", "fdl", "join-config", "b300", "--sshd-config",
+                                           str(proj.sshd_config)], cwd=str(proj.root),
+                          env=fdl_env({"HOME": str(proj.home)}), encoding="utf-8", timeout=60)
+    try:
+        child.expect(r"Keep them\?.*\[Y/n\]")
+        child.sendline("n")
+        child.expect(r"Replace the old farm key line in .* \(line 1\) with the new key\?.*\[Y/n\]")
+        child.sendline("")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0 and "credentials: rotated" in child.before
+    assert proj.ak().read_bytes() != old_line
+    assert proj.ak().read_bytes() == (proj.farm / "b300" / "authorized_keys.line").read_bytes()

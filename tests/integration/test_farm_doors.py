@@ -1,0 +1,266 @@
+"""Every farm door against a real sshd on loopback, with the key the wizard generated.
+
+The wizard runs as a user would (`fdl join-config ... --install-key`), the
+drop-in is installed and sshd reloaded by running the very commands of its
+printed setup steps, and then real ssh, sftp and rsync clients knock on the
+door: a shell is refused everywhere; door a opens a read-only sftp session;
+door b lists the served tree through rrsync and refuses writes and paths
+outside it; every door forwards to the controller port and refuses any other
+forward. The wizard's own door self-test must pass too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import need_root_or_skip, run_fdl
+from tests.integration.loopback_sshd import Listener, LoopbackSshd, free_ports
+
+pytestmark = pytest.mark.slow
+MARKER = "fdl-shell-ran-here"
+
+
+@dataclass
+class Door:
+    door: str
+    sshd: LoopbackSshd
+    project: Path
+    home: Path
+    farm: Path
+    door_port: int
+    controller_port: int
+    served: Path | None
+    report: dict
+    listener: Listener
+
+    @property
+    def key(self) -> Path:
+        return self.farm / "key"
+
+    def ssh(self, *args: str, key: Path | None = None, port: int | None = None, input: str | None = None):
+        return self.sshd.ssh(key or self.key, port or self.door_port, *args, input=input)
+
+    def wizard(self, *args: str):
+        return run_fdl("join-config", "lab", "--sshd-config", str(self.sshd.config), "--authorized-keys",
+                       str(self.sshd.authorized_keys), *args, cwd=self.project, env={"HOME": str(self.home)})
+
+
+def _run_step(door_project: Path, command: str) -> None:
+    """Run a printed setup step as the user would paste it (this test runs as root: no sudo)."""
+    done = subprocess.run(["/bin/sh", "-c", command.replace("sudo ", "")], cwd=door_project, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, f"step failed: {command}\n{done.stdout}{done.stderr}"
+
+
+def open_door(door: str) -> Door:
+    sshd = LoopbackSshd()
+    try:
+        sshd.start()
+        door_port, controller_port = free_ports(2, taken={sshd.port})
+        project = sshd.base / "proj"
+        project.mkdir()
+        (project / "fdl.yml").write_text("commands:\n  test:\n    run: 'true'\n")
+        home = sshd.base / "home"
+        home.mkdir()
+        served = None
+        extra: list[str] = []
+        if door in ("a", "b"):
+            served = sshd.base / ("data" if door == "a" else "run")
+            (served / "tree").mkdir(parents=True)
+            (served / "tree" / "train.rs").write_text("fn main() {}\n")
+            (served / ".fdl-run.yml").write_text("bin: target/release/train\n")
+            extra = ["--served", str(served)]
+        sshd.authorized_keys.write_text("# the operator's own file\n")
+        os.chmod(sshd.authorized_keys, 0o600)
+        done = run_fdl("join-config", "lab", "--door", door, "--controller", f"{sshd.user}@127.0.0.1:{door_port}",
+                       "--port", str(controller_port), *extra, "--install-key", "--authorized-keys",
+                       str(sshd.authorized_keys), "--sshd-config", str(sshd.config), "--json",
+                       cwd=project, env={"HOME": str(home)})
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        steps = {s["title"]: s["command"] for s in report["steps"]}
+        _run_step(project, steps["Install the sshd drop-in"])
+        _run_step(project, steps["Check sshd's configuration, then reload it"])
+        sshd.wait_listening([sshd.port, door_port])
+        listener = Listener(controller_port)
+        return Door(door, sshd, project, home, project / ".fdl" / "lab", door_port, controller_port, served,
+                    report, listener)
+    except BaseException:
+        sshd.stop()
+        raise
+
+
+@pytest.fixture(scope="module", params=["a", "b", "tunnel-only"])
+def door(request):
+    need_root_or_skip("runs its own sshd on loopback and logs in as the test's own account")
+    if shutil.which("sshd") is None and not os.path.exists("/usr/sbin/sshd"):
+        pytest.fail("openssh-server is required (scripts/apt-test.txt)")
+    opened = open_door(request.param)
+    yield opened
+    opened.listener.close()
+    opened.sshd.stop()
+
+
+# --------------------------------------------------------------------------- every door
+
+
+def test_the_installed_dropin_passes_sshd_t(door):
+    assert (door.sshd.dropins / "01-fdl-lab.conf").read_bytes() == (door.farm / "sshd-door.conf").read_bytes()
+    checked = door.sshd.check()
+    assert checked.returncode == 0, checked.stderr
+    assert door.report["authorized_keys"]["action"] == "added"
+    assert door.sshd.authorized_keys.read_text().startswith("# the operator's own file\n")
+
+
+def test_a_command_and_a_shell_are_refused(door):
+    command = door.ssh("127.0.0.1", f"echo {MARKER}")
+    assert MARKER not in command.stdout + command.stderr
+    assert command.returncode not in (0, 255), command.stderr  # logged in, then refused
+    shell = door.ssh("-T", "127.0.0.1", input=f"echo {MARKER}\n")
+    assert MARKER not in shell.stdout and shell.returncode not in (0, 255)
+    tty = door.ssh("-tt", "127.0.0.1", input=f"echo {MARKER}\nexit\n")
+    assert MARKER not in tty.stdout.replace(f"echo {MARKER}", "")
+
+
+def test_the_forward_to_the_controller_port_goes_through(door):
+    done = door.ssh("-W", f"127.0.0.1:{door.controller_port}", "127.0.0.1")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "fdl-controller-hello\n"
+
+
+@pytest.mark.parametrize("target", ["base-port", "localhost-name", "controller-on-other-address"])
+def test_any_other_forward_is_refused(door, target):
+    dest = {"base-port": f"127.0.0.1:{door.sshd.port}", "localhost-name": f"localhost:{door.controller_port}",
+            "controller-on-other-address": f"127.0.0.2:{door.controller_port}"}[target]
+    done = door.ssh("-W", dest, "127.0.0.1")
+    assert done.returncode != 0 and "administratively prohibited" in done.stderr
+    assert "fdl-controller-hello" not in done.stdout
+
+
+def test_a_remote_forward_is_refused(door):
+    back = free_ports(1, taken={door.sshd.port, door.door_port, door.controller_port})[0]
+    done = door.ssh("-N", "-o", "ExitOnForwardFailure=yes", "-R", f"{back}:127.0.0.1:{door.sshd.port}", "127.0.0.1")
+    assert done.returncode == 255 and "remote port forwarding failed" in done.stderr
+
+
+def test_the_wizards_own_self_test_passes(door):
+    done = subprocess.run(["sh", str(door.farm / "door-selftest.sh"), "127.0.0.1"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"door self-test passed: farm lab, door {door.door}" in done.stdout
+    assert "FAIL" not in done.stdout
+
+
+def _sftp(door: Door, script: str):
+    return subprocess.run(["sftp", "-b", "-", *door.sshd.ssh_opts(door.key, door.door_port)[:-2], "-P",
+                           str(door.door_port), "127.0.0.1"], input=script, capture_output=True, text=True,
+                          timeout=30)
+
+
+def _rsync(door: Door, *args: str):
+    opts = " ".join(door.sshd.ssh_opts(door.key, door.door_port))
+    return subprocess.run(["rsync", "-e", f"ssh {opts}", *args], capture_output=True, text=True, timeout=30)
+
+
+def test_only_door_a_opens_sftp_and_it_cannot_write(door, tmp_path):
+    got = tmp_path / "got.rs"
+    done = _sftp(door, f"ls tree\nget tree/train.rs {got}\n")
+    if door.door != "a":
+        assert done.returncode != 0 and not got.exists()
+        return
+    assert done.returncode == 0, done.stderr
+    assert got.read_text() == "fn main() {}\n"
+    (tmp_path / "up").write_text("x")
+    write = _sftp(door, f"put {tmp_path / 'up'} tree/up\n")
+    assert write.returncode != 0 and not (door.served / "tree" / "up").exists()
+    mkdir = _sftp(door, "mkdir tree/new\n")
+    assert mkdir.returncode != 0 and not (door.served / "tree" / "new").exists()
+
+
+def test_only_door_b_lists_the_served_tree_through_rrsync(door, tmp_path):
+    listing = _rsync(door, "--list-only", "-r", "127.0.0.1:/")
+    if door.door != "b":
+        assert listing.returncode != 0 and "train.rs" not in listing.stdout
+        return
+    assert listing.returncode == 0, listing.stderr
+    assert "tree/train.rs" in listing.stdout and ".fdl-run.yml" in listing.stdout
+    pulled = _rsync(door, "-a", "127.0.0.1:/tree/", f"{tmp_path}/pulled/")
+    assert pulled.returncode == 0 and (tmp_path / "pulled" / "train.rs").read_text() == "fn main() {}\n"
+
+
+def test_no_door_takes_an_rsync_write_and_door_b_stays_inside_the_served_directory(door, tmp_path):
+    (tmp_path / "x").write_text("x")
+    write = _rsync(door, str(tmp_path / "x"), "127.0.0.1:/tree/x")
+    assert write.returncode != 0
+    if door.served is not None:
+        assert not (door.served / "tree" / "x").exists()
+    if door.door != "b":
+        return
+    assert "read-only" in write.stderr
+    up = _rsync(door, "--list-only", "127.0.0.1:../")
+    assert up.returncode != 0 and "do not use .." in up.stderr
+    absolute = _rsync(door, "--list-only", "127.0.0.1:/etc/passwd")
+    assert absolute.returncode != 0 and "root:" not in absolute.stdout
+    (door.served / "escape").symlink_to("/etc")
+    try:
+        link = _rsync(door, "--list-only", "127.0.0.1:/escape/passwd")
+        assert link.returncode != 0 and "passwd" not in link.stdout
+    finally:
+        (door.served / "escape").unlink()
+
+
+def test_the_door_confines_any_key_that_arrives_on_its_port(door, tmp_path):
+    """The operator's own, unrestricted key: a shell on the base port, the door's limits on the door port."""
+    own = tmp_path / "own"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(own)], check=True)
+    keys = door.sshd.authorized_keys
+    before = keys.read_bytes()
+    keys.write_bytes(before + (tmp_path / "own.pub").read_bytes())
+    try:
+        base = door.ssh("127.0.0.1", f"echo {MARKER}", key=own, port=door.sshd.port)
+        assert base.stdout.strip() == MARKER
+        other = door.ssh("-W", f"127.0.0.1:{door.sshd.port}", "127.0.0.1", key=own)
+        assert "administratively prohibited" in other.stderr
+        tty = door.ssh("-tt", "127.0.0.1", "true", key=own)
+        assert "PTY allocation request failed" in tty.stderr
+        if door.door == "tunnel-only":
+            forced = door.ssh("127.0.0.1", f"echo {MARKER}", key=own)
+            assert MARKER not in forced.stdout and "this door only forwards" in forced.stderr
+    finally:
+        keys.write_bytes(before)
+
+
+# --------------------------------------------------------------------------- rotation
+
+
+def test_regen_makes_the_old_key_fail_against_the_live_sshd(tmp_path):
+    need_root_or_skip("runs its own sshd on loopback")
+    opened = open_door("tunnel-only")
+    try:
+        old_key = tmp_path / "old_key"
+        shutil.copy(opened.key, old_key)
+        os.chmod(old_key, 0o600)
+        assert opened.ssh("-W", f"127.0.0.1:{opened.controller_port}", "127.0.0.1", key=old_key).returncode == 0
+        foreign = b"# kept\r\nssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIForeignForeignForeignForeignForeignForeig01 x\r\n"
+        keys = opened.sshd.authorized_keys
+        keys.write_bytes(foreign + keys.read_bytes())
+        old_token = (opened.farm / "token").read_text()
+        done = opened.wizard("--regen", "--install-key")
+        assert done.returncode == 0, done.stderr
+        assert (opened.farm / "token").read_text() != old_token
+        refused = opened.ssh("-W", f"127.0.0.1:{opened.controller_port}", "127.0.0.1", key=old_key)
+        assert refused.returncode == 255 and "Permission denied" in refused.stderr
+        fresh = opened.ssh("-W", f"127.0.0.1:{opened.controller_port}", "127.0.0.1")
+        assert fresh.returncode == 0 and fresh.stdout == "fdl-controller-hello\n"
+        assert keys.read_bytes() == foreign + b"# the operator's own file\n" + \
+            (opened.farm / "authorized_keys.line").read_bytes()
+    finally:
+        opened.listener.close()
+        opened.sshd.stop()

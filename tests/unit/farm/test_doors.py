@@ -1,0 +1,67 @@
+"""Door key lines and the sshd drop-in each door gets."""
+
+from __future__ import annotations
+
+import pytest
+
+from fdl.farm.authorized_keys import line_identity, parse_public_key
+from fdl.farm.doors import DoorError, dropin_name, dropin_vars, key_line, port_lines
+from fdl.farm.render import render_dropin
+
+PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOursOursOursOursOursOursOursOursOursOurs01 fdl-farm-b300"
+
+
+def test_door_a_runs_the_builtin_sftp_server_read_only_and_permits_one_forward():
+    line = key_line("a", PUB, label="b300", controller_port=1337, served="/flodl/data")
+    assert line.startswith('restrict,port-forwarding,permitopen="127.0.0.1:1337",'
+                           'command="internal-sftp -R -d /flodl/data" ssh-ed25519 ')
+    assert line.endswith(" fdl-farm-b300")
+    assert line_identity(line.encode()) == parse_public_key(PUB)
+
+
+def test_door_b_runs_rrsync_read_only_on_the_served_directory():
+    line = key_line("b", PUB, label="b300", controller_port=1400, served="/home/op/.flodl/run/",
+                    rrsync="/usr/bin/rrsync")
+    assert 'command="/usr/bin/rrsync -ro /home/op/.flodl/run"' in line
+    assert 'permitopen="127.0.0.1:1400"' in line and line.startswith("restrict,")
+
+
+def test_tunnel_only_has_no_command_and_no_pty():
+    line = key_line("tunnel-only", PUB, label="b300", controller_port=1337)
+    assert line.split(" ")[0] == 'restrict,port-forwarding,permitopen="127.0.0.1:1337"'
+    assert "command=" not in line and "pty" not in line
+
+
+@pytest.mark.parametrize("served", ["relative/dir", "/with space", '/quo"te', "/a/../b", "/x/..", "/$(id)"])
+def test_served_paths_that_would_need_quoting_are_refused(served):
+    with pytest.raises(DoorError, match="served directory"):
+        key_line("b", PUB, label="x", controller_port=1337, served=served)
+
+
+def test_unknown_door_and_bad_label_are_refused():
+    with pytest.raises(DoorError, match="unknown door"):
+        key_line("c", PUB, label="x", controller_port=1)
+    with pytest.raises(DoorError, match="label"):
+        key_line("tunnel-only", PUB, label="../x", controller_port=1)
+
+
+def test_port_lines_keep_the_implicit_22_only_when_no_port_is_set_anywhere():
+    assert [p.port for p in port_lines(2222, [])] == [22, 2222]
+    assert [p.port for p in port_lines(2222, [22])] == [2222]
+    assert [p.port for p in port_lines(2222, [2200, 2222])] == []
+
+
+@pytest.mark.parametrize("door, forced", [("a", False), ("b", False), ("tunnel-only", True)])
+def test_dropin_scopes_with_match_localport_and_forces_a_command_only_for_tunnel_only(door, forced):
+    text = render_dropin(dropin_vars(door, label="b300", door_port=2222, controller_port=1337,
+                                     explicit_ports=[22]))
+    directives = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    assert directives[:2] == ["Port 2222", "Match LocalPort 2222"]
+    assert "Match User" not in text
+    assert "PermitOpen 127.0.0.1:1337" in directives and "AllowTcpForwarding local" in directives
+    assert "PermitTTY no" in directives
+    assert any(d.startswith("ForceCommand ") for d in directives) is forced
+
+
+def test_dropin_name_sorts_early():
+    assert dropin_name("b300") == "01-fdl-b300.conf"

@@ -1,0 +1,110 @@
+"""The farm overlay's token line, the training crate, and the farm's credentials."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import yaml
+
+from fdl.errors import FdlError
+from fdl.farm import credentials
+from fdl.farm.overlay import OverlayEditError, current_token, has_token, read_crate, rewrite_token
+
+NEW = "ab" * 32
+
+
+@pytest.mark.parametrize("before, after", [
+    (b'# mine\ncluster:\n  controller:\n    join:\n      token: "old"  # keep this comment\n      start: manual\n',
+     b'# mine\ncluster:\n  controller:\n    join:\n      token: "' + NEW.encode() + b'"  # keep this comment\n'
+     b"      start: manual\n"),
+    (b"cluster:\r\n  controller:\r\n    join: {start: manual, token: 'x'}\r\n",
+     b"cluster:\r\n  controller:\r\n    join: {start: manual, token: '" + NEW.encode() + b"'}\r\n"),
+    (b"join:\n  token: 1234\n", b'join:\n  token: "' + NEW.encode() + b'"\n'),
+    (b"cluster:\n  controller:\n    join:\n      token:\n", b'cluster:\n  controller:\n    join:\n      token: "'
+     + NEW.encode() + b'"\n'),
+])
+def test_only_the_token_value_changes(before, after):
+    assert rewrite_token(before, NEW) == after
+    assert current_token(after) == NEW
+
+
+def test_both_token_lines_of_a_farm_overlay_are_rewritten_and_nothing_else():
+    before = (b"inherit-from: base\n# c\ncluster:\n  controller:\n    join:\n      token: aa\n"
+              b"join:\n  token: 'bb'   # worker default\ncommands: {x: {run: y}}")
+    after = rewrite_token(before, NEW)
+    assert after == before.replace(b"token: aa", b'token: "' + NEW.encode() + b'"').replace(
+        b"'bb'", b"'" + NEW.encode() + b"'")
+
+
+def test_an_overlay_without_a_token_is_left_alone():
+    data = b"cluster:\n  controller: 10.0.0.1:1337\n"
+    assert not has_token(data) and rewrite_token(data, NEW) is None
+
+
+def test_a_block_scalar_token_is_not_edited():
+    with pytest.raises(OverlayEditError):
+        rewrite_token(b"join:\n  token: |\n    abc\n", NEW)
+
+
+def test_crate_name_from_bin_then_package(tmp_path):
+    assert read_crate(tmp_path) is None
+    (tmp_path / "Cargo.toml").write_text('[package]\nname = "my-train"\n')
+    assert read_crate(tmp_path).name == "my-train"
+    (tmp_path / "Cargo.toml").write_text('[package]\nname = "lib"\n[[bin]]\nname = "train"\npath = "src/t.rs"\n')
+    assert read_crate(tmp_path).bin == "train"
+    (tmp_path / "Cargo.toml").write_text('[workspace]\nmembers = ["a"]\n')
+    assert read_crate(tmp_path) is None
+    (tmp_path / "Cargo.toml").write_text("not toml [")
+    assert read_crate(tmp_path) is None
+
+
+def test_mint_writes_0600_key_and_token_from_entropy(tmp_path):
+    cred = credentials.mint(tmp_path, "lab")
+    for path in (cred.key, cred.public, cred.token_file):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert len(cred.token()) == 64 and int(cred.token(), 16) >= 0
+    assert cred.public_key.startswith("ssh-ed25519 ") and cred.public_key.endswith("fdl-farm-lab")
+    assert cred.fingerprint.startswith("SHA256:")
+    again = credentials.load(tmp_path)
+    assert again.identity == cred.identity and again.token() == cred.token()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left behind
+
+
+def test_rotation_replaces_key_and_token_together(tmp_path):
+    first = credentials.mint(tmp_path, "lab")
+    old_token = first.token()
+    second = credentials.mint(tmp_path, "lab")
+    assert second.identity != first.identity and second.token() != old_token
+
+
+def test_entropy_failure_refuses_and_writes_nothing(tmp_path, monkeypatch):
+    """The OS entropy call cannot be made to fail for real here; it is replaced to raise as it would."""
+    def broken(n):
+        raise OSError(38, "getrandom not implemented")
+    monkeypatch.setattr(os, "urandom", broken)
+    with pytest.raises(FdlError, match="entropy source failed") as caught:
+        credentials.mint(tmp_path, "lab")
+    assert caught.value.exit_code == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_half_a_credential_is_refused(tmp_path):
+    credentials.mint(tmp_path, "lab")
+    (tmp_path / "token").unlink()
+    with pytest.raises(FdlError, match="incomplete: token missing"):
+        credentials.load(tmp_path)
+
+
+def test_overlay_template_parses_and_quotes_the_token(tmp_path):
+    from fdl.farm.overlay import Crate
+    from fdl.farm.render import render
+
+    token = "0123" + "0" * 60  # all digits: must stay a string, leading zero and all
+    text = render("overlay.yml.j2", label="b300", inherit_from="base", host="10.0.0.1", controller_port=1337,
+                  tunnel=True, token=token, crate=Crate("train", "train"))
+    doc = yaml.safe_load(text)
+    assert doc["cluster"]["controller"]["join"]["token"] == token
+    assert doc["inherit-from"] == "base" and doc["cluster"]["controller"]["bind"] == "127.0.0.1"
+    assert doc["commands"]["train"]["cluster"] is True
