@@ -20,6 +20,10 @@ Two phases, both timed on every rank:
    all-reduce paces every rank to the slowest link, so it cannot say who is
    slow; these rounds can, because each rank times its own traffic.
 
+`--check` only imports PyTorch and reports it (event `torch`: version, CUDA
+availability, backends) or exits 3: what a launcher runs on each host first,
+to leave out the hosts that cannot take part.
+
 Each result is a line `fdl-collective {json}` on stdout: events `start`,
 `allreduce`, `exchange`, `done`, or `error` (kind torch-missing exits 3,
 others exit 1). Rank 0 decides, and tells the others, when the budget is
@@ -62,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-iters", type=int, default=20)
     parser.add_argument("--exchange-bytes", type=int, default=4 << 20)
     parser.add_argument("--exchange-iters", type=int, default=3)
+    parser.add_argument("--check", action="store_true", help="only report whether PyTorch can be imported")
     args = parser.parse_args(argv)
     started = time.monotonic()
     rank = int(os.environ.get("RANK", "0"))
@@ -75,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         emit("error", kind="torch-missing", rank=rank, host=host, detail=str(exc), python=sys.executable)
         return EXIT_TORCH_MISSING
+    if args.check:
+        emit("torch", host=host, version=torch.__version__, cuda=bool(torch.cuda.is_available()),
+             gloo=bool(dist.is_gloo_available()), nccl=bool(dist.is_nccl_available()), python=sys.executable)
+        return 0
 
     backend = os.environ.get("FDL_BACKEND") or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":

@@ -78,3 +78,21 @@ def test_fdl_probe_collective_human_table(tmp_path: Path, fake_nvml) -> None:
 def test_bad_collective_flags_are_usage_errors(tmp_path: Path, args, words: str) -> None:
     result = run_fdl("probe", "--skip-mount", "--collective", *args, cwd=tmp_path)
     assert result.returncode == 2 and words in result.stderr
+
+
+def test_check_mode_reports_pytorch_or_exits_3(tmp_path: Path) -> None:
+    """What a launcher runs on each host before forming the world."""
+    import subprocess
+
+    from fdl.collective.results import parse_line
+    from fdl.collective.run import SCRIPT
+
+    done = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, timeout=120,
+                          env={"FDL_HOST": "node-a", "PATH": "/usr/bin:/bin"})
+    event = next(e for e in map(parse_line, done.stdout.splitlines()) if e)
+    assert done.returncode == 0 and event["event"] == "torch" and event["host"] == "node-a"
+    assert event["gloo"] is True and event["version"].startswith("2.")
+    bare = subprocess.run([sys.executable, "-S", str(SCRIPT), "--check"], capture_output=True, text=True,
+                          timeout=60, env={"FDL_HOST": "node-b"})
+    event = next(e for e in map(parse_line, bare.stdout.splitlines()) if e)
+    assert bare.returncode == 3 and (event["kind"], event["host"]) == ("torch-missing", "node-b")
