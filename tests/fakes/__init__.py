@@ -96,7 +96,7 @@ class FakeNvml:
     """A built fake NVML: `env()` is what an fdl subprocess needs to see it."""
 
     lib_dir: Path
-    host_root: Path  # a healthy host file system (make_host_root defaults) the stack checks read
+    host_root: Path | None = None  # a healthy host file system the stack checks read; None: built beside lib_dir
 
     def env(self, devices: str | None = "", *, driver: str | None = None, cuda: int | None = None,
             extra_lib_dirs: tuple[str, ...] = (), root: Path | str | None = None) -> dict[str, str]:
@@ -109,12 +109,21 @@ class FakeNvml:
         if devices is not None:
             lib_dirs.insert(0, str(self.lib_dir))
         env = {"LD_LIBRARY_PATH": os.pathsep.join(lib_dirs), "FDL_FAKE_NVML": devices or "",
-               "FDL_PROBE_ROOT": str(root if root is not None else self.host_root)}
+               "FDL_PROBE_ROOT": str(root if root is not None else self.default_root())}
         if driver is not None:
             env["FDL_FAKE_NVML_DRIVER"] = driver
         if cuda is not None:
             env["FDL_FAKE_NVML_CUDA"] = str(cuda)
         return env
+
+    def default_root(self) -> Path:
+        """The healthy host root: host_root, or one made (once) next to the library, as readable as it is."""
+        if self.host_root is not None:
+            return self.host_root
+        root = self.lib_dir.parent / f"{self.lib_dir.name}-host-root"
+        if not (root / "proc" / "modules").exists():
+            make_host_root(root)
+        return root
 
 
 def nccl_version_code(version: str) -> int:
