@@ -13,8 +13,9 @@ mean iteration time, as nccl-tests averages.
 Stragglers come from the exchange rounds, where every rank times its own
 traffic: a rank's bandwidth is its best round whose send and receive peers
 both sit on other hosts (its best intra-host round on a single host); a
-host's is the median of its ranks'; a host under STRAGGLER_FRACTION of the
-median host is a straggler. It takes three hosts to tell which end of a slow
+host's is its best rank's (a slow link slows every rank of its host, a busy
+CPU only some); a host under STRAGGLER_FRACTION of the median host is a
+straggler. It takes three hosts to tell which end of a slow
 link is slow.
 """
 
@@ -156,8 +157,8 @@ def _stragglers(result: CollectiveResult, rank_host: dict[int, str], exchange: l
     result.slowest_rank = min(best, key=lambda r: best[r])
     for host, ranks in result.hosts.items():
         values = [best[r] for r in ranks if r in best]
-        if values:
-            result.host_bandwidth_gbs[host] = round(statistics.median(values), 4)
+        if values:  # a slow link slows every rank of its host; a busy CPU only some of them
+            result.host_bandwidth_gbs[host] = round(max(values), 4)
     if len(result.host_bandwidth_gbs) >= 3:
         median = statistics.median(result.host_bandwidth_gbs.values())
         result.stragglers = sorted(h for h, b in result.host_bandwidth_gbs.items()
