@@ -28,6 +28,7 @@ BUILTINS: dict[str, tuple[str, str]] = {
     "config": ("fdl.cli.config", "Show the resolved configuration and where each value came from."),
     "publish": ("fdl.cli.publish", "Publish a build-gated training run for a fleet to pull."),
     "join-config": ("fdl.cli.join_config", "Set up a farm: key, token, overlay, sshd door and the steps to open it."),
+    "nccl": ("fdl.cli.nccl", "Build NCCL from source to match the fleet (heterogeneous rigs)."),
 }
 
 GLOBAL_VALUE_OPTIONS = ("--env", "--gpus")

@@ -1,0 +1,72 @@
+"""`fdl nccl build`: libnccl.so.2 from source, matching the fleet, for this host's GPU archs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from fdl.cli.context import Globals
+
+app = typer.Typer(help="Build NVIDIA's NCCL from source for heterogeneous rigs.", rich_markup_mode=None,
+                  no_args_is_help=True)
+
+
+@app.callback()
+def nccl() -> None:
+    """Build NVIDIA's NCCL from source for heterogeneous rigs."""
+
+
+@app.command("build")
+def build(
+    ctx: typer.Context,
+    tag: Annotated[str | None, typer.Option("--tag", metavar="vX.Y.Z",
+                                            help="NCCL release to build (default: the version the fleet runs).")] = None,
+    archs: Annotated[str | None, typer.Option("--archs", metavar="'6.1;12.0'",
+                                              help="Compute capabilities to build for (default: this host's GPUs).")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", metavar="N", help="Parallel compile jobs.")] = 6,
+    host: Annotated[str | None, typer.Option("--host", metavar="NAME",
+                                             help="Build on this cluster worker instead of here.")] = None,
+    root: Annotated[str | None, typer.Option("--root", metavar="DIR",
+                                             help="Root of libtorch/ on the build host (default: the project "
+                                                  "directory; ~/.flodl on a worker).")] = None,
+    base_image: Annotated[str | None, typer.Option("--base-image", metavar="IMAGE",
+                                                   help="CUDA devel image that compiles NCCL.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the build plan and change nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
+) -> None:
+    """Build libnccl.so.2 in a Docker context and say how to preload it.
+
+    Output: libtorch/nccl/builds/v<version>-<archs>/lib/libnccl.so.2. Takes 5-15 minutes.
+    """
+    from fdl.nccl import render
+    from fdl.nccl.build import local_inventory, run_build, this_host_name, worker_inventory
+    from fdl.nccl.plan import DEFAULT_BASE_IMAGE
+    from fdl.nccl.planner import make_plan
+
+    g: Globals = ctx.find_object(Globals)
+    cfg = g.config(required=host is not None)
+    plan = make_plan(project_root=cfg.root, cluster=cfg.cluster, tag=tag, archs=archs, jobs=jobs, host=host,
+                     root=root, base_image=base_image or DEFAULT_BASE_IMAGE)
+    for note in plan.notes:
+        typer.echo(f"fdl: note: {note}", err=True)
+    if dry_run:
+        typer.echo(json.dumps(plan.to_dict(), indent=2) if as_json else render.plan_text(plan))
+        return
+
+    if plan.remote:
+        from fdl.nccl.build import find_worker
+
+        inventory = worker_inventory(find_worker(cfg.cluster, plan.host))
+        snippet_host = plan.host
+    else:
+        inventory = local_inventory()
+        snippet_host = this_host_name(cfg.cluster)
+    typer.echo(render.start_text(plan), err=True)
+    result = run_build(plan, inventory, snippet_host=snippet_host, live=sys.stderr.isatty())
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        typer.echo(render.result_text(result))

@@ -1,0 +1,183 @@
+"""Carry out a BuildPlan through playbooks/nccl-build.yml (role fdl_nccl).
+
+The plan decides; the role acts on the build host (this one, or a worker
+over ssh). This module builds the inventory and the role variables, turns the
+run's events into progress and into errors a person can act on, and says how
+to wire the result into fdl.cluster.yml.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from fdl import resources
+from fdl.config.schema import ClusterSpec, WorkerSpec
+from fdl.errors import FdlError, RemoteError
+from fdl.nccl.plan import BuildPlan
+
+PLAYBOOK = "nccl-build.yml"
+_TAIL_LINES = 25
+
+
+@dataclass
+class BuildResult:
+    plan: BuildPlan
+    library: str  # absolute, on the build host
+    replaced: bool
+    seconds: float
+    snippet_host: str
+
+    def to_dict(self) -> dict:
+        return {"plan": self.plan.to_dict(), "library": self.library, "replaced": self.replaced,
+                "seconds": round(self.seconds, 1), "preload": preload_entry(self.snippet_host, self.library)}
+
+
+def local_inventory() -> dict:
+    """This machine, reached without ssh, with fdl's own interpreter."""
+    return {"all": {"hosts": {"localhost": {"ansible_connection": "local",
+                                            "ansible_python_interpreter": sys.executable}}}}
+
+
+def worker_inventory(worker: WorkerSpec) -> dict:
+    """One cluster worker as an ssh host.
+
+    To be replaced by the fdl_cluster inventory plugin / shared runner once
+    they are on main (they own the known-hosts policy and ssh options).
+    """
+    hostvars: dict = {"ansible_host": worker.address, "ansible_port": worker.port,
+                      "ansible_python_interpreter": worker.python}
+    if worker.user:
+        hostvars["ansible_user"] = worker.user
+    if worker.identity:
+        hostvars["ansible_ssh_private_key_file"] = worker.identity
+    return {"all": {"hosts": {worker.host: hostvars}}}
+
+
+def find_worker(cluster: ClusterSpec | None, name: str) -> WorkerSpec:
+    workers = cluster.workers if cluster is not None else ()
+    for worker in workers:
+        if worker.host == name:
+            return worker
+    known = ", ".join(w.host for w in workers) or "none"
+    raise FdlError(f"--host {name}: no worker of that name in the cluster configuration (workers: {known}).",
+                   hint="Name a worker's host: from fdl.cluster.yml, or run without --host to build here.")
+
+
+def this_host_name(cluster: ClusterSpec | None) -> str:
+    """This machine's worker name in the cluster file when it has one, else its hostname."""
+    names = {socket.gethostname(), socket.getfqdn()}
+    for worker in cluster.workers if cluster is not None else ():
+        if worker.host in names or worker.address in names:
+            return worker.host
+    return socket.gethostname()
+
+
+def preload_entry(host: str, library: str) -> str:
+    """The fdl.cluster.yml lines that make a worker's ranks load this library."""
+    return (f"workers:\n"
+            f"  - host: {host}\n"
+            f"    env:\n"
+            f"      LD_PRELOAD: {library}\n")
+
+
+class Progress:
+    """Turns runner events into progress lines (on a terminal) and collects what the role reported."""
+
+    def __init__(self, stream: TextIO, live: bool):
+        self.stream = stream
+        self.live = live
+        self.failures: list[str] = []
+        self.installed: dict | None = None
+        self.context_ready = False
+        self.build_started: float | None = None
+        self._ticking = False
+
+    def __call__(self, event: dict) -> bool:
+        kind = event.get("event")
+        data = event.get("event_data") or {}
+        if kind == "playbook_on_task_start" and self.live:
+            self._end_tick()
+            self.stream.write(f"  - {data.get('task', '')}\n")
+            self.stream.flush()
+        elif kind == "runner_on_async_poll":
+            if self.build_started is None:
+                self.build_started = time.monotonic()
+            if self.live:
+                elapsed = int(time.monotonic() - self.build_started)
+                self.stream.write(f"\r    still building: {elapsed // 60}m{elapsed % 60:02d}s elapsed")
+                self.stream.flush()
+                self._ticking = True
+        elif kind == "runner_on_ok" and data.get("task_action") == "fdl_nccl_install":
+            self.installed = data.get("res") or {}
+        elif kind == "runner_on_ok" and data.get("task_action") in ("ansible.builtin.template", "template"):
+            self.context_ready = True
+        elif kind == "runner_on_failed" and not data.get("ignore_errors"):
+            self.failures.append(describe_failure(data))
+        elif kind == "runner_on_unreachable":
+            res = data.get("res") or {}
+            self.failures.append(f"cannot reach {data.get('host')} over ssh: {str(res.get('msg', '')).strip()}")
+        return False  # keep no event files
+
+    def _end_tick(self) -> None:
+        if self._ticking:
+            self.stream.write("\n")
+            self._ticking = False
+
+    def close(self) -> None:
+        if self.live:
+            self._end_tick()
+
+
+def describe_failure(data: dict) -> str:
+    """One failed task, in words: the role's own message, or the command's exit and last output lines."""
+    res = data.get("res") or {}
+    host = data.get("host", "?")
+    if data.get("task_action") in ("ansible.builtin.fail", "fail", "ansible.builtin.assert", "assert"):
+        return f"{res.get('msg', 'failed')}"
+    msg = str(res.get("msg", "")).strip()
+    parts = [f"'{data.get('task', 'a task')}' failed on {host}"]
+    if "rc" in res and res.get("cmd"):
+        parts.append(f": {' '.join(map(str, res['cmd']))} exited {res['rc']}")
+    elif msg:
+        parts.append(f": {msg}")
+    text = "".join(parts) + "."
+    output = "\n".join(filter(None, [str(res.get("stdout", "")).rstrip(), str(res.get("stderr", "")).rstrip()]))
+    if output:
+        tail = output.splitlines()[-_TAIL_LINES:]
+        text += "\nLast lines of its output:\n" + "\n".join(f"  | {line}" for line in tail)
+    return text
+
+
+def run_build(plan: BuildPlan, inventory: dict, *, snippet_host: str,
+              stream: TextIO | None = None, live: bool = False) -> BuildResult:
+    """Run the role for `plan`; raises FdlError with the role's words when anything fails."""
+    from fdl.nccl.runner import run_playbook
+
+    progress = Progress(stream or sys.stderr, live)
+    started = time.monotonic()
+    try:
+        outcome = run_playbook(resources.playbook(PLAYBOOK), inventory=inventory, extravars=plan.role_vars(),
+                               event_handler=progress)
+    finally:
+        progress.close()
+    seconds = time.monotonic() - started
+    untouched = f"{plan.output_dir} was left as it was."
+    if progress.failures:
+        error_class = RemoteError if plan.remote else FdlError
+        hint = None
+        if progress.context_ready:
+            hint = (f"the build context stays in {plan.context_dir} on {plan.host}; `fdl nccl build --dry-run` "
+                    f"prints the docker commands to rerun by hand.")
+        raise error_class(f"NCCL build on {plan.host} failed: " + "\n".join(progress.failures) + f"\n{untouched}",
+                          hint=hint)
+    if outcome.status != "successful":
+        raise FdlError(f"NCCL build on {plan.host} ended {outcome.status} (ansible-playbook exit {outcome.rc}). "
+                       f"{untouched}")
+    installed = progress.installed or {}
+    library = str(installed.get("library") or plan.library)
+    return BuildResult(plan=plan, library=library, replaced=bool(installed.get("replaced")), seconds=seconds,
+                       snippet_host=snippet_host)
