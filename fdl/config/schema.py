@@ -63,6 +63,7 @@ class JoinPolicy(NamedTuple):
     quorum_ranks: int | None = None
     window_s: float = 600.0
     tunnel_only: bool = False
+    max_hosts: int | None = None  # discovery: roster capacity (None: the hard bound, MAX_WORKERS)
 
 
 class ControllerSpec(NamedTuple):
@@ -70,6 +71,7 @@ class ControllerSpec(NamedTuple):
     port: int = DEFAULT_PORT
     bind: str = "0.0.0.0"
     join: JoinPolicy = JoinPolicy()
+    master_port: int | None = None  # torch rendezvous port on rank 0's host (None: port + 1)
 
     @property
     def address(self) -> str:
@@ -334,8 +336,8 @@ def parse_devices(value: Any) -> Devices:
 
 # --------------------------------------------------------------------------- blocks
 
-_CONTROLLER_KEYS = ("host", "port", "bind", "join")
-_JOIN_POLICY_KEYS = ("discovery", "start", "token", "quorum", "window_s", "tunnel_only")
+_CONTROLLER_KEYS = ("host", "port", "bind", "join", "master_port")
+_JOIN_POLICY_KEYS = ("discovery", "start", "token", "quorum", "window_s", "tunnel_only", "max_hosts")
 _SSH_KEYS = ("user", "port", "identity")
 _WORKER_KEYS = ("host", "address", "user", "port", "identity", "arch", "local_devices", "env",
                 "data_path", "python")
@@ -397,7 +399,13 @@ def _controller(c: _Checker, value: Any, path: tuple) -> ControllerSpec:
     if join.tunnel_only and bind not in ("127.0.0.1", "::1", "localhost"):
         raise c.fail(path + ("bind",), "a loopback address (tunnel_only binds loopback)", bind,
                      "Remove bind: or set tunnel_only: false.")
-    return ControllerSpec(host=host, port=port, bind=bind, join=join)
+    master_port = None
+    if block.get("master_port") is not None:
+        master_port = c.port(block["master_port"], path + ("master_port",))
+        if master_port == port:
+            raise c.fail(path + ("master_port",), "a port other than the controller's own", master_port,
+                         "Rank 0 opens the torch rendezvous store there; leave it out to use port + 1.")
+    return ControllerSpec(host=host, port=port, bind=bind, join=join, master_port=master_port)
 
 
 def _join_policy(c: _Checker, value: Any, path: tuple) -> JoinPolicy:
@@ -424,6 +432,8 @@ def _join_policy(c: _Checker, value: Any, path: tuple) -> JoinPolicy:
         quorum_ranks=quorum_ranks,
         window_s=c.number(block.get("window_s", 600), path + ("window_s",), 0.05, 7 * 24 * 3600),
         tunnel_only=c.boolean(block.get("tunnel_only", False), path + ("tunnel_only",)),
+        max_hosts=(None if block.get("max_hosts") is None
+                   else c.integer(block["max_hosts"], path + ("max_hosts",), 1, MAX_WORKERS)),
     )
 
 

@@ -1,0 +1,283 @@
+"""Controller under load, measured in one run.
+
+    python bench/controller.py [--joiners 4096] [--pollers 64] [--poll-seconds 5]
+
+The controller runs in its own process (as under a launcher); this process is
+one asyncio client (aiohttp) that plays every peer:
+
+1. walk-ins: N simulated `fdl join` agents dial a discovery window with
+   `start: auto` whose capacity is N, each sending a hello and then holding a
+   world long-poll. Timed from the first hello to the moment every joiner holds
+   its world. Also run with N/8 joiners: the ratio of the two times shows how
+   the cost grows (8 is linear; 64 would be quadratic).
+2. state.json: 64 concurrent pollers hammer GET /state.json while a window
+   stays open (start: manual, quorum not met) with a small roster (16 hosts)
+   and with the full N-host roster.
+3. the controller's peak RSS (VmHWM from /proc) over all of the above.
+
+The machine is shared, so each figure is the best of --repeat runs, and the
+controller's own CPU time is printed beside the wall times. The client runs
+with Python's cyclic GC paused (it stands in for thousands of machines; its
+own bookkeeping is not what is measured); the controller runs as it would
+under a launcher.
+
+Targets: walk-ins <= 5 s for 4096 joiners, >= 3000 state.json req/s,
+<= 150 MB peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+TARGET_JOIN_S = 5.0
+TARGET_RPS = 3000.0
+TARGET_RSS_MB = 150.0
+
+
+# ---------------------------------------------------------------- the controller process
+
+
+def serve(port: int, policy_json: str) -> int:
+    """Child mode: run a controller on 127.0.0.1:port until stdin closes."""
+    from fdl.controller.policy import RunPolicy
+    from fdl.controller.server import ControllerServer, new_event_loop
+
+    policy = RunPolicy(**json.loads(policy_json))
+
+    async def main() -> None:
+        server = ControllerServer(policy, host="127.0.0.1", port=port)
+        await server.start_async()
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+        threading.Thread(target=lambda: (sys.stdin.read(), loop.call_soon_threadsafe(done.set)),
+                         daemon=True).start()
+        print(f"ready {server.port}", flush=True)
+        await done.wait()
+        await server.stop_async()
+
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        runner.run(main())
+    return 0
+
+
+class Controller:
+    """A controller child process; peak_rss_mb() reads its VmHWM."""
+
+    def __init__(self, **policy):
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", json.dumps(policy)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env={**os.environ, "PYTHONPATH": str(REPO)})
+        line = self.proc.stdout.readline().split()
+        if not line or line[0] != "ready":
+            raise SystemExit("bench: the controller did not start")
+        self.port = int(line[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the controller process has used so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def peak_rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(30)
+        self.proc.stdout.close()
+
+
+# ---------------------------------------------------------------- the client process
+
+
+def run(coro):
+    """Run a client coroutine on the same kind of loop the controller uses, with the cyclic GC paused.
+
+    The client stands in for thousands of machines; its own bookkeeping for thousands of connections
+    (every full collection walks them all) is not what is measured, and pausing the GC halves its CPU.
+    """
+    import gc
+
+    from fdl.controller.server import new_event_loop
+
+    gc.disable()
+    try:
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+            return runner.run(coro)
+    finally:
+        gc.enable()
+        gc.collect()
+
+
+def session(aiohttp):
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False, ttl_dns_cache=None)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120),
+                                 skip_auto_headers=("User-Agent",))
+
+
+async def walk_ins(url: str, n: int) -> tuple[float, int]:
+    """n joiners: hello, then world long-poll. Returns (seconds from first hello to last world, world size)."""
+    import aiohttp
+    from yarl import URL
+
+    hellos = [json.dumps({"host": f"walkin-{i:05d}", "devices": "cpu:1", "run_id": "bench",
+                          "signature": "5eed"}).encode() for i in range(n)]
+    headers = {"Content-Type": "application/json"}
+    join_url, world_url = URL(url + "/join"), URL(url + "/join/world")  # parsed once, not per request
+    async with session(aiohttp) as s:
+        async def one(i: int) -> tuple[float, int]:
+            async with s.post(join_url, data=hellos[i], headers=headers) as resp:
+                answer = json.loads(await resp.read())
+            if not answer.get("admitted"):
+                raise SystemExit(f"bench: walkin-{i} refused: {answer}")
+            poll = json.dumps({"ticket": answer["ticket"], "wait_s": 60}).encode()
+            while True:
+                async with s.post(world_url, data=poll, headers=headers) as resp:
+                    world = json.loads(await resp.read())
+                if world.get("formed"):
+                    return time.perf_counter(), world["world"]["size"]
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(one(i) for i in range(n)))
+    sizes = {size for _, size in results}
+    if sizes != {n}:
+        raise SystemExit(f"bench: joiners saw world sizes {sizes}, expected {n}")
+    return max(t for t, _ in results) - start, n
+
+
+async def fill(url: str, n: int) -> None:
+    """n hosts join (no world polls: a manual window below quorum stays open)."""
+    import aiohttp
+
+    async with session(aiohttp) as s:
+        sem = asyncio.Semaphore(256)
+
+        async def one(i: int) -> None:
+            async with sem, s.post(url + "/join", json={"host": f"host-{i:05d}", "devices": "cpu:1"}) as resp:
+                if (await resp.json()).get("admitted") is not True:
+                    raise SystemExit("bench: fill refused")
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+
+
+async def pollers(url: str, count: int, seconds: float) -> tuple[float, int]:
+    """count concurrent GET /state.json loops for seconds; returns (requests/s, body bytes, bytes on the wire)."""
+    import aiohttp
+
+    done = 0
+    size = wire = 0
+    async with session(aiohttp) as s:
+        stop = time.perf_counter() + seconds
+
+        async def loop() -> None:
+            nonlocal done, size, wire
+            while time.perf_counter() < stop:
+                async with s.get(url + "/state.json") as resp:
+                    body = await resp.read()  # decompressed by aiohttp when the answer came gzipped
+                    if resp.status != 200:
+                        raise SystemExit(f"bench: state.json answered {resp.status}")
+                    size = len(body)
+                    wire = int(resp.headers.get("Content-Length", size))
+                done += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(loop() for _ in range(count)))
+        elapsed = time.perf_counter() - start
+    return done / elapsed, size, wire
+
+
+# ---------------------------------------------------------------- the run
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--joiners", type=int, default=4096)
+    parser.add_argument("--pollers", type=int, default=64)
+    parser.add_argument("--poll-seconds", type=float, default=5.0)
+    parser.add_argument("--repeat", type=int, default=3, help="best of this many runs (the machine is shared)")
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        return serve(0, args.serve)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 2 * args.joiners + 512)), hard))
+    n = args.joiners
+    small = max(1, n // 8)
+    peak = 0.0
+    lines = [f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; best of "
+             f"{args.repeat} runs"]
+
+    def walk(count: int) -> tuple[float, float]:
+        """Best (seconds, controller CPU seconds) of args.repeat fresh windows of count joiners."""
+        nonlocal peak
+        best = (float("inf"), float("inf"))
+        for _ in range(args.repeat):
+            ctl = Controller(discovery=True, start="auto", quorum_hosts=count, max_hosts=count, window_s=120,
+                             silence_s=120, poll_s=60)
+            try:
+                cpu0 = ctl.cpu_seconds()
+                seconds, _ = run(walk_ins(ctl.url, count))
+                best = min(best, (seconds, ctl.cpu_seconds() - cpu0))
+                peak = max(peak, ctl.peak_rss_mb())
+            finally:
+                ctl.close()
+        return best
+
+    t_small, cpu_small = walk(small)
+    t_full, cpu_full = walk(n)
+    lines.append(f"walk-ins: {n} joiners, first hello -> every world held: {t_full:.2f} s "
+                 f"({n / t_full:.0f} joiners/s); target <= {TARGET_JOIN_S:g} s: "
+                 f"{'met' if t_full <= TARGET_JOIN_S else 'MISSED'}")
+    lines.append(f"walk-ins, controller CPU: {cpu_full:.2f} s for {2 * n} requests "
+                 f"({cpu_full / (2 * n) * 1e6:.0f} us each); the rest of the wall time is the client and the "
+                 f"machine")
+    lines.append(f"walk-ins scaling: {small} joiners {t_small:.2f} s; x{n / small:.0f} joiners took "
+                 f"x{t_full / t_small:.1f} the wall time and x{cpu_full / cpu_small:.1f} the controller CPU "
+                 f"(linear: x{n / small:.0f}, quadratic: x{(n / small) ** 2:.0f})")
+
+    rps = {}
+    for hosts in (16, n):
+        best = (0.0, 0.0, 0, 0)
+        for _ in range(args.repeat):
+            ctl = Controller(discovery=True, start="manual", quorum_hosts=n, max_hosts=n, window_s=600,
+                             silence_s=600)
+            try:
+                run(fill(ctl.url, hosts))
+                cpu0 = ctl.cpu_seconds()
+                rate, size, wire = run(pollers(ctl.url, args.pollers, args.poll_seconds))
+                cpu = ctl.cpu_seconds() - cpu0
+                best = max(best, (rate, cpu / (rate * args.poll_seconds), size, wire))
+                peak = max(peak, ctl.peak_rss_mb())
+            finally:
+                ctl.close()
+        rate, per_request, size, wire = best
+        rps[hosts] = rate
+        lines.append(f"state.json, window open, {hosts} hosts joined ({size / 1024:.1f} KiB, "
+                     f"{wire / 1024:.1f} KiB on the wire): {rate:.0f} req/s with {args.pollers} pollers; "
+                     f"controller CPU {per_request * 1e6:.0f} us per request")
+    lines.append(f"state.json target >= {TARGET_RPS:.0f} req/s (16-host roster): "
+                 f"{'met' if rps[16] >= TARGET_RPS else 'MISSED'}; the {n}-host roster serves "
+                 f"x{rps[n] / rps[16]:.2f} the rate of the 16-host one")
+    lines.append(f"controller peak RSS (VmHWM): {peak:.1f} MB; target <= {TARGET_RSS_MB:.0f} MB: "
+                 f"{'met' if peak <= TARGET_RSS_MB else 'MISSED'}")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Talking to a controller: the one client `fdl status`, `fdl start` and the join agent share.
+
+`requests` is imported on first use, so importing this module stays cheap.
+Failures come back as fdl errors a command can print as they are:
+
+- `NoRunListening`: the connection was refused, i.e. no controller holds that
+  port (the endpoint lives only as long as its launcher): not a fault.
+- `ControllerUnreachable`: timeouts, unknown hosts, resets, answers that are
+  not the controller's JSON.
+- `ControllerRefused`: the controller answered and said no; `.reason` is the
+  stable code (bad_token, window_closed, quorum_not_met, ...), `.payload` the
+  whole answer.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+from typing import Any
+
+from fdl.config.schema import split_host_port
+from fdl.controller.protocol import PROTOCOL, Hello, hello_body
+from fdl.errors import FdlError, RemoteError, UsageError
+
+
+class ControllerError(RemoteError):
+    """The controller could not be asked."""
+
+    def __init__(self, message: str, *, address: str, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.address = address
+
+
+class NoRunListening(ControllerError):
+    """Connection refused: no controller (so no run) at that address."""
+
+
+class ControllerUnreachable(ControllerError):
+    """The address did not answer as a controller (timeout, no route, not fdl's JSON)."""
+
+
+class ControllerRefused(FdlError):
+    """The controller answered with a refusal."""
+
+    def __init__(self, message: str, *, reason: str, status: int, payload: dict, address: str):
+        super().__init__(message)
+        self.reason = reason
+        self.status = status
+        self.payload = payload
+        self.address = address
+
+
+def normalize_address(text: str) -> tuple[str, str]:
+    """host[:port] -> (display address, base URL); raises UsageError naming the problem."""
+    try:
+        host, port = split_host_port(text)
+    except ValueError as exc:
+        raise UsageError(f"controller address {text!r} is not host[:port]: {exc}.") from None
+    shown = f"[{host}]" if ":" in host else host
+    return f"{shown}:{port}", f"http://{shown}:{port}"
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a requests/urllib3 connection error was, at its root, ECONNREFUSED."""
+    seen: set[int] = set()
+    stack: list[Any] = [exc]
+    while stack:
+        item = stack.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, ConnectionRefusedError) or getattr(item, "errno", None) == errno.ECONNREFUSED:
+            return True
+        stack.extend([item.__cause__, item.__context__, getattr(item, "reason", None), *item.args])
+    return False
+
+
+class ControllerClient:
+    """One controller, reached at host[:port] (default port 1337)."""
+
+    def __init__(self, address: str, *, timeout: float = 5.0):
+        self.address, self.base = normalize_address(address)
+        self.timeout = timeout
+        self._session: Any = None
+
+    def __enter__(self) -> "ControllerClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def _request(self, method: str, path: str, body: dict | None = None, *, timeout: float | None = None,
+                 accept: tuple[int, ...] = (200,)) -> dict:
+        import requests  # lazy: ~100 ms, and only commands that talk to a controller pay it
+
+        if self._session is None:
+            self._session = requests.Session()
+            self._session.trust_env = False  # a controller is never reached through an HTTP proxy
+        wait = self.timeout if timeout is None else timeout
+        try:
+            resp = self._session.request(method, self.base + path, json=body, timeout=(min(wait, 10.0), wait))
+        except requests.exceptions.ConnectionError as exc:
+            if _refused(exc):
+                raise NoRunListening(f"no run listening at {self.address} (connection refused)",
+                                     address=self.address) from None
+            raise ControllerUnreachable(f"cannot reach the controller at {self.address}: "
+                                        f"{_why(exc)}", address=self.address) from None
+        except requests.exceptions.Timeout:
+            raise ControllerUnreachable(f"the controller at {self.address} did not answer within {wait:g} s",
+                                        address=self.address) from None
+        except requests.exceptions.RequestException as exc:
+            raise ControllerUnreachable(f"cannot talk to the controller at {self.address}: {_why(exc)}",
+                                        address=self.address) from None
+        try:
+            payload = resp.json()
+        except (ValueError, json.JSONDecodeError):
+            raise ControllerUnreachable(
+                f"{self.address} answered HTTP {resp.status_code} but not with the controller's JSON; is "
+                f"something else listening on that port?", address=self.address) from None
+        if not isinstance(payload, dict):
+            raise ControllerUnreachable(f"{self.address} answered with JSON that is not an object",
+                                        address=self.address)
+        if resp.status_code in accept and payload.get("ok", True) is not False:
+            return payload
+        reason = str(payload.get("reason") or f"http_{resp.status_code}")
+        message = str(payload.get("message") or f"HTTP {resp.status_code}")
+        raise ControllerRefused(message, reason=reason, status=resp.status_code, payload=payload,
+                                address=self.address)
+
+    # ------------------------------------------------------------------ operator side
+
+    def state(self) -> dict:
+        """GET /state.json."""
+        return self._request("GET", "/state.json")
+
+    def start(self, token: str | None = None) -> dict:
+        """POST /start; raises ControllerRefused with the controller's reason when not armed."""
+        body: dict[str, Any] = {"protocol": PROTOCOL}
+        if token is not None:
+            body["token"] = token
+        return self._request("POST", "/start", body)
+
+    # ------------------------------------------------------------------ agent side
+
+    def hello(self, hello: Hello | dict) -> dict:
+        """POST /join; the answer carries the ticket. Raises ControllerRefused with the reason."""
+        body = hello_body(hello) if isinstance(hello, Hello) else dict(hello)
+        return self._request("POST", "/join", body)
+
+    def wait_world(self, ticket: str, wait_s: float | None = None) -> dict | None:
+        """Long-poll for the world: the member's assignment once formed, None when the poll ran out first."""
+        body: dict[str, Any] = {"protocol": PROTOCOL, "ticket": ticket}
+        if wait_s is not None:
+            body["wait_s"] = wait_s
+        hold = (wait_s if wait_s is not None else 60.0) + self.timeout
+        answer = self._request("POST", "/join/world", body, timeout=hold)
+        return answer if answer.get("formed") else None
+
+    def heartbeat(self, ticket: str, *, running: bool = False) -> dict:
+        return self._request("POST", "/join/heartbeat", {"protocol": PROTOCOL, "ticket": ticket,
+                                                         "running": running})
+
+    def report_exit(self, ticket: str, code: int, detail: str | None = None) -> dict:
+        body: dict[str, Any] = {"protocol": PROTOCOL, "ticket": ticket, "code": int(code)}
+        if detail:
+            body["detail"] = detail[:1024]
+        return self._request("POST", "/join/exit", body)
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc)
+    for marker in ("Name or service not known", "No route to host", "Network is unreachable",
+                   "Connection reset", "timed out", "Temporary failure in name resolution"):
+        if marker in text:
+            return marker.lower()
+    return text if len(text) <= 160 else text[:157] + "..."

@@ -1,0 +1,516 @@
+"""The controller endpoint: plain HTTP/1.1 + JSON on the training port, served by aiohttp.
+
+A thin shell around `RunMachine`: it parses bodies, decides whether a peer is
+loopback, holds world long-polls on one shared event, ticks the machine's
+clock, and turns `Refused`/`BadRequest` into JSON errors. Everything is
+bounded (`Limits`): body size and read time, request line and header sizes
+and count, the time a connection may take to send a complete request head
+(slowloris), and the number of open connections.
+
+Two ways to run it::
+
+    async with-style, inside a running loop:   await server.start_async() ... await server.stop_async()
+    in a background thread (launcher, tests):  with ControllerServer(policy, port=1337) as server: ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import errno
+import gc
+import gzip
+import ipaddress
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from fdl.controller.machine import OPEN, TERMINAL, Refused, RunMachine
+from fdl.controller.policy import RunPolicy
+from fdl.controller.protocol import MAX_BODY, BadRequest, decode, parse_hello, parse_start, parse_ticketed
+from fdl.errors import FdlError
+
+JSON_TYPE = "application/json"
+GC_GEN0 = 50_000  # the cyclic GC's youngest-generation threshold while a controller serves (default 700)
+GZIP_FROM = 16 * 1024  # state.json bodies this large go gzipped to clients that accept it (a big roster)
+log = logging.getLogger("fdl.controller")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what any peer can make the server hold."""
+
+    max_body: int = MAX_BODY  # bytes in a request body
+    max_line: int = 4096  # request line / header line length
+    max_field: int = 4096  # one header value
+    max_headers: int = 32  # header count
+    head_timeout_s: float = 10.0  # a connection's complete request head must arrive within this (also idle)
+    body_timeout_s: float = 10.0  # a request's body must arrive within this
+    max_connections: int = 10_000  # open connections; more are answered 503 and closed
+    backlog: int = 4096
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def is_loopback(remote: str | None) -> bool:
+    """Whether a peer address is this machine's loopback (IPv4 127/8, ::1, or IPv4-mapped 127/8)."""
+    if not remote:
+        return False
+    try:
+        ip = ipaddress.ip_address(remote.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def _body(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _json(obj: Any, status: int = 200, *, close: bool = False, raw: bytes | None = None) -> web.Response:
+    resp = web.Response(body=raw if raw is not None else _body(obj), status=status, content_type=JSON_TYPE,
+                        headers={"Cache-Control": "no-store"})
+    if close:
+        resp.force_close()
+    return resp
+
+
+def _error(status: int, reason: str, message: str, *, close: bool = False, **extra: Any) -> web.Response:
+    return _json({"ok": False, "reason": reason, "message": message, **extra}, status, close=close)
+
+
+class _Handler(RequestHandler):
+    """aiohttp's connection handler, answering HTTP-level errors (bad request line, oversized
+    headers) with the same JSON envelope as every other error, and without logging tracebacks."""
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started")
+        text = (exc.message if isinstance(getattr(exc, "message", None), str) else None) or message
+        text = (text or "").strip().splitlines()[0].rstrip(":") if text and text.strip() else None
+        if status >= 500:
+            log.error("controller: request failed", exc_info=exc)
+            reason, text = "internal", "the controller failed to handle this request"
+        else:
+            reason = "bad_request"
+            text = f"malformed HTTP request: {text or 'could not be parsed'}"
+        text = text if len(text) <= 200 else text[:197] + "..."
+        return _error(status, reason, text, close=True)
+
+
+class _Overloaded(asyncio.Protocol):
+    """Answers a connection over the limit with 503 and closes it."""
+
+    BODY = _body({"ok": False, "reason": "overloaded",
+                  "message": "the controller holds its maximum number of connections; retry shortly."})
+    RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                b"Retry-After: 1\r\nContent-Length: " + str(len(BODY)).encode() + b"\r\n\r\n" + BODY)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        tcp: asyncio.Transport = transport  # type: ignore[assignment]
+        tcp.write(self.RESPONSE)
+        tcp.write_eof()
+        # Closing with the peer's request still unread would reset the connection and lose the answer:
+        # read and drop what it sends for a moment, then close.
+        self._close = asyncio.get_running_loop().call_later(0.5, tcp.close)
+        self._transport = tcp
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        self._close.cancel()
+        self._transport.close()
+        return False
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._close.cancel()
+
+
+class _WebServer(web.Server):
+    """aiohttp's low-level server with a connection cap and JSON error pages."""
+
+    def __init__(self, handler: Any, *, max_connections: int, **kwargs: Any):
+        super().__init__(handler, **kwargs)
+        self.max_connections = max_connections
+        self.overloaded = 0
+
+    def __call__(self) -> Any:  # the protocol factory asyncio calls per connection
+        if len(self._connections) >= self.max_connections:
+            self.overloaded += 1
+            return _Overloaded()
+        return _Handler(self, loop=self._loop, **self._kwargs)
+
+
+class ControllerServer:
+    """The controller endpoint for one run: owns a `RunMachine`, serves it over HTTP."""
+
+    def __init__(self, policy: RunPolicy | RunMachine, *, host: str = "127.0.0.1", port: int = 1337,
+                 limits: Limits | None = None):
+        self.machine = policy if isinstance(policy, RunMachine) else RunMachine(policy)
+        self.policy = self.machine.policy
+        self.host = host
+        self.port = port
+        self.limits = limits or Limits()
+        self.tick_s = min(0.25, self.policy.silence_s / 4)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._web: _WebServer | None = None
+        self._ticker: asyncio.Task | None = None
+        self._formed: asyncio.Event | None = None
+        self._wake: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+        self._stop_requested: asyncio.Event | None = None
+        self._cv = threading.Condition()
+        self._deadline_seen: float | None = None
+        self._gzip: tuple[bytes | None, bytes] = (None, b"")
+        self._gc_saved: tuple[int, ...] | None = None
+        self.machine.listeners.append(self._on_change)
+
+    @classmethod
+    def for_cluster(cls, cluster: Any, *, run_id: str | None = None, args: tuple[str, ...] = (),
+                    limits: Limits | None = None) -> "ControllerServer":
+        """The controller a `cluster:` block describes: its policy, on its bind address and port
+        (loopback when tunnel_only)."""
+        ctl = cluster.controller
+        return cls(RunPolicy.from_cluster(cluster, run_id=run_id, args=args), host=ctl.bind, port=ctl.port,
+                   limits=limits)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    async def start_async(self) -> None:
+        """Bind and serve inside the running loop; raises FdlError when the port cannot be had."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._formed = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._on_change(self.machine)
+        _raise_fd_limit(self.limits.max_connections + 256)
+        lim = self.limits
+        self._web = _WebServer(self._dispatch, max_connections=lim.max_connections, handler_cancellation=True,
+                               keepalive_timeout=lim.head_timeout_s, max_line_size=lim.max_line,
+                               max_field_size=lim.max_field, max_headers=lim.max_headers, access_log=None,
+                               lingering_time=1.0)
+        try:
+            self._server = await loop.create_server(self._web, self.host, self.port, backlog=lim.backlog,
+                                                    reuse_address=True)
+        except OSError as exc:
+            why = "the address is already in use (another run, or another program, holds it)" \
+                if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+            raise FdlError(f"the controller cannot listen on {self.address}: {why}.",
+                           hint="Stop whatever holds the port, or set cluster.controller.port.") from None
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._tune_gc()
+        self._ticker = loop.create_task(self._tick_loop())
+
+    def _tune_gc(self) -> None:
+        """Collect the youngest generation less often while serving: thousands of open connections are
+        long-lived objects every full collection walks, and the default threshold (700) collects several
+        times per request burst. About a quarter less CPU per join request; restored on stop."""
+        current = gc.get_threshold()
+        if current[0] < GC_GEN0:
+            self._gc_saved = current
+            gc.set_threshold(GC_GEN0, *current[1:])
+
+    def _restore_gc(self) -> None:
+        if self._gc_saved is not None and gc.get_threshold()[0] == GC_GEN0:
+            gc.set_threshold(*self._gc_saved)
+        self._gc_saved = None
+
+    async def stop_async(self) -> None:
+        self._restore_gc()
+        if self._ticker is not None:
+            self._ticker.cancel()
+            try:
+                await self._ticker
+            except asyncio.CancelledError:
+                pass
+            self._ticker = None
+        if self._server is not None:
+            self._server.close()
+            assert self._web is not None
+            self._web.pre_shutdown()
+            await self._web.shutdown(0.5)
+            self._server = None
+
+    def start(self) -> "ControllerServer":
+        """Serve from a background thread; returns once listening (or raises why it could not)."""
+        if self._thread is not None:
+            raise RuntimeError("controller already started")
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = new_event_loop()
+            try:
+                self._stop_requested = asyncio.Event()
+                loop.run_until_complete(self.start_async())
+            except BaseException as exc:  # reported to the starting thread
+                failure.append(exc)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            try:
+                loop.run_until_complete(self._stop_requested.wait())
+                loop.run_until_complete(self.stop_async())
+            finally:
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name=f"fdl-controller-{self.port}", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            self._thread.join()
+            self._thread = None
+            raise failure[0]
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop a server started with start(); open long-polls are cut."""
+        thread, loop = self._thread, self._loop
+        if thread is None or loop is None:
+            return
+        if self._stop_requested is not None:
+            loop.call_soon_threadsafe(self._stop_requested.set)
+        thread.join(timeout)
+        self._thread = None
+
+    def __enter__(self) -> "ControllerServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ in-process API (any thread)
+
+    def call(self, fn: Callable[..., Any], *args: Any, timeout: float = 10.0) -> Any:
+        """Run fn(machine, *args) on the server's loop and return its result (re-raising its error)."""
+        loop = self._loop
+        if loop is None:
+            return fn(self.machine, *args)
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            return fn(self.machine, *args)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn(self.machine, *args))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        loop.call_soon_threadsafe(run)
+        return future.result(timeout)
+
+    def state(self) -> dict:
+        """state.json, as a dict."""
+        return self.call(lambda m: m.state())
+
+    def wait_phase(self, *phases: str, timeout: float | None = None) -> bool:
+        """Block until the run reaches one of phases; False on timeout."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self.machine.phase in phases, timeout)
+
+    # ------------------------------------------------------------------ internals
+
+    def _on_change(self, machine: RunMachine) -> None:
+        if self._formed is not None and (machine.world is not None or machine.phase in TERMINAL):
+            self._formed.set()
+        if self._wake is not None and machine.deadline != self._deadline_seen:
+            self._deadline_seen = machine.deadline  # the ticker sleeps until the new deadline
+            self._wake.set()
+        with self._cv:
+            self._cv.notify_all()
+
+    async def _tick_loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            left = self.machine.next_deadline_in()
+            delay = self.tick_s if left is None else min(self.tick_s, left + 0.001)
+            self._wake.clear()
+            try:
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+            self.machine.tick()
+
+    async def _read_json(self, request: web.BaseRequest) -> dict:
+        limit = self.limits.max_body
+        length = request.content_length
+        if length is not None and length > limit:
+            raise _TooLarge()
+        content = request.content
+        if content.is_eof():  # the whole body came with the head (the usual case): no timer needed
+            data = content.read_nowait()
+            if len(data) > limit:
+                raise _TooLarge()
+            return decode(data)
+        data = bytearray()
+        async with asyncio.timeout(self.limits.body_timeout_s):
+            while True:
+                chunk = await request.content.read(limit + 1 - len(data))
+                if not chunk:
+                    break
+                data += chunk
+                if len(data) > limit:
+                    raise _TooLarge()
+        return decode(bytes(data))
+
+    _ROUTES = {
+        "/": ("GET", "_index"),
+        "/state.json": ("GET", "_state"),
+        "/start": ("POST", "_start"),
+        "/join": ("POST", "_hello"),
+        "/join/world": ("POST", "_world"),
+        "/join/heartbeat": ("POST", "_heartbeat"),
+        "/join/exit": ("POST", "_exit"),
+    }
+
+    async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+        route = self._ROUTES.get(request.path)
+        if route is None:
+            return _error(404, "not_found", f"no such endpoint {request.path[:100]!r}; see GET / for the list.")
+        method, name = route
+        if request.method != method and not (method == "GET" and request.method == "HEAD"):
+            resp = _error(405, "method_not_allowed", f"{request.path} answers {method} only.")
+            resp.headers["Allow"] = method
+            return resp
+        try:
+            return await getattr(self, name)(request)
+        except Refused as refused:
+            body = refused.to_dict()
+            if request.path == "/join":
+                body["admitted"] = False
+            return _json(body, refused.status)
+        except BadRequest as exc:
+            return _error(400, "bad_request", str(exc))
+        except _TooLarge:
+            return _error(413, "too_large", f"the request body is larger than {self.limits.max_body} bytes.",
+                          close=True)
+        except TimeoutError:
+            return _error(408, "timeout", f"the request body did not arrive within "
+                                          f"{self.limits.body_timeout_s:g} s.", close=True)
+
+    @staticmethod
+    def _peer(request: web.BaseRequest) -> tuple[str, bool]:
+        remote = request.remote or ""
+        return remote, is_loopback(remote)
+
+    async def _index(self, request: web.BaseRequest) -> web.Response:
+        return _json({"ok": True, "service": "fdl controller", "endpoints": {
+            "GET /state.json": "the run's live state", "POST /start": "fire the start switch",
+            "POST /join": "hello: ask to join the window", "POST /join/world": "long-poll for your world",
+            "POST /join/heartbeat": "stay on the roster", "POST /join/exit": "report your exit code"}})
+
+    async def _state(self, request: web.BaseRequest) -> web.Response:
+        body = self.machine.state_json()
+        if len(body) >= GZIP_FROM and "gzip" in request.headers.get("Accept-Encoding", ""):
+            if self._gzip[0] is not body:  # compressed once per snapshot, however many pollers ask
+                self._gzip = (body, gzip.compress(body, compresslevel=1, mtime=0))
+            resp = _json(None, raw=self._gzip[1])
+            resp.headers["Content-Encoding"] = "gzip"
+            resp.headers["Vary"] = "Accept-Encoding"
+            return resp
+        return _json(None, raw=body)
+
+    async def _start(self, request: web.BaseRequest) -> web.Response:
+        token = parse_start(await self._read_json(request))
+        peer, trusted = self._peer(request)
+        self.machine.fire(token=token, peer=peer, trusted=trusted)
+        m = self.machine
+        return _json({"ok": True, "armed": True, "phase": m.phase, "world": m.world.summary() if m.world else None,
+                      "message": f"start armed: the world formed with {m.quorum_text()}; watch fdl status."})
+
+    async def _hello(self, request: web.BaseRequest) -> web.Response:
+        hello = parse_hello(await self._read_json(request))
+        peer, trusted = self._peer(request)
+        m = self.machine
+        member = m.hello(hello, peer=peer, trusted=trusted)
+        p = m.policy
+        return _json({"ok": True, "admitted": True, "ticket": member.ticket, "host": member.host,
+                      "ranks": member.ranks, "phase": m.phase, "run_id": m.cohort_run_id,
+                      "seconds_left": m.seconds_left(), "quorum": m.quorum(), "heartbeat_s": p.heartbeat_s,
+                      "silence_s": p.silence_s, "poll_s": p.poll_s})
+
+    async def _world(self, request: web.BaseRequest) -> web.Response:
+        msg = parse_ticketed(await self._read_json(request), kind="world")
+        m = self.machine
+        member = m.poll_begin(msg.ticket)
+        try:
+            wait = m.policy.poll_s if msg.wait_s is None else min(msg.wait_s, m.policy.poll_s)
+            if m.world is None and m.phase in OPEN and wait > 0:
+                assert self._formed is not None
+                try:
+                    async with asyncio.timeout(wait):
+                        await self._formed.wait()
+                except TimeoutError:
+                    pass
+        finally:
+            m.poll_end(member)
+        body = m.world_reply(member)
+        if body is not None:
+            return _json(None, raw=body)
+        if m.phase not in OPEN:
+            raise Refused("window_closed", m.closed_text())
+        return _json({"ok": True, "formed": False, "phase": m.phase, "seconds_left": m.seconds_left(),
+                      "quorum": m.quorum()})
+
+    async def _heartbeat(self, request: web.BaseRequest) -> web.Response:
+        msg = parse_ticketed(await self._read_json(request), kind="heartbeat")
+        m = self.machine
+        m.heartbeat(msg.ticket, running=msg.running)
+        return _json({"ok": True, "phase": m.phase, "formed": m.world is not None,
+                      "stop": m.phase == "failed", "reason": m.reason, "heartbeat_s": m.policy.heartbeat_s})
+
+    async def _exit(self, request: web.BaseRequest) -> web.Response:
+        msg = parse_ticketed(await self._read_json(request), kind="exit")
+        m = self.machine
+        assert msg.code is not None
+        m.report_exit(msg.ticket, msg.code, msg.detail)
+        return _json({"ok": True, "phase": m.phase, "reason": m.reason})
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop where it is installed (about twice the requests per CPU second), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def _raise_fd_limit(wanted: int) -> None:
+    """Lift the soft open-files limit towards wanted (never above the hard limit, never lower it)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass

@@ -1,0 +1,227 @@
+"""`fdl status` and `fdl start` against a real controller: output, exit codes, address resolution."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+from fdl.config.schema import parse_devices
+from fdl.controller.policy import RunPolicy
+from fdl.controller.protocol import Hello
+from tests.conftest import REPO, fdl_env, need_root_or_skip, run_fdl
+from tests.controller_util import PeerNamespace, free_port, serving
+
+TOKEN = "7a1e" * 8
+
+
+def join(server, host: str, devices: str = "cpu:1", **kw) -> None:
+    hello = Hello(host=host, devices=parse_devices(devices), **kw)
+    server.call(lambda m: m.hello(hello, peer="127.0.0.1", trusted=True))
+
+
+def addr(server) -> str:
+    return f"127.0.0.1:{server.port}"
+
+
+# ---------------------------------------------------------------- fdl status
+
+
+def test_status_shows_phase_hardware_countdown_and_switch(tmp_path: Path) -> None:
+    with serving(RunPolicy(start="manual", quorum_hosts=2, window_s=600)) as server:
+        join(server, "node-a", "0,1", gpu_names=("NVIDIA H100", "NVIDIA H100"), run_id="r1")
+        result = run_fdl("status", "--addr", addr(server), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        out = result.stdout
+        assert f"run r1 at {addr(server)}: waiting" in out and "start: manual" in out
+        assert "closes in 9m5" in out or "closes in 10m00s" in out  # a countdown from the 600 s window
+        assert "quorum: not met: 1 host(s), 2 rank(s) joined; needs 2 host(s)" in out
+        assert "node-a" in out and "2 x NVIDIA H100" in out
+        assert result.stderr == ""
+        join(server, "node-b", "cpu:2", run_id="r1")
+        out = run_fdl("status", "--addr", addr(server), cwd=tmp_path).stdout
+        assert ": staging" in out and "roster startable, fire with fdl start" in out and "2 CPU rank(s)" in out
+
+
+def test_status_json_is_the_raw_state(tmp_path: Path) -> None:
+    with serving(RunPolicy(quorum_hosts=2, window_s=600)) as server:
+        join(server, "node-a")
+        result = run_fdl("status", "--addr", addr(server), "--json", cwd=tmp_path)
+        assert result.returncode == 0
+        state = json.loads(result.stdout)
+        assert state["phase"] == "waiting" and [e["host"] for e in state["roster"]] == ["node-a"]
+        assert state["start"] == server.state()["start"]
+
+
+def test_status_with_no_run_says_no_run_listening_and_exits_1(tmp_path: Path) -> None:
+    port = free_port()
+    for extra in ((), ("--json",)):
+        result = run_fdl("status", "--addr", f"127.0.0.1:{port}", *extra, cwd=tmp_path)
+        assert result.returncode == 1
+        assert f"fdl: no run listening at 127.0.0.1:{port} (connection refused)" in result.stderr
+        assert "error" not in result.stderr and result.stdout == ""
+
+
+def test_status_reads_the_controller_from_the_active_env(tmp_path: Path) -> None:
+    with serving(RunPolicy(quorum_hosts=1, window_s=600)) as server:
+        (tmp_path / "fdl.yml").write_text("commands:\n  hello: {run: echo hi}\n")
+        (tmp_path / "fdl.farm.yml").write_text(f"cluster:\n  controller: 127.0.0.1:{server.port}\n")
+        result = run_fdl("@farm", "status", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert f"at 127.0.0.1:{server.port}: waiting" in result.stdout and result.stderr == ""
+
+
+def test_status_refuses_a_bad_address_and_names_a_foreign_server(tmp_path: Path) -> None:
+    result = run_fdl("status", "--addr", "node b:99", cwd=tmp_path)
+    assert result.returncode == 2 and "controller address 'node b:99' is not host[:port]" in result.stderr
+
+    class Html(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(b"<html>not a controller</html>")
+
+        def log_message(self, *args) -> None:
+            pass
+
+    port = free_port()
+    httpd = HTTPServer(("127.0.0.1", port), Html)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        result = run_fdl("status", "--addr", f"127.0.0.1:{port}", cwd=tmp_path)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert result.returncode == 1
+    assert f"fdl: error: 127.0.0.1:{port} answered HTTP 200 but not with the controller's JSON" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# ---------------------------------------------------------------- fdl start
+
+
+def test_start_refusals_name_their_reason_and_arming_exits_0(tmp_path: Path) -> None:
+    with serving(RunPolicy(start="manual", quorum_hosts=2, window_s=600)) as server:
+        join(server, "node-a")
+        result = run_fdl("start", "--addr", addr(server), cwd=tmp_path)
+        assert result.returncode == 1
+        assert (f"fdl: start refused by {addr(server)}: quorum not met: 1 of 2 hosts have joined. "
+                f"[quorum_not_met]") in result.stderr
+        assert server.state()["phase"] == "waiting"
+        join(server, "node-b")
+        result = run_fdl("start", "--addr", addr(server), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert f"start armed at {addr(server)}: the world formed (2 rank(s) on 2 host(s))" in result.stdout
+        assert server.state()["phase"] == "forming"
+        result = run_fdl("start", "--addr", addr(server), "--json", cwd=tmp_path)
+        assert result.returncode == 1 and "window already closed" in result.stderr
+        assert json.loads(result.stdout)["reason"] == "window_closed"
+    with serving(RunPolicy(start="auto", quorum_hosts=2, window_s=600)) as server:
+        result = run_fdl("start", "--addr", addr(server), cwd=tmp_path)
+        assert result.returncode == 1 and "start: auto" in result.stderr and "[auto_mode]" in result.stderr
+
+
+def test_start_with_no_run_listening(tmp_path: Path) -> None:
+    port = free_port()
+    result = run_fdl("start", "--addr", f"127.0.0.1:{port}", "--token", "ab", cwd=tmp_path)
+    assert result.returncode == 1 and f"no run listening at 127.0.0.1:{port}" in result.stderr
+    assert "error" not in result.stderr
+
+
+# ---------------------------------------------------------------- from another host (netns; root)
+
+
+@pytest.fixture(scope="module")
+def peer():
+    need_root_or_skip("creates a network namespace and a veth pair for a non-loopback peer")
+    ns = PeerNamespace(f"c{os.getpid() % 100000:x}").create()
+    try:
+        yield ns
+    finally:
+        ns.destroy()
+
+
+def test_start_from_another_host_uses_the_env_token_and_refuses_without_it(peer: PeerNamespace,
+                                                                           tmp_path: Path) -> None:
+    policy = RunPolicy(start="manual", quorum_hosts=1, window_s=600, token=TOKEN)
+    with serving(policy, host=peer.HOST_ADDR) as server:
+        join(server, "node-a")
+        address = f"{peer.HOST_ADDR}:{server.port}"
+        (tmp_path / "fdl.yml").write_text("commands:\n  hello: {run: echo hi}\n")
+        (tmp_path / "fdl.farm.yml").write_text(textwrap.dedent(f"""\
+            cluster:
+              controller:
+                host: {peer.HOST_ADDR}
+                port: {server.port}
+                join: {{discovery: true, start: manual, token: "{TOKEN}"}}
+            """))
+        fdl = [sys.executable, "-m", "fdl"]
+        result = peer.run([*fdl, "start", "--addr", address], env=fdl_env(), cwd=tmp_path)
+        assert result.returncode == 1 and "no token presented" in result.stderr and "[bad_token]" in result.stderr
+        result = peer.run([*fdl, "start", "--addr", address, "--token", "0" * 32], env=fdl_env(), cwd=tmp_path)
+        assert result.returncode == 1 and "does not match" in result.stderr
+        result = peer.run([*fdl, "@farm", "start"], env=fdl_env(), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert f"start armed at {address}" in result.stdout
+        assert server.state()["start"]["fired_by"] == peer.PEER_ADDR
+        result = peer.run([*fdl, "@farm", "status"], env=fdl_env(), cwd=tmp_path)
+        assert result.returncode == 0 and ": forming" in result.stdout and f"fired by {peer.PEER_ADDR}" in result.stdout
+
+
+def test_status_retries_the_controller_port_on_loopback(peer: PeerNamespace, tmp_path: Path) -> None:
+    """cluster.controller names the namespace's address, where nothing listens (a tunnelled run seen from
+    the controller box); the run is found on 127.0.0.1 at the same port."""
+    with serving(RunPolicy(quorum_hosts=1, window_s=600)) as server:
+        (tmp_path / "fdl.yml").write_text(f"cluster:\n  controller: {peer.PEER_ADDR}:{server.port}\n")
+        result = run_fdl("status", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert f"at 127.0.0.1:{server.port}: waiting" in result.stdout
+        assert (f"fdl: note: {peer.PEER_ADDR}:{server.port} did not answer; found the run on "
+                f"127.0.0.1:{server.port}") in result.stderr
+    result = run_fdl("status", cwd=tmp_path)
+    assert result.returncode == 1
+    assert f"no run listening at {peer.PEER_ADDR}:{server.port} or 127.0.0.1:{server.port}" in result.stderr
+
+
+def test_status_defaults_to_loopback_1337_noted_on_stderr(peer: PeerNamespace, tmp_path: Path) -> None:
+    """Inside the namespace 127.0.0.1:1337 is ours alone, so the convention default can be tested both ways."""
+    fdl = [sys.executable, "-m", "fdl"]
+    result = peer.run([*fdl, "status"], env=fdl_env(), cwd=tmp_path)
+    assert result.returncode == 1
+    assert "fdl: note: no --addr and no cluster.controller in the active configuration; asking the convention " \
+           "default 127.0.0.1:1337" in result.stderr
+    assert "fdl: no run listening at 127.0.0.1:1337 (connection refused)" in result.stderr
+    serve = ("import sys; from fdl.controller.server import ControllerServer; from fdl.controller.policy import "
+             "RunPolicy; s = ControllerServer(RunPolicy(window_s=60), port=1337).start(); print('ready', "
+             "flush=True); sys.stdin.read(); s.stop()")
+    child = subprocess.Popen(["ip", "netns", "exec", peer.name, sys.executable, "-c", serve], env=fdl_env(),
+                             cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        result = peer.run([*fdl, "status"], env=fdl_env(), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert "at 127.0.0.1:1337: waiting" in result.stdout and "convention default" in result.stderr
+    finally:
+        child.stdin.close()
+        child.wait(30)
+        child.stdout.close()
+
+
+def test_status_and_start_import_neither_ansible_nor_the_server(tmp_path: Path) -> None:
+    port = free_port()
+    probe = ("import sys; from fdl.cli.main import main; "
+             f"codes = [main(['status', '--addr', '127.0.0.1:{port}']), main(['start', '--addr', '127.0.0.1:{port}'])]; "
+             "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'ansible', 'ansible_runner', 'aiohttp', "
+             "'pynvml', 'uvloop'}); print(codes, heavy)")
+    result = subprocess.run([sys.executable, "-c", probe], env=fdl_env(), cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert result.stdout.strip() == "[1, 1] []", (result.stdout, result.stderr)

@@ -1,0 +1,99 @@
+"""Token rules from a real non-loopback peer: a network namespace on a veth pair (needs root)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from fdl.controller.client import ControllerClient
+from fdl.controller.policy import RunPolicy
+from tests.conftest import REPO, fdl_env, need_root_or_skip
+from tests.controller_util import PeerNamespace, serving
+
+TOKEN = "5f0c" * 8
+PROBE = r"""
+import json, sys, urllib.request, urllib.error
+url, body = sys.argv[1], sys.argv[2]
+headers = {"Content-Type": "application/json", **json.loads(sys.argv[3])}
+req = urllib.request.Request(url, data=body.encode() if body != "-" else None, method="POST" if body != "-" else "GET",
+                             headers=headers)
+try:
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        print(json.dumps({"status": resp.status, "body": json.loads(resp.read())}))
+except urllib.error.HTTPError as err:
+    print(json.dumps({"status": err.code, "body": json.loads(err.read())}))
+"""
+
+
+@pytest.fixture(scope="module")
+def peer():
+    need_root_or_skip("creates a network namespace and a veth pair for a non-loopback peer")
+    ns = PeerNamespace(f"{os.getpid() % 100000:x}").create()
+    try:
+        yield ns
+    finally:
+        ns.destroy()
+
+
+def from_peer(peer: PeerNamespace, port: int, path: str, body: dict | None,
+              headers: dict | None = None) -> tuple[int, dict]:
+    result = peer.run([sys.executable, "-c", PROBE, f"http://{peer.HOST_ADDR}:{port}{path}",
+                       "-" if body is None else json.dumps(body), json.dumps(headers or {})], timeout=60)
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    return answer["status"], answer["body"]
+
+
+def test_start_from_a_remote_peer_needs_the_right_token(peer: PeerNamespace) -> None:
+    policy = RunPolicy(start="manual", quorum_hosts=1, window_s=120, token=TOKEN)
+    with serving(policy, host=peer.HOST_ADDR) as server:
+        status, body = from_peer(peer, server.port, "/join",
+                                 {"host": "walkin", "devices": "cpu:1", "token": TOKEN, "address": peer.PEER_ADDR})
+        assert status == 200 and body["admitted"]
+        status, body = from_peer(peer, server.port, "/start", {})
+        assert (status, body["reason"]) == (403, "bad_token") and "no token presented" in body["message"]
+        status, body = from_peer(peer, server.port, "/start", {"token": "0" * 32})
+        assert (status, body["reason"]) == (403, "bad_token") and "does not match" in body["message"]
+        spoof = {"X-Forwarded-For": "127.0.0.1", "Forwarded": "for=127.0.0.1", "X-Real-IP": "127.0.0.1",
+                 "Host": "127.0.0.1"}
+        status, body = from_peer(peer, server.port, "/start", {}, spoof)  # headers never make a peer loopback
+        assert (status, body["reason"]) == (403, "bad_token")
+        assert server.state()["phase"] == "staging"  # refusals are never queued
+        status, body = from_peer(peer, server.port, "/start", {"token": TOKEN})
+        assert status == 200 and body["armed"] is True
+        state = server.state()
+        assert state["phase"] == "forming" and state["start"]["fired_by"] == peer.PEER_ADDR
+        assert state["roster"][0]["address"] == peer.PEER_ADDR and "peer" not in state["roster"][0]  # same: not repeated
+
+
+def test_join_from_a_remote_peer_needs_the_token_loopback_does_not(peer: PeerNamespace) -> None:
+    policy = RunPolicy(start="manual", quorum_hosts=1, window_s=120, token=TOKEN)
+    with serving(policy, host=peer.HOST_ADDR) as server:
+        status, body = from_peer(peer, server.port, "/join", {"host": "a", "devices": "0"})
+        assert (status, body["reason"], body["admitted"]) == (403, "bad_token", False)
+        status, body = from_peer(peer, server.port, "/join", {"host": "a", "devices": "0", "token": "nope"})
+        assert (status, body["reason"]) == (403, "bad_token")
+        status, body = from_peer(peer, server.port, "/state.json", None)
+        assert status == 200 and body["roster"] == [] and body["refusals"] == {"bad_token": 2}
+
+
+def test_ten_thousand_forged_requests_from_a_remote_peer_admit_nobody(peer: PeerNamespace) -> None:
+    policy = RunPolicy(start="manual", quorum_hosts=1, window_s=600, token=TOKEN, run_id="pinned")
+    with serving(policy, host=peer.HOST_ADDR) as server:
+        result = peer.run([sys.executable, "-m", "tests.integration.controller.forge", peer.HOST_ADDR,
+                           str(server.port), "10000", "5", "token"], env=fdl_env(), cwd=REPO, timeout=600)
+        assert result.returncode == 0, result.stderr
+        statuses = {int(k): v for k, v in json.loads(result.stdout)["statuses"].items()}
+        assert sum(statuses.values()) == 10_000
+        assert 200 not in statuses and 0 not in statuses, statuses
+        assert statuses.get(403, 0) > 2000, statuses  # the token forgeries were refused as such
+        state = server.state()
+        assert state["roster"] == [] and state["start"]["switch"] == "unarmed" and state["phase"] == "waiting"
+        status, body = from_peer(peer, server.port, "/join",
+                                 {"host": "real", "devices": "cpu:1", "token": TOKEN, "run_id": "pinned"})
+        assert status == 200 and body["admitted"]  # still serving, and the real token still works
+        assert ControllerClient(f"{peer.HOST_ADDR}:{server.port}").state()["quorum"]["met"] is True
+

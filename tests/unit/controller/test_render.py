@@ -1,0 +1,50 @@
+"""The human view of state.json that `fdl status` prints."""
+
+from __future__ import annotations
+
+from fdl.config.schema import parse_devices
+from fdl.controller.machine import RunMachine
+from fdl.controller.policy import RunPolicy
+from fdl.controller.protocol import Hello
+from fdl.controller.render import duration, render_state
+from tests.controller_util import FakeClock
+
+
+def state_of(clock: FakeClock, hosts: int, **policy) -> tuple[RunMachine, dict]:
+    m = RunMachine(RunPolicy(**policy), clock=clock, wall=lambda: 1_700_000_000.0)
+    for i in range(hosts):
+        m.hello(Hello(host=f"h{i:03d}", devices=parse_devices("cpu:1")), peer="127.0.0.1", trusted=True)
+    return m, m.state()
+
+
+def test_duration() -> None:
+    assert [duration(x) for x in (None, 4.24, 75, 3725, -3)] == ["-", "4.2s", "1m15s", "1h02m05s", "0.0s"]
+
+
+def test_idle_window_and_auto_switch_lines() -> None:
+    _, state = state_of(FakeClock(), 0, window_s=600, quorum_hosts=2)
+    text = render_state(state, "127.0.0.1:1337")
+    assert "waiting  (discovery window, start: auto)" in text
+    assert "its 10m00s start counting at the first admission" in text and "joined: nobody yet" in text
+    _, state = state_of(FakeClock(), 2, window_s=600, quorum_hosts=2)
+    text = render_state(state, "x:1")
+    assert "switch: none (start: auto); forms when the roster is complete or the window closes" in text
+
+
+def test_failed_run_names_its_reason_and_big_rosters_are_cut() -> None:
+    clock = FakeClock()
+    m, _ = state_of(clock, 70, window_s=5, quorum_hosts=100, silence_s=1e6)
+    clock.advance(6)
+    m.tick()
+    text = render_state(m.state(), "x:1")
+    assert ": failed" in text and "reason: the window closed without quorum (70 of 100 hosts)" in text
+    assert "window: closed" in text and "h063" in text and "h064" not in text
+    assert "... and 6 more (fdl status --json lists every host)" in text
+
+
+def test_formed_world_line() -> None:
+    m, _ = state_of(FakeClock(), 2, window_s=600, start="manual", quorum_hosts=2)
+    m.fire(token=None, peer="127.0.0.1", trusted=True)
+    text = render_state(m.state(), "x:1")
+    assert "world: 2 rank(s) on 2 host(s), backend gloo, rendezvous 127.0.0.1:1338; formed by start switch" in text
+    assert "switch: fired by 127.0.0.1" in text

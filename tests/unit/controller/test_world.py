@@ -1,0 +1,52 @@
+"""World assignment: the torch.distributed environment each rank receives."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+from fdl.config.schema import parse_devices
+from fdl.controller.world import build_world
+
+
+def member(host: str, devices: str, address: str, data_path: str = "/flodl/data", share: float | None = None):
+    return SimpleNamespace(host=host, devices=parse_devices(devices), address=address, data_path=data_path,
+                           gpu_ram_share=share)
+
+
+def test_gpu_world_env_is_what_init_process_group_reads() -> None:
+    world = build_world([member("a", "2,3", "10.0.0.11"), member("b", "0", "10.0.0.12", "/mnt/d", 0.5)],
+                        run_id="r1", master_addr=None, master_port=1338, controller="10.0.0.1:1337",
+                        args=("--epochs", "3"))
+    assert world.size == 3 and world.backend == "nccl" and world.master_addr == "10.0.0.11"
+    a = world.assignment("a")
+    assert a["node_rank"] == 0 and a["world"]["args"] == ["--epochs", "3"]
+    envs = [r["env"] for r in a["ranks"]]
+    assert [(e["RANK"], e["LOCAL_RANK"]) for e in envs] == [("0", "0"), ("1", "1")]
+    first = envs[1]
+    assert first["MASTER_ADDR"] == "10.0.0.11" and first["MASTER_PORT"] == "1338"
+    assert first["WORLD_SIZE"] == "3" and first["LOCAL_WORLD_SIZE"] == "2"
+    # every offered device is visible; LOCAL_RANK indexes into them (what torchrun does)
+    assert first["CUDA_VISIBLE_DEVICES"] == "2,3" and first["FDL_DEVICE"] == "cuda:3"
+    assert first["FDL_RUN_ID"] == "r1" and first["FDL_CONTROLLER"] == "10.0.0.1:1337"
+    assert first["FDL_DATA_PATH"] == "/flodl/data" and "FDL_GPU_RAM_SHARE" not in first
+    b = world.assignment("b")["ranks"][0]["env"]
+    assert b["RANK"] == "2" and b["GROUP_RANK"] == "1" and b["FDL_NUM_NODES"] == "2"
+    assert b["FDL_DATA_PATH"] == "/mnt/d" and b["FDL_GPU_RAM_SHARE"] == "0.5"
+    assert all(isinstance(v, str) for v in b.values())
+
+
+def test_cpu_ranks_hide_gpus_and_use_gloo() -> None:
+    world = build_world([member("a", "cpu:2", "127.0.0.1")], run_id=None, master_addr="10.9.9.9",
+                        master_port=2000, controller="127.0.0.1:1999", args=())
+    env = world.assignment("a")["ranks"][1]["env"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["FDL_BACKEND"] == "gloo" and env["FDL_DEVICE"] == "cpu"
+    assert env["MASTER_ADDR"] == "10.9.9.9" and env["FDL_RUN_ID"] == ""
+
+
+def test_member_reply_is_serialized_once() -> None:
+    world = build_world([member("a", "cpu:1", "127.0.0.1")], run_id="r", master_addr=None, master_port=1,
+                        controller="c", args=())
+    first = world.assignment_json("a", {"ok": True})
+    assert world.assignment_json("a", {"ok": False}) is first
+    assert json.loads(first)["ok"] is True
