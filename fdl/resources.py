@@ -41,3 +41,12 @@ def templates_dir() -> Path:
 
 def inventory_plugins_dir() -> Path:
     return share_dir() / "inventory_plugins"
+
+
+def ansible_cfg() -> Path:
+    """The shipped ansible.cfg (its relative paths point at the directories above)."""
+    return share_dir() / "ansible.cfg"
+
+
+if __name__ == "__main__":  # `python -m fdl.resources`: where the Ansible content is, for ANSIBLE_CONFIG
+    print(share_dir())

@@ -12,6 +12,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI") == "true"
 
+pytest_plugins = ["tests.testbed.plugin"]  # the SSH testbed fixtures (tests/testbed/README.md)
+
 
 def fdl_env(extra: dict | None = None) -> dict:
     """The environment for an fdl subprocess: this checkout first on the import path."""

@@ -23,14 +23,15 @@ class FakeClock:
         self.now += seconds
 
 
-def free_port(host: str = "127.0.0.1", pairs: bool = True) -> int:
-    """A TCP port in 21000-21999 that nothing listens on (and, with pairs, whose next port is free too)."""
-    ports = list(range(FIRST_PORT, LAST_PORT))
+def free_port(host: str = "127.0.0.1", pairs: bool = True, span: tuple[int, int] = (FIRST_PORT, LAST_PORT)) -> int:
+    """A TCP port in span (default 21000-21999) that nothing listens on (and, with pairs, whose next port is
+    free too). A suite sharing the machine with others passes its own span."""
+    ports = list(range(span[0], span[1]))
     random.shuffle(ports)
     for port in ports:
         if all(_bindable(host, p) for p in ((port, port + 1) if pairs else (port,))):
             return port
-    raise RuntimeError("no free port in 21000-21999")
+    raise RuntimeError(f"no free port in {span[0]}-{span[1]}")
 
 
 def _bindable(host: str, port: int) -> bool:
@@ -44,12 +45,13 @@ def _bindable(host: str, port: int) -> bool:
 
 
 @contextlib.contextmanager
-def serving(policy, *, host: str = "127.0.0.1", limits=None) -> Iterator:
-    """A real controller on host:<free port> in a background thread, stopped afterwards."""
+def serving(policy, *, host: str = "127.0.0.1", limits=None, span: tuple[int, int] = (FIRST_PORT, LAST_PORT)
+            ) -> Iterator:
+    """A real controller on host:<free port in span> in a background thread, stopped afterwards."""
     from fdl.controller.server import ControllerServer
 
     for _ in range(5):
-        server = ControllerServer(policy, host=host, port=free_port(host), limits=limits)
+        server = ControllerServer(policy, host=host, port=free_port(host, span=span), limits=limits)
         try:
             server.start()
         except Exception as exc:  # lost a race for the port: try another

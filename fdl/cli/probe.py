@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from fdl.checks.data import DEFAULT_DATA_PATH
 from fdl.checks.probe import CORE_CHECKS, ProbeOptions, run_probe
 from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, HostReport
 from fdl.cli.context import Globals
@@ -32,8 +33,9 @@ def probe(
                                                              "The exit code is the answer.")] = False,
     skip_mount: Annotated[bool, typer.Option("--skip-mount", help="Skip the shared-data check (single-host "
                                                                   "setups without shared storage).")] = False,
-    data_path: Annotated[str, typer.Option("--data-path", metavar="DIR", help="Shared dataset root to check.")
-                         ] = "/flodl/data",
+    data_path: Annotated[str | None, typer.Option("--data-path", metavar="DIR",
+                                                  help="Shared dataset root to check (default /flodl/data; under "
+                                                       "a cluster env, each worker's data_path).")] = None,
     libtorch_path: Annotated[str | None, typer.Option("--libtorch-path", metavar="DIR",
                                                       help="libtorch to check instead of the one fdl would "
                                                            "find (LIBTORCH, project libtorch/, ~/.flodl).")
@@ -63,12 +65,21 @@ def probe(
     g: Globals = ctx.find_object(Globals)
     project_root, workers = project_context(g)
     gpus = None if g.gpus is None or g.gpus.ids is None else list(g.gpus.ids)
-    options = ProbeOptions(data_path=data_path, skip_mount=skip_mount, libtorch_path=libtorch_path, docker=docker,
-                           project_root=project_root, gpus=gpus)
-    if workers:
-        typer.echo(f"fdl: note: this env lists {workers} cluster worker{'s' if workers != 1 else ''}; probing "
-                   f"them over ssh is not available yet, so only this host is probed.", err=True)
     plan = collective_plan(collective_devices, collective_max_size, collective_timeout) if collective else None
+    if workers:  # a cluster env: every worker, over Ansible (imported only on this path)
+        if plan is not None:
+            from fdl.errors import UsageError  # noqa: PLC0415
+
+            raise UsageError("--collective across a cluster runs through the launcher's dispatch, which this "
+                             "version of fdl does not have yet. Run `fdl probe --collective` on a host (its own "
+                             "ranks), or the cluster probe without --collective.")
+        from fdl.cli._cluster_probe import probe_cluster_command
+
+        raise typer.Exit(probe_cluster_command(g, as_json=as_json, quiet=quiet, skip_mount=skip_mount,
+                                               data_path=data_path, libtorch_path=libtorch_path, docker=docker,
+                                               gpus=gpus))
+    options = ProbeOptions(data_path=data_path or DEFAULT_DATA_PATH, skip_mount=skip_mount,
+                           libtorch_path=libtorch_path, docker=docker, project_root=project_root, gpus=gpus)
     reports = collect_reports(options)
     tables: list[str] = []
     if plan is not None:

@@ -1,4 +1,4 @@
-"""`fdl status [--addr HOST[:PORT]] [--json]`: the live state of a cluster run."""
+"""`fdl status [--addr HOST[:PORT]] [--json] [--watch [--interval S]]`: the live state of a cluster run."""
 
 from __future__ import annotations
 
@@ -22,15 +22,27 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw state.json on stdout.")] = False,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1, max=300, metavar="SECONDS",
                                            help="How long to wait for an answer.")] = 5.0,
+    watch: Annotated[bool, typer.Option("--watch", "-w",
+                                        help="Keep watching: a live view on a terminal, one line per look "
+                                             "otherwise (one JSON state per line with --json), until the run "
+                                             "ends.")] = False,
+    interval: Annotated[float | None, typer.Option("--interval", min=0.1, max=3600, metavar="SECONDS",
+                                                   help="With --watch: seconds between looks (default 1).")] = None,
 ) -> None:
     """Show a run's phase, who joined with what hardware, the window countdowns and the start switch.
 
     Exit 0 when the state was fetched and printed; 1 when no controller answered (connection refused
-    reads as "no run listening": the endpoint lives only as long as its launcher).
+    reads as "no run listening": the endpoint lives only as long as its launcher). With --watch: exit 0
+    when the run ends (its controller goes away) or on Ctrl-C; 1 when no run was there to watch, or the
+    controller stopped answering for 30 s.
     """
     from fdl.controller.address import ask, resolve
     from fdl.controller.client import NoRunListening
-    from fdl.controller.render import render_state
+    from fdl.controller.render import render_state, start_line
+    from fdl.errors import UsageError
+
+    if interval is not None and not watch:
+        raise UsageError("--interval only applies with --watch.")
 
     g: Globals = ctx.find_object(Globals)
     target = resolve(addr, lambda: g.config(required=False).cluster)
@@ -44,8 +56,30 @@ def status(
         raise typer.Exit(1) from None
     if address != target.primary:
         typer.echo(f"fdl: note: {target.primary} did not answer; found the run on {address}", err=True)
+    from_env = target.source == "cluster.controller"
+    fire = start_line(address, env=g.env.name if from_env else None, from_env=from_env)
+    if watch:
+        _watch(address, fire, interval=1.0 if interval is None else interval, timeout=timeout, as_json=as_json)
+        return
     if as_json:
         json.dump(state, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
-    typer.echo(render_state(state, address), nl=False)
+    typer.echo(render_state(state, address, fire), nl=False)
+
+
+def _watch(address: str, fire: str, *, interval: float, timeout: float, as_json: bool) -> None:
+    from fdl.controller.client import ControllerClient
+    from fdl.controller.watch import Watcher
+
+    with ControllerClient(address, timeout=min(timeout, max(interval, 2.0))) as client:
+        watcher = Watcher(client, interval=interval, start_cmd=fire)
+        if as_json:
+            end = watcher.run_json(sys.stdout)
+            typer.echo(f"fdl: {end.message}", err=True)
+        elif sys.stdout.isatty():
+            end = watcher.run_live(sys.stdout)
+        else:
+            end = watcher.run_plain(sys.stdout)
+    if end.how == "lost":
+        raise typer.Exit(1)

@@ -82,6 +82,7 @@ class SshDefaults(NamedTuple):
     user: str | None = None
     port: int = 22
     identity: str | None = None
+    known_hosts: str | None = None  # a known_hosts file for every worker (default: ssh's own, ~/.ssh/known_hosts)
 
 
 class WorkerSpec(NamedTuple):
@@ -338,7 +339,7 @@ def parse_devices(value: Any) -> Devices:
 
 _CONTROLLER_KEYS = ("host", "port", "bind", "join", "master_port")
 _JOIN_POLICY_KEYS = ("discovery", "start", "token", "quorum", "window_s", "tunnel_only", "max_hosts")
-_SSH_KEYS = ("user", "port", "identity")
+_SSH_KEYS = ("user", "port", "identity", "known_hosts")
 _WORKER_KEYS = ("host", "address", "user", "port", "identity", "arch", "local_devices", "env",
                 "data_path", "python")
 _COMMAND_KEYS = ("run", "cluster", "build", "bin", "args", "description")
@@ -361,6 +362,7 @@ def check_cluster(c: _Checker, value: Any) -> ClusterSpec:
         user=None if ssh_block.get("user") is None else c.user(ssh_block["user"], ssh_path + ("user",)),
         port=22 if ssh_block.get("port") is None else c.port(ssh_block["port"], ssh_path + ("port",)),
         identity=c.opt_string(ssh_block, "identity", ssh_path),
+        known_hosts=c.opt_string(ssh_block, "known_hosts", ssh_path),
     )
     workers_value = block.get("workers") or []
     if not isinstance(workers_value, list):

@@ -141,7 +141,9 @@ class RunMachine:
         self.formed_by: str | None = None
         self.ended_at: float | None = None
         self.departed: deque[dict] = deque(maxlen=32)
-        self.refusals: dict[str, int] = {}
+        self.refusals: dict[str, int] = {}  # refused requests by reason
+        self.admissions = 0  # hellos admitted (a host that was dropped and joins again counts twice)
+        self.exits: dict[int, int] = {}  # exit reports by code
         self.listeners: list[Callable[[RunMachine], None]] = []
         self._roster_cache: bytes | None = None
         self._roster_built = 0.0
@@ -283,6 +285,7 @@ class RunMachine:
         self.members[hello.host] = member
         self._by_id[member.id] = member
         self.ranks += ranks
+        self.admissions += 1
         if self.opened_at is None:
             self.opened_at = now
             self.deadline = now + p.window_s
@@ -444,6 +447,8 @@ class RunMachine:
         self._check_clock(now)
         member = self.member(ticket)
         self._touch(member, now)
+        if member.exit_code is None:  # the first report of each member counts
+            self.exits[code] = self.exits.get(code, 0) + 1
         if self.world is None and self.phase in OPEN:
             self._remove(member, f"left before the world formed (exit code {code})", now)
             self._evaluate(now)
@@ -530,6 +535,8 @@ class RunMachine:
             "ended_at": self._epoch_of(self.ended_at),
             "departed": list(self.departed),
             "refusals": dict(self.refusals),
+            "admissions": self.admissions,
+            "exits": {str(code): n for code, n in sorted(self.exits.items())},
             "limits": {"max_hosts": p.capacity, "max_ranks": p.max_ranks, "heartbeat_s": p.heartbeat_s,
                        "silence_s": p.silence_s},
         }

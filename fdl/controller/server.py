@@ -16,13 +16,18 @@ Two ways to run it::
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import errno
+import functools
 import gc
 import gzip
+import hashlib
+import importlib.resources
 import ipaddress
 import json
 import logging
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -145,6 +150,10 @@ class _WebServer(web.Server):
         self.max_connections = max_connections
         self.overloaded = 0
 
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
+
     def __call__(self) -> Any:  # the protocol factory asyncio calls per connection
         if len(self._connections) >= self.max_connections:
             self.overloaded += 1
@@ -175,6 +184,8 @@ class ControllerServer:
         self._deadline_seen: float | None = None
         self._gzip: tuple[bytes | None, bytes] = (None, b"")
         self._gc_saved: tuple[int, ...] | None = None
+        self._registry: Any = None  # prometheus_client's CollectorRegistry, made at the first scrape
+        self.requests: dict[tuple[str, int], int] = {}  # (endpoint, status) -> answered requests
         self.machine.listeners.append(self._on_change)
 
     @classmethod
@@ -325,6 +336,15 @@ class ControllerServer:
         """state.json, as a dict."""
         return self.call(lambda m: m.state())
 
+    @property
+    def overloaded(self) -> int:
+        """Connections answered 503 because the connection limit was reached."""
+        return self._web.overloaded if self._web is not None else 0
+
+    @property
+    def open_connections(self) -> int:
+        return self._web.open_connections if self._web is not None else 0
+
     def wait_phase(self, *phases: str, timeout: float | None = None) -> bool:
         """Block until the run reaches one of phases; False on timeout."""
         with self._cv:
@@ -379,6 +399,7 @@ class ControllerServer:
     _ROUTES = {
         "/": ("GET", "_index"),
         "/state.json": ("GET", "_state"),
+        "/metrics": ("GET", "_metrics"),
         "/start": ("POST", "_start"),
         "/join": ("POST", "_hello"),
         "/join/world": ("POST", "_world"),
@@ -387,9 +408,16 @@ class ControllerServer:
     }
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+        resp = await self._route(request)
+        key = (request.path if request.path in self._ROUTES else "other", resp.status)
+        self.requests[key] = self.requests.get(key, 0) + 1  # GET /metrics reports these
+        return resp
+
+    async def _route(self, request: web.BaseRequest) -> web.StreamResponse:
         route = self._ROUTES.get(request.path)
         if route is None:
-            return _error(404, "not_found", f"no such endpoint {request.path[:100]!r}; see GET / for the list.")
+            return _error(404, "not_found", f"no such endpoint {request.path[:100]!r}; GET / with Accept: "
+                                            f"application/json lists them.")
         method, name = route
         if request.method != method and not (method == "GET" and request.method == "HEAD"):
             resp = _error(405, "method_not_allowed", f"{request.path} answers {method} only.")
@@ -417,10 +445,24 @@ class ControllerServer:
         return remote, is_loopback(remote)
 
     async def _index(self, request: web.BaseRequest) -> web.Response:
-        return _json({"ok": True, "service": "fdl controller", "endpoints": {
-            "GET /state.json": "the run's live state", "POST /start": "fire the start switch",
-            "POST /join": "hello: ask to join the window", "POST /join/world": "long-poll for your world",
-            "POST /join/heartbeat": "stay on the roster", "POST /join/exit": "report your exit code"}})
+        """The status page; a client that asks for JSON only gets the list of endpoints."""
+        accept = request.headers.get("Accept", "")
+        if "application/json" in accept and "text/html" not in accept:
+            return _json({"ok": True, "service": "fdl controller", "endpoints": ENDPOINTS})
+        page = status_page()
+        return web.Response(body=page.body, content_type="text/html", charset="utf-8", headers={
+            "Cache-Control": "no-cache", "Content-Security-Policy": page.csp, "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY"})
+
+    async def _metrics(self, request: web.BaseRequest) -> web.Response:
+        if self._registry is None:
+            # prometheus_client takes ~0.1 s to import: done off the loop, once, at the first scrape
+            registry = await asyncio.to_thread(_new_registry, self)
+            self._registry = self._registry or registry
+        from fdl.controller.metrics import render
+
+        body, content_type = render(self._registry, request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type, "Cache-Control": "no-store"})
 
     async def _state(self, request: web.BaseRequest) -> web.Response:
         body = self.machine.state_json()
@@ -488,6 +530,41 @@ class ControllerServer:
         assert msg.code is not None
         m.report_exit(msg.ticket, msg.code, msg.detail)
         return _json({"ok": True, "phase": m.phase, "reason": m.reason})
+
+
+ENDPOINTS = {
+    "GET /": "this run's status page (HTML; JSON with Accept: application/json)",
+    "GET /state.json": "the run's live state", "GET /metrics": "Prometheus metrics",
+    "POST /start": "fire the start switch", "POST /join": "hello: ask to join the window",
+    "POST /join/world": "long-poll for your world", "POST /join/heartbeat": "stay on the roster",
+    "POST /join/exit": "report your exit code"}
+
+
+@dataclass(frozen=True)
+class StatusPage:
+    body: bytes
+    csp: str  # allows exactly the page's own inline script and style, and fetches from its origin
+
+
+@functools.cache
+def status_page() -> StatusPage:
+    """fdl/controller/page.html, read once, with a Content-Security-Policy naming its inline parts' hashes."""
+    body = importlib.resources.files("fdl.controller").joinpath("page.html").read_bytes()
+
+    def hashes(tag: bytes) -> str:
+        found = re.findall(rb"<" + tag + rb"[^>]*>(.*?)</" + tag + rb">", body, re.S)
+        return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(part).digest()).decode()}'" for part in found)
+
+    csp = (f"default-src 'none'; script-src {hashes(b'script')}; style-src {hashes(b'style')}; "
+           f"connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+           f"frame-ancestors 'none'")
+    return StatusPage(body, csp)
+
+
+def _new_registry(server: "ControllerServer") -> Any:
+    from fdl.controller.metrics import new_registry
+
+    return new_registry(server)
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

@@ -270,20 +270,32 @@ def test_missing_data_path_blocks_with_a_way_out(ready, tmp_path: Path) -> None:
 
 # ---- cluster env and import hygiene ----
 
-def test_cluster_env_still_probes_this_host_and_says_so(ready) -> None:
+def test_cluster_env_probes_every_worker(ready, tmp_path: Path) -> None:
+    """Under a cluster env every worker is probed: this machine natively, the others over SSH.
+
+    node-b points at a loopback port where nothing listens (traffic stays on
+    this machine); tests/integration/cluster covers real sshd hosts.
+    """
     project, env = ready
     (project / "fdl.yml").write_text("commands:\n  test: {run: 'true'}\n")
     (project / "fdl.cluster.yml").write_text(textwrap.dedent("""\
         cluster:
           controller: {host: 127.0.0.1, port: 1337}
           workers:
-            - {host: node-b, address: 10.0.0.12}
-            - {host: node-c, address: 10.0.0.13}
+            - {host: node-a, address: 127.0.0.1}
+            - {host: node-b, address: 127.0.0.1, port: 2, user: nobody}
         """))
+    env = {**env, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     result = run_fdl("@cluster", "probe", "--json", "--skip-mount", cwd=project, env=env)
-    assert result.returncode == 0, result.stderr
-    assert "lists 2 cluster workers" in result.stderr and "only this host is probed" in result.stderr
-    assert _json(result)["ok"] is True
+    assert result.returncode == 1, result.stderr
+    doc = _json(result)
+    assert [h["host"] for h in doc["hosts"]] == ["node-a", "node-b"]
+    node_a, node_b = doc["hosts"]
+    assert node_a["ok"] is True and _check(node_a, "gpu")["status"] == "ok"  # this machine, probed natively
+    ssh = _check(node_b, "ssh")
+    assert ssh["message"].startswith("node-b (nobody@127.0.0.1:2) is unreachable: nothing accepts SSH connections")
+    assert "Connection refused" in ssh["message"]
+    assert {c["name"] for c in doc["cluster"]} == {"nccl_match", "libtorch_match", "data_match"}
 
 
 def test_probe_never_imports_ansible_or_requests(ready) -> None:

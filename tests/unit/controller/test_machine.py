@@ -419,3 +419,26 @@ def test_state_json_reflects_every_change_and_is_valid_json() -> None:
     state = m.state()
     assert state["roster"][0]["status"] == "running" and state["phase"] == "training"
     assert state["roster"][0]["last_seen"] == pytest.approx(1_700_000_002.0, abs=0.01)
+
+
+# ---------------------------------------------------------------- counters (state.json, GET /metrics)
+
+
+def test_admissions_and_exit_reports_are_counted_once_each() -> None:
+    clock = FakeClock()
+    m = machine(clock, start="manual", quorum_hosts=2, silence_s=5)
+    a = join(m, "a")
+    join(m, "gone")
+    clock.advance(6)
+    m.heartbeat(a.ticket)
+    m.tick()  # "gone" is dropped, joins again: a second admission
+    left = join(m, "gone")
+    m.report_exit(left.ticket, 7)  # leaves before forming: an exit report all the same
+    b = join(m, "b")
+    m.fire(token=None, peer="127.0.0.1", trusted=True)
+    m.report_exit(a.ticket, 0)
+    m.report_exit(b.ticket, 1)
+    m.report_exit(b.ticket, 1)  # a repeated report is not counted again
+    state = m.state()
+    assert m.admissions == state["admissions"] == 4
+    assert state["exits"] == {"0": 1, "1": 1, "7": 1}

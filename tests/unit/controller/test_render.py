@@ -6,7 +6,7 @@ from fdl.config.schema import parse_devices
 from fdl.controller.machine import RunMachine
 from fdl.controller.policy import RunPolicy
 from fdl.controller.protocol import Hello
-from fdl.controller.render import duration, render_state
+from fdl.controller.render import deadlines, duration, render_state, start_line, status_line
 from tests.controller_util import FakeClock
 
 
@@ -48,3 +48,34 @@ def test_formed_world_line() -> None:
     text = render_state(m.state(), "x:1")
     assert "world: 2 rank(s) on 2 host(s), backend gloo, rendezvous 127.0.0.1:1338; formed by start switch" in text
     assert "switch: fired by 127.0.0.1" in text
+
+
+def test_start_line_is_what_fires_the_switch_from_here() -> None:
+    assert start_line("127.0.0.1:1337") == "fdl start --addr 127.0.0.1:1337"  # loopback: no token needed
+    assert start_line("[::1]:1337") == "fdl start --addr [::1]:1337"
+    assert start_line("10.0.0.1:1337", env="farm", from_env=True) == "fdl @farm start"  # the env's token
+    assert start_line("10.0.0.1:1337", from_env=True) == "fdl start"  # base fdl.yml holds the cluster
+    assert start_line("10.0.0.1:1337") == "fdl start --addr 10.0.0.1:1337 --token TOKEN"
+
+
+def test_deadlines_and_the_plain_watch_line_follow_the_window() -> None:
+    clock = FakeClock()
+    m, state = state_of(clock, 0, window_s=600, quorum_hosts=2, start="manual", silence_s=1e6)
+    assert deadlines(state) == []  # an idle window has no deadline yet
+    m.hello(Hello(host="a", devices=parse_devices("cpu:2")), peer="127.0.0.1", trusted=True)
+    clock.advance(75)
+    (window,) = deadlines(m.state())
+    assert (window.name, window.seconds_left, window.total) == ("window", 525.0, 600.0)
+    line = status_line(m.state(), "fdl start --addr x:1")
+    assert line == ("phase waiting; quorum 1/2 hosts, 2 ranks not met; join window closes in 8m45s; "
+                    "switch unarmed; fdl start fires it once quorum is met")
+    m.hello(Hello(host="b", devices=parse_devices("cpu:1")), peer="127.0.0.1", trusted=True)
+    assert status_line(m.state(), "fdl start --addr x:1").endswith(
+        "quorum 2/2 hosts, 3 ranks met; join window closes in 8m45s; switch roster startable, fire with "
+        "fdl start --addr x:1")
+    clock.advance(600)
+    m.tick()
+    state = m.state()
+    assert deadlines(state) == [] and status_line(state) == (
+        "phase failed; quorum 2/2 hosts, 3 ranks met; switch not fired; reason: the window closed before the "
+        "start switch was fired (2 of 2 hosts)")

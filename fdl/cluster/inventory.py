@@ -1,0 +1,199 @@
+"""The cluster as an Ansible inventory: one builder for fdl and for the `fdl_cluster` plugin.
+
+`build_inventory()` turns a validated `ClusterSpec` into hosts, groups and
+host variables. fdl's runner writes it out as a JSON inventory; the
+`fdl_cluster` inventory plugin (inventory_plugins/fdl_cluster.py) feeds the
+same structure to Ansible directly, so `ansible-playbook -i fdl.cluster.yml`
+and `fdl @cluster ...` see identical hosts.
+
+Groups: `fdl_workers` (every worker), `fdl_controller` (the worker that is
+the controller host, or a separate entry for it) and one `arch_<variant>` per
+libtorch variant (`precompiled/cu128` -> `arch_precompiled_cu128`).
+
+Standard library and fdl.config only: no Ansible import.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fdl.config.schema import DEFAULT_DATA_PATH, ClusterSpec, SshDefaults, WorkerSpec
+
+WORKERS_GROUP = "fdl_workers"
+CONTROLLER_GROUP = "fdl_controller"
+ARCH_GROUP_PREFIX = "arch_"
+DEFAULT_PYTHON = "/usr/bin/python3"
+
+
+def arch_group(arch: str) -> str:
+    """The Ansible group of a libtorch variant: letters, digits and '_' only."""
+    return ARCH_GROUP_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", arch)
+
+
+def is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class InventoryHost:
+    """One inventory host: its name, variables, groups, and the worker entry it came from."""
+
+    name: str
+    vars: dict
+    groups: list[str] = field(default_factory=list)
+    worker: WorkerSpec | None = None
+
+
+@dataclass
+class ClusterInventory:
+    """Hosts (in roster order), group members, and variables for every host."""
+
+    hosts: dict[str, InventoryHost] = field(default_factory=dict)
+    groups: dict[str, list[str]] = field(default_factory=dict)
+    all_vars: dict = field(default_factory=dict)
+
+    @property
+    def workers(self) -> list[InventoryHost]:
+        return [self.hosts[name] for name in self.groups.get(WORKERS_GROUP, [])]
+
+    def subset(self, names: list[str]) -> "ClusterInventory":
+        """The same inventory restricted to `names` (unknown names raise KeyError)."""
+        for name in names:
+            if name not in self.hosts:
+                raise KeyError(name)
+        keep = [n for n in self.hosts if n in names]
+        return ClusterInventory(
+            hosts={n: self.hosts[n] for n in keep},
+            groups={g: [n for n in members if n in keep] for g, members in self.groups.items()},
+            all_vars=dict(self.all_vars),
+        )
+
+    def to_ansible(self) -> dict:
+        """The inventory in Ansible's JSON/YAML inventory format."""
+        children = {g: {"hosts": {n: None for n in members}} for g, members in self.groups.items() if members}
+        return {"all": {"vars": dict(self.all_vars),
+                        "hosts": {n: dict(h.vars) for n, h in self.hosts.items()},
+                        "children": children}}
+
+
+def _project_path(identity: str | None, root: Path | None) -> str | None:
+    """An identity file as an absolute path: ~ expanded, relative paths taken from the project root."""
+    if identity is None:
+        return None
+    path = Path(identity).expanduser()
+    if not path.is_absolute() and root is not None:
+        path = root / path
+    return str(path)
+
+
+def _ssh_args(ssh: SshDefaults | None, root: Path | None) -> dict:
+    known_hosts = _project_path(ssh.known_hosts if ssh is not None else None, root)
+    if known_hosts is None:
+        return {}
+    return {"ansible_ssh_common_args": f"-o UserKnownHostsFile={shlex.quote(known_hosts)}"}
+
+
+def worker_vars(worker: WorkerSpec, root: Path | None, ssh: SshDefaults | None = None) -> dict:
+    """The host variables of one worker (the contract playbooks and roles rely on)."""
+    hostvars: dict = {
+        "ansible_host": worker.address,
+        "ansible_port": worker.port,
+        "ansible_python_interpreter": worker.python or DEFAULT_PYTHON,
+        "fdl_arch": worker.arch,
+        "fdl_local_devices": str(worker.local_devices),
+        "fdl_env": worker.env_dict,
+        "fdl_data_path": worker.data_path or DEFAULT_DATA_PATH,
+    }
+    if worker.user is not None:
+        hostvars["ansible_user"] = worker.user
+    identity = _project_path(worker.identity, root)
+    if identity is not None:
+        hostvars["ansible_ssh_private_key_file"] = identity
+    hostvars.update(_ssh_args(ssh, root))
+    return hostvars
+
+
+def build_inventory(cluster: ClusterSpec, root: Path | None = None) -> ClusterInventory:
+    """Hosts, groups and variables for a cluster; `root` anchors relative identity paths."""
+    inv = ClusterInventory()
+    inv.groups[WORKERS_GROUP] = []
+    inv.groups[CONTROLLER_GROUP] = []
+    controller = cluster.controller
+    inv.all_vars = {"fdl_controller_host": controller.host, "fdl_controller_port": controller.port}
+    for worker in cluster.workers:
+        host = InventoryHost(name=worker.host, vars=worker_vars(worker, root, cluster.ssh), worker=worker)
+        host.groups.append(WORKERS_GROUP)
+        inv.groups[WORKERS_GROUP].append(worker.host)
+        if controller.host in (worker.host, worker.address):
+            host.groups.append(CONTROLLER_GROUP)
+            inv.groups[CONTROLLER_GROUP].append(worker.host)
+        if worker.arch:
+            group = arch_group(worker.arch)
+            host.groups.append(group)
+            inv.groups.setdefault(group, []).append(worker.host)
+        inv.hosts[worker.host] = host
+    if not inv.groups[CONTROLLER_GROUP] and controller.host not in inv.hosts:
+        # The controller runs no ranks here: it is still a host playbooks can target (fdl_controller).
+        hostvars: dict = {"ansible_host": controller.host, "ansible_python_interpreter": DEFAULT_PYTHON}
+        if is_loopback(controller.host):
+            hostvars["ansible_connection"] = "local"
+        else:
+            hostvars["ansible_port"] = cluster.ssh.port
+            if cluster.ssh.user is not None:
+                hostvars["ansible_user"] = cluster.ssh.user
+            identity = _project_path(cluster.ssh.identity, root)
+            if identity is not None:
+                hostvars["ansible_ssh_private_key_file"] = identity
+            hostvars.update(_ssh_args(cluster.ssh, root))
+        inv.hosts[controller.host] = InventoryHost(name=controller.host, vars=hostvars, groups=[CONTROLLER_GROUP])
+        inv.groups[CONTROLLER_GROUP].append(controller.host)
+    return inv
+
+
+_FILE_RE = re.compile(r"^fdl(?:\.(?P<env>[A-Za-z0-9][A-Za-z0-9_-]{0,63}))?\.(?:yml|yaml|json)$")
+
+
+def env_of_file(path: Path) -> tuple[bool, str | None]:
+    """(is an fdl config file name, its env): fdl.yml -> (True, None), fdl.cluster.yml -> (True, 'cluster')."""
+    match = _FILE_RE.match(path.name)
+    if not match:
+        return False, None
+    return True, match.group("env")
+
+
+def inventory_from_file(path: Path, env: str | None = None, project_dir: Path | None = None):
+    """Load the configuration a cluster file belongs to and build its inventory.
+
+    `path` is an fdl config file (fdl.yml or fdl.<env>.yml); its env is taken
+    from the name unless given. Returns (inventory, config); the inventory is
+    empty when the merged configuration has no cluster: block. Raises ConfigError.
+    """
+    from fdl.config import EnvSelection, find_base, load_config
+    from fdl.config.source import display_path
+    from fdl.errors import ConfigError
+
+    path = Path(path).resolve()
+    if env is None:
+        _, env = env_of_file(path)
+    directory = (project_dir or path.parent).resolve()
+    if project_dir is None and env is not None:
+        base = find_base(directory)
+        if base is not None and base.parent != directory:
+            raise ConfigError(
+                f"{display_path(path)} is an env overlay, but the project's base file is {display_path(base)}, in "
+                f"another directory. An overlay must sit next to its base fdl.yml; move it there (or add an "
+                f"fdl.yml beside it)."
+            )
+    config = load_config(directory, EnvSelection(env, "inventory file") if env else EnvSelection())
+    if config.cluster is None:
+        return ClusterInventory(), config
+    return build_inventory(config.cluster, config.root), config

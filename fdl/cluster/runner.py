@@ -1,0 +1,508 @@
+"""The one place fdl drives ansible-runner.
+
+Every remote action in fdl is a playbook run through `run_playbook()`:
+
+    result = run_playbook(playbook("probe.yml"), inventory, extravars={...})
+    for host in result.hosts.values():
+        host.status, host.res, host.message      # ok | failed | unreachable | skipped | missing
+
+What it settles once for every caller:
+
+- ansible-playbook is the one installed next to fdl (this environment's
+  scripts directory goes first on PATH); the shipped ansible.cfg is the
+  configuration, and the settings that matter are pinned in the environment
+  so a stray ANSIBLE_* variable cannot undo them: pipelining on, facts off,
+  host keys checked by ssh (`StrictHostKeyChecking=accept-new`: learn a new
+  host once, refuse a changed key), persistent SSH masters under a short,
+  stable control path so the next run reuses them.
+- forks = the number of hosts; every host's interpreter comes from the
+  inventory (`ansible_python_interpreter`), never from discovery.
+- A private data directory per inventory under the cache
+  (`~/.cache/fdl/runner/<hash>`), artifacts rotated, no env files written
+  (extra variables reach ansible-playbook through a 0600 file, never argv).
+- Per-host results parsed live from runner events; an optional rich display
+  of per-host progress on a terminal.
+- Cancellation: Ctrl-C (or `cancel.set()`) stops ansible-playbook within a
+  fraction of a second, then every host that was started is swept for
+  processes of this run (they carry FDL_RUN_ID in their environment, set by
+  each playbook's play-level `environment:`), so nothing is left running
+  remotely.
+"""
+
+from __future__ import annotations
+
+import configparser
+import hashlib
+import json
+import os
+import shlex
+import signal
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from fdl.cluster.inventory import ClusterInventory
+from fdl.cluster.modutils import cache_dir, module_utils_dir
+from fdl.errors import FdlError, RemoteError
+from fdl.resources import playbook as shipped_playbook
+from fdl.resources import ansible_cfg, share_dir
+
+RUN_ID_VAR = "fdl_run_id"  # extra variable every playbook exports as FDL_RUN_ID (play-level environment:)
+KEEP_ARTIFACTS = 5
+PEXPECT_TIMEOUT = 0.2  # how often ansible-runner polls the cancel flag
+REAP_TIMEOUT = 30.0
+_MAX_SOCKET_PATH = 104  # sun_path is 108 bytes; ssh appends ".XXXXXXXXXXXXXXXX" while it binds
+
+# ansible.cfg key -> the environment variable that would override it (pinned from the shipped file)
+_PINNED = {
+    ("defaults", "gathering"): "ANSIBLE_GATHERING",
+    ("defaults", "host_key_checking"): "ANSIBLE_HOST_KEY_CHECKING",
+    ("defaults", "interpreter_python"): "ANSIBLE_PYTHON_INTERPRETER",
+    ("defaults", "retry_files_enabled"): "ANSIBLE_RETRY_FILES_ENABLED",
+    ("ssh_connection", "pipelining"): "ANSIBLE_PIPELINING",
+    ("ssh_connection", "ssh_args"): "ANSIBLE_SSH_ARGS",
+    ("ssh_connection", "control_path"): "ANSIBLE_SSH_CONTROL_PATH",
+    ("ssh_connection", "timeout"): "ANSIBLE_TIMEOUT",
+}
+
+OK, FAILED, UNREACHABLE, SKIPPED, PENDING, RUNNING, MISSING = (
+    "ok", "failed", "unreachable", "skipped", "pending", "running", "missing")
+
+
+@dataclass
+class TaskOutcome:
+    """One task's result on one host; `res` is the module's return (None for skipped tasks)."""
+
+    task: str
+    status: str
+    res: dict | None = None
+    duration: float | None = None
+
+
+@dataclass
+class HostResult:
+    """Everything one host did in a run.
+
+    status: pending (nothing yet), running, ok, failed, unreachable, skipped
+    (every task skipped) or missing (the playbook never ran on it).
+    """
+
+    host: str
+    status: str = PENDING
+    tasks: list[TaskOutcome] = field(default_factory=list)
+    message: str | None = None  # why it failed or was unreachable, as Ansible/SSH said it
+    current_task: str | None = None
+    started: float | None = None
+    finished: float | None = None
+
+    @property
+    def res(self) -> dict | None:
+        """The last module return this host produced (the playbook's answer for one-task playbooks)."""
+        for outcome in reversed(self.tasks):
+            if outcome.res is not None:
+                return outcome.res
+        return None
+
+    def result_of(self, task: str) -> TaskOutcome | None:
+        for outcome in self.tasks:
+            if outcome.task == task:
+                return outcome
+        return None
+
+
+@dataclass
+class RunResult:
+    """A finished playbook run: runner status and rc, and per-host results."""
+
+    status: str  # successful | failed | canceled | timeout
+    rc: int
+    hosts: dict[str, HostResult]
+    artifact_dir: Path
+    run_id: str
+
+    @property
+    def ok(self) -> bool:
+        return all(h.status in (OK, SKIPPED) for h in self.hosts.values())
+
+
+@dataclass(frozen=True)
+class RunnerEvent:
+    """A runner event, trimmed to what callers use; `raw` is the full event."""
+
+    kind: str  # runner event name without the prefix: on_start, on_ok, on_failed, ...
+    host: str | None
+    task: str | None
+    res: dict | None
+    raw: dict = field(repr=False, default_factory=dict)
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def ansible_bin_dir() -> Path:
+    """The scripts directory of fdl's own environment, which must hold ansible-playbook."""
+    scripts = Path(sysconfig.get_path("scripts"))
+    if not (scripts / "ansible-playbook").exists():
+        alt = Path(sys.executable).parent  # a venv's bin when sysconfig points elsewhere
+        if (alt / "ansible-playbook").exists():
+            return alt
+        raise FdlError(
+            f"ansible-playbook is not installed next to fdl (looked in {scripts}). fdl runs the Ansible that is "
+            f"installed with it (ansible-core is one of its dependencies).",
+            hint="reinstall fdl into this environment: pip install --force-reinstall fdl")
+    return scripts
+
+
+def control_path_dir() -> Path:
+    """Where persistent SSH masters live: short and stable, so later runs find them."""
+    preferred = cache_dir() / "cp"
+    if len(str(preferred)) + 1 + 40 + 17 <= _MAX_SOCKET_PATH:
+        return preferred
+    return Path(tempfile.gettempdir()) / f"fdl-cp-{os.getuid()}"
+
+
+def _pinned_settings(cfg: Path) -> dict[str, str]:
+    parser = configparser.RawConfigParser()
+    parser.read(cfg)
+    pinned = {}
+    for (section, key), var in _PINNED.items():
+        if parser.has_option(section, key):
+            pinned[var] = parser.get(section, key)
+    return pinned
+
+
+def ansible_environment(forks: int) -> dict[str, str]:
+    """Environment overrides for an ansible-playbook started by fdl."""
+    cfg = ansible_cfg()
+    cp_dir = control_path_dir()
+    cp_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    env = _pinned_settings(cfg)
+    env.update({
+        "ANSIBLE_CONFIG": str(cfg),
+        "ANSIBLE_ROLES_PATH": str(share_dir() / "roles"),
+        "ANSIBLE_MODULE_UTILS": str(module_utils_dir()),
+        "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp_dir),
+        "ANSIBLE_FORKS": str(forks),
+        # fdl hands ansible-playbook a JSON inventory: loading the other inventory plugins (and parsing their
+        # documentation) would cost a third of a second per run.
+        "ANSIBLE_INVENTORY_ENABLED": "yaml",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_DEPRECATION_WARNINGS": "False",
+        "ANSIBLE_LOCALHOST_WARNING": "False",
+        "PATH": os.pathsep.join([str(ansible_bin_dir()), os.environ.get("PATH", os.defpath)]),
+    })
+    return env
+
+
+def private_data_dir(inventory: ClusterInventory) -> Path:
+    """~/.cache/fdl/runner/<hash of the inventory>: one per cluster, so concurrent clusters never share one."""
+    digest = hashlib.sha256(json.dumps(inventory.to_ansible(), sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_dir() / "runner" / digest
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def _write_private(path: Path, text: str) -> Path:
+    """Write text to path atomically with mode 0600."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# --------------------------------------------------------------------------- events
+
+
+class _Collector:
+    """Turns runner events into HostResults (called live from ansible-runner's loop; keep it fast)."""
+
+    def __init__(self, hosts: Sequence[str], on_event: Callable[[RunnerEvent], None] | None, progress):
+        self.hosts = {name: HostResult(host=name) for name in hosts}
+        self.on_event = on_event
+        self.progress = progress
+        self.errors: list[str] = []
+
+    def _host(self, name: str) -> HostResult:
+        if name not in self.hosts:  # a host the play added (add_host, delegate_to): track it too
+            self.hosts[name] = HostResult(host=name)
+        return self.hosts[name]
+
+    def __call__(self, event: dict) -> bool:
+        name = event.get("event", "")
+        data = event.get("event_data") or {}
+        host_name = data.get("host")
+        task = data.get("task")
+        res = data.get("res") if isinstance(data.get("res"), dict) else None
+        if name.startswith("runner_") and host_name:
+            host = self._host(host_name)
+            kind = name[len("runner_"):]
+            if kind == "on_start":
+                host.status = RUNNING if host.status == PENDING else host.status
+                host.current_task = task
+                host.started = host.started or time.monotonic()
+            elif kind in ("on_ok", "on_failed", "on_unreachable", "on_skipped"):
+                status = {"on_ok": OK, "on_failed": FAILED, "on_unreachable": UNREACHABLE,
+                          "on_skipped": SKIPPED}[kind]
+                if kind == "on_failed" and data.get("ignore_errors"):
+                    status = OK
+                host.tasks.append(TaskOutcome(task=task or "", status=status, res=res,
+                                              duration=data.get("duration")))
+                host.finished = time.monotonic()
+                if status in (FAILED, UNREACHABLE):
+                    host.status = status
+                    host.message = _reason(res)
+                elif host.status in (PENDING, RUNNING, SKIPPED):
+                    host.status = OK if status == OK else SKIPPED
+                host.current_task = None
+        elif name == "error" or (name == "verbose" and "ERROR!" in (event.get("stdout") or "")):
+            self.errors.append(event.get("stdout") or "")
+        if self.progress is not None:
+            self.progress.update(self.hosts)
+        if self.on_event is not None:
+            kind = name[len("runner_"):] if name.startswith("runner_") else name
+            self.on_event(RunnerEvent(kind=kind, host=host_name, task=task, res=res, raw=event))
+        return True
+
+
+def _reason(res: dict | None) -> str | None:
+    if not res:
+        return None
+    message = res.get("msg")
+    if isinstance(message, str) and message.strip():
+        return message.strip()
+    for key in ("stderr", "module_stderr", "exception"):
+        if isinstance(res.get(key), str) and res[key].strip():
+            return res[key].strip().splitlines()[-1]
+    return None
+
+
+# --------------------------------------------------------------------------- running
+
+
+class _Interrupts:
+    """While active (main thread only), SIGINT/SIGTERM set a flag instead of raising."""
+
+    def __init__(self, cancel: threading.Event):
+        self.cancel = cancel
+        self.signal: int | None = None
+        self._saved: dict = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._saved[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signal is not None and signum == signal.SIGINT:  # a second Ctrl-C: stop waiting for the sweep
+            raise KeyboardInterrupt
+        self.signal = signum
+        self.cancel.set()
+
+    def __exit__(self, *exc):
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+        return False
+
+
+def run_playbook(
+    playbook: str | Path,
+    inventory: ClusterInventory,
+    *,
+    extravars: dict | None = None,
+    limit: Sequence[str] | None = None,
+    on_event: Callable[[RunnerEvent], None] | None = None,
+    progress: bool | None = None,
+    cancel: threading.Event | None = None,
+    timeout: float | None = None,
+    title: str | None = None,
+) -> RunResult:
+    """Run a playbook against the inventory's hosts (or `limit`) and return per-host results.
+
+    playbook: a path, or the name of a shipped playbook ("probe.yml").
+    limit: host names to run on (default: every host in the inventory).
+    on_event: called for every runner event (from ansible-runner's loop: keep it quick).
+    progress: live per-host progress on stderr (default: when stderr is a terminal).
+    cancel: set it from another thread to stop the run; Ctrl-C does the same in the main thread.
+    timeout: seconds before the run is stopped (status "timeout").
+
+    Raises RemoteError when ansible-playbook itself fails before any host ran
+    (a playbook or inventory it cannot read), and KeyboardInterrupt after a
+    Ctrl-C, once the hosts have been swept.
+    """
+    import ansible_runner  # noqa: PLC0415 - ansible is imported only by commands that cross hosts
+
+    path = Path(playbook)
+    if not path.is_absolute() and not path.exists():
+        path = shipped_playbook(str(playbook))
+    if not path.is_file():
+        raise FdlError(f"playbook {path} does not exist", hint="reinstall fdl if this is a shipped playbook")
+    if limit is not None:
+        unknown = [h for h in limit if h not in inventory.hosts]
+        if unknown:
+            raise FdlError(f"host(s) not in the cluster inventory: {', '.join(unknown)}; known hosts: "
+                           f"{', '.join(inventory.hosts) or 'none'}")
+        inventory = inventory.subset(list(limit))
+    hosts = list(inventory.hosts)
+    if not hosts:
+        raise FdlError("there are no hosts to run on: the cluster has no workers",
+                       hint="list them under cluster.workers in fdl.cluster.yml")
+
+    run_id = uuid.uuid4().hex
+    pdd = private_data_dir(inventory)
+    inventory_file = _write_private(pdd / "inventory" / "hosts.json", json.dumps(inventory.to_ansible()))
+    variables = dict(extravars or {})
+    variables[RUN_ID_VAR] = run_id
+    vars_file = _write_private(pdd / "tmp" / f"{run_id}.json", json.dumps(variables))
+    cancel = cancel or threading.Event()
+    show = sys.stderr.isatty() if progress is None else progress
+    display = _Progress(title or path.stem, hosts) if show else None
+    collector = _Collector(hosts, on_event, display)
+    try:
+        with _Interrupts(cancel) as interrupts:
+            if display is not None:
+                display.start()
+            try:
+                runner = ansible_runner.run(
+                    private_data_dir=str(pdd),
+                    ident=run_id,
+                    playbook=str(path),
+                    inventory=str(inventory_file),
+                    cmdline=f"-e @{shlex.quote(str(vars_file))}",
+                    envvars=ansible_environment(len(hosts)),
+                    forks=len(hosts),
+                    quiet=True,
+                    rotate_artifacts=KEEP_ARTIFACTS,
+                    suppress_env_files=True,
+                    settings={"pexpect_timeout": PEXPECT_TIMEOUT, "suppress_ansible_output": True},
+                    timeout=int(timeout) if timeout else None,
+                    event_handler=collector,
+                    cancel_callback=cancel.is_set,
+                )
+            finally:
+                if display is not None:
+                    display.stop()
+            result = RunResult(status=runner.status, rc=int(runner.rc if runner.rc is not None else -1),
+                               hosts=collector.hosts, artifact_dir=Path(runner.config.artifact_dir),
+                               run_id=run_id)
+            if result.status in ("canceled", "timeout"):
+                started = [h.host for h in result.hosts.values() if h.status != PENDING]
+                _sweep(inventory, started, run_id)
+            if interrupts.signal is not None:
+                raise KeyboardInterrupt
+    finally:
+        vars_file.unlink(missing_ok=True)
+    for host in result.hosts.values():
+        if host.status == PENDING:
+            host.status = MISSING
+            host.message = "the playbook did not run on this host"
+        elif host.status == RUNNING:
+            host.status = MISSING
+            host.message = "the run stopped before this host finished"
+    if result.status == "failed" and all(h.status == MISSING for h in result.hosts.values()):
+        raise RemoteError(f"ansible-playbook failed before reaching any host (rc {result.rc}): "
+                          f"{_stdout_tail(result.artifact_dir, collector.errors)}")
+    return result
+
+
+def _stdout_tail(artifact_dir: Path, errors: list[str], lines: int = 8) -> str:
+    text = "\n".join(errors).strip()
+    if not text:
+        try:
+            text = (artifact_dir / "stdout").read_text(errors="replace").strip()
+        except OSError:
+            text = ""
+    tail = [line for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join(tail) or "no output (see the artifacts in " + str(artifact_dir) + ")"
+
+
+def _sweep(inventory: ClusterInventory, hosts: list[str], run_id: str) -> None:
+    """After a cancel: stop every process of this run left on the hosts (best effort, bounded)."""
+    if not hosts:
+        return
+    import ansible_runner  # noqa: PLC0415
+
+    sub = inventory.subset(hosts)
+    pdd = private_data_dir(sub)
+    inventory_file = _write_private(pdd / "inventory" / "hosts.json", json.dumps(sub.to_ansible()))
+    reap_id = uuid.uuid4().hex
+    vars_file = _write_private(pdd / "tmp" / f"{reap_id}.json",
+                               json.dumps({"fdl_reap_run_id": run_id, RUN_ID_VAR: reap_id}))
+    deadline = time.monotonic() + REAP_TIMEOUT
+    try:
+        ansible_runner.run(
+            private_data_dir=str(pdd), ident=reap_id, playbook=str(shipped_playbook("reap.yml")),
+            inventory=str(inventory_file), cmdline=f"-e @{shlex.quote(str(vars_file))}",
+            envvars=ansible_environment(len(hosts)), forks=len(hosts), quiet=True,
+            rotate_artifacts=KEEP_ARTIFACTS, suppress_env_files=True,
+            settings={"pexpect_timeout": PEXPECT_TIMEOUT, "suppress_ansible_output": True},
+            timeout=int(REAP_TIMEOUT), cancel_callback=lambda: time.monotonic() > deadline,
+        )
+    finally:
+        vars_file.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- progress
+
+
+class _Progress:
+    """Live per-host progress on stderr with rich (terminals only)."""
+
+    _STYLE = {PENDING: "dim", RUNNING: "cyan", OK: "green", FAILED: "red", UNREACHABLE: "red", SKIPPED: "yellow"}
+
+    def __init__(self, title: str, hosts: list[str]):
+        self.title = title
+        self.hosts = hosts
+        self._live = None
+        self._start = time.monotonic()
+        self._state: dict[str, HostResult] = {}
+
+    def start(self) -> None:
+        from rich.console import Console  # noqa: PLC0415
+        from rich.live import Live  # noqa: PLC0415
+
+        # Live re-renders this object (its __rich__) on every refresh, so the clock ticks between events.
+        self._live = Live(self, console=Console(stderr=True), refresh_per_second=8, transient=True)
+        self._live.start()
+
+    def update(self, hosts: dict[str, HostResult]) -> None:
+        self._state = hosts
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def __rich__(self):
+        return self._render()
+
+    def _render(self):
+        from rich.table import Table  # noqa: PLC0415
+
+        state = dict(self._state)  # a C-level copy: the event handler may add hosts while this renders
+        done = sum(1 for h in state.values() if h.status not in (PENDING, RUNNING))
+        table = Table(title=f"{self.title}: {done}/{len(self.hosts)} hosts done, "
+                            f"{time.monotonic() - self._start:.1f}s", title_justify="left", box=None)
+        table.add_column("host")
+        table.add_column("state")
+        table.add_column("task")
+        for name in self.hosts:
+            host = state.get(name) or HostResult(host=name)
+            style = self._STYLE.get(host.status, "")
+            table.add_row(name, f"[{style}]{host.status}[/]", host.current_task or (host.message or "")[:60])
+        return table

@@ -1,0 +1,185 @@
+"""`fdl @cluster probe` against real sshd hosts: aggregation, unreachable hosts, cross-host checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import fdl_env, run_fdl
+
+pytestmark = [pytest.mark.testbed(hosts=4), pytest.mark.slow]
+
+
+def probe(project: Path, env: dict, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    done = run_fdl("@cluster", "probe", *args, cwd=project, env=env, timeout=180)
+    doc = json.loads(done.stdout) if "--json" in args and done.stdout.strip() else None
+    return done, doc
+
+
+def by_host(doc: dict) -> dict:
+    return {h["host"]: {c["name"]: c for c in h["checks"]} for h in doc["hosts"]}
+
+
+def cluster_checks(doc: dict) -> dict:
+    return {c["name"]: c for c in doc["cluster"]}
+
+
+def test_four_green_hosts(kit, short_tmp, testbed_home):
+    project = kit.project(short_tmp / "proj")
+    done, doc = probe(project, testbed_home, "--json")
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert doc["ok"] is True
+    assert [h["host"] for h in doc["hosts"]] == ["h1", "h2", "h3", "h4"]
+    for host, checks in by_host(doc).items():
+        assert checks["gpu"]["status"] == "ok", (host, checks["gpu"])
+        assert checks["gpu"]["data"]["devices"][0]["name"] == "H100"  # the worker's env: reached the probe
+        assert checks["nccl"]["data"]["version"] == "2.27.5"
+        assert checks["data"]["data"]["path"] == str(kit.data)  # each worker's data_path
+    assert {n: c["status"] for n, c in cluster_checks(doc).items()} == {
+        "nccl_match": "ok", "libtorch_match": "ok", "data_match": "ok"}
+
+    human = run_fdl("@cluster", "probe", cwd=project, env=testbed_home, timeout=180)
+    assert human.returncode == 0
+    assert "h3: ready:" in human.stdout
+    assert human.stdout.strip().endswith("cluster: ready: 4 hosts, hosts agree on NCCL, libtorch and data")
+
+
+def test_a_host_with_the_wrong_key_is_an_error_naming_it(kit, short_tmp, testbed_home):
+    stranger = kit.bed.new_key("wrong-key")
+    project = kit.project(short_tmp / "proj", kit.workers(h2={"identity": str(stranger)}))
+    done, doc = probe(project, testbed_home, "--json")
+    assert done.returncode == 1
+    hosts = by_host(doc)
+    assert list(hosts["h2"]) == ["ssh"]
+    ssh = hosts["h2"]["ssh"]
+    assert ssh["status"] == "error"
+    h2 = kit.bed.host("h2")
+    assert ssh["message"].startswith(f"h2 ({h2.user}@{h2.address}) is unreachable: SSH authentication failed: ")
+    assert "Permission denied (publickey" in ssh["message"]
+    assert str(stranger) in ssh["hint"]
+    assert all(hosts[h]["gpu"]["status"] == "ok" for h in ("h1", "h3", "h4"))
+
+    human = run_fdl("@cluster", "probe", cwd=project, env=testbed_home, timeout=180)
+    assert human.returncode == 1
+    assert "h2: NOT READY" in human.stdout and "SSH authentication failed" in human.stdout
+    assert "cluster: 3 of 4 hosts ready" in human.stdout
+
+
+def test_a_link_taken_down_mid_run(kit, short_tmp, testbed_home):
+    """h3's interpreter is a wrapper that announces itself and waits: the link goes down while it runs."""
+    marker = kit.bed.storage / "h3-started"  # world-writable: h3's user creates it
+    wrapper = kit.bed.shared / "slow-python"
+    wrapper.write_text(f"#!/bin/sh\ntouch {marker}\nsleep 4\nexec /usr/bin/python3 \"$@\"\n")
+    wrapper.chmod(0o755)
+    marker.unlink(missing_ok=True)
+    project = kit.project(short_tmp / "proj", kit.workers(h3={"python": str(wrapper)}))
+    h3 = kit.bed.host("h3")
+    proc = subprocess.Popen([sys.executable, "-m", "fdl", "@cluster", "probe", "--json"], cwd=project,
+                            env=fdl_env(testbed_home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "h3's probe never started"
+            time.sleep(0.05)
+        h3.link_down()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        h3.link_up()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, err
+    hosts = by_host(json.loads(out))
+    assert list(hosts["h3"]) == ["ssh"]
+    assert hosts["h3"]["ssh"]["message"] == (f"h3 ({h3.user}@{h3.address}) is unreachable: the SSH connection was "
+                                             f"lost: the host stopped answering while the task ran")
+    assert "network link" in hosts["h3"]["ssh"]["hint"]
+    assert all(hosts[h]["gpu"]["status"] == "ok" for h in ("h1", "h2", "h4"))
+
+
+def test_nccl_skew_is_an_error_until_the_older_host_preloads_a_match(kit, short_tmp, testbed_home):
+    skewed = kit.workers(h3={"env": kit.worker_env(libtorch=kit.libtorch_old_nccl)})
+    done, doc = probe(kit.project(short_tmp / "skew", skewed), testbed_home, "--json")
+    assert done.returncode == 1
+    assert all(h["ok"] for h in doc["hosts"])  # every host is fine on its own
+    nccl = cluster_checks(doc)["nccl_match"]
+    assert nccl["status"] == "error"
+    assert "2.27.5 on h1, h2, h4; 2.21.5 on h3" in nccl["message"]
+    assert nccl["hint"].startswith("on h3, build NCCL 2.27.5 with `fdl nccl build --tag v2.27.5`")
+    assert "LD_PRELOAD" in nccl["hint"]
+
+    fixed = kit.workers(h3={"env": kit.worker_env(libtorch=kit.libtorch_old_nccl, LD_PRELOAD=str(kit.nccl_2_27))})
+    done, doc = probe(kit.project(short_tmp / "fixed", fixed), testbed_home, "--json")
+    assert done.returncode == 0, done.stdout
+    assert by_host(doc)["h3"]["nccl"]["data"]["origin"] == "LD_PRELOAD"
+
+
+def test_libtorch_skew_is_an_error(kit, short_tmp, testbed_home):
+    skewed = kit.workers(h4={"env": kit.worker_env(libtorch=kit.libtorch_old)})
+    done, doc = probe(kit.project(short_tmp / "proj", skewed), testbed_home, "--json")
+    assert done.returncode == 1
+    check = cluster_checks(doc)["libtorch_match"]
+    assert check["status"] == "error"
+    assert "2.10.0 on h1, h2, h3; 2.9.0 on h4" in check["message"]
+    assert cluster_checks(doc)["nccl_match"]["status"] == "ok"
+
+
+def test_data_path_missing_on_one_host(kit, short_tmp, testbed_home):
+    missing = kit.bed.shared / "no-such-data"
+    project = kit.project(short_tmp / "proj", kit.workers(h2={"data_path": str(missing)}))
+    done, doc = probe(project, testbed_home, "--json")
+    assert done.returncode == 1
+    assert by_host(doc)["h2"]["data"]["status"] == "error"
+    check = cluster_checks(doc)["data_match"]
+    assert check["status"] == "error"
+    assert f"available on h1, h3, h4 but not on h2 ({missing})" in check["message"]
+
+    skipped, doc = probe(project, testbed_home, "--json", "--skip-mount")  # flags reach every host
+    assert skipped.returncode == 0, skipped.stdout
+    assert {h["checks"][-1]["status"] for h in doc["hosts"]} == {"skipped"}
+
+    elsewhere, doc = probe(project, testbed_home, "--json", "--data-path", str(kit.data))
+    assert elsewhere.returncode == 0
+    assert {by_host(doc)[h]["data"]["data"]["path"] for h in ("h1", "h2")} == {str(kit.data)}
+
+
+def test_this_machine_in_the_roster_is_probed_without_ssh(kit, short_tmp, testbed_home):
+    """A worker at the test machine's own bridge address: no sshd, no such user; only a native probe is green."""
+    workers = kit.workers()[:2] + [{"host": "ctl", "address": kit.bed.gateway, "user": "fdlt-nobody",
+                                    "env": kit.worker_env(devices="RTX3060:8.6:12G"), "data_path": str(kit.data)}]
+    done, doc = probe(kit.project(short_tmp / "proj", workers), testbed_home, "--json")
+    assert done.returncode == 0, done.stdout
+    ctl = by_host(doc)["ctl"]
+    assert ctl["gpu"]["data"]["devices"][0]["name"] == "RTX3060"  # the worker's env: applied natively
+
+
+def test_ansible_users_get_the_same_inventory_and_probe_without_fdl(kit, short_tmp, testbed_home):
+    """ansible-inventory and ansible-playbook from the project directory with the shipped ansible.cfg."""
+    from tests.conftest import REPO
+
+    stranger = kit.bed.new_key("ansible-user-wrong")
+    project = kit.project(short_tmp / "proj", kit.workers(h4={"identity": str(stranger)}))
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, **testbed_home, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PYTHONPATH": str(REPO)}
+    env.pop("ANSIBLE_MODULE_UTILS", None)
+    graph = subprocess.run([str(bin_dir / "ansible-inventory"), "-i", "fdl.cluster.yml", "--graph"], cwd=project,
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert graph.returncode == 0, graph.stderr
+    assert "@fdl_workers:" in graph.stdout and "|--h4" in graph.stdout
+    assert "@arch_" not in graph.stdout  # these workers name no arch
+
+    play = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", "fdl.cluster.yml",
+                           str(REPO / "playbooks" / "probe.yml")], cwd=project, env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert play.returncode == 4, play.stdout + play.stderr  # 4: some host unreachable
+    recap = play.stdout[play.stdout.index("PLAY RECAP"):]
+    for host in ("h1", "h2", "h3"):
+        assert any(line.startswith(host) and "ok=1" in line and "failed=0" in line for line in recap.splitlines())
+    assert any(line.startswith("h4") and "unreachable=1" in line for line in recap.splitlines())

@@ -1,0 +1,493 @@
+"""A testbed of SSH hosts made of Linux network namespaces on a bridge.
+
+Each host is a network namespace `<prefix>-h<i>` with one veth leg on the
+bridge `<prefix>br0`, its own address in the /24 `<net>.0/24`, its own OpenSSH
+daemon (own config, host key, pid file, log; ListenAddress = its address;
+`UsePAM no`) and its own login user `<prefix><i>` with its own home and an
+authorized key generated for the run. The test machine itself sits on the
+bridge at `<net>.1` (`Testbed.gateway`), which is where a controller under
+test listens when workers must dial it.
+
+Everything is named from one prefix, so a crashed run's leftovers can be
+found and removed: `Testbed.up()` first takes a per-prefix lock, then deletes
+any namespace, link, user or work directory carrying the prefix (they can
+only be leftovers, since the lock is held), builds the hosts, checks that the
+bridge and every namespace exist, and only then sends traffic (to the
+testbed's own addresses). Teardown runs even when the body fails.
+
+Namespaces share the file system (and the UTS name) with the test machine:
+files a host should see go under `Testbed.shared` (world-readable), and hosts
+are told apart by address or user, not by `hostname`.
+
+Needs root, iproute2 and openssh-server. Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import grp
+import ipaddress
+import os
+import pwd
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+SSHD = "/usr/sbin/sshd"
+SFTP_SERVER = "/usr/lib/openssh/sftp-server"
+DEFAULT_PREFIX = "fdlt"
+DEFAULT_NET = "10.231.0"  # the first three octets of the testbed's /24
+MAX_HOSTS = 200
+_PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{1,7}$")
+
+
+class TestbedError(RuntimeError):
+    """The testbed could not be built, checked or torn down."""
+
+    __test__ = False  # not a pytest test class
+
+
+def _sh(*argv: str, check: bool = True, timeout: float = 30, input: str | None = None,
+        env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=input, env=env)
+    if check and proc.returncode != 0:
+        raise TestbedError(f"{shlex.join(argv)} failed (rc {proc.returncode}): {proc.stderr.strip()}")
+    return proc
+
+
+def missing_tools() -> list[str]:
+    """What the testbed needs and this machine lacks (empty when it can be built)."""
+    missing = []
+    for tool, path in (("iproute2 (ip)", shutil.which("ip")), ("openssh-server (sshd)", SSHD),
+                       ("openssh-client (ssh)", shutil.which("ssh")),
+                       ("openssh-client (ssh-keygen)", shutil.which("ssh-keygen")),
+                       ("passwd (useradd)", shutil.which("useradd"))):
+        if not path or not os.path.exists(path):
+            missing.append(tool)
+    return missing
+
+
+@dataclass
+class Host:
+    """One testbed host: a namespace with an sshd, reached as its own user."""
+
+    bed: "Testbed" = field(repr=False)
+    index: int
+    name: str  # short logical name: h1, h2, ...
+    namespace: str
+    address: str
+    user: str
+    home: Path
+    veth: str  # the bridge-side leg, in the test machine's namespace
+    port: int = 22
+    sshd: subprocess.Popen | None = field(default=None, repr=False)
+
+    @property
+    def key(self) -> Path:
+        """The private key that logs in as this host's user."""
+        return self.bed.key
+
+    @property
+    def sshd_dir(self) -> Path:
+        return self.bed.dir / "sshd" / self.name
+
+    def worker(self, **overrides) -> dict:
+        """This host as an fdl.cluster.yml worker entry (override or add keys freely)."""
+        entry = {"host": self.name, "address": self.address, "user": self.user, "port": self.port,
+                 "identity": str(self.key)}
+        entry.update(overrides)
+        return entry
+
+    def ssh_argv(self, *, key: Path | None = None, extra: tuple[str, ...] = ()) -> list[str]:
+        """`ssh ... user@address` with this testbed's key and known_hosts (append a command)."""
+        return ["ssh", "-i", str(key or self.key), "-p", str(self.port),
+                "-o", f"UserKnownHostsFile={self.bed.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+                "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "IdentitiesOnly=yes",
+                "-F", "/dev/null", *extra, f"{self.user}@{self.address}"]
+
+    def ssh(self, command: str, *, check: bool = True, timeout: float = 30,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        """Run command on the host over real SSH, as its user."""
+        self.bed.verify()
+        return _sh(*self.ssh_argv(), command, check=check, timeout=timeout, input=input)
+
+    def run(self, command: str, *, as_user: bool = True, check: bool = True,
+            timeout: float = 30) -> subprocess.CompletedProcess:
+        """Run command inside the host's namespace (no SSH), as its user unless as_user=False."""
+        argv = ["ip", "netns", "exec", self.namespace]
+        if as_user:
+            argv += ["setpriv", f"--reuid={self.user}", f"--regid={self.user}", "--init-groups",
+                     "env", f"HOME={self.home}", f"USER={self.user}", f"LOGNAME={self.user}"]
+        return _sh(*argv, "sh", "-c", command, check=check, timeout=timeout)
+
+    def pids(self) -> list[int]:
+        """Every process running in the host's namespace (sshd and whatever it started)."""
+        out = _sh("ip", "netns", "pids", self.namespace, check=False).stdout
+        return [int(p) for p in out.split()]
+
+    def user_pids(self) -> list[int]:
+        """Processes in the namespace owned by the host's user (what a login left behind)."""
+        uid = pwd.getpwnam(self.user).pw_uid
+        found = []
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    found.append(pid)
+        return found
+
+    def link_down(self) -> None:
+        """Cut the host off the bridge: packets to and from it are dropped from now on."""
+        _sh("ip", "link", "set", self.veth, "down")
+
+    def link_up(self) -> None:
+        _sh("ip", "link", "set", self.veth, "up")
+
+    def authorize(self, public_key: str) -> None:
+        """Append a public key line to the host user's authorized_keys."""
+        path = self.home / ".ssh" / "authorized_keys"
+        with path.open("a") as fh:
+            fh.write(public_key.strip() + "\n")
+
+
+class Testbed:
+    """N namespace hosts on a bridge; build with `Testbed.up(n)` (a context manager)."""
+
+    __test__ = False
+
+    def __init__(self, size: int, *, prefix: str | None = None, net: str | None = None,
+                 workdir: Path | None = None):
+        prefix = prefix or os.environ.get("FDL_TESTBED_PREFIX") or DEFAULT_PREFIX
+        net = net or os.environ.get("FDL_TESTBED_NET") or DEFAULT_NET
+        if not _PREFIX_RE.match(prefix):
+            raise TestbedError(f"testbed prefix {prefix!r}: use 2-8 lowercase letters/digits, starting "
+                               f"with a letter (it names users, namespaces and links)")
+        if not re.fullmatch(r"10\.\d{1,3}\.\d{1,3}", net) or max(int(p) for p in net.split(".")) > 255:
+            raise TestbedError(f"testbed net {net!r}: expected the first three octets of a 10.x /24, "
+                               f"e.g. 10.231.0")
+        if not 1 <= size <= MAX_HOSTS:
+            raise TestbedError(f"testbed size {size}: expected 1 to {MAX_HOSTS} hosts")
+        self.size = size
+        self.prefix = prefix
+        self.net = net
+        self.bridge = f"{prefix}br0"
+        self.gateway = f"{net}.1"
+        self.network = ipaddress.ip_network(f"{net}.0/24")
+        self.dir = workdir or Path(f"/tmp/{prefix}-testbed")
+        self.shared = self.dir / "shared"
+        self.storage = self.dir / "storage"  # a tmpfs every host sees mounted (shared storage, world-writable)
+        self.key = self.dir / "client" / "id_ed25519"
+        self.known_hosts = self.dir / "client" / "known_hosts"
+        self.hosts: list[Host] = []
+        self._lock_fd: int | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    @contextlib.contextmanager
+    def up(cls, size: int, **kwargs) -> Iterator["Testbed"]:
+        """Build a testbed of `size` hosts, yield it, and always tear it down."""
+        bed = cls(size, **kwargs)
+        bed._lock()
+        try:
+            bed.clean_leftovers()
+            bed._build()
+            yield bed
+        finally:
+            try:
+                bed.down()
+            finally:
+                bed._unlock()
+
+    def _lock(self) -> None:
+        lock_dir = Path("/run/lock") if Path("/run/lock").is_dir() else Path("/tmp")
+        fd = os.open(lock_dir / f"{self.prefix}-testbed.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise TestbedError(f"another testbed with prefix {self.prefix!r} held the lock for 10 "
+                                       f"minutes; set FDL_TESTBED_PREFIX to run beside it") from None
+                time.sleep(0.2)
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _host_names(self) -> list[tuple[int, str, str, str]]:
+        out = []
+        for i in range(1, self.size + 1):
+            out.append((i, f"{self.prefix}-h{i}", f"{self.prefix}{i}", f"{self.prefix}v{i}"))
+        return out
+
+    def address_of(self, index: int) -> str:
+        """Host i (1-based) lives at <net>.<10 + i>."""
+        return f"{self.net}.{10 + index}"
+
+    def _build(self) -> None:
+        if missing := missing_tools():
+            raise TestbedError("the testbed needs " + ", ".join(missing) + " (scripts/apt-test.txt)")
+        for sub in ("client", "shared", "sshd", "home"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o755)
+        os.chmod(self.shared, 0o755)
+        os.chmod(self.dir / "home", 0o755)
+        # Mounted before any sshd starts: `ip netns exec` gives each sshd a copy of the mount table taken then.
+        self.storage.mkdir(exist_ok=True)
+        _sh("mount", "-t", "tmpfs", "-o", "size=64m,mode=1777", f"{self.prefix}-storage", str(self.storage))
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{self.prefix}-testbed", "-f", str(self.key))
+        public = self.key.with_suffix(".pub").read_text()
+
+        _sh("ip", "link", "add", self.bridge, "type", "bridge")
+        _sh("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
+        _sh("ip", "link", "set", self.bridge, "up")
+        for i, namespace, user, veth in self._host_names():
+            address = self.address_of(i)
+            host = Host(bed=self, index=i, name=f"h{i}", namespace=namespace, address=address, user=user,
+                        home=self.dir / "home" / user, veth=veth)
+            self.hosts.append(host)
+            _sh("ip", "netns", "add", namespace)
+            _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", namespace)
+            _sh("ip", "link", "set", veth, "master", self.bridge, "up")
+            _sh("ip", "-n", namespace, "addr", "add", f"{address}/24", "dev", "eth0")
+            _sh("ip", "-n", namespace, "link", "set", "eth0", "up")
+            _sh("ip", "-n", namespace, "link", "set", "lo", "up")
+            self._add_user(host, public)
+        known = []
+        for host in self.hosts:
+            known.append(self._start_sshd(host))
+        self.known_hosts.write_text("".join(known))
+        self.verify()
+        for host in self.hosts:
+            self._wait_listening(host)
+
+    def _add_user(self, host: Host, public_key: str) -> None:
+        for attempt in range(50):  # /etc/passwd is locked while other useradd runs finish
+            proc = _sh("useradd", "-M", "-d", str(host.home), "-s", "/bin/sh", "-U", "-p", "*", host.user,
+                       check=False)
+            if proc.returncode == 0:
+                break
+            if "lock" not in proc.stderr or attempt == 49:
+                raise TestbedError(f"useradd {host.user} failed: {proc.stderr.strip()}")
+            time.sleep(0.1)
+        entry = pwd.getpwnam(host.user)
+        ssh_dir = host.home / ".ssh"
+        ssh_dir.mkdir(parents=True, mode=0o700)
+        (ssh_dir / "authorized_keys").write_text(public_key)
+        os.chmod(ssh_dir / "authorized_keys", 0o600)
+        for path in (host.home, ssh_dir, ssh_dir / "authorized_keys"):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+        os.chmod(host.home, 0o750)
+
+    def _start_sshd(self, host: Host) -> str:
+        """Write the host's sshd config and key, start sshd in its namespace; return its known_hosts line."""
+        d = host.sshd_dir
+        d.mkdir(parents=True, exist_ok=True)
+        key = d / "ssh_host_ed25519_key"
+        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", host.name, "-f", str(key))
+        conf = d / "sshd_config"
+        conf.write_text("\n".join([
+            f"# testbed host {host.name}: {host.user}@{host.address}",
+            f"ListenAddress {host.address}",
+            f"Port {host.port}",
+            f"HostKey {key}",
+            f"PidFile {d / 'sshd.pid'}",
+            "UsePAM no",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "PubkeyAuthentication yes",
+            "PermitRootLogin no",
+            f"AllowUsers {host.user}",
+            "AuthorizedKeysFile .ssh/authorized_keys",
+            "StrictModes yes",
+            "MaxStartups 200:30:400",
+            "MaxSessions 100",
+            "AllowTcpForwarding yes",
+            f"Subsystem sftp {SFTP_SERVER}",
+            "LogLevel VERBOSE",
+            "",
+        ]))
+        _sh(SSHD, "-t", "-f", str(conf))
+        log = d / "sshd.log"
+        host.sshd = subprocess.Popen(
+            ["ip", "netns", "exec", host.namespace, SSHD, "-D", "-f", str(conf), "-E", str(log)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        kind, blob = key.with_suffix(".pub").read_text().split()[:2]
+        return f"{host.address} {kind} {blob}\n"
+
+    def _wait_listening(self, host: Host, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if host.sshd is not None and host.sshd.poll() is not None:
+                log = (host.sshd_dir / "sshd.log")
+                raise TestbedError(f"sshd of {host.name} exited (rc {host.sshd.returncode}): "
+                                   f"{log.read_text() if log.exists() else ''}")
+            try:
+                with socket.create_connection((host.address, host.port), timeout=1):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TestbedError(f"sshd of {host.name} is not listening on {host.address}:{host.port}"
+                                       ) from None
+                time.sleep(0.05)
+
+    def verify(self) -> None:
+        """Check the bridge and every namespace exist (call before sending traffic)."""
+        if not self.hosts:
+            raise TestbedError("the testbed has no hosts (was it torn down?)")
+        if _sh("ip", "link", "show", self.bridge, check=False).returncode != 0:
+            raise TestbedError(f"bridge {self.bridge} does not exist")
+        have = set(_sh("ip", "netns", "list").stdout.split())
+        missing = [h.namespace for h in self.hosts if h.namespace not in have]
+        if missing:
+            raise TestbedError(f"namespaces missing: {', '.join(missing)}")
+        for host in self.hosts:
+            if ipaddress.ip_address(host.address) not in self.network:  # never aim outside the testbed
+                raise TestbedError(f"{host.name}: {host.address} is outside {self.network}")
+
+    def down(self) -> None:
+        """Stop every sshd and remove namespaces, links, users and files (errors collected, not fatal)."""
+        problems: list[str] = []
+        for host in self.hosts:
+            if host.sshd is not None and host.sshd.poll() is None:
+                host.sshd.terminate()
+                try:
+                    host.sshd.wait(5)
+                except subprocess.TimeoutExpired:
+                    host.sshd.kill()
+                    host.sshd.wait(5)
+        self.hosts = []
+        problems += self.clean_leftovers()
+        if problems:
+            raise TestbedError("testbed teardown left things behind: " + "; ".join(problems))
+
+    def clean_leftovers(self) -> list[str]:
+        """Remove everything carrying this prefix: processes in its namespaces, namespaces, links, users, files."""
+        problems: list[str] = []
+        ns_re = re.compile(rf"^{re.escape(self.prefix)}-h\d+$")
+        namespaces = [n for n in _sh("ip", "netns", "list", check=False).stdout.split() if ns_re.match(n)]
+        for namespace in namespaces:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                pids = [int(p) for p in _sh("ip", "netns", "pids", namespace, check=False).stdout.split()]
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, sig)
+                if pids:
+                    time.sleep(0.2)
+            proc = _sh("ip", "netns", "del", namespace, check=False)
+            if proc.returncode != 0:
+                problems.append(f"ip netns del {namespace}: {proc.stderr.strip()}")
+        link_re = re.compile(rf"^({re.escape(self.prefix)}v\d+|{re.escape(self.prefix)}br0)$")
+        links = _sh("ip", "-o", "link", "show", check=False).stdout
+        for line in links.splitlines():
+            name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+            if link_re.match(name):
+                proc = _sh("ip", "link", "del", name, check=False)
+                if proc.returncode != 0 and "Cannot find" not in proc.stderr:
+                    problems.append(f"ip link del {name}: {proc.stderr.strip()}")
+        user_re = re.compile(rf"^{re.escape(self.prefix)}\d+$")
+        for entry in pwd.getpwall():
+            if user_re.match(entry.pw_name):
+                for pid in _pids_of_uid(entry.pw_uid):  # a login that escaped its namespace
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                for attempt in range(50):
+                    proc = _sh("userdel", "-f", entry.pw_name, check=False)
+                    if proc.returncode in (0, 6) or "lock" not in proc.stderr:
+                        break
+                    time.sleep(0.1)
+                if proc.returncode not in (0, 6):
+                    problems.append(f"userdel {entry.pw_name}: {proc.stderr.strip()}")
+        for group in grp.getgrall():
+            if user_re.match(group.gr_name):
+                proc = _sh("groupdel", group.gr_name, check=False)
+                if proc.returncode != 0:
+                    problems.append(f"groupdel {group.gr_name}: {proc.stderr.strip()}")
+        for mount in reversed(_mounts_under(self.dir)):
+            proc = _sh("umount", "-l", mount, check=False)
+            if proc.returncode != 0:
+                problems.append(f"umount {mount}: {proc.stderr.strip()}")
+        if self.dir.exists():
+            shutil.rmtree(self.dir, ignore_errors=True)
+            if self.dir.exists():
+                problems.append(f"could not remove {self.dir}")
+        return problems
+
+    # ------------------------------------------------------------------ helpers for tests
+
+    def host(self, name: str) -> Host:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise KeyError(name)
+
+    def workers(self, **overrides) -> list[dict]:
+        """Every host as an fdl.cluster.yml worker entry (after checking the bridge and namespaces exist)."""
+        self.verify()
+        return [h.worker(**overrides) for h in self.hosts]
+
+    def cluster(self, workers: list[dict] | None = None, *, controller: str | None = None) -> dict:
+        """An fdl.cluster.yml document for these hosts (or `workers`), trusting exactly their host keys.
+
+        ssh reads known_hosts from the passwd home, not $HOME, so the file is
+        named explicitly (cluster.ssh.known_hosts) instead of relying on ~/.ssh.
+        Checks the bridge and namespaces first: a cluster file leads to traffic.
+        """
+        self.verify()
+        return {"cluster": {
+            "controller": {"host": controller or self.gateway},
+            "ssh": {"known_hosts": str(self.known_hosts)},
+            "workers": self.workers() if workers is None else workers,
+        }}
+
+    def home_env(self, home: Path) -> dict:
+        """Environment overrides giving a controller-side process (fdl, ansible) its own HOME and cache.
+
+        fdl's cache (runner data, SSH control sockets) follows XDG_CACHE_HOME;
+        keep `home` short, since control socket paths must fit in 104 bytes.
+        """
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
+
+    def new_key(self, name: str) -> Path:
+        """A fresh key pair under the testbed directory that no host trusts (yet)."""
+        path = self.dir / "client" / name
+        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(path))
+        return path
+
+
+def _mounts_under(directory: Path) -> list[str]:
+    """Mount points at or below directory, outermost first."""
+    prefix = str(directory).rstrip("/")
+    found = []
+    with open("/proc/self/mounts") as handle:
+        for line in handle:
+            point = line.split()[1].replace("\\040", " ")
+            if point == prefix or point.startswith(prefix + "/"):
+                found.append(point)
+    return sorted(found, key=len)
+
+
+def _pids_of_uid(uid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    found.append(int(entry))
+    return found

@@ -1,0 +1,120 @@
+"""Cross-host checks and the messages for unreachable hosts (pure functions over reports)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fdl.checks.report import CheckResult, HostReport
+from fdl.cluster.inventory import InventoryHost
+from fdl.cluster.probe import ClusterReport, cross_host_checks, host_options, is_this_machine, unreachable_check
+from fdl.config.schema import Devices, WorkerSpec
+from fdl.cluster.probe import ClusterProbeOptions
+
+
+def host(name: str, nccl: str | None = "2.27.5", torch: str | None = "2.10.0", data: str = "ok",
+         nccl_status: str = "ok") -> HostReport:
+    return HostReport(host=name, checks=[
+        CheckResult("gpu", "ok", "1 GPU"),
+        CheckResult("libtorch", "ok", "libtorch", data={"version": torch} if torch else {}),
+        CheckResult("nccl", nccl_status, "nccl", data={"version": nccl} if nccl else {}),
+        CheckResult("data", data, "data", data={"path": f"/data/{name}"}),
+    ])
+
+
+def checks(reports):
+    return {c.name: c for c in cross_host_checks(reports)}
+
+
+def test_all_agree():
+    got = checks([host("a"), host("b"), host("c")])
+    assert {n: c.status for n, c in got.items()} == {"nccl_match": "ok", "libtorch_match": "ok", "data_match": "ok"}
+    assert got["nccl_match"].message == "Every host has NCCL 2.27.x (2.27.5 on a, b, c)."
+
+
+def test_nccl_patch_releases_may_differ_but_minor_may_not():
+    assert checks([host("a", "2.27.5"), host("b", "2.27.3")])["nccl_match"].status == "ok"
+    skew = checks([host("a", "2.27.5"), host("b", "2.21.5"), host("c", "2.27.3")])["nccl_match"]
+    assert skew.status == "error"
+    assert skew.data["behind"] == ["b"] and skew.data["target"] == "2.27.5"
+    assert "`fdl nccl build --tag v2.27.5`" in skew.hint and "LD_PRELOAD" in skew.hint
+
+
+def test_hosts_without_nccl_are_not_compared():
+    got = checks([host("a", None, nccl_status="skipped"), host("b")])["nccl_match"]
+    assert got.status == "skipped"
+
+
+def test_libtorch_local_version_suffix_is_ignored():
+    assert checks([host("a", torch="2.10.0+cu128"), host("b", torch="2.10.0")])["libtorch_match"].status == "ok"
+    skew = checks([host("a", torch="2.10.0"), host("b", torch="2.9.1")])["libtorch_match"]
+    assert skew.status == "error" and "2.10.0 on a; 2.9.1 on b" in skew.message
+
+
+def test_data_present_on_some_hosts_only():
+    got = checks([host("a"), host("b", data="error"), host("c", data="warning")])["data_match"]
+    assert got.status == "error"
+    assert "available on a, c but not on b (/data/b)" in got.message
+    assert checks([host("a", data="error"), host("b", data="error")])["data_match"].status == "skipped"
+    assert checks([host("a", data="skipped"), host("b", data="skipped")])["data_match"].status == "skipped"
+
+
+def test_cluster_report_ok_needs_every_host_and_every_cross_check():
+    report = ClusterReport(hosts=[host("a"), host("b")], cluster=cross_host_checks([host("a"), host("b")]))
+    assert report.ok
+    report.cluster.append(CheckResult("nccl_match", "error", "skew"))
+    assert not report.ok
+    doc = report.to_dict()
+    assert doc["ok"] is False and [h["host"] for h in doc["hosts"]] == ["a", "b"]
+    assert doc["cluster"][-1]["name"] == "nccl_match"
+
+
+def inv_host(**vars_):
+    base = {"ansible_host": "10.0.0.12", "ansible_user": "op", "ansible_port": 22,
+            "ansible_ssh_private_key_file": "/keys/id"}
+    base.update(vars_)
+    return InventoryHost(name="node-b", vars=base)
+
+
+@pytest.mark.parametrize("message, what, hint_part", [
+    ("Failed to connect to the host via ssh: op@10.0.0.12: Permission denied (publickey).",
+     "SSH authentication failed: op@10.0.0.12: Permission denied (publickey)", "/keys/id"),
+    ("Failed to connect to the host via ssh: ssh: connect to host 10.0.0.12 port 22: Connection timed out",
+     "the host does not answer", "address and port"),
+    ("Failed to connect to the host via ssh: ssh: connect to host 10.0.0.12 port 22: Connection refused",
+     "nothing accepts SSH connections there", "start sshd"),
+    ("Failed to connect to the host via ssh: Host key verification failed.",
+     "SSH refused the host key", "ssh-keygen -R 10.0.0.12"),
+    ('Task failed: Data could not be sent to remote host "10.0.0.12". Make sure this host can be reached over ssh: ',
+     "the SSH connection was lost: the host stopped answering while the task ran", "network link"),
+])
+def test_unreachable_names_host_login_and_ssh_reason(message, what, hint_part):
+    check = unreachable_check(inv_host(), message)
+    assert check.name == "ssh" and check.status == "error"
+    assert check.message.startswith(f"node-b (op@10.0.0.12) is unreachable: {what}")
+    assert hint_part in check.hint
+
+
+def test_login_shows_a_non_default_port():
+    check = unreachable_check(inv_host(ansible_port=2222), "Connection timed out")
+    assert "(op@10.0.0.12:2222)" in check.message
+
+
+def test_this_machine():
+    assert is_this_machine("127.0.0.1")
+    assert is_this_machine("localhost")
+    assert not is_this_machine("127.0.0.1", 2222)  # a tunnel to somewhere else
+    assert not is_this_machine("192.0.2.1")  # TEST-NET: never assigned here
+    assert not is_this_machine("node-that-needs-dns.example")
+
+
+def test_flags_win_over_worker_settings_and_gpus_apply_to_this_machine_only():
+    worker = WorkerSpec(host="a", address="10.0.0.1", data_path="/mnt/a", local_devices=Devices(ids=(0, 1)))
+    own = host_options(worker, ClusterProbeOptions(), local=False)
+    assert own["data_path"] == "/mnt/a" and own["gpus"] == [0, 1]
+    flags = ClusterProbeOptions(data_path="/flag", skip_mount=True, local_gpus=[1])
+    assert host_options(worker, flags, local=False)["gpus"] == [0, 1]  # --gpus is this machine's only
+    local = host_options(worker, flags, local=True)
+    assert local["gpus"] == [1] and local["data_path"] == "/flag" and local["skip_mount"] is True
+    cpu = WorkerSpec(host="c", address="10.0.0.3", local_devices=Devices(kind="cpu", count=2))
+    assert host_options(cpu, ClusterProbeOptions(), local=False) == {
+        "data_path": "/flodl/data", "skip_mount": False, "libtorch_path": None, "docker": None, "gpus": None}
