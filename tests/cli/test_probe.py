@@ -295,7 +295,19 @@ def test_cluster_env_probes_every_worker(ready, tmp_path: Path) -> None:
     ssh = _check(node_b, "ssh")
     assert ssh["message"].startswith("node-b (nobody@127.0.0.1:2) is unreachable: nothing accepts SSH connections")
     assert "Connection refused" in ssh["message"]
-    assert {c["name"] for c in doc["cluster"]} == {"nccl_match", "libtorch_match", "data_match"}
+    assert [c["name"] for c in doc["cluster"]] == ["nccl_match", "libtorch_match", "data_match", "driver_match",
+                                                   "gpu_models", "clock_skew"]
+    clock = next(c for c in doc["cluster"] if c["name"] == "clock_skew")
+    assert clock["status"] == "ok" and set(clock["data"]["offsets"]) == {"node-a"}  # the native probe's window
+
+
+def test_collective_across_a_cluster_is_refused_until_dispatch_exists(ready) -> None:
+    project, env = ready
+    (project / "fdl.yml").write_text("commands:\n  test: {run: 'true'}\n")
+    (project / "fdl.cluster.yml").write_text("cluster:\n  workers:\n    - {host: node-b, address: 10.0.0.12}\n")
+    result = run_fdl("@cluster", "probe", "--collective", cwd=project, env=env)
+    assert result.returncode == 2 and "launcher's dispatch" in result.stderr
+    assert "fdl probe --collective" in result.stderr
 
 
 def test_probe_never_imports_ansible_or_requests(ready) -> None:
