@@ -26,6 +26,7 @@ BUILTINS: dict[str, tuple[str, str]] = {
     "status": ("fdl.cli.status", "Show the live state of a cluster run."),
     "start": ("fdl.cli.start", "Fire the start switch of a staging cluster run."),
     "config": ("fdl.cli.config", "Show the resolved configuration and where each value came from."),
+    "join": ("fdl.cli.join", "Join a cluster run's window as a self-deployed worker."),
     "publish": ("fdl.cli.publish", "Publish a build-gated training run for a fleet to pull."),
     "join-config": ("fdl.cli.join_config", "Set up a farm: key, token, overlay, sshd door and the steps to open it."),
     "nccl": ("fdl.cli.nccl", "Build NCCL from source to match the fleet (heterogeneous rigs)."),

@@ -139,6 +139,7 @@ class JoinDefaults(NamedTuple):
     gpu_ram_share: float | None = None
     no_sig_probe: bool = False
     args: tuple[str, ...] | None = None
+    libtorch_mirror: str | None = None  # base URL of the libtorch mirror (FDL_LIBTORCH_MIRROR wins)
 
 
 class PublishDefaults(NamedTuple):
@@ -345,7 +346,7 @@ _WORKER_KEYS = ("host", "address", "user", "port", "identity", "arch", "local_de
 _COMMAND_KEYS = ("run", "cluster", "build", "bin", "args", "description")
 JOIN_KEYS = ("controller", "ssh", "identity", "token", "bin", "source", "source_cwd", "source_build",
              "source_bin", "libtorch", "host", "devices", "persist", "data_path", "data_source",
-             "gpu_ram_share", "no_sig_probe", "args")
+             "gpu_ram_share", "no_sig_probe", "args", "libtorch_mirror")
 PUBLISH_KEYS = ("source", "cwd", "build", "bin", "args", "to", "identity", "gate")
 TOP_KEYS = ("cluster", "commands", "join", "publish")
 MAX_WORKERS = 4096

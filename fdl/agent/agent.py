@@ -1,0 +1,274 @@
+"""The join agent: prepare, dial, wait for the world, run this host's ranks, report; and `--persist`.
+
+One attempt is: preparation (fdl.agent.prepare), the `--ssh` tunnel when
+asked for, the hello on the controller's join channel (fdl.controller.client,
+the same client `fdl status` uses), the long-poll for the world, the ranks
+under the rank supervisor (fdl.agent.supervisor, the launcher's own code
+path) with heartbeats while they run, and the exit report.
+
+Exit codes: one-shot returns the agent's own code (the ranks' group result)
+verbatim, or raises an FdlError whose code is its class (1 transient, 2
+permanent). `--persist` re-dials after transient failures and after every
+agent exit (clean or not) with capped exponential backoff plus jitter, and
+stops only on a permanent failure, which is the only thing that reaches
+systemd in that mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import IO
+
+from fdl import __version__
+from fdl.agent.backoff import Backoff
+from fdl.agent.options import JoinOptions
+from fdl.agent.prepare import Prepared, prepare
+from fdl.agent.supervisor import GroupResult, Supervisor
+from fdl.agent.tunnel import Tunnel, local_address_toward
+from fdl.errors import ExitCode, FdlError
+
+Note = Callable[[str], None]
+#: Refusals a re-dial cannot mend: the credential is wrong, or the controller cannot parse what we send.
+PERMANENT_REFUSALS = frozenset({"bad_token", "bad_request"})
+WORLD_POLL_S = 20.0
+HEARTBEAT_DEFAULT_S = 3.0
+
+
+class Stopped(BaseException):
+    """The agent was asked to stop (SIGTERM, SIGINT): the attempt is torn down and nothing re-dials."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class JoinRefused(FdlError):
+    """The controller turned this box down; `reason` is its stable code."""
+
+    def __init__(self, message: str, *, reason: str, hint: str | None = None, exit_code: int = ExitCode.FAILURE):
+        super().__init__(message, hint=hint, exit_code=exit_code)
+        self.reason = reason
+
+
+class Unreachable(FdlError):
+    """No controller answered (transient: the next dial tries again)."""
+
+
+_REFUSAL_HINTS = {
+    "bad_token": "Present the run's controller.join.token with --token (or reach a tunnel_only controller "
+                 "through its sshd with --ssh).",
+    "window_closed": "The next run's window admits this box; with --persist it re-dials on its own.",
+    "run_id_differs": "This box holds a different publish than the cohort: the next dial fetches the current run.",
+    "signature_differs": "This box builds a different model than the cohort: check its source and arguments.",
+    "host_joined": "Another box already joined under this name: give each box its own --host.",
+    "roster_full": "The window is full; the next run's window may have room.",
+    "not_in_roster": "This run admits only its roster's hosts (discovery is off); use a host name it lists.",
+}
+
+
+def refusal_error(exc, address: str) -> JoinRefused:
+    reason = getattr(exc, "reason", "refused")
+    code = ExitCode.PERMANENT if reason in PERMANENT_REFUSALS else ExitCode.FAILURE
+    return JoinRefused(f"the controller at {address} refused this box ({reason}): {exc.message}", reason=reason,
+                       hint=_REFUSAL_HINTS.get(reason), exit_code=code)
+
+
+def _unreachable(exc, address: str, tunneled: bool) -> Unreachable:
+    via = " through the ssh tunnel" if tunneled else ""
+    return Unreachable(f"{exc.message}{via}.",
+                       hint=exc.hint or "The controller runs only while its launcher does; start the run (or wait "
+                                        "for it), then dial again. --persist re-dials on its own.")
+
+
+class JoinAgent:
+    """One worker: `run()` does a one-shot join or the `--persist` loop."""
+
+    def __init__(self, options: JoinOptions, *, note: Note = lambda _: None,
+                 on_line: Callable[[int, str], None] | None = None, environ: Mapping[str, str] | None = None,
+                 build_output: IO | None = None, sleep: Callable[[float], None] = time.sleep):
+        self.options = options
+        self.note = note
+        self.on_line = on_line
+        self.environ = dict(os.environ if environ is None else environ)
+        self.build_output = build_output
+        self.sleep = sleep
+        self.host = options.host or socket.gethostname().split(".")[0]
+        self.attempts = 0
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> int:
+        if not self.options.persist:
+            return self.attempt()
+        backoff = Backoff.from_env(self.environ)
+        while True:
+            try:
+                code = self.attempt()
+            except FdlError as exc:
+                if exc.exit_code == ExitCode.PERMANENT:
+                    raise
+                wait = backoff.after_failure()
+                self.note(f"transient failure: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""))
+                self.note(f"persist: re-dialing in {wait:.1f} s (attempt {self.attempts + 1})")
+            else:
+                wait = backoff.after_success() if code == 0 else backoff.after_failure()
+                self.note(f"persist: the agent exited {code}; re-dialing in {wait:.1f} s")
+            self.sleep(wait)
+
+    # ------------------------------------------------------------------ one attempt
+
+    def attempt(self) -> int:
+        """Prepare, dial, run; returns the agent's exit code or raises a classed FdlError."""
+        self.attempts += 1
+        opts = self.options
+        prep = prepare(opts, environ=self.environ, note=self.note, build_output=self.build_output)
+
+        from fdl.controller.client import ControllerClient, ControllerError, ControllerRefused
+
+        tunnel = Tunnel(opts.ssh, opts.controller, identity=opts.identity, note=self.note,
+                        environ=self.environ) if opts.ssh else None
+        with tunnel if tunnel is not None else contextlib.nullcontext():
+            host, port = tunnel.address if tunnel is not None else opts.controller
+            dial = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            shown = opts.controller_text + (f" (via ssh {opts.ssh})" if opts.ssh else "")
+            with ControllerClient(dial, timeout=10.0) as client:
+                try:
+                    admitted = client.hello(self._hello(prep))
+                except ControllerRefused as exc:
+                    raise refusal_error(exc, shown) from None
+                except ControllerError as exc:
+                    raise _unreachable(exc, shown, tunnel is not None) from None
+                ticket = str(admitted["ticket"])
+                left = admitted.get("seconds_left")
+                self.note(f"admitted by {shown} as {admitted.get('host', self.host)} with {admitted.get('ranks')} "
+                          f"rank(s); phase {admitted.get('phase')}"
+                          + (f", window closes in {left:.0f} s" if isinstance(left, (int, float)) else ""))
+                try:
+                    world = self._wait_world(client, ticket)
+                except ControllerRefused as exc:
+                    raise refusal_error(exc, shown) from None
+                except ControllerError as exc:
+                    raise _unreachable(exc, shown, tunnel is not None) from None
+                except Stopped as exc:  # leave the window before it forms, so the roster stays true
+                    with contextlib.suppress(Exception):
+                        client.report_exit(ticket, 128 + exc.signum, "stopped before the world formed")
+                    raise
+                return self._run_world(client, ticket, world, prep, admitted)
+
+    def _hello(self, prep: Prepared):
+        from fdl.controller.protocol import Hello
+
+        opts = self.options
+        address = None
+        if opts.ssh is not None:  # the controller sees the tunnel's loopback: tell it where this box really is
+            address = local_address_toward(opts.ssh.host, opts.ssh.port or 22)
+        return Hello(host=self.host, devices=prep.offer.devices, run_id=prep.run_id, signature=prep.signature,
+                     token=opts.token, address=address, data_path=prep.data_root,
+                     gpu_ram_share=opts.gpu_ram_share, gpu_names=prep.offer.gpu_names,
+                     agent=f"fdl-join/{__version__}")
+
+    def _wait_world(self, client, ticket: str) -> dict:
+        while True:
+            world = client.wait_world(ticket, wait_s=WORLD_POLL_S)
+            if world is not None:
+                return world
+
+    def _run_world(self, client, ticket: str, world: dict, prep: Prepared, admitted: dict) -> int:
+        from fdl.controller.client import ControllerError, ControllerRefused
+
+        shape = world.get("world") or {}
+        ranks = world.get("ranks") or []
+        args = prep.args
+        world_args = shape.get("args") or []
+        if args is None:
+            args = tuple(world_args)
+        elif world_args and tuple(world_args) != tuple(args):
+            self.note("args: this box's arguments differ from the run's (the controller's); this box's are used, "
+                      "and they must match the run")
+        self.note(f"world formed: {shape.get('size')} ranks on {shape.get('nodes')} hosts, backend "
+                  f"{shape.get('backend')}, master {shape.get('master_addr')}:{shape.get('master_port')}; this host "
+                  f"runs rank(s) {', '.join(str(r.get('rank')) for r in ranks)}")
+        log_dir = prep.log_root / f"{(shape.get('run_id') or 'run')[:16]}-{int(time.time())}"
+        base_env = prep.rank_env(self.options, self.environ)
+        supervisor = Supervisor([prep.binary, *args], [{"rank": r["rank"], "env": r.get("env") or {}} for r in ranks],
+                                cwd=prep.cwd, log_dir=str(log_dir), label=self.host, base_env=base_env,
+                                on_line=self.on_line)
+        results: list[GroupResult] = []
+        errors: list[BaseException] = []
+
+        def supervise() -> None:
+            try:
+                results.append(supervisor.run())
+            except BaseException as exc:  # reported by the main thread
+                errors.append(exc)
+
+        beat_s = float(world.get("heartbeat_s") or admitted.get("heartbeat_s") or HEARTBEAT_DEFAULT_S)
+        thread = threading.Thread(target=supervise, name="fdl-ranks", daemon=True)
+        thread.start()
+        lost_since: float | None = None
+        stopping = False
+        stopped: Stopped | None = None
+        try:
+            while thread.is_alive():
+                try:
+                    beat = client.heartbeat(ticket, running=True)
+                    lost_since = None
+                    if beat.get("stop") and not stopping:
+                        stopping = True
+                        self.note(f"the run failed ({beat.get('reason') or 'the controller says so'}); stopping "
+                                  f"this host's ranks")
+                        supervisor.stop("terminated")
+                except ControllerRefused as exc:
+                    if not stopping:
+                        stopping = True
+                        self.note(f"the controller dropped this box ({exc.reason}: {exc.message}); stopping ranks")
+                        supervisor.stop("terminated")
+                except ControllerError as exc:
+                    if lost_since is None:
+                        lost_since = time.monotonic()
+                        self.note(f"heartbeat: {exc.message}; the ranks keep running")
+                thread.join(beat_s)
+        except Stopped as exc:
+            stopped = exc
+            supervisor.stop("terminated")
+        except BaseException:
+            supervisor.stop("terminated")
+            thread.join()
+            raise
+        thread.join()
+        if errors:
+            raise FdlError(f"the rank supervisor failed: {errors[0]}")
+        result = results[0]
+        code = result.exit_code
+        detail = None
+        if stopped is not None:
+            code = 128 + stopped.signum
+            detail = f"the agent was stopped (signal {stopped.signum})"
+        elif result.first_failure is not None:
+            detail = f"rank {result.first_failure} exited {result.codes.get(result.first_failure)}"
+        elif result.reason != "ok":
+            detail = f"ranks {result.reason}"
+        try:
+            client.report_exit(ticket, code, detail)
+        except (ControllerError, ControllerRefused) as exc:
+            self.note(f"exit report not delivered ({exc.message}); this host's code is {code}")
+        self.note(f"ranks finished: exit {code}" + (f" ({detail})" if detail else "") + f"; logs in {log_dir}")
+        if stopped is not None:
+            raise stopped
+        return code
+
+
+def print_note(stream: IO | None = None) -> Note:
+    """A note printer for the command line: `fdl: join: ...` on stderr."""
+    out = sys.stderr if stream is None else stream
+
+    def note(text: str) -> None:
+        print(f"fdl: join: {text}", file=out, flush=True)
+
+    return note

@@ -1,0 +1,167 @@
+"""Shared pieces of the `fdl join` integration tests: a real controller, agents as real processes, a gloo job."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from tests.conftest import REPO, fdl_env
+from tests.join_util import free_port, write_program
+
+PYTHON = sys.executable
+
+# A training binary for CPU ranks: answers the signature probe, then runs one gloo all-reduce
+# across the whole world and reports what it saw.
+TRAIN = r'''
+import os, sys
+if os.environ.get("FDL_SIGNATURE_PROBE") == "1":
+    print("fdl-signature: " + os.environ.get("TEST_SIGNATURE", "ab12cd34ef56ab12"), flush=True)
+    sys.exit(0)
+if os.environ.get("TEST_EARLY_EXIT"):
+    print("failing before the world is up", flush=True)
+    sys.exit(int(os.environ["TEST_EARLY_EXIT"]))
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+rank, size = dist.get_rank(), dist.get_world_size()
+value = torch.tensor([float(rank + 1)])
+dist.all_reduce(value)
+assert value.item() == size * (size + 1) / 2, value
+data = os.environ.get("FDL_DATA_PATH")
+seen = ",".join(sorted(os.listdir(data))) if data and os.path.isdir(data) else None
+writable = None
+if data and os.path.isdir(data):
+    try:
+        open(os.path.join(data, f"written-by-rank-{rank}"), "w").close()
+        writable = True
+    except OSError:
+        writable = False
+print(f"RESULT rank={rank} size={size} sum={value.item():g} host={os.environ.get('FDL_HOST')} "
+      f"args={','.join(sys.argv[1:])} data={data} seen={seen} writable={writable} "
+      f"share={os.environ.get('FDL_GPU_RAM_SHARE')}", flush=True)
+dist.destroy_process_group()
+code = int(os.environ.get("TEST_EXIT_RANK_%d" % rank, "0"))
+sys.exit(code)
+'''
+
+
+def train_binary(directory: Path) -> Path:
+    return write_program(directory / "train", TRAIN, python=PYTHON)
+
+
+def policy(**kwargs):
+    """A discovery RunPolicy with fast liveness timings and a master port in this suite's range."""
+    from fdl.controller.policy import RunPolicy
+
+    base = dict(discovery=True, start="auto", heartbeat_s=0.5, silence_s=10.0, poll_s=2.0,
+                master_port=free_port())
+    base.update(kwargs)
+    return RunPolicy(**base)
+
+
+@contextlib.contextmanager
+def controller(run_policy, host: str = "127.0.0.1", port: int | None = None) -> Iterator:
+    """A real controller endpoint in a background thread."""
+    from fdl.controller.server import ControllerServer
+
+    server = ControllerServer(run_policy, host=host, port=port or free_port(host))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def agent_env(home: Path, extra: dict | None = None) -> dict:
+    env = {"HOME": str(home), "GLOO_SOCKET_IFNAME": "lo", "FDL_JOIN_BACKOFF_BASE_S": "0.2",
+           "FDL_JOIN_BACKOFF_MAX_S": "1", "PYTHONUNBUFFERED": "1"}
+    env.update(extra or {})
+    return fdl_env(env)
+
+
+def spawn_join(*args: str, home: Path, cwd: Path | None = None, env: dict | None = None,
+               prefix: tuple[str, ...] = ()) -> subprocess.Popen:
+    """`fdl join ARGS` as its own process (output captured, text)."""
+    home.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([*prefix, PYTHON, "-m", "fdl", "join", *args], cwd=cwd or home,
+                            env=agent_env(home, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"fdl join did not finish in {timeout} s:\nstdout:\n{out}\nstderr:\n{err}") from None
+    return proc.returncode, out, err
+
+
+class Lines:
+    """Collects a running process's stderr lines in a thread, so a test can wait on them with a deadline."""
+
+    def __init__(self, proc: subprocess.Popen):
+        import threading
+
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            self.lines.append(line)
+
+    def count(self, text: str) -> int:
+        return sum(text in line for line in list(self.lines))
+
+    def text(self) -> str:
+        self._thread.join(timeout=10)
+        return "".join(self.lines)
+
+
+def terminate(proc: subprocess.Popen, lines: Lines, timeout: float = 60) -> int:
+    """SIGTERM the agent's process group, wait for it, drain and close its pipes; returns its exit code."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    lines.text()
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    return proc.returncode
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 60, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def results(stdout: str) -> list[dict]:
+    """The RESULT lines the training binary printed (as key=value dicts)."""
+    found = []
+    for line in stdout.splitlines():
+        if "RESULT " in line:
+            body = line.split("RESULT ", 1)[1]
+            found.append(dict(part.split("=", 1) for part in body.split(" ") if "=" in part))
+    return found
+
+
+__all__ = ["REPO", "Lines", "agent_env", "controller", "finish", "policy", "results", "spawn_join", "terminate",
+           "train_binary", "wait_for"]

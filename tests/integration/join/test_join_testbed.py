@@ -1,0 +1,166 @@
+"""`fdl join` across network-namespace hosts: three walk-ins (one through the launcher box's sshd),
+`fdl status` while they stage, `fdl start`, a gloo job across the namespaces, an sshfs data source,
+and the admission rules that need a non-loopback peer.
+
+The controller runs in this test process on the testbed's gateway (the
+"launcher host"), together with a real sshd there for the --ssh door. Each
+agent is a real `fdl join` process inside its host's network namespace. The
+agents run as root there, not as the hosts' own users: the suite's Python
+lives under /root, which other accounts cannot enter; every network path
+(direct dials, the ssh door, the sshfs mount) is still crossed for real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_fdl
+from tests.integration.join.helpers import controller, finish, policy, results, spawn_join, train_binary, wait_for
+from tests.join_util import LoopbackSshd, free_port
+
+pytestmark = [pytest.mark.testbed(hosts=3), pytest.mark.slow]
+PREFIX, NET = "fdlj7", "10.207"
+
+
+@pytest.fixture(scope="module")
+def bed():
+    from tests.testbed import Testbed
+    from tests.testbed.plugin import require_testbed
+
+    require_testbed()
+    with Testbed.up(3, prefix=PREFIX, net=NET) as testbed:
+        yield testbed
+
+
+@pytest.fixture(scope="module")
+def door(bed):
+    """The launcher box's sshd on the gateway: the --ssh door to a loopback-bound controller."""
+    with LoopbackSshd(bed.dir / "door", listen=bed.gateway) as sshd:
+        yield sshd
+
+
+def in_host(host) -> tuple[str, ...]:
+    return ("ip", "netns", "exec", host.namespace)
+
+
+def join_on(host, *args: str, bed, env: dict | None = None):
+    bed.verify()  # the bridge and the namespaces exist before any traffic
+    extra = {"GLOO_SOCKET_IFNAME": "eth0", "FDL_SSH_COMMAND": f"ssh -F /dev/null -o UserKnownHostsFile="
+                                                              f"{bed.known_hosts} -o StrictHostKeyChecking=yes"}
+    extra.update(env or {})
+    return spawn_join(*args, home=bed.dir / "agents" / host.name, env=extra, prefix=in_host(host))
+
+
+def stop_sshfs(host) -> None:
+    """The agent's sshfs mount lives in the mount namespace `ip netns exec` made; ending sshfs ends it."""
+    pids = subprocess.run(["ip", "netns", "pids", host.namespace], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "sshfs":
+                os.kill(int(pid), signal.SIGTERM)
+
+
+def test_three_walk_ins_stage_start_and_train(bed, door, tmp_path):
+    h1, h2, h3 = bed.hosts
+    binary = train_binary(bed.shared / "bin")
+    exported = bed.shared / "dataset"
+    exported.mkdir()
+    (exported / "shard-0").write_text("tokens")
+    os.chmod(exported, 0o755)
+    port = free_port("0.0.0.0")
+    token = "5f0c" * 8
+    run_policy = policy(start="manual", quorum_hosts=3, window_s=180, token=token, poll_s=5.0)
+    with controller(run_policy, host="0.0.0.0", port=port) as server:
+        one = join_on(h1, f"{bed.gateway}:{port}", "--bin", str(binary), "--host", "h1", "--devices", "cpu:1",
+                      bed=bed, env={"FDL_JOIN_TOKEN": token})
+        two = join_on(h2, f"{bed.gateway}:{port}", "--bin", str(binary), "--host", "h2", "--devices", "cpu:2",
+                      "--data-source", f"sshfs://{h1.user}@{h1.address}:{exported}",
+                      "--data-path", str(bed.dir / "h2-data"), "--identity", str(bed.key), "--token", token,
+                      "--", "--epochs", "1", bed=bed)
+        three = join_on(h3, "--ssh", f"root@{bed.gateway}:{door.port}", "--identity", str(door.key),
+                        "--controller", f"127.0.0.1:{port}", "--bin", str(binary), "--host", "h3",
+                        "--devices", "cpu:1", bed=bed, env={"FDL_SSH_COMMAND": door.ssh_command})
+        agents = {"h1": one, "h2": two, "h3": three}
+        try:
+            wait_for(lambda: server.state()["phase"] == "staging" or any(p.poll() is not None for p in
+                                                                        agents.values()),
+                     timeout=120, what="three admissions")
+            for name, proc in agents.items():
+                assert proc.poll() is None, f"{name} ended early: {finish(proc)}"
+            status = run_fdl("status", "--addr", f"127.0.0.1:{port}")
+            assert status.returncode == 0, status.stderr
+            assert "staging" in status.stdout and "roster startable, fire with fdl start" in status.stdout
+            for name in ("h1", "h2", "h3"):
+                assert name in status.stdout
+            started = run_fdl("start", "--addr", f"127.0.0.1:{port}")
+            assert started.returncode == 0, started.stderr
+            outcome = {name: finish(proc, timeout=240) for name, proc in agents.items()}
+        finally:
+            for proc in agents.values():
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            stop_sshfs(h2)
+        state = server.state()
+    for name, (code, _, err) in outcome.items():
+        assert code == 0, f"{name}: {err}"
+    assert state["phase"] == "done" and state["world"]["size"] == 4
+    roster = {m["host"]: m for m in state["roster"]}
+    assert all(m["exit_code"] == 0 for m in roster.values())
+    assert roster["h3"]["peer"] == "127.0.0.1"  # it came through the door ...
+    assert roster["h3"]["address"] == h3.address  # ... and told the controller where it really is
+    assert roster["h1"]["address"] == h1.address
+    ranks = {int(r["rank"]): r for _, out, _ in outcome.values() for r in results(out)}
+    assert sorted(ranks) == [0, 1, 2, 3] and {r["sum"] for r in ranks.values()} == {"10"}
+    on_h2 = [r for r in ranks.values() if r["host"] == "h2"]
+    assert len(on_h2) == 2
+    for rank in on_h2:  # the dataset, mounted read-only from h1 over sshfs
+        assert rank["data"] == str(bed.dir / "h2-data") and rank["seen"] == "shard-0" and rank["writable"] == "False"
+        assert rank["args"] == "--epochs,1"
+    assert "mounted sshfs://" in outcome["h2"][2] and "read-only" in outcome["h2"][2]
+    assert not list(exported.glob("written-by-*"))
+    assert "tunnel: 127.0.0.1:" in outcome["h3"][2]
+
+
+def test_a_wrong_token_from_another_host_is_permanent(bed, tmp_path):
+    h1 = bed.hosts[0]
+    binary = train_binary(bed.shared / "bin-token")
+    port = free_port(bed.gateway)
+    with controller(policy(token="right-token", window_s=60), host=bed.gateway, port=port) as server:
+        code, _, err = finish(join_on(h1, f"{bed.gateway}:{port}", "--bin", str(binary), "--host", "h1",
+                                      "--devices", "cpu:1", "--persist", bed=bed,
+                                      env={"FDL_JOIN_TOKEN": "wrong-token"}))
+        missing, _, err_missing = finish(join_on(h1, f"{bed.gateway}:{port}", "--bin", str(binary), "--host", "h1",
+                                                 "--devices", "cpu:1", bed=bed))
+        state = server.state()
+    assert code == 2 and "refused this box (bad_token)" in err and "does not match" in err
+    assert "wrong-token" not in err  # the secret is never echoed
+    assert missing == 2 and "no token presented" in err_missing
+    assert state["refusals"] == {"bad_token": 2} and state["roster"] == []
+
+
+def test_tunnel_only_controller_admits_through_the_door_only(bed, door):
+    h1, h2 = bed.hosts[0], bed.hosts[1]
+    binary = train_binary(bed.shared / "bin-tunnel")
+    port = free_port()
+    with controller(policy(max_hosts=1, window_s=60, token="t0k"), host="127.0.0.1", port=port) as server:
+        direct, _, err_direct = finish(join_on(h2, f"{bed.gateway}:{port}", "--bin", str(binary), "--host", "h2",
+                                               "--devices", "cpu:1", bed=bed))
+        code, out, err = finish(join_on(h1, "--ssh", f"root@{bed.gateway}:{door.port}", "--identity",
+                                        str(door.key), "--controller", f"127.0.0.1:{port}", "--bin", str(binary),
+                                        "--host", "h1", "--devices", "cpu:1", bed=bed,
+                                        env={"FDL_SSH_COMMAND": door.ssh_command}), timeout=180)
+        state = server.state()
+    assert direct == 1 and "no run listening" in err_direct  # loopback-bound: the bridge cannot reach it
+    assert code == 0, err
+    assert state["phase"] == "done" and state["roster"][0]["peer"] == "127.0.0.1"
+    assert results(out)[0]["size"] == "1"
+    # the tunnel is gone with the agent: nothing of it is left in h1's namespace
+    pids = subprocess.run(["ip", "netns", "pids", h1.namespace], capture_output=True, text=True).stdout.split()
+    comms = [Path(f"/proc/{p}/comm").read_text().strip() for p in pids if Path(f"/proc/{p}/comm").exists()]
+    assert "ssh" not in comms

@@ -1,0 +1,106 @@
+"""`fdl join` options: flags over the join: block, the `--` tail, and input that must not parse (exit 2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fdl.agent.options import SshHop, parse_ssh_hop, parse_sshfs_source, resolve_options
+from fdl.config.schema import Devices, JoinDefaults
+from fdl.errors import ExitCode, UsageError
+
+
+def flags(**given):
+    return given
+
+
+def test_flags_win_field_by_field_over_the_block():
+    block = JoinDefaults(controller="10.0.0.1:1337", token="abc", bin="/opt/train", devices="0,1", persist=True,
+                         host="node-a")
+    opts = resolve_options(block, flags(controller="10.0.0.9:2000", devices="cpu:2"), None, environ={})
+    assert opts.controller == ("10.0.0.9", 2000)
+    assert opts.devices == Devices(kind="cpu", count=2)
+    assert opts.token == "abc" and opts.bin == "/opt/train" and opts.persist and opts.host == "node-a"
+
+
+def test_tail_semantics_none_empty_and_verbatim():
+    block = JoinDefaults(controller="h", bin="/opt/train", args=("--epochs", "3"))
+    assert resolve_options(block, {}, None, environ={}).args == ("--epochs", "3")
+    assert not resolve_options(block, {}, None, environ={}).args_given
+    explicit_none = resolve_options(block, {}, [], environ={})
+    assert explicit_none.args == () and explicit_none.args_given  # "-- " with nothing after: explicitly none
+    verbatim = resolve_options(block, {}, ["--model", "a b", "--", "-x"], environ={})
+    assert verbatim.args == ("--model", "a b", "--", "-x")
+
+
+def test_bin_and_source_flags_are_mutually_exclusive():
+    with pytest.raises(UsageError) as err:
+        resolve_options(None, flags(controller="h", bin="/x", source="file:///src"), None, environ={})
+    assert err.value.exit_code == ExitCode.PERMANENT
+    assert "mutually exclusive" in err.value.message
+
+
+def test_a_flag_for_one_of_the_pair_replaces_the_blocks_other():
+    block = JoinDefaults(controller="h", source="file:///srv/run/tree")
+    opts = resolve_options(block, flags(bin="/opt/train"), None, environ={})
+    assert opts.bin == "/opt/train" and opts.source is None
+
+
+def test_nothing_to_run_is_permanent():
+    with pytest.raises(UsageError) as err:
+        resolve_options(None, flags(controller="h"), None, environ={})
+    assert err.value.exit_code == 2 and "--bin" in err.value.message and "--source" in err.value.message
+
+
+def test_ssh_defaults_the_controller_to_the_sshd_box_convention():
+    opts = resolve_options(None, flags(ssh="op@10.0.0.1:2222", bin="/x"), None, environ={})
+    assert opts.ssh == SshHop(host="10.0.0.1", user="op", port=2222)
+    assert opts.controller == ("127.0.0.1", 1337)
+
+
+def test_no_controller_and_no_ssh_is_refused():
+    with pytest.raises(UsageError, match="no controller to dial"):
+        resolve_options(None, flags(bin="/x"), None, environ={})
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("controller", "host:99999", "does not parse"),
+    ("ssh", "bad user@h", "not a login name"),
+    ("devices", "0,0", "listed twice"),
+    ("libtorch", "cu999", "not a variant"),
+    ("host", "a b", "not a host name"),
+    ("gpu_ram_share", 1.5, "fraction"),
+    ("data_path", "relative/dir", "absolute"),
+    ("data_source", "nfs://h:/x", "sshfs://"),
+    ("data_source", "sshfs://h/x", "':' before the remote path"),
+    ("source_bin", "target/release/x", "no --source"),
+])
+def test_bad_values_are_permanent_with_a_reason(field, value, says):
+    given = {"controller": "h", "bin": "/x", field: value}
+    with pytest.raises(UsageError) as err:
+        resolve_options(None, given, None, environ={})
+    assert err.value.exit_code == 2
+    assert says in err.value.message
+
+
+def test_the_token_never_shows_in_the_redacted_view():
+    opts = resolve_options(None, flags(controller="h", bin="/x", token="s3cr3t-token"), None, environ={})
+    assert "s3cr3t-token" not in repr(opts.redacted())
+    assert opts.redacted()["token"] == "(set)"
+
+
+def test_mirror_from_env_wins_over_the_block_and_must_be_http():
+    block = JoinDefaults(controller="h", bin="/x", libtorch_mirror="https://block.example/lt")
+    assert resolve_options(block, {}, None, environ={}).libtorch_mirror == "https://block.example/lt"
+    env = {"FDL_LIBTORCH_MIRROR": "http://127.0.0.1:23001/m"}
+    assert resolve_options(block, {}, None, environ=env).libtorch_mirror == "http://127.0.0.1:23001/m"
+    with pytest.raises(UsageError, match="not an http"):
+        resolve_options(block, {}, None, environ={"FDL_LIBTORCH_MIRROR": "ftp://x/y"})
+
+
+def test_sshfs_and_ssh_hop_spellings():
+    src = parse_sshfs_source("sshfs://op@10.0.0.1:2222:/flodl/data")
+    assert (src.user, src.host, src.port, src.path) == ("op", "10.0.0.1", 2222, "/flodl/data")
+    assert src.remote == "op@10.0.0.1:/flodl/data"
+    assert parse_sshfs_source("sshfs://ctrl:/d").remote == "ctrl:/d"
+    assert parse_ssh_hop("ctrl") == SshHop(host="ctrl")
+    assert str(parse_ssh_hop("[::1]:22")) == "[::1]:22"
