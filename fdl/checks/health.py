@@ -27,6 +27,8 @@ Standard library only; sibling imports relative (Ansible module_utils).
 
 from __future__ import annotations
 
+import functools
+
 from .report import ERROR, OK, SKIPPED, WARNING, CheckResult
 
 GPU_CHECKS = ("gpu_count", "gpu_persistence", "gpu_ecc", "gpu_retired_memory", "gpu_pcie", "gpu_throttle",
@@ -69,19 +71,26 @@ def _gpu(device) -> str:
 
 
 class _Findings:
-    """What one check found across devices: (status, sentence, hint) triples and per-device facts."""
+    """What check `name` found across devices: (status, sentence, hint) triples and per-device facts."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
+        self.name = name
         self.items: list[tuple[str, str, str | None]] = []
         self.devices: list[dict] = []
 
     def add(self, status: str, sentence: str, hint: str | None = None) -> None:
         self.items.append((status, sentence, hint))
 
-    def unreadable(self, device, what: str, error: str) -> None:
+    def unreadable(self, device, query: str, what: str) -> bool:
+        """Note a failed `query` reading (nvml.HEALTH_QUERIES) of `device` as a warning; True when it failed."""
+        error = device.health.failed.get(query)
+        if error is None:
+            return False
         self.add(WARNING, f"{_gpu(device)}: could not read its {what} ({error}).", UNREADABLE_HINT)
+        return True
 
-    def result(self, name: str, ok_message: str, data: dict | None = None) -> CheckResult:
+    def result(self, ok_message: str, data: dict | None = None) -> CheckResult:
+        name = self.name
         status = _worst(s for s, _, _ in self.items)
         data = {"devices": self.devices, **(data or {})}
         if status == OK:
@@ -111,6 +120,22 @@ def _skip(name: str, inventory, devices) -> CheckResult | None:
     return None
 
 
+def _per_gpu(name: str):
+    """Make `judge(devices, findings, *args)` the check `name(inventory, selection, *args)`.
+
+    The check is skipped without NVML or without a selected GPU; otherwise
+    `judge` reads the selected devices into a fresh `_Findings(name)` and
+    returns its result.
+    """
+    def decorate(judge):
+        @functools.wraps(judge)
+        def check(inventory, selection, *args) -> CheckResult:
+            devices = selected_devices(inventory, selection)
+            return _skip(name, inventory, devices) or judge(devices, _Findings(name), *args)
+        return check
+    return decorate
+
+
 # ---- gpu_count ----
 
 def declared_gpu_ids(local_devices) -> list[int] | None:
@@ -135,7 +160,7 @@ def check_gpu_count(inventory, local_devices=None) -> CheckResult:
     present = [d.index for d in inventory.devices]
     data = {"count": inventory.count, "present": present, "declared": declared,
             "unreachable": [{"index": u.index, "error": u.error, "code": u.code} for u in inventory.unreachable]}
-    findings = _Findings()
+    findings = _Findings(name)
     for lost in inventory.unreachable:
         wanted = declared is None or lost.index in declared
         if lost.code == GPU_IS_LOST:
@@ -158,27 +183,20 @@ def check_gpu_count(inventory, local_devices=None) -> CheckResult:
     if not findings.items and declared is None:
         return CheckResult(name, SKIPPED, f"NVML counts {_plural(inventory.count, 'GPU')}; no local_devices "
                                           f"declared to compare with.", data=data)
-    result = findings.result(name, f"Every declared GPU ({', '.join(map(str, declared or []))}) is present.", data)
+    result = findings.result(f"Every declared GPU ({', '.join(map(str, declared or []))}) is present.", data)
     del result.data["devices"]  # about the host's device list, not a per-device reading
     return result
 
 
 # ---- gpu_persistence ----
 
-def check_persistence(inventory, selection) -> CheckResult:
-    name = "gpu_persistence"
-    devices = selected_devices(inventory, selection)
-    skipped = _skip(name, inventory, devices)
-    if skipped:
-        return skipped
-    findings = _Findings()
+@_per_gpu("gpu_persistence")
+def check_persistence(devices, findings) -> CheckResult:
     off = []
     for device in devices:
         health = device.health
         findings.devices.append({"index": device.index, "persistence": health.persistence})
-        if "persistence" in health.failed:
-            findings.unreadable(device, "persistence mode", health.failed["persistence"])
-        elif health.persistence is False:
+        if not findings.unreadable(device, "persistence", "persistence mode") and health.persistence is False:
             off.append(device)
     if off:
         findings.add(WARNING, f"Persistence mode is off on {', '.join(_gpu(d) for d in off)}: the driver "
@@ -186,18 +204,13 @@ def check_persistence(inventory, selection) -> CheckResult:
                               f"start-up again and settings such as clocks can reset.",
                      "enable the nvidia-persistenced service (systemctl enable --now nvidia-persistenced), "
                      "or run `nvidia-smi -pm 1` as root")
-    return findings.result(name, f"Persistence mode is on for {_plural(len(devices), 'selected GPU')}.")
+    return findings.result(f"Persistence mode is on for {_plural(len(devices), 'selected GPU')}.")
 
 
 # ---- gpu_ecc ----
 
-def check_ecc(inventory, selection) -> CheckResult:
-    name = "gpu_ecc"
-    devices = selected_devices(inventory, selection)
-    skipped = _skip(name, inventory, devices)
-    if skipped:
-        return skipped
-    findings = _Findings()
+@_per_gpu("gpu_ecc")
+def check_ecc(devices, findings) -> CheckResult:
     supported = 0
     for device in devices:
         h = device.health
@@ -207,8 +220,7 @@ def check_ecc(inventory, selection) -> CheckResult:
             "uncorrected_aggregate": h.ecc_uncorrected_aggregate})
         if "ecc" in h.unsupported:
             continue  # a board without ECC memory
-        if "ecc" in h.failed:
-            findings.unreadable(device, "ECC mode", h.failed["ecc"])
+        if findings.unreadable(device, "ecc", "ECC mode"):
             continue
         supported += 1
         if h.ecc_current is False:
@@ -218,8 +230,7 @@ def check_ecc(inventory, selection) -> CheckResult:
             findings.add(WARNING, f"{_gpu(device)}: ECC turns {'on' if h.ecc_pending else 'off'} at its next "
                                   f"reset; until then it runs with ECC {'on' if h.ecc_current else 'off'}.",
                          RESET_HINT.format(index=device.index))
-        if "ecc_errors" in h.failed:
-            findings.unreadable(device, "ECC error counts", h.failed["ecc_errors"])
+        findings.unreadable(device, "ecc_errors", "ECC error counts")
         volatile, aggregate = h.ecc_uncorrected_volatile or 0, h.ecc_uncorrected_aggregate or 0
         if volatile:
             findings.add(ERROR, f"{_gpu(device)}: {_plural(volatile, 'uncorrectable ECC error')} since the "
@@ -233,19 +244,14 @@ def check_ecc(inventory, selection) -> CheckResult:
                          f"if so, clear the lifetime count (nvidia-smi -p 1 -i {device.index}), otherwise have "
                          "the board serviced")
     if not supported and not findings.items:
-        return findings.result(name, "ECC is not supported on the selected GPUs (boards without ECC memory).")
-    return findings.result(name, f"ECC is on with no uncorrectable errors on {_plural(supported, 'GPU')}.")
+        return findings.result("ECC is not supported on the selected GPUs (boards without ECC memory).")
+    return findings.result(f"ECC is on with no uncorrectable errors on {_plural(supported, 'GPU')}.")
 
 
 # ---- gpu_retired_memory ----
 
-def check_retired_memory(inventory, selection) -> CheckResult:
-    name = "gpu_retired_memory"
-    devices = selected_devices(inventory, selection)
-    skipped = _skip(name, inventory, devices)
-    if skipped:
-        return skipped
-    findings = _Findings()
+@_per_gpu("gpu_retired_memory")
+def check_retired_memory(devices, findings) -> CheckResult:
     for device in devices:
         h = device.health
         findings.devices.append({
@@ -253,10 +259,8 @@ def check_retired_memory(inventory, selection) -> CheckResult:
             "retired_pending": h.retired_pending, "remapped_corrected": h.remapped_corrected,
             "remapped_uncorrected": h.remapped_uncorrected, "remap_pending": h.remap_pending,
             "remap_failure": h.remap_failure})
-        if "retired_pages" in h.failed:
-            findings.unreadable(device, "retired pages", h.failed["retired_pages"])
-        if "row_remap" in h.failed:
-            findings.unreadable(device, "row remapper state", h.failed["row_remap"])
+        findings.unreadable(device, "retired_pages", "retired pages")
+        findings.unreadable(device, "row_remap", "row remapper state")
         retired = (h.retired_sbe or 0) + (h.retired_dbe or 0)
         if h.retired_pending:
             findings.add(ERROR, f"{_gpu(device)}: a memory page is waiting to be retired; until the GPU is "
@@ -276,25 +280,19 @@ def check_retired_memory(inventory, selection) -> CheckResult:
         if h.remap_pending:
             findings.add(ERROR, f"{_gpu(device)}: a memory row remap is waiting for a GPU reset.",
                          RESET_HINT.format(index=device.index))
-    return findings.result(name, f"No pending or excessive memory retirement on {_plural(len(devices), 'GPU')}.")
+    return findings.result(f"No pending or excessive memory retirement on {_plural(len(devices), 'GPU')}.")
 
 
 # ---- gpu_pcie ----
 
-def check_pcie(inventory, selection) -> CheckResult:
-    name = "gpu_pcie"
-    devices = selected_devices(inventory, selection)
-    skipped = _skip(name, inventory, devices)
-    if skipped:
-        return skipped
-    findings = _Findings()
+@_per_gpu("gpu_pcie")
+def check_pcie(devices, findings) -> CheckResult:
     for device in devices:
         h = device.health
         busy = h.pstate is not None and h.pstate <= BUSY_PSTATE_MAX
         findings.devices.append({"index": device.index, "gen": h.pcie_gen, "gen_max": h.pcie_gen_max,
                                  "width": h.pcie_width, "width_max": h.pcie_width_max, "pstate": h.pstate})
-        if "pcie" in h.failed:
-            findings.unreadable(device, "PCIe link state", h.failed["pcie"])
+        if findings.unreadable(device, "pcie", "PCIe link state"):
             continue
         if h.pcie_width is None or h.pcie_width_max is None:
             continue
@@ -309,7 +307,7 @@ def check_pcie(inventory, selection) -> CheckResult:
                                   f"(P{h.pstate}); it can run gen{h.pcie_gen_max} ({link}).",
                          "check the slot's generation setting in the BIOS and the riser or cable; "
                          "`lspci -vv` shows LnkSta against LnkCap")
-    return findings.result(name, f"PCIe links run at full width on {_plural(len(devices), 'GPU')} (an idle GPU "
+    return findings.result(f"PCIe links run at full width on {_plural(len(devices), 'GPU')} (an idle GPU "
                                  f"may slow the link generation to save power; that is not judged).")
 
 
@@ -319,19 +317,13 @@ def decode_clock_reasons(mask: int) -> list[str]:
     return [label for bit, label in CLOCK_REASONS.items() if mask & bit]
 
 
-def check_throttle(inventory, selection) -> CheckResult:
-    name = "gpu_throttle"
-    devices = selected_devices(inventory, selection)
-    skipped = _skip(name, inventory, devices)
-    if skipped:
-        return skipped
-    findings = _Findings()
+@_per_gpu("gpu_throttle")
+def check_throttle(devices, findings) -> CheckResult:
     for device in devices:
         h = device.health
         reasons = [] if h.clock_reasons is None else decode_clock_reasons(h.clock_reasons)
         findings.devices.append({"index": device.index, "reasons": reasons, "mask": h.clock_reasons})
-        if "clock_reasons" in h.failed:
-            findings.unreadable(device, "clock throttle reasons", h.failed["clock_reasons"])
+        if findings.unreadable(device, "clock_reasons", "clock throttle reasons"):
             continue
         faults = [FAULT_REASONS[r] for r in reasons if r in FAULT_REASONS]
         if faults:
@@ -341,18 +333,13 @@ def check_throttle(inventory, selection) -> CheckResult:
                          if thermal else
                          "check the power supply and its cabling (a power brake is asserted by the system, "
                          "HW slowdown by the board); `nvidia-smi -q -d PERFORMANCE` shows the active reasons")
-    return findings.result(name, f"No fault is holding the clocks down on {_plural(len(devices), 'GPU')}.")
+    return findings.result(f"No fault is holding the clocks down on {_plural(len(devices), 'GPU')}.")
 
 
 # ---- gpu_mig ----
 
-def check_mig(inventory, selection, whole_gpus: bool) -> CheckResult:
-    name = "gpu_mig"
-    devices = selected_devices(inventory, selection)
-    skipped = _skip(name, inventory, devices)
-    if skipped:
-        return skipped
-    findings = _Findings()
+@_per_gpu("gpu_mig")
+def check_mig(devices, findings, whole_gpus: bool) -> CheckResult:
     enabled = []
     for device in devices:
         h = device.health
@@ -361,8 +348,7 @@ def check_mig(inventory, selection, whole_gpus: bool) -> CheckResult:
                                  "instances": list(h.mig_instances)})
         if "mig" in h.unsupported:
             continue
-        if "mig" in h.failed:
-            findings.unreadable(device, "MIG mode", h.failed["mig"])
+        if findings.unreadable(device, "mig", "MIG mode"):
             continue
         if h.mig_current:
             enabled.append(device)
@@ -378,8 +364,8 @@ def check_mig(inventory, selection, whole_gpus: bool) -> CheckResult:
     data = {"whole_gpus": whole_gpus}
     if enabled:
         listing = ", ".join(f"{_gpu(d)}: {_plural(len(d.health.mig_instances), 'instance')}" for d in enabled)
-        return findings.result(name, f"MIG mode is on for {listing}; the run uses MIG instances.", data)
-    return findings.result(name, f"MIG mode is off on {_plural(len(devices), 'GPU')} (whole GPUs).", data)
+        return findings.result(f"MIG mode is on for {listing}; the run uses MIG instances.", data)
+    return findings.result(f"MIG mode is off on {_plural(len(devices), 'GPU')} (whole GPUs).", data)
 
 
 def expects_whole_gpus(whole_gpus, selection, local_devices) -> bool:

@@ -6,6 +6,7 @@ remote hosts, where fdl ships pynvml next to it as module_utils.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 
@@ -23,44 +24,28 @@ def load_pynvml():
 
 def device_count() -> int | None:
     """Number of GPUs NVML reports; None when NVML is unavailable or fails."""
-    pynvml = load_pynvml()
-    if pynvml is None:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return None
-    try:
-        return int(pynvml.nvmlDeviceGetCount())
-    except pynvml.NVMLError:
-        return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
+    return _query_or_none(lambda pynvml: int(pynvml.nvmlDeviceGetCount()))
 
 
 def device_capabilities() -> list[tuple[int, int]] | None:
     """CUDA compute capability (major, minor) of every GPU NVML sees; None when NVML is unavailable."""
-    pynvml = load_pynvml()
-    if pynvml is None:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return None
-    try:
+    def read(pynvml):
         count = int(pynvml.nvmlDeviceGetCount())
         return [tuple(pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(i)))
                 for i in range(count)]
-    except pynvml.NVMLError:
+    return _query_or_none(read)
+
+
+def _query_or_none(read):
+    """`read(pynvml)` inside an NVML session; None when NVML is unavailable or the query fails."""
+    try:
+        with nvml_session() as pynvml:
+            try:
+                return read(pynvml)
+            except pynvml.NVMLError:
+                return None
+    except NvmlUnavailable:
         return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
 
 
 # NVML return codes fdl explains to a person (nvml.h); pynvml exposes them as NVMLError.value.
@@ -169,8 +154,9 @@ def decode_cuda_version(value: int) -> str:
     return f"{value // 1000}.{(value % 1000) // 10}"
 
 
-def read_inventory() -> NvmlInventory:
-    """Initialise NVML once, read driver and every device, shut it down; raise NvmlUnavailable on failure."""
+@contextmanager
+def nvml_session():
+    """NVML initialised for the with-block and shut down after it; yields pynvml, raises NvmlUnavailable."""
     pynvml = load_pynvml()
     if pynvml is None:
         raise NvmlUnavailable("pynvml-missing", "the pynvml module (package nvidia-ml-py) is not importable")
@@ -181,32 +167,44 @@ def read_inventory() -> NvmlInventory:
         reason = "library-missing" if code == NVML_ERROR_LIBRARY_NOT_FOUND else "init-failed"
         raise NvmlUnavailable(reason, _nvml_text(exc), code) from None
     try:
-        driver = _optional(pynvml, pynvml.nvmlSystemGetDriverVersion)
-        cuda = _optional(pynvml, pynvml.nvmlSystemGetCudaDriverVersion)
-        inventory = NvmlInventory(driver_version=None if driver is None else str(driver),
-                                  cuda_driver_version=None if cuda is None else decode_cuda_version(int(cuda)))
-        inventory.count = int(pynvml.nvmlDeviceGetCount())
-        for index in range(inventory.count):
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            except pynvml.NVMLError as exc:
-                inventory.unreachable.append(UnreachableDevice(index, _nvml_text(exc), getattr(exc, "value", None)))
-                continue
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            uuid = _optional(pynvml, pynvml.nvmlDeviceGetUUID, handle)
-            inventory.devices.append(NvmlDevice(
-                index=index, name=str(pynvml.nvmlDeviceGetName(handle)), major=int(major), minor=int(minor),
-                memory_total=int(memory.total), memory_free=int(memory.free),
-                uuid=None if uuid is None else str(uuid), health=read_health(pynvml, handle)))
-        return inventory
-    except pynvml.NVMLError as exc:
-        raise NvmlUnavailable("query-failed", _nvml_text(exc), getattr(exc, "value", None)) from None
+        yield pynvml
     finally:
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:
             pass
+
+
+def read_inventory() -> NvmlInventory:
+    """Initialise NVML once, read driver and every device, shut it down; raise NvmlUnavailable on failure."""
+    with nvml_session() as pynvml:
+        try:
+            return _read_inventory(pynvml)
+        except pynvml.NVMLError as exc:
+            raise NvmlUnavailable("query-failed", _nvml_text(exc), getattr(exc, "value", None)) from None
+
+
+def _read_inventory(pynvml) -> NvmlInventory:
+    """Driver, CUDA driver version and every device, from an open NVML session."""
+    driver = _optional(pynvml, pynvml.nvmlSystemGetDriverVersion)
+    cuda = _optional(pynvml, pynvml.nvmlSystemGetCudaDriverVersion)
+    inventory = NvmlInventory(driver_version=None if driver is None else str(driver),
+                              cuda_driver_version=None if cuda is None else decode_cuda_version(int(cuda)))
+    inventory.count = int(pynvml.nvmlDeviceGetCount())
+    for index in range(inventory.count):
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        except pynvml.NVMLError as exc:
+            inventory.unreachable.append(UnreachableDevice(index, _nvml_text(exc), getattr(exc, "value", None)))
+            continue
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        uuid = _optional(pynvml, pynvml.nvmlDeviceGetUUID, handle)
+        inventory.devices.append(NvmlDevice(
+            index=index, name=str(pynvml.nvmlDeviceGetName(handle)), major=int(major), minor=int(minor),
+            memory_total=int(memory.total), memory_free=int(memory.free),
+            uuid=None if uuid is None else str(uuid), health=read_health(pynvml, handle)))
+    return inventory
 
 
 def read_health(pynvml, handle) -> GpuHealth:
