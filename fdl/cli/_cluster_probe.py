@@ -13,7 +13,7 @@ import typer
 
 from fdl.checks.report import ERROR, WARNING
 from fdl.cli.context import Globals
-from fdl.cli.probe import _mark, render_human
+from fdl.cli.probe import _mark, echo_human, render_human
 
 
 def probe_cluster_command(g: Globals, *, as_json: bool, quiet: bool, skip_mount: bool, data_path: str | None,
@@ -45,13 +45,7 @@ def probe_cluster_command(g: Globals, *, as_json: bool, quiet: bool, skip_mount:
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        out, err = render_cluster(report, quiet=quiet)
-        if tables and not quiet:
-            out = "\n".join(filter(None, [out, "all-reduce:", *("  " + line for line in tables)]))
-        if out:
-            typer.echo(out)
-        if err:
-            typer.echo(err, err=True)
+        echo_human(*render_cluster(report, quiet=quiet), tables, quiet=quiet)
     return 0 if report.ok else 1
 
 

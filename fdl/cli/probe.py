@@ -93,13 +93,7 @@ def probe(
     if as_json:
         typer.echo(render_json(reports))
     else:
-        out, err = render_human(reports, quiet=quiet)
-        if tables and not quiet:
-            out = "\n".join(filter(None, [out, "all-reduce:", *("  " + line for line in tables)]))
-        if out:
-            typer.echo(out)
-        if err:
-            typer.echo(err, err=True)
+        echo_human(*render_human(reports, quiet=quiet), tables, quiet=quiet)
     raise typer.Exit(0 if all(r.ok for r in reports) else 1)
 
 
@@ -190,6 +184,16 @@ def render_human(reports: list[HostReport], *, quiet: bool = False) -> tuple[str
             if check.hint and check.status in (ERROR, WARNING):
                 out.append(f"  {'':<8} {'':<9} hint: {check.hint}")
     return "\n".join(out), "\n".join(err)
+
+
+def echo_human(out: str, err: str, tables: list[str], *, quiet: bool) -> None:
+    """Print a rendered report (stdout, stderr), with the all-reduce table under stdout unless quiet."""
+    if tables and not quiet:
+        out = "\n".join(filter(None, [out, "all-reduce:", *("  " + line for line in tables)]))
+    if out:
+        typer.echo(out)
+    if err:
+        typer.echo(err, err=True)
 
 
 def headline(report: HostReport) -> str:

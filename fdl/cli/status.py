@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Annotated
 
 import typer
 
+from fdl.cli._controller import Timeout, addr_option, print_json, resolve_target
 from fdl.cli.context import Globals
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
+Addr = addr_option("ask")
 
 
 @app.command()
 def status(
     ctx: typer.Context,
-    addr: Annotated[str | None, typer.Option("--addr", metavar="HOST[:PORT]",
-                                             help="Controller to ask (default port 1337). Default: the active "
-                                                  "env's cluster.controller, else 127.0.0.1:1337.")] = None,
+    addr: Addr = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw state.json on stdout.")] = False,
-    timeout: Annotated[float, typer.Option("--timeout", min=0.1, max=300, metavar="SECONDS",
-                                           help="How long to wait for an answer.")] = 5.0,
+    timeout: Timeout = 5.0,
     watch: Annotated[bool, typer.Option("--watch", "-w",
                                         help="Keep watching: a live view on a terminal, one line per look "
                                              "otherwise (one JSON state per line with --json), until the run "
@@ -36,7 +34,7 @@ def status(
     when the run ends (its controller goes away) or on Ctrl-C; 1 when no run was there to watch, or the
     controller stopped answering for 30 s.
     """
-    from fdl.controller.address import ask, resolve
+    from fdl.controller.address import ask
     from fdl.controller.client import NoRunListening
     from fdl.controller.render import render_state, start_line
     from fdl.errors import UsageError
@@ -45,9 +43,7 @@ def status(
         raise UsageError("--interval only applies with --watch.")
 
     g: Globals = ctx.find_object(Globals)
-    target = resolve(addr, lambda: g.config(required=False).cluster)
-    if target.note:
-        typer.echo(f"fdl: note: {target.note}", err=True)
+    target = resolve_target(g, addr)
     try:
         address, state = ask(target, lambda client: client.state(), timeout=timeout)
     except NoRunListening as exc:
@@ -62,8 +58,7 @@ def status(
         _watch(address, fire, interval=1.0 if interval is None else interval, timeout=timeout, as_json=as_json)
         return
     if as_json:
-        json.dump(state, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(state)
         return
     typer.echo(render_state(state, address, fire), nl=False)
 

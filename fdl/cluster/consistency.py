@@ -29,7 +29,8 @@ def _usable_gpu(report: HostReport):
     return check
 
 
-def _groups(values: dict[str, str]) -> str:
+def host_groups(values: dict[str, str]) -> str:
+    """Hosts grouped by the value they report, largest group first: "2.1 on a, b; 2.0 on c"."""
     by_value: dict[str, list[str]] = {}
     for host, value in values.items():
         by_value.setdefault(value, []).append(host)
@@ -51,7 +52,7 @@ def driver_match(reports: list[HostReport]) -> CheckResult:
     if len(set(versions.values())) == 1:
         return CheckResult(name, OK, f"Every host runs NVIDIA driver {next(iter(versions.values()))}.", data=data)
     return CheckResult(
-        name, WARNING, f"NVIDIA driver versions differ across hosts ({_groups(versions)}).",
+        name, WARNING, f"NVIDIA driver versions differ across hosts ({host_groups(versions)}).",
         hint="install one driver release on every host: mixed drivers train together, but the oldest caps the "
              "CUDA version and driver bugs then differ from host to host",
         data=data)

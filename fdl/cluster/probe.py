@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fdl.checks.report import ERROR, OK, SCHEMA_VERSION, SKIPPED, WARNING, CheckResult, HostReport
-from fdl.cluster.consistency import consistency_checks
+from fdl.cluster.consistency import consistency_checks, host_groups
 from fdl.cluster.inventory import ClusterInventory, InventoryHost, build_inventory, is_loopback
 from fdl.config.schema import DEFAULT_DATA_PATH, WorkerSpec
 from fdl.errors import ConfigError
@@ -273,21 +273,6 @@ def _major_minor(version: str | None) -> str | None:
     return ".".join(parts[:2]) if len(parts) >= 2 and all(p.isdigit() for p in parts[:2]) else None
 
 
-def _check(report: HostReport, name: str) -> CheckResult | None:
-    for check in report.checks:
-        if check.name == name:
-            return check
-    return None
-
-
-def _groups(values: dict[str, str]) -> str:
-    by_value: dict[str, list[str]] = {}
-    for host, value in values.items():
-        by_value.setdefault(value, []).append(host)
-    return "; ".join(f"{value} on {', '.join(hosts)}" for value, hosts in
-                     sorted(by_value.items(), key=lambda item: (-len(item[1]), item[0])))
-
-
 def cross_host_checks(reports: list[HostReport]) -> list[CheckResult]:
     """The checks that compare hosts: NCCL major.minor, libtorch version, shared data presence."""
     return [_nccl_match(reports), _libtorch_match(reports), _data_match(reports)]
@@ -298,7 +283,7 @@ def _nccl_match(reports: list[HostReport]) -> CheckResult:
     versions: dict[str, str] = {}
     full: dict[str, str] = {}
     for report in reports:
-        check = _check(report, "nccl")
+        check = report.check("nccl")
         if check is None or check.status == SKIPPED or check.data.get("docker"):
             continue
         mm = _major_minor(check.data.get("version"))
@@ -310,13 +295,13 @@ def _nccl_match(reports: list[HostReport]) -> CheckResult:
                            data={"versions": full})
     if len(set(versions.values())) == 1:
         return CheckResult(name, OK, f"Every host has NCCL {next(iter(versions.values()))}.x "
-                                     f"({_groups(full)}).", data={"versions": full})
+                                     f"({host_groups(full)}).", data={"versions": full})
     newest = max(set(versions.values()), key=lambda v: tuple(int(p) for p in v.split(".")))
     behind = sorted(h for h, v in versions.items() if v != newest)
     target = max((v for h, v in full.items() if versions[h] == newest),
                  key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit()))
     return CheckResult(
-        name, ERROR, f"NCCL versions differ across hosts ({_groups(full)}); NCCL refuses to connect ranks whose "
+        name, ERROR, f"NCCL versions differ across hosts ({host_groups(full)}); NCCL refuses to connect ranks whose "
                      f"major.minor differ.",
         hint=f"on {', '.join(behind)}, build NCCL {target} with `fdl nccl build --tag v{target}` and preload it "
              f"through the worker's env: in fdl.cluster.yml (LD_PRELOAD: <path>/lib/libnccl.so.2)",
@@ -327,7 +312,7 @@ def _libtorch_match(reports: list[HostReport]) -> CheckResult:
     name = "libtorch_match"
     versions: dict[str, str] = {}
     for report in reports:
-        check = _check(report, "libtorch")
+        check = report.check("libtorch")
         if check is not None and check.data.get("version"):
             versions[report.host] = str(check.data["version"]).split("+")[0]
     if len(versions) < 2:
@@ -337,7 +322,7 @@ def _libtorch_match(reports: list[HostReport]) -> CheckResult:
         return CheckResult(name, OK, f"Every host has libtorch {next(iter(versions.values()))}.",
                            data={"versions": versions})
     return CheckResult(
-        name, ERROR, f"libtorch versions differ across hosts ({_groups(versions)}); ranks built against different "
+        name, ERROR, f"libtorch versions differ across hosts ({host_groups(versions)}); ranks built against different "
                      f"libtorch releases do not train together reliably.",
         hint="install the same libtorch release on every host (the variant may differ per GPU: cu128, sm61 "
              "builds), and point each worker's arch: at it",
@@ -349,7 +334,7 @@ def _data_match(reports: list[HostReport]) -> CheckResult:
     present, missing = [], []
     paths: dict[str, str] = {}
     for report in reports:
-        check = _check(report, "data")
+        check = report.check("data")
         if check is None or check.status == SKIPPED:
             continue
         paths[report.host] = check.data.get("path", "")
