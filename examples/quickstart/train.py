@@ -75,6 +75,7 @@ def main() -> int:
     checksum = hashlib.sha256(repr(weights.cpu().tolist()).encode()).hexdigest()[:16]
     print(f"rank {rank}/{world} on {host}: {opts.steps} steps, loss {loss.item():.4f}, "
           f"weights checksum {checksum}", flush=True)
+    dist.barrier()  # nobody tears the group down while a peer is still using it (gloo aborts otherwise)
     dist.destroy_process_group()
     return 0
 

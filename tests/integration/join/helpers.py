@@ -45,6 +45,7 @@ if data and os.path.isdir(data):
 print(f"RESULT rank={rank} size={size} sum={value.item():g} host={os.environ.get('FDL_HOST')} "
       f"args={','.join(sys.argv[1:])} data={data} seen={seen} writable={writable} "
       f"share={os.environ.get('FDL_GPU_RAM_SHARE')}", flush=True)
+dist.barrier()  # nobody tears the group down while a peer is still using it (gloo aborts otherwise)
 dist.destroy_process_group()
 code = int(os.environ.get("TEST_EXIT_RANK_%d" % rank, "0"))
 sys.exit(code)
