@@ -1,0 +1,52 @@
+"""molecule scenarios (molecule/*) against testbed hosts over real SSH: converge, idempotence, verify.
+
+The default driver creates nothing: the testbed is the machine. Each scenario's inventory names one host
+of the module's testbed, with the paths and inputs its converge and verify read.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.integration.images.conftest import BIN, fdl_wheel, tool_env
+
+pytestmark = [pytest.mark.testbed(hosts=2), pytest.mark.slow]
+ANSI = re.compile(r"\x1b\[[0-9;]*m|\x1b\]8;;[^\x1b]*\x1b\\")
+
+
+def host_vars(host, **extra) -> dict:
+    return {"ansible_host": host.address, "ansible_port": host.port, "ansible_user": host.user,
+            "ansible_ssh_private_key_file": str(host.key), "ansible_python_interpreter": "/usr/bin/python3",
+            "ansible_ssh_common_args": f"-o UserKnownHostsFile={host.bed.known_hosts}", **extra}
+
+
+def molecule(scenario: str, inventory: dict, tmp: Path) -> str:
+    path = tmp / "inventory.yml"
+    path.write_text(yaml.safe_dump(inventory))
+    env = tool_env(tmp / "home", {"FDL_MOLECULE_INVENTORY": str(path)})
+    done = subprocess.run([str(BIN / "molecule"), "test", "-s", scenario], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=900)
+    out = ANSI.sub("", done.stdout + done.stderr)
+    assert done.returncode == 0, out[-8000:]
+    for step in ("converge", "idempotence", "verify"):
+        done_line = rf"{scenario} (?:➜|>) {step}: Executed: Successful"
+        assert re.search(done_line, out), f"{step} did not run:\n{out[-4000:]}"
+    return out
+
+
+def test_join_worker_bakes_a_worker_that_systemd_and_fdl_accept(testbed, wheelhouse, short_tmp):
+    host = testbed.hosts[0]
+    token = "fdlmoleculetoken" + "7f" * 12
+    inventory = {"all": {"children": {"workers": {"hosts": {"worker": host_vars(
+        host, fdl_molecule_root=f"{host.home}/image", fdl_molecule_wheel=str(fdl_wheel(wheelhouse)),
+        fdl_molecule_wheelhouse=str(wheelhouse), fdl_molecule_key=str(host.key), fdl_molecule_token=token,
+        fdl_molecule_door=f"{testbed.gateway}:27222")}}}}}
+    out = molecule("fdl_join_worker", inventory, short_tmp)
+    assert token not in out  # no_log on every task that handles it
+    assert not Path(f"{host.home}/image").exists()  # destroy removed the image root
