@@ -33,7 +33,8 @@ def molecule(scenario: str, inventory: dict, tmp: Path) -> str:
     done = subprocess.run([str(BIN / "molecule"), "test", "-s", scenario], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=900)
     out = ANSI.sub("", done.stdout + done.stderr)
-    assert done.returncode == 0, out[-8000:]
+    at = out.find("fatal:") if "fatal:" in out else len(out)
+    assert done.returncode == 0, out[max(0, at - 2000):at + 4000] + "\n...\n" + out[-3000:]
     for step in ("converge", "idempotence", "verify"):
         done_line = rf"{scenario} (?:➜|>) {step}: Executed: Successful"
         assert re.search(done_line, out), f"{step} did not run:\n{out[-4000:]}"
@@ -50,3 +51,18 @@ def test_join_worker_bakes_a_worker_that_systemd_and_fdl_accept(testbed, wheelho
     out = molecule("fdl_join_worker", inventory, short_tmp)
     assert token not in out  # no_log on every task that handles it
     assert not Path(f"{host.home}/image").exists()  # destroy removed the image root
+
+
+def test_join_door_opens_a_door_sshd_confines(testbed, short_tmp):
+    host = testbed.hosts[1]
+    key = short_tmp / "farm"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "farm", "-f", str(key)], check=True)
+    inventory = {"all": {"children": {"doors": {"hosts": {"door": host_vars(
+        host, fdl_molecule_root=f"{host.home}/door", fdl_molecule_sshd_port=27022, fdl_molecule_door_port=27222,
+        fdl_molecule_controller_port=27137,
+        fdl_molecule_public_key=(short_tmp / "farm.pub").read_text().strip())}}}}}
+    out = molecule("fdl_join_door", inventory, short_tmp)
+    assert "RUNNING HANDLER [fdl_join_door : Reload sshd with the configured command]" in out
+    assert not Path(f"{host.home}/door").exists()
+    left = host.ssh(f"pgrep -u {host.user} -f '[s]shd -f {host.home}/door/'", check=False)
+    assert left.returncode == 1, f"destroy left the scenario's sshd running: {left.stdout}"
