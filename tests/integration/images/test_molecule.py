@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,10 @@ def molecule(scenario: str, inventory: dict, tmp: Path) -> str:
     path = tmp / "inventory.yml"
     path.write_text(yaml.safe_dump(inventory))
     env = tool_env(tmp / "home", {"FDL_MOLECULE_INVENTORY": str(path)})
+    modutils = subprocess.run([sys.executable, "-m", "fdl.cluster.modutils"], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+    assert modutils.returncode == 0, modutils.stderr
+    env["FDL_MOLECULE_MODULE_UTILS"] = modutils.stdout.strip()
     done = subprocess.run([str(BIN / "molecule"), "test", "-s", scenario], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=900)
     out = ANSI.sub("", done.stdout + done.stderr)
@@ -66,3 +71,12 @@ def test_join_door_opens_a_door_sshd_confines(testbed, short_tmp):
     assert not Path(f"{host.home}/door").exists()
     left = host.ssh(f"pgrep -u {host.user} -f '[s]shd -f {host.home}/door/'", check=False)
     assert left.returncode == 1, f"destroy left the scenario's sshd running: {left.stdout}"
+
+
+def test_probe_reports_on_a_host_and_changes_nothing(testbed, short_tmp):
+    """The testbed host has no GPU: the report must say so, and fail the task only when asked to."""
+    host = testbed.hosts[0]
+    inventory = {"all": {"children": {"workers": {"hosts": {"h1": host_vars(
+        host, fdl_molecule_storage=str(testbed.storage), fdl_molecule_plain=str(host.home))}}}}}
+    out = molecule("fdl_probe", inventory, short_tmp)
+    assert "Check the failure names the failing checks" in out
