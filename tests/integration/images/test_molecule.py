@@ -27,7 +27,8 @@ def host_vars(host, **extra) -> dict:
             "ansible_ssh_common_args": f"-o UserKnownHostsFile={host.bed.known_hosts}", **extra}
 
 
-def molecule(scenario: str, inventory: dict, tmp: Path) -> str:
+def molecule(scenario: str, inventory: dict, tmp: Path,
+             steps: tuple[str, ...] = ("converge", "idempotence", "verify")) -> str:
     path = tmp / "inventory.yml"
     path.write_text(yaml.safe_dump(inventory))
     env = tool_env(tmp / "home", {"FDL_MOLECULE_INVENTORY": str(path)})
@@ -40,7 +41,7 @@ def molecule(scenario: str, inventory: dict, tmp: Path) -> str:
     out = ANSI.sub("", done.stdout + done.stderr)
     at = out.find("fatal:") if "fatal:" in out else len(out)
     assert done.returncode == 0, out[max(0, at - 2000):at + 4000] + "\n...\n" + out[-3000:]
-    for step in ("converge", "idempotence", "verify"):
+    for step in steps:
         done_line = rf"{scenario} (?:➜|>) {step}: Executed: Successful"
         assert re.search(done_line, out), f"{step} did not run:\n{out[-4000:]}"
     return out
@@ -80,3 +81,17 @@ def test_probe_reports_on_a_host_and_changes_nothing(testbed, short_tmp):
         host, fdl_molecule_storage=str(testbed.storage), fdl_molecule_plain=str(host.home))}}}}}
     out = molecule("fdl_probe", inventory, short_tmp)
     assert "Check the failure names the failing checks" in out
+
+
+def test_nccl_builds_through_a_docker_stand_in(testbed, short_tmp):
+    """Docker stand-in (tests/fakes/docker_standin.py): there is no Docker engine on these machines."""
+    host = testbed.hosts[1]
+    docker = testbed.shared / "fdlmol-bin" / "docker"
+    docker.parent.mkdir(exist_ok=True)
+    docker.write_text("#!/usr/bin/python3\n" + (REPO / "tests" / "fakes" / "docker_standin.py").read_text())
+    docker.chmod(0o755)
+    docker.parent.chmod(0o755)
+    inventory = {"all": {"children": {"buildboxes": {"hosts": {"buildbox": host_vars(
+        host, fdl_molecule_root=f"{host.home}/nccl", fdl_molecule_docker=str(docker))}}}}}
+    molecule("fdl_nccl", inventory, short_tmp, steps=("converge", "side_effect", "verify"))
+    assert not Path(f"{host.home}/nccl").exists()
