@@ -3,7 +3,8 @@
     python bench/probe.py [--runs N]
 
 The probe runs its full path: the real pynvml against a fake libnvidia-ml.so.1
-with two GPUs (built here with gcc, as the tests do), a libtorch tree with a
+with two GPUs (built here with gcc, as the tests do) and their health
+readings, a scripted host root for the stack checks, a libtorch tree with a
 bundled NCCL that is loaded through ctypes, and a data directory that is
 written to. Measured twice: in a directory without fdl.yml, and inside a
 project (fdl.yml is then read). Prints medians and ratios to `python3 -c pass`
@@ -24,7 +25,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _timing import PY, compile_package, env_for_fdl, fdl_command, interleaved  # noqa: E402
 
-from tests.fakes import FakeNvml, build_fake_nvml, make_libtorch  # noqa: E402
+from tests.fakes import FakeNvml, build_fake_nvml, make_host_root, make_libtorch  # noqa: E402
 
 TARGET = 15.0
 
@@ -36,7 +37,7 @@ def main() -> int:
     compile_package()
     with tempfile.TemporaryDirectory(prefix="fdl-bench-probe-") as tmp:
         root = Path(tmp)
-        nvml = FakeNvml(build_fake_nvml(root / "nvml"))
+        nvml = FakeNvml(build_fake_nvml(root / "nvml"), make_host_root(root / "host"))
         bare_dir, project = root / "bare", root / "project"
         for where in (bare_dir, project):
             make_libtorch(where / "libtorch", "precompiled/cu128", nccl="2.27.5")

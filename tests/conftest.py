@@ -47,10 +47,12 @@ def need_root_or_skip(reason: str) -> None:
 
 @pytest.fixture(scope="session")
 def fake_nvml(tmp_path_factory):
-    """A fake libnvidia-ml.so.1 built once per session; `.env("H100:9.0:80G")` scripts its devices."""
-    from tests.fakes import FakeNvml, build_fake_nvml
+    """A fake libnvidia-ml.so.1 built once per session; `.env("H100:9.0:80G")` scripts its devices
+    (and points FDL_PROBE_ROOT at a healthy scripted host: /proc/modules, /dev/nvidia*)."""
+    from tests.fakes import FakeNvml, build_fake_nvml, make_host_root
 
-    return FakeNvml(build_fake_nvml(tmp_path_factory.mktemp("fake-nvml")))
+    return FakeNvml(build_fake_nvml(tmp_path_factory.mktemp("fake-nvml")),
+                    make_host_root(tmp_path_factory.mktemp("fake-host-root")))
 
 
 @pytest.fixture

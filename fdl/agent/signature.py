@@ -16,7 +16,6 @@ binary whose startup is too heavy to run twice per dial.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import selectors
@@ -25,7 +24,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from fdl.agent.supervisor import _die_with_parent as die_with_parent
+from fdl.agent.supervisor import die_with_parent, stop_process_group
 from fdl.errors import PermanentError
 
 PREFIX = "fdl-signature:"
@@ -107,17 +106,6 @@ def probe_signature(argv: Sequence[str], *, cwd: str | None, env: Mapping[str, s
 
 def _end(proc: subprocess.Popen) -> None:
     """Stop the probe and anything it started (its own process group)."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-    else:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    stop_process_group(proc)
     if proc.stdout is not None:
         proc.stdout.close()

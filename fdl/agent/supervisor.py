@@ -58,7 +58,8 @@ class GroupResult(NamedTuple):
                 "reason": self.reason, "exit_code": self.exit_code}
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:
+    """preexec_fn: the child gets SIGTERM when the process that started it dies (Linux)."""
     try:
         import ctypes
 
@@ -66,6 +67,28 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """End a child started with start_new_session=True and everything in its group: TERM, then KILL."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(grace_s)
+    else:  # the leader is gone; whatever it left in its group goes too
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _exit_code(returncode: int) -> int:
@@ -111,7 +134,7 @@ class Supervisor:
             try:
                 proc = subprocess.Popen(
                     self.argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent,
+                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
                 )
             except OSError as exc:
                 self.codes[rank] = 127

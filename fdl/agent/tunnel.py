@@ -22,7 +22,6 @@ import contextlib
 import os
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -30,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from fdl.agent.options import SshHop
-from fdl.agent.supervisor import _die_with_parent as die_with_parent
+from fdl.agent.supervisor import die_with_parent, stop_process_group
 from fdl.errors import ExitCode, FdlError, PermanentError
 
 CONNECT_TIMEOUT_S = 15
@@ -176,14 +175,7 @@ class Tunnel:
     def close(self) -> None:
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+            stop_process_group(proc)
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .health import declared_gpu_ids
 from .report import ERROR, OK, WARNING, CheckResult
 
 NAME = "gpu"
@@ -22,26 +23,29 @@ CONTAINER_HINT = ("inside a container, start it with GPU access (docker run --gp
 class Selection:
     """Which GPUs ranks may use: indices into NVML's list; None = every device."""
 
-    source: str | None  # "--gpus", "CUDA_VISIBLE_DEVICES" or None (no selection)
+    source: str | None  # "--gpus", "local_devices", "CUDA_VISIBLE_DEVICES" or None (no selection)
     spec: str | None
     indices: tuple[int, ...] | None
     missing: tuple[str, ...] = ()  # entries naming a device this host does not have
 
 
-def parse_selection(gpus, environ, devices) -> Selection:
+def parse_selection(gpus, environ, devices, source: str = "--gpus") -> Selection:
     """The selection in force: an explicit `gpus` (ids or "all"/"0,1") wins over CUDA_VISIBLE_DEVICES.
 
-    CUDA_VISIBLE_DEVICES follows CUDA's rules: entries are indices or UUID
-    prefixes (GPU-...), and the first entry that names no device ends the list.
+    `source` names where an explicit `gpus` came from ("--gpus", or
+    "local_devices" for a worker's declared devices). CUDA_VISIBLE_DEVICES
+    follows CUDA's rules: entries are indices or UUID prefixes (GPU-..., or
+    MIG-... naming an instance of a GPU in MIG mode), and the first entry that
+    names no device ends the list.
     """
     if gpus is not None:
         spec = gpus if isinstance(gpus, str) else ",".join(str(int(i)) for i in gpus)
         if spec.strip() == "all":
-            return Selection("--gpus", "all", None)
+            return Selection(source, "all", None)
         parts = [part.strip() for part in spec.split(",") if part.strip()]
         present = {d.index for d in devices}
         chosen = tuple(int(p) for p in parts if p.isdigit() and int(p) in present)
-        return Selection("--gpus", spec, chosen, tuple(p for p in parts if not (p.isdigit() and int(p) in present)))
+        return Selection(source, spec, chosen, tuple(p for p in parts if not (p.isdigit() and int(p) in present)))
     spec = environ.get("CUDA_VISIBLE_DEVICES")
     if spec is None:
         return Selection(None, None, None)
@@ -58,8 +62,12 @@ def _match_device(entry: str, devices) -> int | None:
     if entry.isdigit():
         index = int(entry)
         return index if any(d.index == index for d in devices) else None
-    if entry.startswith(("GPU-", "MIG-")):
+    if entry.startswith("GPU-"):
         found = [d.index for d in devices if d.uuid and d.uuid.startswith(entry)]
+        return found[0] if len(found) == 1 else None
+    if entry.startswith("MIG-"):  # an instance: its GPU is the one in use
+        found = [d.index for d in devices if d.health is not None
+                 and any(uuid.startswith(entry) for uuid in d.health.mig_instances)]
         return found[0] if len(found) == 1 else None
     return None
 
@@ -74,8 +82,13 @@ def describe_device(device) -> dict:
             "memory_total": device.memory_total, "memory_free": device.memory_free}
 
 
-def check_gpu(gpus=None, environ=None):
-    """Run the GPU check; return (CheckResult, NvmlInventory or None, Selection or None)."""
+def check_gpu(gpus=None, environ=None, local_devices=None):
+    """Run the GPU check; return (CheckResult, NvmlInventory or None, Selection or None).
+
+    `gpus` is an explicit selection (--gpus); without one, a worker's declared
+    GPU ids (`local_devices`) select, then CUDA_VISIBLE_DEVICES. A declared
+    GPU that is missing is the gpu_count check's finding, not this one's.
+    """
     from .nvml import (
         NVML_ERROR_DRIVER_NOT_LOADED,
         NVML_ERROR_LIB_RM_VERSION_MISMATCH,
@@ -113,7 +126,10 @@ def check_gpu(gpus=None, environ=None):
             hint = f"run nvidia-smi for the driver's own account; reboot after a driver upgrade; {CONTAINER_HINT}"
         return CheckResult(NAME, ERROR, message, hint=hint, data=data), None, None
 
-    selection = parse_selection(gpus, environ, inventory.devices)
+    if gpus is None and declared_gpu_ids(local_devices) is not None:
+        selection = parse_selection(declared_gpu_ids(local_devices), environ, inventory.devices, "local_devices")
+    else:
+        selection = parse_selection(gpus, environ, inventory.devices)
     selected = set(d.index for d in inventory.devices) if selection.indices is None else set(selection.indices)
     devices = []
     for device in inventory.devices:
@@ -134,11 +150,15 @@ def check_gpu(gpus=None, environ=None):
     listing = ", ".join(f"{d.index}: {d.name} {d.sm} {_gib(d.memory_total)}"
                         + ("" if d.index in selected else " (not selected)") for d in inventory.devices)
     summary = f"{len(devices)} GPU{'s' if len(devices) != 1 else ''} ({driver}): {listing}."
-    if selection.missing:
+    if selection.missing and selection.source == "--gpus":
         return CheckResult(
             NAME, ERROR, f"--gpus asks for GPU {', '.join(selection.missing)}, which this host does not have. "
             + summary, hint=f"pick indices between 0 and {len(devices) - 1}, or --gpus all",
             data=data), inventory, selection
+    if not selected and selection.source == "local_devices":
+        return CheckResult(NAME, ERROR, f"None of the declared local_devices ({selection.spec}) exists here. "
+                           + summary, hint="find the missing GPUs (nvidia-smi, dmesg | grep -i xid) or correct "
+                                           "local_devices in the cluster file", data=data), inventory, selection
     if not selected:
         return CheckResult(
             NAME, WARNING, f"{selection.source}={selection.spec!r} hides every GPU from ranks. " + summary,

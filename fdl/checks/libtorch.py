@@ -274,13 +274,6 @@ def _variant(vdir: Path, source: str, active: str | None) -> Libtorch:
 
 # ---- the check ----
 
-def _version_tuple(text: str | None) -> tuple[int, ...] | None:
-    if not text:
-        return None
-    parts = re.findall(r"\d+", text)
-    return tuple(int(p) for p in parts[:2]) if parts else None
-
-
 def check_libtorch(libtorch_path: str | None = None, environ=None, project_root: str | None = None,
                    home: str | None = None, inventory=None, selection=None):
     """Run the libtorch check against the GPUs the GPU check found; return (CheckResult, Libtorch or None)."""
@@ -327,13 +320,7 @@ def check_libtorch(libtorch_path: str | None = None, environ=None, project_root:
                                  + ", ".join(sorted({f"{d.major}.{d.minor}" for d in missed}))
                                  + " (fdl libtorch build with those archs, or a precompiled variant that "
                                    "lists them)"))
-        have = _version_tuple(inventory.cuda_driver_version) if inventory is not None else None
-        need = _version_tuple(info.cuda)
-        if have and need and have < need:
-            status = ERROR if have[0] < need[0] else WARNING
-            problems.append((status, f"It needs CUDA {info.cuda}, but the driver supports CUDA "
-                             f"{inventory.cuda_driver_version}.",
-                             "upgrade the NVIDIA driver, or use a variant built for an older CUDA"))
+        # the driver's CUDA version against this build's is the cuda_driver check (stack.py)
 
     if not problems:
         covered = ""

@@ -64,11 +64,56 @@ def device_capabilities() -> list[tuple[int, int]] | None:
 
 
 # NVML return codes fdl explains to a person (nvml.h); pynvml exposes them as NVMLError.value.
+NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+
+# The health query groups GpuHealth reads; a group is wholly read, unsupported, or failed.
+HEALTH_QUERIES = ("persistence", "ecc", "ecc_errors", "retired_pages", "row_remap", "pcie", "pstate",
+                  "clock_reasons", "mig", "minor_number")
+
+
+@dataclass
+class GpuHealth:
+    """One GPU's health readings; a reading is None when its query was unsupported or failed.
+
+    `unsupported` lists the query groups NVML answered NOT_SUPPORTED (the
+    feature does not exist on this board: ECC on a GeForce, MIG before
+    Ampere); `failed` maps the others that failed to NVML's error text.
+    """
+
+    persistence: bool | None = None
+    ecc_current: bool | None = None
+    ecc_pending: bool | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+    retired_sbe: int | None = None  # pages retired after multiple single-bit errors
+    retired_dbe: int | None = None  # pages retired after a double-bit error
+    retired_pending: bool | None = None  # a retirement waits for the next reset
+    remapped_corrected: int | None = None
+    remapped_uncorrected: int | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None  # the most this GPU can do in this slot
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    pstate: int | None = None  # 0 = full performance ... 15 = idle
+    clock_reasons: int | None = None  # NVML's clock event (throttle) reason bit mask
+    mig_current: bool | None = None
+    mig_pending: bool | None = None
+    mig_instances: list[str] = field(default_factory=list)  # MIG device UUIDs
+    minor_number: int | None = None  # N of /dev/nvidiaN
+    unsupported: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    def readable(self, query: str) -> bool:
+        return query not in self.unsupported and query not in self.failed
 
 
 @dataclass
@@ -82,10 +127,20 @@ class NvmlDevice:
     memory_total: int
     memory_free: int
     uuid: str | None = None
+    health: GpuHealth | None = None
 
     @property
     def sm(self) -> str:
         return f"sm_{self.major}{self.minor}"
+
+
+@dataclass
+class UnreachableDevice:
+    """A GPU NVML counts but cannot open (GPU_IS_LOST: fallen off the bus; NO_PERMISSION: hidden by a cgroup)."""
+
+    index: int
+    error: str
+    code: int | None
 
 
 @dataclass
@@ -95,6 +150,8 @@ class NvmlInventory:
     driver_version: str | None
     cuda_driver_version: str | None  # "12.4", decoded from NVML's 12040
     devices: list[NvmlDevice] = field(default_factory=list)
+    count: int = 0  # what NVML counts, unreachable devices included
+    unreachable: list[UnreachableDevice] = field(default_factory=list)
 
 
 class NvmlUnavailable(Exception):
@@ -128,15 +185,20 @@ def read_inventory() -> NvmlInventory:
         cuda = _optional(pynvml, pynvml.nvmlSystemGetCudaDriverVersion)
         inventory = NvmlInventory(driver_version=None if driver is None else str(driver),
                                   cuda_driver_version=None if cuda is None else decode_cuda_version(int(cuda)))
-        for index in range(int(pynvml.nvmlDeviceGetCount())):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        inventory.count = int(pynvml.nvmlDeviceGetCount())
+        for index in range(inventory.count):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            except pynvml.NVMLError as exc:
+                inventory.unreachable.append(UnreachableDevice(index, _nvml_text(exc), getattr(exc, "value", None)))
+                continue
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             uuid = _optional(pynvml, pynvml.nvmlDeviceGetUUID, handle)
             inventory.devices.append(NvmlDevice(
                 index=index, name=str(pynvml.nvmlDeviceGetName(handle)), major=int(major), minor=int(minor),
                 memory_total=int(memory.total), memory_free=int(memory.free),
-                uuid=None if uuid is None else str(uuid)))
+                uuid=None if uuid is None else str(uuid), health=read_health(pynvml, handle)))
         return inventory
     except pynvml.NVMLError as exc:
         raise NvmlUnavailable("query-failed", _nvml_text(exc), getattr(exc, "value", None)) from None
@@ -145,6 +207,89 @@ def read_inventory() -> NvmlInventory:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:
             pass
+
+
+def read_health(pynvml, handle) -> GpuHealth:
+    """Every health reading of one GPU; a query that fails is noted in the result, never raised."""
+    health = GpuHealth()
+
+    def query(name, read):
+        try:
+            read()
+        except pynvml.NVMLError as exc:
+            if getattr(exc, "value", None) in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+                health.unsupported.append(name)
+            else:
+                health.failed[name] = _nvml_text(exc)
+
+    def persistence():
+        health.persistence = bool(pynvml.nvmlDeviceGetPersistenceMode(handle))
+
+    def ecc():
+        current, pending = pynvml.nvmlDeviceGetEccMode(handle)
+        health.ecc_current, health.ecc_pending = bool(current), bool(pending)
+
+    def ecc_errors():
+        uncorrected = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        health.ecc_uncorrected_volatile = int(pynvml.nvmlDeviceGetTotalEccErrors(
+            handle, uncorrected, pynvml.NVML_VOLATILE_ECC))
+        health.ecc_uncorrected_aggregate = int(pynvml.nvmlDeviceGetTotalEccErrors(
+            handle, uncorrected, pynvml.NVML_AGGREGATE_ECC))
+
+    def retired_pages():
+        health.retired_sbe = len(pynvml.nvmlDeviceGetRetiredPages(
+            handle, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS))
+        health.retired_dbe = len(pynvml.nvmlDeviceGetRetiredPages(
+            handle, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR))
+        health.retired_pending = bool(pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle))
+
+    def row_remap():
+        corrected, uncorrected, pending, failure = pynvml.nvmlDeviceGetRemappedRows(handle)
+        health.remapped_corrected, health.remapped_uncorrected = int(corrected), int(uncorrected)
+        health.remap_pending, health.remap_failure = bool(pending), bool(failure)
+
+    def pcie():
+        health.pcie_gen = int(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle))
+        health.pcie_gen_max = int(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle))
+        health.pcie_width = int(pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle))
+        health.pcie_width_max = int(pynvml.nvmlDeviceGetMaxPcieLinkWidth(handle))
+
+    def pstate():
+        health.pstate = int(pynvml.nvmlDeviceGetPerformanceState(handle))
+
+    def clock_reasons():
+        current = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)  # bindings before 12.535 lack it
+        try:  # the current name; drivers before 535 only know the older "throttle" one
+            if current is None:
+                raise pynvml.NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+            health.clock_reasons = int(current(handle))
+        except pynvml.NVMLError as exc:
+            if getattr(exc, "value", None) != NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise
+            health.clock_reasons = int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+    def mig():
+        current, pending = pynvml.nvmlDeviceGetMigMode(handle)
+        health.mig_current, health.mig_pending = bool(current), bool(pending)
+        if health.mig_current:
+            for slot in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+                try:
+                    instance = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+                except pynvml.NVMLError as exc:
+                    if getattr(exc, "value", None) == NVML_ERROR_NOT_FOUND:
+                        continue  # an empty slot
+                    raise
+                health.mig_instances.append(str(pynvml.nvmlDeviceGetUUID(instance)))
+
+    def minor_number():
+        health.minor_number = int(pynvml.nvmlDeviceGetMinorNumber(handle))
+
+    for name, read in (("persistence", persistence), ("ecc", ecc), ("ecc_errors", ecc_errors),
+                       ("retired_pages", retired_pages), ("row_remap", row_remap), ("pcie", pcie),
+                       ("pstate", pstate), ("clock_reasons", clock_reasons), ("mig", mig),
+                       ("minor_number", minor_number)):
+        query(name, read)
+    return health
 
 
 def _optional(pynvml, function, *args):

@@ -17,15 +17,31 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import asdict, dataclass
 
 from .data import DEFAULT_DATA_PATH, check_data_path
 from .gpu import check_gpu
+from .health import (
+    GPU_CHECKS,
+    check_ecc,
+    check_gpu_count,
+    check_mig,
+    check_pcie,
+    check_persistence,
+    check_retired_memory,
+    check_throttle,
+    expects_whole_gpus,
+    selected_devices,
+)
 from .libtorch import check_libtorch
 from .nccl import check_nccl
 from .report import ERROR, CheckResult, HostReport
+from .stack import STACK_CHECKS, check_cuda_driver, check_device_nodes, check_nouveau
 
-CHECK_NAMES = ("gpu", "libtorch", "nccl", "data")
+CORE_CHECKS = ("gpu", "libtorch", "nccl", "data")
+CHECK_NAMES = CORE_CHECKS + GPU_CHECKS + STACK_CHECKS
+ROOT_VARIABLE = "FDL_PROBE_ROOT"  # the file system root the stack checks read (/proc, /dev); tests script it
 
 
 @dataclass
@@ -38,7 +54,14 @@ class ProbeOptions:
                   <project_root>/libtorch, ~/.flodl/libtorch
     docker        compose service whose image provides NCCL (--docker); skips the host NCCL check
     project_root  directory holding fdl.yml (its libtorch/ tree; docker compose runs there)
-    gpus          GPU selection: a list of indices or "all"/"0,1"; None: CUDA_VISIBLE_DEVICES, else all
+    gpus          GPU selection: a list of indices or "all"/"0,1"; None: local_devices, then
+                  CUDA_VISIBLE_DEVICES, else all
+    local_devices the GPUs this host is declared to offer (a cluster worker's local_devices:
+                  [0, 1], "0,1", or "cpu:N" for CPU ranks); a declared GPU that is missing is
+                  an error (gpu_count)
+    whole_gpus    whether ranks get whole GPUs, so MIG mode on a selected GPU is an error;
+                  None: yes, unless the ranks are CPU ranks or CUDA_VISIBLE_DEVICES names MIG
+                  instances
     """
 
     data_path: str = DEFAULT_DATA_PATH
@@ -47,6 +70,8 @@ class ProbeOptions:
     docker: str | None = None
     project_root: str | None = None
     gpus: list[int] | str | None = None
+    local_devices: list[int] | str | None = None
+    whole_gpus: bool | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -63,12 +88,18 @@ def _guarded(name: str, run):
 
 
 def run_probe(options: ProbeOptions | None = None, host: str | None = None, environ=None) -> HostReport:
-    """Probe this host: GPU, libtorch, NCCL, shared data, in that order (later checks use earlier findings)."""
+    """Probe this host: GPU, libtorch, NCCL, shared data, then GPU health and the software stack.
+
+    Later checks use earlier findings (the NVML inventory, the libtorch found);
+    the order is CHECK_NAMES. The report's `time` is this host's wall clock
+    when the probe started (the cluster probe compares clocks with it).
+    """
     options = options or ProbeOptions()
     environ = os.environ if environ is None else environ
-    report = HostReport(host=host or socket.gethostname())
+    root = environ.get(ROOT_VARIABLE) or "/"
+    report = HostReport(host=host or socket.gethostname(), time=time.time())
 
-    gpu, inventory, selection = _guarded("gpu", lambda: check_gpu(options.gpus, environ))
+    gpu, inventory, selection = _guarded("gpu", lambda: check_gpu(options.gpus, environ, options.local_devices))
     report.checks.append(gpu)
 
     def libtorch_check():
@@ -84,6 +115,25 @@ def run_probe(options: ProbeOptions | None = None, host: str | None = None, envi
         return result, library, None
 
     report.checks.append(_guarded("nccl", nccl_check)[0])
-    report.checks.append(_guarded("data", lambda: (check_data_path(options.data_path, options.skip_mount),
-                                                   None, None))[0])
+    report.checks.append(_single("data", lambda: check_data_path(options.data_path, options.skip_mount)))
+
+    whole = expects_whole_gpus(options.whole_gpus, selection, options.local_devices)
+    depth = (
+        ("gpu_count", lambda: check_gpu_count(inventory, options.local_devices)),
+        ("gpu_persistence", lambda: check_persistence(inventory, selection)),
+        ("gpu_ecc", lambda: check_ecc(inventory, selection)),
+        ("gpu_retired_memory", lambda: check_retired_memory(inventory, selection)),
+        ("gpu_pcie", lambda: check_pcie(inventory, selection)),
+        ("gpu_throttle", lambda: check_throttle(inventory, selection)),
+        ("gpu_mig", lambda: check_mig(inventory, selection, whole)),
+        ("nouveau", lambda: check_nouveau(root)),
+        ("device_nodes", lambda: check_device_nodes(root, selected_devices(inventory, selection))),
+        ("cuda_driver", lambda: check_cuda_driver(inventory, info)),
+    )
+    for name, run in depth:
+        report.checks.append(_single(name, run))
     return report
+
+
+def _single(name: str, run) -> CheckResult:
+    return _guarded(name, lambda: (run(), None, None))[0]

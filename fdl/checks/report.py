@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the GPU health and software stack checks, the report's `time`
 OK, WARNING, ERROR, SKIPPED = "ok", "warning", "error", "skipped"
 STATUSES = (OK, WARNING, ERROR, SKIPPED)
 
@@ -36,6 +36,7 @@ class HostReport:
     host: str
     checks: list[CheckResult] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
+    time: float | None = None  # the host's wall clock (Unix seconds) when the probe ran
 
     @property
     def errors(self) -> list[CheckResult]:
@@ -50,10 +51,16 @@ class HostReport:
         return not self.errors
 
     def to_dict(self) -> dict:
-        return {"schema_version": self.schema_version, "host": self.host, "ok": self.ok,
+        return {"schema_version": self.schema_version, "host": self.host, "ok": self.ok, "time": self.time,
                 "checks": [asdict(c) for c in self.checks]}
 
     @classmethod
     def from_dict(cls, doc: dict) -> "HostReport":
+        when = doc.get("time")
         return cls(host=str(doc["host"]), checks=[CheckResult.from_dict(c) for c in doc.get("checks", [])],
-                   schema_version=int(doc.get("schema_version", SCHEMA_VERSION)))
+                   schema_version=int(doc.get("schema_version", SCHEMA_VERSION)),
+                   time=float(when) if isinstance(when, (int, float)) else None)
+
+    def check(self, name: str) -> CheckResult | None:
+        """The result of the check called `name`, if it ran."""
+        return next((c for c in self.checks if c.name == name), None)

@@ -47,15 +47,23 @@ def render_cluster(report, *, quiet: bool = False) -> tuple[str, str]:
                       for c in problems]
         return "\n".join(lines_out), "\n".join(lines_err)
     if problems:
-        lines_out.append("cluster: NOT READY")
+        lines_out.append("cluster: NOT READY" if any(c.status == ERROR for c in problems) else "cluster: warnings")
         for check in report.cluster:
             lines_out.append(f"  {_mark(check.status):<8} {check.name:<15} {check.message}")
             if check.hint and check.status in (ERROR, WARNING):
                 lines_out.append(f"  {'':<8} {'':<15} hint: {check.hint}")
+    mixed = next((c for c in report.cluster if c.name == "gpu_models" and c.data.get("heterogeneous")), None)
+    if mixed is not None and not problems:  # reported, never a failure: a mixed rig should be visible
+        lines_out.append(f"cluster: note: {mixed.message}")
     ready = sum(1 for h in report.hosts if h.ok)
     total = len(report.hosts)
-    verdict = (f"cluster: ready: {total} host{'s' if total != 1 else ''}, hosts agree on NCCL, libtorch and data"
-               if report.ok else f"cluster: {ready} of {total} hosts ready"
-               + ("; cross-host checks failed" if problems else ""))
+    hosts = f"{total} host{'s' if total != 1 else ''}"
+    if report.ok and not problems:
+        verdict = f"cluster: ready: {hosts}, hosts agree on NCCL, libtorch, data, driver and clocks"
+    elif report.ok:
+        verdict = f"cluster: ready: {hosts}, with the warnings above"
+    else:
+        verdict = f"cluster: {ready} of {total} hosts ready" + (
+            "; cross-host checks failed" if any(c.status == ERROR for c in problems) else "")
     lines_out.append(verdict)
     return "\n".join(lines_out), "\n".join(lines_err)

@@ -7,34 +7,11 @@ import signal
 import sys
 from typing import Annotated, Any
 
-import click
 import typer
-from typer.core import TyperCommand
 
 from fdl.cli.context import Globals
+from fdl.cli.tail import TailCommand, tail
 from fdl.errors import ConfigError, ExitCode
-
-TAIL = "fdl.join.tail"
-
-
-class JoinCommand(TyperCommand):
-    """Splits the command line at the first standalone `--` before click sees it.
-
-    click swallows a bare `--`, which would make `fdl join -- --model x` and
-    `fdl join --model x` indistinguishable, and `fdl join ADDR --` (explicitly
-    no arguments) the same as no tail at all. The tail is kept verbatim in
-    ctx.meta: None when there was no `--`, a list (maybe empty) when there was.
-    """
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if "--" in args:
-            cut = args.index("--")
-            ctx.meta[TAIL] = list(args[cut + 1:])
-            args = args[:cut]
-        else:
-            ctx.meta[TAIL] = None
-        return super().parse_args(ctx, args)
-
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
@@ -55,7 +32,7 @@ bad token). --persist re-dials everything but 2.
 """
 
 
-@app.command(name="join", cls=JoinCommand, help=HELP,
+@app.command(name="join", cls=TailCommand, help=HELP,
              context_settings={"help_option_names": ["-h", "--help"]})
 def join(
     ctx: typer.Context,
@@ -131,7 +108,7 @@ def join(
         "libtorch": libtorch, "host": host, "devices": devices, "persist": persist, "data_path": data_path,
         "data_source": data_source, "gpu_ram_share": gpu_ram_share, "no_sig_probe": no_sig_probe,
     }
-    options = resolve_options(defaults, flags, ctx.meta.get(TAIL))
+    options = resolve_options(defaults, flags, tail(ctx))
     note = print_note()
     agent = JoinAgent(options, note=note, environ=dict(os.environ))
     previous = _install_stop_handlers()

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from fdl.checks.data import DEFAULT_DATA_PATH
-from fdl.checks.probe import ProbeOptions, run_probe
+from fdl.checks.probe import CORE_CHECKS, ProbeOptions, run_probe
 from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, HostReport
 from fdl.cli.context import Globals
 from fdl.config.discover import find_base
@@ -43,6 +43,19 @@ def probe(
     docker: Annotated[str | None, typer.Option("--docker", metavar="SERVICE",
                                                help="NCCL comes from this docker compose service's image: "
                                                     "check the service instead of the host's NCCL.")] = None,
+    collective: Annotated[bool, typer.Option("--collective", help="Also run an all-reduce smoke test across "
+                                                                  "the ranks (PyTorch: nccl on GPUs, gloo on "
+                                                                  "CPU ranks) and report its bandwidth.")
+                          ] = False,
+    collective_timeout: Annotated[float, typer.Option("--collective-timeout", metavar="SECONDS", min=5,
+                                                      help="Time limit of the whole smoke test; past it the "
+                                                           "test is abandoned.")] = 120.0,
+    collective_devices: Annotated[str | None, typer.Option("--collective-devices", metavar="SPEC",
+                                                           help="Ranks of the smoke test on this host: GPU ids "
+                                                                "(0,1) or cpu:N. Default: one per selected GPU, "
+                                                                "else cpu:2.")] = None,
+    collective_max_size: Annotated[str, typer.Option("--collective-max-size", metavar="SIZE",
+                                                     help="Largest all-reduce message (8K to 1G).")] = "64M",
 ) -> None:
     """Audit this host's readiness for a training run: GPU, libtorch, NCCL and shared data.
 
@@ -52,7 +65,14 @@ def probe(
     g: Globals = ctx.find_object(Globals)
     project_root, workers = project_context(g)
     gpus = None if g.gpus is None or g.gpus.ids is None else list(g.gpus.ids)
+    plan = collective_plan(collective_devices, collective_max_size, collective_timeout) if collective else None
     if workers:  # a cluster env: every worker, over Ansible (imported only on this path)
+        if plan is not None:
+            from fdl.errors import UsageError  # noqa: PLC0415
+
+            raise UsageError("--collective across a cluster runs through the launcher's dispatch, which this "
+                             "version of fdl does not have yet. Run `fdl probe --collective` on a host (its own "
+                             "ranks), or the cluster probe without --collective.")
         from fdl.cli._cluster_probe import probe_cluster_command
 
         raise typer.Exit(probe_cluster_command(g, as_json=as_json, quiet=quiet, skip_mount=skip_mount,
@@ -61,15 +81,63 @@ def probe(
     options = ProbeOptions(data_path=data_path or DEFAULT_DATA_PATH, skip_mount=skip_mount,
                            libtorch_path=libtorch_path, docker=docker, project_root=project_root, gpus=gpus)
     reports = collect_reports(options)
+    tables: list[str] = []
+    if plan is not None:
+        if not as_json and not quiet:
+            typer.echo(f"fdl: note: running the all-reduce smoke test (up to {collective_timeout:.0f} s)...",
+                       err=True)
+        from fdl.collective.results import format_rows  # noqa: PLC0415 - only with --collective
+
+        result = run_collective(plan, reports[0])
+        tables = format_rows(result)
     if as_json:
         typer.echo(render_json(reports))
     else:
         out, err = render_human(reports, quiet=quiet)
+        if tables and not quiet:
+            out = "\n".join(filter(None, [out, "all-reduce:", *("  " + line for line in tables)]))
         if out:
             typer.echo(out)
         if err:
             typer.echo(err, err=True)
     raise typer.Exit(0 if all(r.ok for r in reports) else 1)
+
+
+def collective_plan(devices: str | None, max_size: str, timeout: float):
+    """(devices or None, CollectiveOptions) from the flags; bad values are usage errors (exit 2)."""
+    from fdl.collective.run import CollectiveOptions, parse_size  # noqa: PLC0415 - only with --collective
+    from fdl.config.schema import parse_devices  # noqa: PLC0415
+    from fdl.errors import UsageError  # noqa: PLC0415
+
+    parsed = None
+    if devices is not None:
+        try:
+            parsed = parse_devices(devices)
+        except ValueError as exc:
+            raise UsageError(f"--collective-devices {devices!r}: {exc}.") from None
+    try:
+        size = parse_size(max_size)
+    except ValueError as exc:
+        raise UsageError(f"--collective-max-size {max_size!r}: {exc}.") from None
+    return parsed, CollectiveOptions(time_limit_s=timeout, max_bytes=size)
+
+
+def run_collective(plan, report: HostReport):
+    """Run the local smoke test on the planned devices (default: the selected GPUs, else cpu:2) and add its
+    `collective` check to this host's report."""
+    from fdl.collective.results import to_check  # noqa: PLC0415
+    from fdl.collective.run import DEFAULT_CPU_RANKS, run_local, selected_gpus  # noqa: PLC0415
+
+    devices, options = plan
+    if devices is None:
+        gpus, cpu_ranks = selected_gpus(report.to_dict()), DEFAULT_CPU_RANKS
+    elif devices.is_cpu:
+        gpus, cpu_ranks = None, devices.count
+    else:
+        gpus, cpu_ranks = list(devices.ids) if devices.ids is not None else selected_gpus(report.to_dict()), 0
+    result = run_local(gpus or None, cpu_ranks or DEFAULT_CPU_RANKS, options, host=report.host)
+    report.checks.append(to_check(result))
+    return result
 
 
 def project_context(g: Globals) -> tuple[str, int]:
@@ -100,7 +168,8 @@ def render_json(reports: list[HostReport]) -> str:
 
 
 def render_human(reports: list[HostReport], *, quiet: bool = False) -> tuple[str, str]:
-    """(stdout text, stderr text). Green: one summary line per host; otherwise every check with hints."""
+    """(stdout text, stderr text). Green: one summary line per host; otherwise the core checks (gpu, libtorch,
+    nccl, data) and every other check that warns or fails, with hints."""
     out: list[str] = []
     err: list[str] = []
     for report in reports:
@@ -115,6 +184,8 @@ def render_human(reports: list[HostReport], *, quiet: bool = False) -> tuple[str
             continue
         out.append(headline(report))
         for check in report.checks:
+            if check.status not in (ERROR, WARNING) and check.name not in CORE_CHECKS:
+                continue  # the depth checks (GPU health, stack) show up only when they found something
             out.append(f"  {_mark(check.status):<8} {check.name:<9} {check.message}")
             if check.hint and check.status in (ERROR, WARNING):
                 out.append(f"  {'':<8} {'':<9} hint: {check.hint}")
@@ -133,10 +204,12 @@ def _mark(status: str) -> str:
 
 
 def summary_line(report: HostReport) -> str:
-    """The green path: one line of the facts that matter."""
+    """The green path: one line of the facts that matter (warnings, if any, are listed by render_human)."""
     parts = []
     for check in report.checks:
         data = check.data
+        if check.name not in CORE_CHECKS:
+            continue  # green depth checks stay out of the one-line summary
         if check.status == SKIPPED:
             parts.append(f"{check.name} skipped")
         elif check.name == "gpu":

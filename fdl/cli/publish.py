@@ -7,37 +7,12 @@ import json
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from typer.core import TyperCommand
 
 from fdl.cli.context import Globals
-
-TAIL_KEY = "fdl.publish.tail"
-
-
-class TailCommand(TyperCommand):
-    """A command whose first standalone `--` ends fdl's options; what follows is the run's args.
-
-    Click drops a bare `--` and would hand the words after it to positional
-    parameters, so "an empty tail" and "no tail" would look the same. The
-    split happens here, before click parses, and is kept in ctx.meta:
-    None when there was no `--`, a (possibly empty) list when there was.
-    """
-
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        if "--" in args:
-            cut = args.index("--")
-            ctx.meta[TAIL_KEY] = list(args[cut + 1:])
-            args = args[:cut]
-        else:
-            ctx.meta[TAIL_KEY] = None
-        return super().parse_args(ctx, args)
-
-    def collect_usage_pieces(self, ctx: Any) -> list[str]:
-        return [*super().collect_usage_pieces(ctx), "[-- ARGS...]"]
-
+from fdl.cli.tail import TailCommand, tail
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
@@ -85,9 +60,9 @@ def publish(
     from fdl.publish.run import PublishFlags, publish as do_publish, render_human, report_data, resolve_request
 
     g: Globals = ctx.find_object(Globals)
-    tail = ctx.meta.get(TAIL_KEY)
+    run_args = tail(ctx)
     flags = PublishFlags(source=source, bin=bin_, cwd=cwd, build=build, to=to, identity=identity,
-                         gates=tuple(gate or ()), args=None if tail is None else tuple(tail),
+                         gates=tuple(gate or ()), args=None if run_args is None else tuple(run_args),
                          no_build=no_build, no_wait=no_wait)
 
     def note(text: str) -> None:

@@ -11,7 +11,10 @@ Cross-host checks, on top of each host's own:
 - `nccl_match`: NCCL major.minor must be the same everywhere (NCCL refuses a
   handshake across a major.minor skew);
 - `libtorch_match`: one libtorch (torch) version across the cluster;
-- `data_match`: the shared data path present on some hosts but not others.
+- `data_match`: the shared data path present on some hosts but not others;
+- `driver_match`, `gpu_models`, `clock_skew` (fdl.cluster.consistency): driver
+  versions, GPU models and wall clocks compared, each host's clock reading
+  bracketed by this machine's clock around its probe.
 
 The report's JSON (`ClusterReport.to_dict()`) extends the local probe's
 multi-host form: `schema_version`, `ok`, `hosts` (each a host report) and
@@ -28,10 +31,12 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fdl.checks.report import ERROR, OK, SCHEMA_VERSION, SKIPPED, WARNING, CheckResult, HostReport
+from fdl.cluster.consistency import consistency_checks
 from fdl.cluster.inventory import ClusterInventory, InventoryHost, build_inventory, is_loopback
 from fdl.config.schema import DEFAULT_DATA_PATH, WorkerSpec
 from fdl.errors import ConfigError
@@ -96,15 +101,22 @@ def is_this_machine(address: str, port: int = 22) -> bool:
 
 
 def host_options(worker: WorkerSpec, options: ClusterProbeOptions, *, local: bool) -> dict:
-    """The ProbeOptions fields for one worker: flags win, then the worker's own settings."""
-    gpus: list[int] | str | None = None
-    if local and options.local_gpus is not None:
-        gpus = list(options.local_gpus)
-    elif not worker.local_devices.is_cpu and worker.local_devices.ids is not None:
-        gpus = list(worker.local_devices.ids)
+    """The ProbeOptions fields for one worker: flags win, then the worker's own settings.
+
+    The worker's `local_devices` is its declaration (a declared GPU that is
+    missing is the gpu_count error; the declared ids also select the GPUs the
+    checks judge); --gpus selects on this machine's own worker only.
+    """
+    devices = worker.local_devices
+    declared: list[int] | str | None = None
+    if devices.is_cpu:
+        declared = f"cpu:{devices.count}"
+    elif devices.ids is not None:
+        declared = list(devices.ids)
+    gpus = list(options.local_gpus) if local and options.local_gpus is not None else None
     return {"data_path": options.data_path or worker.data_path or DEFAULT_DATA_PATH,
             "skip_mount": options.skip_mount, "libtorch_path": options.libtorch_path,
-            "docker": options.docker, "gpus": gpus}
+            "docker": options.docker, "gpus": gpus, "local_devices": declared}
 
 
 # --------------------------------------------------------------------------- probing
@@ -124,30 +136,34 @@ def probe_cluster(config, options: ClusterProbeOptions, *, progress: bool | None
     remote = [h for h in workers if h not in local]
     reports: dict[str, HostReport] = {}
 
+    windows: dict[str, tuple[float, float]] = {}  # this machine's clock around each host's probe
     native_threads = []
     for host in local:
-        thread = threading.Thread(target=_probe_native, args=(host, options, config.root, reports), daemon=True)
+        thread = threading.Thread(target=_probe_native, args=(host, options, config.root, reports, windows),
+                                  daemon=True)
         thread.start()
         native_threads.append(thread)
     if remote:
-        reports.update(_probe_remote(inventory, remote, options, progress))
+        reports.update(_probe_remote(inventory, remote, options, progress, windows))
     for thread in native_threads:
         thread.join()
     ordered = [reports[h.name] for h in workers]
-    return ClusterReport(hosts=ordered, cluster=cross_host_checks(ordered))
+    return ClusterReport(hosts=ordered, cluster=cross_host_checks(ordered) + consistency_checks(ordered, windows))
 
 
 def _probe_native(host: InventoryHost, options: ClusterProbeOptions, root: Path | None,
-                  out: dict[str, HostReport]) -> None:
+                  out: dict[str, HostReport], windows: dict[str, tuple[float, float]]) -> None:
     """Probe this machine's own worker in a child process with the worker's env: applied, like a remote task."""
     fields = host_options(host.worker, options, local=True)
     fields["project_root"] = str(root) if root is not None else None
     env = dict(os.environ)
     env.update(host.worker.env_dict)
     try:
+        sent = time.time()
         done = subprocess.run([sys.executable, "-m", "fdl.cluster.native_probe", host.name],
                               input=json.dumps(fields), capture_output=True, text=True, env=env,
                               timeout=NATIVE_TIMEOUT_S)
+        windows[host.name] = (sent, time.time())
         if done.returncode != 0:
             raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else
                                f"exit code {done.returncode}")
@@ -159,7 +175,7 @@ def _probe_native(host: InventoryHost, options: ClusterProbeOptions, root: Path 
 
 
 def _probe_remote(inventory: ClusterInventory, hosts: list[InventoryHost], options: ClusterProbeOptions,
-                  progress: bool | None) -> dict[str, HostReport]:
+                  progress: bool | None, windows: dict[str, tuple[float, float]]) -> dict[str, HostReport]:
     from fdl.cluster.runner import FAILED, OK as HOST_OK, UNREACHABLE, run_playbook  # noqa: PLC0415
 
     extravars: dict = {"fdl_probe_skip_mount": options.skip_mount}
@@ -169,6 +185,8 @@ def _probe_remote(inventory: ClusterInventory, hosts: list[InventoryHost], optio
         extravars["fdl_probe_libtorch_path"] = options.libtorch_path
     if options.docker is not None:
         extravars["fdl_probe_docker"] = options.docker
+    sent = time.time()
+    wall_minus_monotonic = sent - time.monotonic()  # the runner stamps hosts with time.monotonic()
     result = run_playbook("probe.yml", inventory, extravars=extravars, limit=[h.name for h in hosts],
                           progress=progress, title="probe")
     reports = {}
@@ -179,6 +197,9 @@ def _probe_remote(inventory: ClusterInventory, hosts: list[InventoryHost], optio
             report = HostReport.from_dict(res["report"])
             report.host = host.name
             reports[host.name] = report
+            # the host read its clock after the run started and before its result came back
+            received = outcome.finished + wall_minus_monotonic if outcome.finished is not None else time.time()
+            windows[host.name] = (sent, received)
         elif outcome.status == UNREACHABLE:
             reports[host.name] = HostReport(host=host.name, checks=[unreachable_check(host, outcome.message)])
         else:

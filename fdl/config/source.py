@@ -206,7 +206,11 @@ class _Builder:
             try:
                 return self.constructor.construct_object(node, deep=True)
             except (yaml.YAMLError, ValueError, OverflowError) as exc:
-                raise ConfigError(f"{self._where(node)}: cannot read the value {node.value!r}: {exc}.") from None
+                raise ConfigError(f"{self._where(node)}: cannot read the value {node.value!r}: "
+                                  f"{getattr(exc, 'problem', None) or exc}.") from None
+        if node.tag not in ("tag:yaml.org,2002:seq", "tag:yaml.org,2002:map"):
+            raise ConfigError(f"{self._where(node)}: the tag {node.tag!r} is not supported; configuration files "
+                              f"hold plain mappings, lists and values. Remove the tag.")
         inner = active | {id(node)}
         if isinstance(node, yaml.SequenceNode):
             return [self.build(item, path + (i,), depth + 1, inner) for i, item in enumerate(node.value)]
@@ -227,7 +231,11 @@ class _Builder:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise ConfigError(f"{self._where(key_node)}: a key must be a plain name, not a list or "
                                   f"mapping.")
-            key = self.constructor.construct_object(key_node)
+            try:
+                key = self.constructor.construct_object(key_node)
+            except (yaml.YAMLError, ValueError, OverflowError) as exc:
+                raise ConfigError(f"{self._where(key_node)}: cannot read the key {key_node.value!r}: "
+                                  f"{getattr(exc, 'problem', None) or exc}.") from None
             if not isinstance(key, (str, int, bool, float)) and key is not None:
                 key = str(key)
             if key in result:

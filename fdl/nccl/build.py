@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TextIO
 
 from fdl import resources

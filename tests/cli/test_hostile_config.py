@@ -39,6 +39,8 @@ CASES = {
     "deep_nesting": (b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n", r"nesting depth|nested"),
     "nesting_past_limit": (b"a: " + b"[" * 80 + b"]" * 80 + b"\n", r"nested more than 64 levels deep"),
     "nul_bytes": (b"commands: {}\n\x00\n", r"NUL bytes"),
+    "python_tag_key": (b"!!python/object:os.system x: 1\n", r"fdl.yml:1: cannot read the key"),
+    "python_tag_value": (b"commands: !!python/object/apply:os.system [id]\n", r"fdl.yml:1: the tag 'tag:yaml.org,2002:python/object/apply:os.system' is not supported"),
     "multiple_documents": (b"commands: {}\n---\ncommands: {}\n", r"invalid YAML"),
 }
 

@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ TWO_ARCHS = "H100:9.0:80G,RTX3060:8.6:12G"
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Nothing from the machine running the tests leaks into what probe finds."""
     for var in ("CUDA_VISIBLE_DEVICES", "LIBTORCH", "LIBTORCH_PATH", "LD_PRELOAD", "LD_LIBRARY_PATH",
-                "FDL_FAKE_NVML", "FDL_FAKE_NVML_DRIVER", "FDL_FAKE_NVML_CUDA"):
+                "FDL_FAKE_NVML", "FDL_FAKE_NVML_DRIVER", "FDL_FAKE_NVML_CUDA", "FDL_PROBE_ROOT"):
         monkeypatch.delenv(var, raising=False)
     (tmp_path / "home").mkdir()
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -78,12 +79,17 @@ def test_json_report_follows_the_documented_schema(ready) -> None:
     result = run_fdl("probe", "--json", "--skip-mount", cwd=project, env=env)
     assert result.returncode == 0
     doc = _json(result)
-    assert set(doc) == {"schema_version", "host", "ok", "checks"}
-    assert doc["schema_version"] == 1 and doc["ok"] is True and doc["host"]
-    assert [c["name"] for c in doc["checks"]] == ["gpu", "libtorch", "nccl", "data"]
+    assert set(doc) == {"schema_version", "host", "ok", "time", "checks"}
+    assert doc["schema_version"] == 2 and doc["ok"] is True and doc["host"]
+    assert abs(doc["time"] - time.time()) < 600
+    assert [c["name"] for c in doc["checks"]] == [
+        "gpu", "libtorch", "nccl", "data", "gpu_count", "gpu_persistence", "gpu_ecc", "gpu_retired_memory",
+        "gpu_pcie", "gpu_throttle", "gpu_mig", "nouveau", "device_nodes", "cuda_driver"]
     for check in doc["checks"]:
         assert set(check) == {"name", "status", "message", "hint", "data"}
-    assert [c["status"] for c in doc["checks"]] == ["ok", "ok", "ok", "skipped"]
+    statuses = {c["name"]: c["status"] for c in doc["checks"]}
+    assert (statuses.pop("data"), statuses.pop("gpu_count")) == ("skipped", "skipped")  # nothing declared
+    assert set(statuses.values()) == {"ok"}, statuses
     gpu = _check(doc, "gpu")["data"]
     assert (gpu["driver_version"], gpu["cuda_driver_version"], gpu["count"]) == ("570.133.20", "12.8", 2)
     assert [(d["name"], d["sm"], d["memory_total"], d["selected"]) for d in gpu["devices"]] == [
@@ -101,8 +107,10 @@ def test_human_and_json_reports_carry_the_same_findings(ready, tmp_path: Path) -
     human = run_fdl("probe", *args, cwd=project, env=env)
     doc = _json(run_fdl("probe", "--json", *args, cwd=project, env=env))
     assert human.returncode == 1 and doc["ok"] is False
+    core = ("gpu", "libtorch", "nccl", "data")
     for check in doc["checks"]:
-        assert check["message"] in human.stdout
+        shown = check["name"] in core or check["status"] in ("error", "warning")
+        assert (check["message"] in human.stdout) is shown, check["name"]
         if check["hint"] and check["status"] in ("error", "warning"):
             assert check["hint"] in human.stdout
 
@@ -287,7 +295,19 @@ def test_cluster_env_probes_every_worker(ready, tmp_path: Path) -> None:
     ssh = _check(node_b, "ssh")
     assert ssh["message"].startswith("node-b (nobody@127.0.0.1:2) is unreachable: nothing accepts SSH connections")
     assert "Connection refused" in ssh["message"]
-    assert {c["name"] for c in doc["cluster"]} == {"nccl_match", "libtorch_match", "data_match"}
+    assert [c["name"] for c in doc["cluster"]] == ["nccl_match", "libtorch_match", "data_match", "driver_match",
+                                                   "gpu_models", "clock_skew"]
+    clock = next(c for c in doc["cluster"] if c["name"] == "clock_skew")
+    assert clock["status"] == "ok" and set(clock["data"]["offsets"]) == {"node-a"}  # the native probe's window
+
+
+def test_collective_across_a_cluster_is_refused_until_dispatch_exists(ready) -> None:
+    project, env = ready
+    (project / "fdl.yml").write_text("commands:\n  test: {run: 'true'}\n")
+    (project / "fdl.cluster.yml").write_text("cluster:\n  workers:\n    - {host: node-b, address: 10.0.0.12}\n")
+    result = run_fdl("@cluster", "probe", "--collective", cwd=project, env=env)
+    assert result.returncode == 2 and "launcher's dispatch" in result.stderr
+    assert "fdl probe --collective" in result.stderr
 
 
 def test_probe_never_imports_ansible_or_requests(ready) -> None:
@@ -298,3 +318,43 @@ def test_probe_never_imports_ansible_or_requests(ready) -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=project, env=fdl_env(env), capture_output=True,
                           text=True, timeout=60)
     assert "IMPORTED [] True 0" in done.stderr, done.stderr
+
+
+# ---- GPU health and software stack (the depth checks) in the human report ----
+
+def test_a_depth_warning_shows_only_that_depth_check(tmp_path: Path, fake_nvml) -> None:
+    make_libtorch(tmp_path / "libtorch", "precompiled/cu128", archs="8.0 9.0", nccl="2.27.5")
+    env = fake_nvml.env("H100:9.0:80G,A100:8.0:40G:persist=0:pcie=4.8/4.16")
+    result = run_fdl("probe", "--skip-mount", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stdout
+    assert "ready (2 warnings)" in result.stdout
+    assert "warning  gpu_persistence Persistence mode is off on GPU 1 (A100)" in result.stdout
+    assert "hint: enable the nvidia-persistenced service" in result.stdout
+    assert "gpu_pcie" in result.stdout and "x8 of x16 lanes" in result.stdout
+    for green in ("gpu_ecc", "gpu_mig", "nouveau", "device_nodes", "cuda_driver", "gpu_throttle"):
+        assert green not in result.stdout, green
+    for core in ("gpu ", "libtorch", "nccl", "data"):  # the core checks give the context
+        assert f" {core}" in result.stdout
+
+
+def test_a_depth_error_blocks_and_quiet_names_it(tmp_path: Path, fake_nvml) -> None:
+    make_libtorch(tmp_path / "libtorch", "precompiled/cu128", archs="8.0 9.0", nccl="2.27.5")
+    env = fake_nvml.env("H100:9.0:80G:ecc_vol=4,H100:9.0:80G:mig=on")
+    result = run_fdl("probe", "--skip-mount", cwd=tmp_path, env=env)
+    assert result.returncode == 1
+    assert "NOT READY (2 errors)" in result.stdout
+    assert "ERROR    gpu_ecc" in result.stdout and "ERROR    gpu_mig" in result.stdout
+    quiet = run_fdl("probe", "--skip-mount", "--quiet", cwd=tmp_path, env=env)
+    assert quiet.returncode == 1 and quiet.stdout == ""
+    assert "error: gpu_ecc: GPU 0 (H100): 4 uncorrectable ECC errors" in quiet.stderr
+    assert "hint: turn MIG off" in quiet.stderr
+
+
+def test_driver_too_old_for_the_libtorch_build_names_both(tmp_path: Path, fake_nvml) -> None:
+    make_libtorch(tmp_path / "libtorch", "precompiled/cu128", archs="8.0 9.0", nccl="2.27.5")
+    result = run_fdl("probe", "--skip-mount", cwd=tmp_path,
+                     env=fake_nvml.env("H100:9.0:80G", driver="470.256.02", cuda=11040))
+    assert result.returncode == 1
+    assert ("The driver 470.256.02 supports CUDA 11.4, but libtorch cu128 is built for CUDA 12.8" in
+            result.stdout)
+    assert "hint: upgrade the NVIDIA driver (CUDA 12.8 needs driver 570.26 or newer)" in result.stdout

@@ -9,6 +9,11 @@
 - `make_libtorch(...)`: a libtorch variant tree on disk as flodl lays it out
   (lib/, .arch, build-version, optional bundled NCCL), optionally activated in
   its libtorch root's `.active`.
+- `make_host_root(...)`: the slice of a host's file system the stack checks
+  read (`proc/modules`, `dev/nvidia*`), for FDL_PROBE_ROOT. Device nodes are
+  symlinks to /dev/null (a real character device anyone may open) unless a
+  test asks for them missing, as plain files, or root-only (real nodes, made
+  with mknod: root only).
 
 pytest fixtures over these live in tests/conftest.py (`fake_nvml`, `fake_nccl`).
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,27 +55,75 @@ def build_fake_nvml(dest: Path) -> Path:
     return Path(dest)
 
 
+NVIDIA_MODULES = ("nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia")
+
+
+def make_host_root(root: Path, *, minors=range(8), nouveau: bool = False, modules: bool = True,
+                   missing: tuple[str, ...] = (), plain: tuple[str, ...] = (),
+                   root_only: tuple[str, ...] = ()) -> Path:
+    """A scripted host file system under `root` for FDL_PROBE_ROOT; returns root.
+
+    Nodes are named as under /dev ("nvidia0", "nvidiactl", "nvidia-uvm").
+    `missing` leaves them out, `plain` makes them regular files, `root_only`
+    makes them real character devices (1,3, like /dev/null) with mode 0600,
+    which needs root. `modules=False` leaves /proc/modules out (unreadable).
+    """
+    root = Path(root)
+    (root / "dev").mkdir(parents=True, exist_ok=True)
+    (root / "proc").mkdir(exist_ok=True)
+    if modules:
+        names = (["nouveau"] if nouveau else []) + list(NVIDIA_MODULES) + ["ext4", "veth"]
+        (root / "proc" / "modules").write_text(
+            "".join(f"{name} 16384 0 - Live 0x0000000000000000\n" for name in names))
+    for node in ["nvidiactl", "nvidia-uvm", *(f"nvidia{m}" for m in minors)]:
+        path = root / "dev" / node
+        if path.is_symlink() or path.exists():
+            path.unlink()
+        if node in missing:
+            continue
+        if node in plain:
+            path.write_bytes(b"")
+        elif node in root_only:
+            os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+            os.chmod(path, 0o600)
+        else:
+            path.symlink_to("/dev/null")
+    return root
+
+
 @dataclass(frozen=True)
 class FakeNvml:
     """A built fake NVML: `env()` is what an fdl subprocess needs to see it."""
 
     lib_dir: Path
+    host_root: Path | None = None  # a healthy host file system the stack checks read; None: built beside lib_dir
 
     def env(self, devices: str | None = "", *, driver: str | None = None, cuda: int | None = None,
-            extra_lib_dirs: tuple[str, ...] = ()) -> dict[str, str]:
+            extra_lib_dirs: tuple[str, ...] = (), root: Path | str | None = None) -> dict[str, str]:
         """Environment for a process whose NVML reports `devices` (FDL_FAKE_NVML syntax).
 
         devices=None leaves the library off LD_LIBRARY_PATH entirely: NVML is missing.
+        `root` is the FDL_PROBE_ROOT (default: this fake's healthy host_root).
         """
         lib_dirs = [*extra_lib_dirs]
         if devices is not None:
             lib_dirs.insert(0, str(self.lib_dir))
-        env = {"LD_LIBRARY_PATH": os.pathsep.join(lib_dirs), "FDL_FAKE_NVML": devices or ""}
+        env = {"LD_LIBRARY_PATH": os.pathsep.join(lib_dirs), "FDL_FAKE_NVML": devices or "",
+               "FDL_PROBE_ROOT": str(root if root is not None else self.default_root())}
         if driver is not None:
             env["FDL_FAKE_NVML_DRIVER"] = driver
         if cuda is not None:
             env["FDL_FAKE_NVML_CUDA"] = str(cuda)
         return env
+
+    def default_root(self) -> Path:
+        """The healthy host root: host_root, or one made (once) next to the library, as readable as it is."""
+        if self.host_root is not None:
+            return self.host_root
+        root = self.lib_dir.parent / f"{self.lib_dir.name}-host-root"
+        if not (root / "proc" / "modules").exists():
+            make_host_root(root)
+        return root
 
 
 def nccl_version_code(version: str) -> int:

@@ -1,6 +1,6 @@
 #!/usr/bin/python
 # Copyright (c) the fdl authors. MIT License.
-"""Ansible module fdl_probe: fdl's readiness probe (GPU, libtorch, NCCL, shared data) on this host."""
+"""Ansible module fdl_probe: fdl's readiness probe (GPU health, software stack, libtorch, NCCL, shared data)."""
 
 from __future__ import annotations
 
@@ -37,8 +37,20 @@ options:
     description: Project directory on this host (its libtorch/ tree), if it has one.
     type: str
   gpus:
-    description: GPUs the ranks will use, C(all) or ids like C(0,1); default CUDA_VISIBLE_DEVICES, else all.
+    description: GPUs the ranks will use, C(all) or ids like C(0,1); default the declared C(local_devices),
+      then CUDA_VISIBLE_DEVICES, else all.
     type: str
+  local_devices:
+    description:
+      - What the worker declares it offers (its C(local_devices) in fdl.cluster.yml) - GPU ids like C(0,1),
+        C(all), or C(cpu:N) for CPU ranks.
+      - A declared GPU that is missing is an error (check C(gpu_count)); declared ids also select the GPUs
+        the health checks judge.
+    type: str
+  whole_gpus:
+    description: Whether ranks get whole GPUs, so MIG mode on a selected GPU is an error; default yes, unless
+      the worker offers CPU ranks or CUDA_VISIBLE_DEVICES names MIG instances.
+    type: bool
   fail_on_error:
     description: Fail the task when any check is an error (the report is returned either way).
     type: bool
@@ -56,7 +68,7 @@ EXAMPLES = r"""
   fdl_probe:
     host: "{{ inventory_hostname }}"
     data_path: "{{ fdl_data_path }}"
-    gpus: "{{ fdl_local_devices }}"
+    local_devices: "{{ fdl_local_devices }}"
   environment: "{{ fdl_env }}"
 
 - name: Probe without the shared-data check, NCCL from a compose service
@@ -71,7 +83,7 @@ report:
   returned: always
   type: dict
   sample:
-    schema_version: 1
+    schema_version: 2
     host: node-b
     ok: true
     checks:
@@ -96,6 +108,8 @@ def main():
             docker=dict(type="str"),
             project_root=dict(type="str"),
             gpus=dict(type="str"),
+            local_devices=dict(type="str"),
+            whole_gpus=dict(type="bool"),
             fail_on_error=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
@@ -104,9 +118,13 @@ def main():
     gpus = params["gpus"]
     if gpus is not None and (gpus.startswith("cpu:") or not gpus.strip()):
         gpus = None  # a CPU-rank worker offers no GPU ids: probe what is there
+    declared = params["local_devices"]
+    if declared is not None and declared.strip() in ("", "all"):
+        declared = None  # "every GPU there is" declares no particular one
     options = ProbeOptions(data_path=params["data_path"], skip_mount=params["skip_mount"],
                            libtorch_path=params["libtorch_path"], docker=params["docker"],
-                           project_root=params["project_root"], gpus=gpus)
+                           project_root=params["project_root"], gpus=gpus, local_devices=declared,
+                           whole_gpus=params["whole_gpus"])
     report = run_probe(options, host=params["host"])
     result = dict(changed=False, report=report.to_dict(), ok=report.ok)
     if params["fail_on_error"] and not report.ok:

@@ -42,12 +42,14 @@ def test_four_green_hosts(kit, short_tmp, testbed_home):
         assert checks["nccl"]["data"]["version"] == "2.27.5"
         assert checks["data"]["data"]["path"] == str(kit.data)  # each worker's data_path
     assert {n: c["status"] for n, c in cluster_checks(doc).items()} == {
-        "nccl_match": "ok", "libtorch_match": "ok", "data_match": "ok"}
+        "nccl_match": "ok", "libtorch_match": "ok", "data_match": "ok", "driver_match": "ok", "gpu_models": "ok",
+        "clock_skew": "ok"}
 
     human = run_fdl("@cluster", "probe", cwd=project, env=testbed_home, timeout=180)
     assert human.returncode == 0
     assert "h3: ready:" in human.stdout
-    assert human.stdout.strip().endswith("cluster: ready: 4 hosts, hosts agree on NCCL, libtorch and data")
+    assert human.stdout.strip().endswith(
+        "cluster: ready: 4 hosts, hosts agree on NCCL, libtorch, data, driver and clocks")
 
 
 def test_a_host_with_the_wrong_key_is_an_error_naming_it(kit, short_tmp, testbed_home):
@@ -143,7 +145,7 @@ def test_data_path_missing_on_one_host(kit, short_tmp, testbed_home):
 
     skipped, doc = probe(project, testbed_home, "--json", "--skip-mount")  # flags reach every host
     assert skipped.returncode == 0, skipped.stdout
-    assert {h["checks"][-1]["status"] for h in doc["hosts"]} == {"skipped"}
+    assert {by_host(doc)[h]["data"]["status"] for h in ("h1", "h2", "h3", "h4")} == {"skipped"}
 
     elsewhere, doc = probe(project, testbed_home, "--json", "--data-path", str(kit.data))
     assert elsewhere.returncode == 0

@@ -25,7 +25,7 @@ from tests.integration.join.helpers import controller, finish, policy, results, 
 from tests.join_util import LoopbackSshd, free_port
 
 pytestmark = [pytest.mark.testbed(hosts=3), pytest.mark.slow]
-PREFIX, NET = "fdlj7", "10.207"
+PREFIX, NET = "fdlj7", "10.207.0"
 
 
 @pytest.fixture(scope="module")

@@ -175,9 +175,3 @@ def test_cpu_build_with_gpus_present_is_a_warning(tmp_path: Path) -> None:
     assert result.status == WARNING and "CPU build" in result.message
 
 
-def test_driver_older_than_the_build_cuda(tmp_path: Path) -> None:
-    vdir = make_libtorch(tmp_path / "lt", "", cuda="12.8", archs="9.0")
-    minor, _ = check_libtorch(str(vdir), {}, inventory=_inventory(("H100", 9, 0), cuda="12.4"))
-    major, _ = check_libtorch(str(vdir), {}, inventory=_inventory(("H100", 9, 0), cuda="11.8"))
-    assert (minor.status, major.status) == (WARNING, ERROR)
-    assert "driver supports CUDA 11.8" in major.message

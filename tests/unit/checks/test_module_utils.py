@@ -57,10 +57,12 @@ def test_checks_run_as_a_renamed_package_from_json_options(tmp_path: Path, fake_
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
-    assert doc["host"] == "node-b" and doc["schema_version"] == 1
+    assert doc["host"] == "node-b" and doc["schema_version"] == 2
     gpu = next(c for c in doc["checks"] if c["name"] == "gpu")
     assert gpu["status"] == "ok" and [d["selected"] for d in gpu["data"]["devices"]] == [False, True]
-    assert [c["name"] for c in doc["checks"]] == ["gpu", "libtorch", "nccl", "data"]
+    assert [c["name"] for c in doc["checks"]][:4] == ["gpu", "libtorch", "nccl", "data"]
+    health = {c["name"]: c["status"] for c in doc["checks"][4:]}
+    assert health["gpu_ecc"] == "ok" and health["device_nodes"] == "ok", health  # the healthy fake host
 
 
 def test_a_host_python_without_pynvml_gets_an_error_not_a_crash(tmp_path: Path) -> None:

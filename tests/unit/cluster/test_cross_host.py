@@ -110,11 +110,13 @@ def test_this_machine():
 def test_flags_win_over_worker_settings_and_gpus_apply_to_this_machine_only():
     worker = WorkerSpec(host="a", address="10.0.0.1", data_path="/mnt/a", local_devices=Devices(ids=(0, 1)))
     own = host_options(worker, ClusterProbeOptions(), local=False)
-    assert own["data_path"] == "/mnt/a" and own["gpus"] == [0, 1]
+    assert own["data_path"] == "/mnt/a" and (own["gpus"], own["local_devices"]) == (None, [0, 1])
     flags = ClusterProbeOptions(data_path="/flag", skip_mount=True, local_gpus=[1])
-    assert host_options(worker, flags, local=False)["gpus"] == [0, 1]  # --gpus is this machine's only
+    assert host_options(worker, flags, local=False)["gpus"] is None  # --gpus is this machine's only
     local = host_options(worker, flags, local=True)
     assert local["gpus"] == [1] and local["data_path"] == "/flag" and local["skip_mount"] is True
+    assert local["local_devices"] == [0, 1]  # still the declaration gpu_count compares against
     cpu = WorkerSpec(host="c", address="10.0.0.3", local_devices=Devices(kind="cpu", count=2))
     assert host_options(cpu, ClusterProbeOptions(), local=False) == {
-        "data_path": "/flodl/data", "skip_mount": False, "libtorch_path": None, "docker": None, "gpus": None}
+        "data_path": "/flodl/data", "skip_mount": False, "libtorch_path": None, "docker": None, "gpus": None,
+        "local_devices": "cpu:2"}
