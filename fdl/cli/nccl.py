@@ -42,7 +42,7 @@ def build(
     Output: libtorch/nccl/builds/v<version>-<archs>/lib/libnccl.so.2. Takes 5-15 minutes.
     """
     from fdl.nccl import render
-    from fdl.nccl.build import local_inventory, run_build, this_host_name, worker_inventory
+    from fdl.nccl.build import run_build, this_host_name
     from fdl.nccl.plan import DEFAULT_BASE_IMAGE
     from fdl.nccl.planner import make_plan
 
@@ -56,13 +56,13 @@ def build(
         typer.echo(json.dumps(plan.to_dict(), indent=2) if as_json else render.plan_text(plan))
         return
 
-    if plan.remote:
-        from fdl.nccl.build import find_worker
+    from fdl.cluster.inventory import build_inventory, local_inventory
 
-        inventory = worker_inventory(find_worker(cfg.cluster, plan.host))
+    if plan.remote:  # the planner checked that plan.host is one of the cluster's workers
+        inventory = build_inventory(cfg.cluster, cfg.root)
         snippet_host = plan.host
     else:
-        inventory = local_inventory()
+        inventory = local_inventory(plan.host)
         snippet_host = this_host_name(cfg.cluster)
     typer.echo(render.start_text(plan), err=True)
     result = run_build(plan, inventory, snippet_host=snippet_host, live=sys.stderr.isatty())

@@ -16,14 +16,11 @@ def make_command(spec: CommandSpec) -> Any:
     help_text = spec.description or (f"Runs: {spec.run}" if spec.run else f"Cluster run of {spec.bin}")
     app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
-    @app.command(
-        name=spec.name,
-        help=help_text + "\n\nArguments after -- are passed on, shell-quoted.",
-        context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
-                          "help_option_names": ["-h", "--help"]},
-    )
-    def run(ctx: typer.Context,
-            args: Annotated[list[str] | None, typer.Argument(help="Arguments for the command.")] = None) -> None:
+    settings = {"ignore_unknown_options": True, "allow_interspersed_args": False,
+                "help_option_names": ["-h", "--help"]}
+    more = "\n\nArguments after -- are passed on, shell-quoted."
+
+    def body(ctx: typer.Context, args: list[str] | None, no_prebuild: bool) -> None:
         from fdl.runcmd import run_project_command
 
         g: Globals = ctx.find_object(Globals)
@@ -35,6 +32,21 @@ def make_command(spec: CommandSpec) -> Any:
                 f"admitted. Mark it cluster: true in fdl.yml to run it as a launcher.",
                 file=sys.stderr,
             )
-        raise typer.Exit(run_project_command(spec, list(args or []), config, g))
+        raise typer.Exit(run_project_command(spec, list(args or []), config, g, no_prebuild=no_prebuild))
+
+    if spec.cluster:
+        @app.command(name=spec.name, help=help_text + "\n\nA launcher run: see docs/launcher.md." + more,
+                     context_settings=settings)
+        def launch(ctx: typer.Context,
+                   args: Annotated[list[str] | None, typer.Argument(help="Arguments for every rank.")] = None,
+                   no_prebuild: Annotated[bool, typer.Option(
+                       "--no-prebuild", help="Skip the pre-flight per-host build; run the binaries already "
+                                             "built.")] = False) -> None:
+            body(ctx, args, no_prebuild)
+    else:
+        @app.command(name=spec.name, help=help_text + more, context_settings=settings)
+        def run(ctx: typer.Context,
+                args: Annotated[list[str] | None, typer.Argument(help="Arguments for the command.")] = None) -> None:
+            body(ctx, args, False)
 
     return typer.main.get_command(app)

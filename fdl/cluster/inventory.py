@@ -18,6 +18,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,6 +123,21 @@ def worker_vars(worker: WorkerSpec, root: Path | None, ssh: SshDefaults | None =
     return hostvars
 
 
+def local_vars(python: str = DEFAULT_PYTHON) -> dict:
+    """The host variables of this machine reached without ssh (connection: local)."""
+    return {"ansible_connection": "local", "ansible_python_interpreter": python}
+
+
+def local_inventory(name: str = "localhost", python: str | None = None) -> ClusterInventory:
+    """This machine alone, as host `name` with connection: local and fdl's own interpreter by default.
+
+    For playbooks fdl runs here rather than on the cluster (`fdl nccl build` without --host);
+    `run_playbook` treats it like any other inventory.
+    """
+    host = InventoryHost(name=name, vars=local_vars(python or sys.executable))
+    return ClusterInventory(hosts={name: host})
+
+
 def build_inventory(cluster: ClusterSpec, root: Path | None = None) -> ClusterInventory:
     """Hosts, groups and variables for a cluster; `root` anchors relative identity paths."""
     inv = ClusterInventory()
@@ -145,7 +161,7 @@ def build_inventory(cluster: ClusterSpec, root: Path | None = None) -> ClusterIn
         # The controller runs no ranks here: it is still a host playbooks can target (fdl_controller).
         hostvars: dict = {"ansible_host": controller.host, "ansible_python_interpreter": DEFAULT_PYTHON}
         if is_loopback(controller.host):
-            hostvars["ansible_connection"] = "local"
+            hostvars.update(local_vars())
         else:
             hostvars["ansible_port"] = cluster.ssh.port
             if cluster.ssh.user is not None:

@@ -294,8 +294,9 @@ def _reason(res: dict | None) -> str | None:
 # --------------------------------------------------------------------------- running
 
 
-class _Interrupts:
-    """While active (main thread only), SIGINT/SIGTERM set a flag instead of raising."""
+class Interrupts:
+    """While active (main thread only), SIGINT/SIGTERM set `cancel` instead of raising; a second Ctrl-C raises
+    KeyboardInterrupt (stop waiting for a graceful end). Also used by the launcher (fdl.launch.run)."""
 
     def __init__(self, cancel: threading.Event):
         self.cancel = cancel
@@ -374,7 +375,7 @@ def run_playbook(
     display = _Progress(title or path.stem, hosts) if show else None
     collector = _Collector(hosts, on_event, display)
     try:
-        with _Interrupts(cancel) as interrupts:
+        with Interrupts(cancel) as interrupts:
             if display is not None:
                 display.start()
             try:

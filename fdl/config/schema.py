@@ -116,6 +116,7 @@ class CommandSpec(NamedTuple):
     bin: str | None = None
     args: tuple[str, ...] = ()
     description: str | None = None
+    local_devices: Devices | None = None  # single-host launcher runs: what this box offers (cpu:N, GPU ids)
 
 
 class JoinDefaults(NamedTuple):
@@ -343,7 +344,7 @@ _JOIN_POLICY_KEYS = ("discovery", "start", "token", "quorum", "window_s", "tunne
 _SSH_KEYS = ("user", "port", "identity", "known_hosts")
 _WORKER_KEYS = ("host", "address", "user", "port", "identity", "arch", "local_devices", "env",
                 "data_path", "python")
-_COMMAND_KEYS = ("run", "cluster", "build", "bin", "args", "description")
+_COMMAND_KEYS = ("run", "cluster", "build", "bin", "args", "description", "local_devices")
 JOIN_KEYS = ("controller", "ssh", "identity", "token", "bin", "source", "source_cwd", "source_build",
              "source_bin", "libtorch", "host", "devices", "persist", "data_path", "data_source",
              "gpu_ram_share", "no_sig_probe", "args", "libtorch_mirror")
@@ -487,10 +488,21 @@ def check_commands(c: _Checker, value: Any) -> dict[str, CommandSpec]:
             raise c.fail(here, "run: (a shell command) or cluster: true with bin:", spec)
         if cluster and binary is None and run is None:
             raise c.fail(here + ("bin",), "the binary every rank runs (or run:)", None)
+        devices = None
+        if block.get("local_devices") is not None:
+            if not cluster:
+                raise c.fail(here + ("local_devices",), "local_devices: only on a cluster: true command",
+                             block["local_devices"], "It sets the ranks of a single-host launcher run; an "
+                             "ordinary command runs once.")
+            try:
+                devices = parse_devices(block["local_devices"])
+            except ValueError as exc:
+                raise c.fail(here + ("local_devices",), "GPU ids like [0, 1], 'all' or 'cpu:N'",
+                             block["local_devices"], f"({exc})") from None
         out[name] = CommandSpec(
             name=name, run=run, cluster=cluster, build=c.opt_string(block, "build", here), bin=binary,
             args=c.str_list(block["args"], here + ("args",)) if block.get("args") is not None else (),
-            description=c.opt_string(block, "description", here),
+            description=c.opt_string(block, "description", here), local_devices=devices,
         )
     return out
 

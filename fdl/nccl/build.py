@@ -1,9 +1,10 @@
 """Carry out a BuildPlan through playbooks/nccl-build.yml (role fdl_nccl).
 
 The plan decides; the role acts on the build host (this one, or a worker
-over ssh). This module builds the inventory and the role variables, turns the
-run's events into progress and into errors a person can act on, and says how
-to wire the result into fdl.cluster.yml.
+over ssh). The playbook runs through fdl's one Ansible driver
+(fdl.cluster.runner) over an inventory from fdl.cluster.inventory; this module
+turns the run's events into progress and into errors a person can act on, and
+says how to wire the result into fdl.cluster.yml.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from fdl import resources
 from fdl.config.schema import ClusterSpec, WorkerSpec
 from fdl.errors import FdlError, RemoteError
 from fdl.nccl.plan import BuildPlan
+
+if TYPE_CHECKING:  # the dry run never loads the Ansible side
+    from fdl.cluster.inventory import ClusterInventory
+    from fdl.cluster.runner import RunnerEvent
 
 PLAYBOOK = "nccl-build.yml"
 _TAIL_LINES = 25
@@ -34,27 +38,6 @@ class BuildResult:
     def to_dict(self) -> dict:
         return {"plan": self.plan.to_dict(), "library": self.library, "replaced": self.replaced,
                 "seconds": round(self.seconds, 1), "preload": preload_entry(self.snippet_host, self.library)}
-
-
-def local_inventory() -> dict:
-    """This machine, reached without ssh, with fdl's own interpreter."""
-    return {"all": {"hosts": {"localhost": {"ansible_connection": "local",
-                                            "ansible_python_interpreter": sys.executable}}}}
-
-
-def worker_inventory(worker: WorkerSpec) -> dict:
-    """One cluster worker as an ssh host.
-
-    To be replaced by the fdl_cluster inventory plugin / shared runner once
-    they are on main (they own the known-hosts policy and ssh options).
-    """
-    hostvars: dict = {"ansible_host": worker.address, "ansible_port": worker.port,
-                      "ansible_python_interpreter": worker.python}
-    if worker.user:
-        hostvars["ansible_user"] = worker.user
-    if worker.identity:
-        hostvars["ansible_ssh_private_key_file"] = worker.identity
-    return {"all": {"hosts": {worker.host: hostvars}}}
 
 
 def find_worker(cluster: ClusterSpec | None, name: str) -> WorkerSpec:
@@ -96,14 +79,16 @@ class Progress:
         self.build_started: float | None = None
         self._ticking = False
 
-    def __call__(self, event: dict) -> bool:
-        kind = event.get("event")
-        data = event.get("event_data") or {}
+    def __call__(self, event: RunnerEvent) -> None:
+        kind = event.kind
+        data = event.raw.get("event_data") or {}
         if kind == "playbook_on_task_start" and self.live:
             self._end_tick()
             self.stream.write(f"  - {data.get('task', '')}\n")
             self.stream.flush()
-        elif kind == "runner_on_async_poll":
+        elif kind == "on_ok" and (event.res or {}).get("ansible_job_id") and self.build_started is None:
+            self.build_started = time.monotonic()  # the image build was started as a job
+        elif kind == "retry":  # the role checked on the build job and found it still running
             if self.build_started is None:
                 self.build_started = time.monotonic()
             if self.live:
@@ -111,16 +96,15 @@ class Progress:
                 self.stream.write(f"\r    still building: {elapsed // 60}m{elapsed % 60:02d}s elapsed")
                 self.stream.flush()
                 self._ticking = True
-        elif kind == "runner_on_ok" and data.get("task_action") == "fdl_nccl_install":
-            self.installed = data.get("res") or {}
-        elif kind == "runner_on_ok" and data.get("task_action") in ("ansible.builtin.template", "template"):
+        elif kind == "on_ok" and data.get("task_action") == "fdl_nccl_install":
+            self.installed = event.res or {}
+        elif kind == "on_ok" and data.get("task_action") in ("ansible.builtin.template", "template"):
             self.context_ready = True
-        elif kind == "runner_on_failed" and not data.get("ignore_errors"):
+        elif kind == "on_failed" and not data.get("ignore_errors"):
             self.failures.append(describe_failure(data))
-        elif kind == "runner_on_unreachable":
-            res = data.get("res") or {}
-            self.failures.append(f"cannot reach {data.get('host')} over ssh: {str(res.get('msg', '')).strip()}")
-        return False  # keep no event files
+        elif kind == "on_unreachable":
+            res = event.res or {}
+            self.failures.append(f"cannot reach {event.host} over ssh: {str(res.get('msg', '')).strip()}")
 
     def _end_tick(self) -> None:
         if self._ticking:
@@ -152,16 +136,21 @@ def describe_failure(data: dict) -> str:
     return text
 
 
-def run_build(plan: BuildPlan, inventory: dict, *, snippet_host: str,
+def run_build(plan: BuildPlan, inventory: ClusterInventory, *, snippet_host: str,
               stream: TextIO | None = None, live: bool = False) -> BuildResult:
-    """Run the role for `plan`; raises FdlError with the role's words when anything fails."""
-    from fdl.nccl.runner import run_playbook
+    """Run the role for `plan` on the plan's host of `inventory`; raises FdlError with the role's words
+    when anything fails.
+
+    `inventory` is the cluster's (fdl.cluster.inventory.build_inventory) for a worker build, or
+    fdl.cluster.inventory.local_inventory() for a build on this machine.
+    """
+    from fdl.cluster.runner import run_playbook  # imports ansible_runner: only a real build pays for it
 
     progress = Progress(stream or sys.stderr, live)
     started = time.monotonic()
     try:
-        outcome = run_playbook(resources.playbook(PLAYBOOK), inventory=inventory, extravars=plan.role_vars(),
-                               event_handler=progress)
+        outcome = run_playbook(PLAYBOOK, inventory, extravars=plan.role_vars(),
+                               limit=[plan.host], on_event=progress, progress=False)
     finally:
         progress.close()
     seconds = time.monotonic() - started

@@ -109,12 +109,17 @@ def resolve_active(project_root: Path | None, env: Mapping[str, str] | None = No
     return _from_probe(info)
 
 
-def resolve_variant(variant: str, project_root: Path | None, home: Path | None = None) -> Libtorch:
-    """A named variant (`precompiled/rocm70`) for a --gate check-build, from the project's tree or ~/.flodl."""
+def resolve_variant(variant: str, project_root: Path | None, home: Path | None = None, *,
+                    what: str | None = None) -> Libtorch:
+    """A named variant (`precompiled/rocm70`) for a check-build, from the project's tree or ~/.flodl.
+
+    what: how messages name the request (default `--gate VARIANT`; the launcher names the host's arch:).
+    """
     from fdl.checks.libtorch import LibtorchNotFound, resolve_libtorch
 
+    what = what or f"--gate {variant}"
     if not VARIANT_RE.match(variant) or ".." in variant.split("/"):
-        raise LibtorchError(f"--gate {variant}: not a libtorch variant name (like precompiled/cu128 or "
+        raise LibtorchError(f"{what}: not a libtorch variant name (like precompiled/cu128 or "
                             f"builds/sm61-sm120).")
     looked = []
     for root, found_by in libtorch_roots(project_root, home):
@@ -124,11 +129,11 @@ def resolve_variant(variant: str, project_root: Path | None, home: Path | None =
             try:
                 info = resolve_libtorch(str(path), {}, None, None)
             except LibtorchNotFound as exc:
-                raise LibtorchError(f"--gate {variant}: {exc.message}", hint=exc.hint) from None
+                raise LibtorchError(f"{what}: {exc.message}", hint=exc.hint) from None
             info.source, info.active = found_by, variant
             return _from_probe(info, variant)
     raise LibtorchError(
-        f"--gate {variant}: no libtorch variant '{variant}' here (looked in {' and '.join(looked)}).",
+        f"{what}: no libtorch variant '{variant}' here (looked in {' and '.join(looked)}).",
         hint="Install it first (fdl libtorch download); a check-build needs no GPU, only the libraries to "
              "link against.",
     )

@@ -84,10 +84,12 @@ def test_project_command_exit_code_passes_through(tmp_path: Path) -> None:
     assert run_fdl("fail", cwd=tmp_path).returncode == 7
 
 
-def test_cluster_command_before_launcher_says_so(project: Path) -> None:
+def test_cluster_command_without_workers_runs_once_and_says_so(project: Path) -> None:
+    # no cluster workers, no --gpus, no local_devices: nothing to launch, so bin runs once (here: not built)
     result = run_fdl("train", cwd=project)
     assert result.returncode == 1
-    assert "cluster command" in result.stderr
+    assert "'train' runs once, on this machine: there are no cluster workers" in result.stderr
+    assert "cannot run bin 'target/release/train' of 'train'" in result.stderr
 
 
 def test_unknown_command(project: Path) -> None:

@@ -5,7 +5,10 @@ and stopped here), so Ansible really connects over ssh and runs the role there w
 the worker's Python. The session gets its PATH from the sshd config (SetEnv): the
 docker stand-in of tests/fakes/docker_standin.py comes first, because there is no
 Docker engine on these machines. The build root is a temporary directory (--root),
-so the worker user's real home is never written.
+so the worker user's real home is never written; the worker's host key is pinned in
+a known_hosts file named by the cluster file (cluster.ssh.known_hosts), and fdl's
+cache (SSH control sockets) lives in a temporary directory, so ~/.ssh and ~/.cache
+are not touched either.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,11 +47,13 @@ def worker(tmp_path):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(base / "host_key")], check=True)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(base / "id_worker")], check=True)
     (base / "authorized_keys").write_text((base / "id_worker.pub").read_text())
+    port = free_port()
+    (base / "known_hosts").write_text(f"[127.0.0.1]:{port} " + (base / "host_key.pub").read_text())
+    cache = Path(tempfile.mkdtemp(prefix="fdl-nccl-"))  # short: control socket paths must fit in 104 bytes
     root = tmp_path / "worker-root"
     bin_dir = tmp_path / "bin"
     install_docker_standin(bin_dir)
     log, state = tmp_path / "docker-calls.jsonl", tmp_path / "docker-state.json"
-    port = free_port()
     (base / "sshd_config").write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {base / 'host_key'}\nPidFile {base / 'sshd.pid'}\n"
         f"AuthorizedKeysFile {base / 'authorized_keys'}\nPasswordAuthentication no\n"
@@ -66,16 +73,22 @@ def worker(tmp_path):
                 if sshd.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("test sshd did not start: " + (base / "sshd.log").read_text())
                 time.sleep(0.1)
-        yield {"port": port, "key": base / "id_worker", "root": root, "log": log, "user": getpass.getuser()}
+        yield {"port": port, "key": base / "id_worker", "known_hosts": base / "known_hosts", "root": root,
+               "log": log, "user": getpass.getuser(), "env": {"XDG_CACHE_HOME": str(cache)}}
     finally:
+        for master in (cache / "fdl" / "cp").glob("*"):  # the persistent ssh masters fdl left for reuse
+            subprocess.run(["ssh", "-o", f"ControlPath={master}", "-O", "exit", "node-b"], check=False,
+                           capture_output=True, timeout=10)
         sshd.terminate()
         sshd.wait(timeout=10)
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def cluster_file(project: Path, w: dict) -> None:
     (project / "fdl.cluster.yml").write_text(
         "cluster:\n"
         "  controller: 127.0.0.1:1337\n"
+        f"  ssh: {{known_hosts: {w['known_hosts']}}}\n"
         "  workers:\n"
         "    - host: node-b\n"
         "      address: 127.0.0.1\n"
@@ -85,13 +98,10 @@ def cluster_file(project: Path, w: dict) -> None:
         "      local_devices: [0]\n")
 
 
-SSH_ENV = {"ANSIBLE_SSH_ARGS": "-o ControlMaster=no -o UserKnownHostsFile=/dev/null"}
-
-
 def test_build_on_a_worker_over_ssh(nccl_project, worker):
     cluster_file(nccl_project, worker)
     result = run_fdl("@cluster", "nccl", "build", "--host", "node-b", "--archs", "6.1", "--root",
-                     str(worker["root"]), cwd=nccl_project, env=SSH_ENV, timeout=300)
+                     str(worker["root"]), cwd=nccl_project, env=worker["env"], timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     library = worker["root"] / "libtorch/nccl/builds/v2.27.5-sm61/lib/libnccl.so.2"
     assert os.readlink(library) == "libnccl.so.2.27.5"
@@ -107,7 +117,7 @@ def test_build_on_a_worker_over_ssh(nccl_project, worker):
 def test_worker_dry_run_and_json(nccl_project, worker):
     cluster_file(nccl_project, worker)
     result = run_fdl("@cluster", "nccl", "build", "--host", "node-b", "--archs", "6.1;8.6", "--root", "/srv/flodl",
-                     "--dry-run", "--json", cwd=nccl_project, env=SSH_ENV)
+                     "--dry-run", "--json", cwd=nccl_project, env=worker["env"])
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["library"] == "/srv/flodl/libtorch/nccl/builds/v2.27.5-sm61-sm86/lib/libnccl.so.2"
@@ -120,7 +130,7 @@ def test_worker_dry_run_and_json(nccl_project, worker):
 def test_unreachable_worker_is_a_clear_error(nccl_project, worker):
     cluster_file(nccl_project, {**worker, "port": free_port()})
     result = run_fdl("@cluster", "nccl", "build", "--host", "node-b", "--archs", "6.1", "--root",
-                     str(worker["root"]), cwd=nccl_project, env=SSH_ENV, timeout=300)
+                     str(worker["root"]), cwd=nccl_project, env=worker["env"], timeout=300)
     assert result.returncode == 1
     assert "cannot reach node-b over ssh" in result.stderr
     assert "Traceback" not in result.stderr

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
-from fdl.cluster.inventory import arch_group, env_of_file, inventory_from_file
+from fdl.cluster.inventory import (
+    arch_group,
+    env_of_file,
+    inventory_from_file,
+    local_inventory,
+)
 from fdl.errors import ConfigError
 
 CLUSTER = """\
@@ -76,6 +82,15 @@ def test_default_loopback_controller_is_reached_locally(project):
     inv, _ = inventory_from_file(project("fdl.cluster.yml", "cluster:\n  workers: [{host: node-a}]\n"))
     assert inv.hosts["127.0.0.1"].vars["ansible_connection"] == "local"
     assert inv.hosts["node-a"].vars["ansible_host"] == "node-a"  # the name is the address unless address: is set
+
+
+def test_local_inventory_is_this_machine_alone_without_ssh():
+    inv = local_inventory()
+    assert list(inv.hosts) == ["localhost"] and inv.workers == []
+    assert inv.to_ansible()["all"]["hosts"] == {
+        "localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}
+    named = local_inventory("pascal-box", python="/opt/py/bin/python3")
+    assert named.subset(["pascal-box"]).hosts["pascal-box"].vars["ansible_python_interpreter"] == "/opt/py/bin/python3"
 
 
 def test_overlay_merges_over_base(project):

@@ -1,0 +1,322 @@
+"""Dispatch: stage a run on every remote host, then run each host's ranks under the rank supervisor.
+
+Two halves, because a rank runs for hours and an Ansible task is a poor host
+for a process whose output must stream back the whole time:
+
+1. **Staging** is Ansible (playbooks/dispatch.yml, roles/fdl_dispatch), all
+   hosts at once: the built binary goes over rsync (only changed bytes), the
+   rank supervisor (fdl/agent/supervisor.py, shipped as it is: a host needs no
+   fdl install) and the host's rank spec (world environment per rank, the
+   worker's `env:`, the args) land under `~/.flodl/launch/` on the host.
+2. **Running** is one `ssh` per host (fdl.cluster.ssh: the runner's own SSH
+   settings and ControlPath, so it rides the master Ansible just opened) that
+   starts the supervisor with its stdin held open by the launcher. Its stdout,
+   every rank's lines prefixed `[host/rank]`, streams back live; its last line
+   is the group's result. When the launcher goes away (Ctrl-C, a crash, a lost
+   link) the supervisor sees EOF on stdin and takes its ranks down.
+
+A host that is this machine (or a single-host run) needs neither: its
+supervisor runs in-process (`Supervisor`, the same class), its ranks in the
+project root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fdl.agent.supervisor import RESULT_PREFIX, Supervisor
+from fdl.errors import RemoteError
+from fdl.launch.build import BuildJob
+from fdl.launch.plan import LaunchHost, LaunchPlan
+
+GRACE_S = 10.0
+STAGE_ROOT = "~/.flodl/launch"
+
+
+class Printer:
+    """Rank lines to stdout, launcher notes to stderr; one lock, so lines never interleave."""
+
+    def __init__(self, out=None, err=None):
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self._lock = threading.Lock()
+
+    def line(self, text: str) -> None:
+        with self._lock:
+            try:
+                self.out.write(text.rstrip("\n") + "\n")
+                self.out.flush()
+            except (BrokenPipeError, ValueError):
+                pass
+
+    def note(self, text: str) -> None:
+        with self._lock:
+            try:
+                self.err.write(f"fdl: launch: {text}\n")
+                self.err.flush()
+            except (BrokenPipeError, ValueError):
+                pass
+
+
+@dataclass
+class HostOutcome:
+    """How one host's ranks ended."""
+
+    host: str
+    code: int  # 0 when every rank exited 0
+    codes: dict  # rank -> exit code (empty when the supervisor never reported)
+    first_rank: int | None  # this host's first failing rank
+    detail: str | None  # for state.json and the final message
+
+
+def rank_specs(plan: LaunchPlan, host: LaunchHost, assignment: dict) -> list[dict]:
+    """Each rank's entry for the supervisor: the world's rank environment over the worker's env:.
+
+    FDL_RUN_ID is the cohort's run id; a discovery cohort without one gets the launch's own, so every process
+    of the run carries an id the sweep (roles/fdl_reap) can find.
+    """
+    out = []
+    for rank in assignment.get("ranks") or []:
+        env = {**host.env, **{str(k): str(v) for k, v in (rank.get("env") or {}).items()}}
+        if not env.get("FDL_RUN_ID"):
+            env["FDL_RUN_ID"] = plan.run_id
+        out.append({"rank": int(rank["rank"]), "env": env})
+    return out
+
+
+def stage_remote(plan: LaunchPlan, inventory, jobs: dict[str, BuildJob], specs: dict[str, list[dict]],
+                 *, progress: bool | None = None) -> dict[str, dict]:
+    """Ship binary, supervisor and rank spec to every remote host; returns {host: staged paths}."""
+    from fdl.cluster.runner import OK, run_playbook
+    from fdl.cluster.ssh import login, rsync_rsh
+
+    hosts = [h.name for h in plan.remote]
+    dispatch_plan = {}
+    digests: dict[str, str] = {}
+    for name in hosts:
+        job = jobs.get(name)
+        artifact = str(job.artifact) if job is not None and job.artifact is not None else ""
+        if artifact and artifact not in digests:
+            digests[artifact] = _sha256(artifact)
+        dispatch_plan[name] = {
+            "run_id": plan.run_id, "artifact": artifact, "artifact_sha256": digests.get(artifact, ""), "bin_dir": plan.command.name,
+            "rsh": rsync_rsh(inventory.hosts[name]), "login": login(inventory.hosts[name]),
+            "command": list(plan.args) if plan.command.bin is not None else plan.rank_argv(None),
+            "ranks": specs[name], "label": name, "grace_s": GRACE_S,
+        }
+    result = run_playbook("dispatch.yml", inventory, extravars={"fdl_dispatch_plan": dispatch_plan},
+                          limit=hosts, progress=progress, title="dispatch")
+    staged = {}
+    failures = []
+    for name in hosts:
+        outcome = result.hosts[name]
+        facts = ((outcome.res or {}).get("ansible_facts") or {}).get("fdl_dispatch_staged")
+        if outcome.status != OK or not isinstance(facts, dict):
+            failures.append(f"{name}: {outcome.message or outcome.status}")
+        else:
+            staged[name] = facts
+    if failures:
+        raise RemoteError(f"staging the run failed on {len(failures)} host(s), so no rank was started: "
+                          + "; ".join(failures),
+                          hint="Each host needs python3 and rsync, and must be reachable over ssh as its user "
+                               "(fdl @cluster probe checks the rest).")
+    return staged
+
+
+def _sha256(path: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class Session:
+    """One host's ranks while they run."""
+
+    host: str
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Ask the host's ranks to end (idempotent)."""
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        """The last resort after stop() did not end the session in time."""
+
+    @property
+    def done(self) -> bool:
+        raise NotImplementedError
+
+    def outcome(self) -> HostOutcome:
+        raise NotImplementedError
+
+
+def _outcome(host: str, result: dict | None, code: int, fallback: str | None) -> HostOutcome:
+    if result is None:
+        return HostOutcome(host=host, code=code or 1, codes={}, first_rank=None,
+                           detail=fallback or f"the rank supervisor ended without a result (exit {code})")
+    codes = {int(k): v for k, v in (result.get("codes") or {}).items()}
+    first = result.get("first_failure")
+    exit_code = int(result.get("exit_code", code))
+    detail = None
+    if first is not None:
+        detail = f"rank {first} exited {codes.get(int(first))}"
+    elif exit_code != 0:
+        detail = f"ranks {result.get('reason', 'failed')}"
+    return HostOutcome(host=host, code=exit_code, codes=codes, first_rank=None if first is None else int(first),
+                       detail=detail)
+
+
+class LocalSession(Session):
+    """This machine's ranks: the rank supervisor in-process, its ranks in the project root."""
+
+    def __init__(self, host: LaunchHost, argv: list[str], ranks: list[dict], cwd: Path, log_dir: Path,
+                 printer: Printer):
+        self.host = host.name
+        self.supervisor = Supervisor(argv, ranks, cwd=str(cwd), log_dir=str(log_dir), label=host.name,
+                                     base_env={**os.environ, **host.env}, grace_s=GRACE_S,
+                                     on_line=lambda rank, line: printer.line(f"[{host.name}/{rank}] {line}"))
+        self.log_dir = log_dir
+        self._result = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"fdl-ranks-{host.name}", daemon=True)
+
+    def _run(self) -> None:
+        try:  # the supervisor forks from this thread: its ranks' PR_SET_PDEATHSIG is tied to it
+            self._result = self.supervisor.run()
+        except BaseException as exc:  # noqa: BLE001 - reported through outcome(), as the host's failure
+            self._error = exc
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.supervisor.stop("terminated")
+
+    def kill(self) -> None:
+        for proc in list(self.supervisor.procs.values()):
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def outcome(self) -> HostOutcome:
+        if self._error is not None:
+            return HostOutcome(self.host, 1, {}, None, f"the rank supervisor failed: {self._error}")
+        assert self._result is not None
+        return _outcome(self.host, self._result.to_dict(), self._result.exit_code, None)
+
+
+class RemoteSession(Session):
+    """A remote host's ranks: its staged supervisor over ssh, stdin held open, stdout streamed back."""
+
+    def __init__(self, host: LaunchHost, ssh_argv: list[str], staged: dict, printer: Printer, run_id: str):
+        self.host = host.name
+        self.printer = printer
+        remote = (f"cd {shlex.quote(staged['run_dir'])} && exec env FDL_RUN_ID={shlex.quote(run_id)} "
+                  f"{shlex.quote(host.python)} -u {shlex.quote(staged['supervisor'])} {shlex.quote(staged['spec'])}")
+        self.argv = [*ssh_argv, remote]
+        self.log_dir = f"{staged['run_dir']}/logs"
+        self.proc: subprocess.Popen | None = None
+        self.result: dict | None = None
+        self.stderr: list[str] = []
+        self._pumps: list[threading.Thread] = []
+        self._start_error: str | None = None
+
+    def start(self) -> None:
+        # Its own session: a Ctrl-C at the terminal reaches the launcher only, which then stops every host in order.
+        try:
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            self._start_error = f"cannot run ssh: {exc.strerror or exc}"
+            return
+        for target, stream in ((self._out, self.proc.stdout), (self._err, self.proc.stderr)):
+            pump = threading.Thread(target=target, args=(stream,), daemon=True)
+            pump.start()
+            self._pumps.append(pump)
+
+    def _out(self, stream) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            if line.startswith(RESULT_PREFIX):
+                try:
+                    self.result = json.loads(line[len(RESULT_PREFIX):])
+                except ValueError:
+                    pass
+                continue
+            self.printer.line(line if line.startswith(f"[{self.host}/") else f"[{self.host}] {line}")
+        stream.close()
+
+    def _err(self, stream) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            if line.strip():
+                self.stderr.append(line)
+                del self.stderr[:-20]
+                self.printer.line(f"[{self.host}] {line}")
+        stream.close()
+
+    def stop(self) -> None:
+        """EOF on the supervisor's stdin: it ends its ranks (SIGTERM, SIGKILL after the grace) and reports."""
+        if self.proc is not None and self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    @property
+    def done(self) -> bool:
+        if self._start_error is not None:
+            return True
+        return self.proc is not None and self.proc.poll() is not None and not any(p.is_alive() for p in self._pumps)
+
+    def outcome(self) -> HostOutcome:
+        if self._start_error is not None or self.proc is None:
+            return HostOutcome(self.host, 127, {}, None, self._start_error or "the session never started")
+        self.stop()  # the pipe into an ended session is closed too
+        code = self.proc.returncode
+        fallback = None
+        if self.result is None:
+            said = self.stderr[-1] if self.stderr else "no output"
+            fallback = (f"ssh exited {code}: {said}" if code == 255 else
+                        f"the rank supervisor ended without a result (exit {code}): {said}")
+        return _outcome(self.host, self.result, code if code >= 0 else 128 - code, fallback)
+
+
+def wait_sessions(sessions: list[Session], timeout: float, poll_s: float = 0.1,
+                  should_stop: Callable[[], bool] = lambda: False) -> bool:
+    """Wait until every session is done (True) or the timeout passes (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(s.done for s in sessions) or should_stop():
+            return all(s.done for s in sessions)
+        time.sleep(poll_s)
+    return all(s.done for s in sessions)

@@ -1,0 +1,206 @@
+"""What a launcher run is made of: its hosts, their ranks, and the controller's rules.
+
+`plan_launch()` decides the mode of a `cluster: true` command:
+
+- **cluster**: the active configuration lists cluster workers (or opens a
+  discovery window). Every worker is a host of the run; a worker whose address
+  is this machine runs its ranks here without SSH, and `--gpus` replaces its
+  `local_devices` (remote workers keep theirs).
+- **single**: no cluster workers, but `--gpus` names two or more GPUs, or the
+  command sets `local_devices:` (`cpu:N` or GPU ids). The run is a one-host
+  cluster on this machine: controller on 127.0.0.1 (port 1337 unless the
+  configuration's `cluster.controller.port` says otherwise), no SSH.
+- otherwise None: the command runs once, as an ordinary process.
+
+Pure planning: no processes, no network.
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fdl.config.schema import (
+    DEFAULT_PORT,
+    ClusterSpec,
+    CommandSpec,
+    Devices,
+    WorkerSpec,
+)
+from fdl.errors import ConfigError, UsageError
+
+CLUSTER, SINGLE = "cluster", "single"
+
+
+@dataclass(frozen=True)
+class LaunchHost:
+    """One host the launcher itself runs ranks on."""
+
+    name: str
+    address: str
+    devices: Devices  # concrete: GPU ids or cpu:N, never "all"
+    local: bool  # this machine: ranks start here, no SSH
+    worker: WorkerSpec | None = None  # None for a single-host run
+
+    @property
+    def arch(self) -> str | None:
+        return self.worker.arch if self.worker is not None else None
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.worker.env_dict if self.worker is not None else {}
+
+    @property
+    def data_path(self) -> str | None:
+        return self.worker.data_path if self.worker is not None else None
+
+    @property
+    def python(self) -> str:
+        return self.worker.python if self.worker is not None else "/usr/bin/python3"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything the launcher needs to know before it starts anything."""
+
+    mode: str  # CLUSTER | SINGLE
+    command: CommandSpec
+    args: tuple[str, ...]  # the command's args, then the command line's
+    hosts: tuple[LaunchHost, ...]
+    root: Path
+    run_id: str
+    bind: str
+    port: int
+    controller_addr: str  # what ranks get as FDL_CONTROLLER
+    cluster: ClusterSpec | None = None
+    discovery: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def remote(self) -> list[LaunchHost]:
+        return [h for h in self.hosts if not h.local]
+
+    @property
+    def ranks(self) -> int:
+        return sum(h.devices.ranks() for h in self.hosts)
+
+    def policy(self):
+        """The controller's RunPolicy for this run."""
+        from fdl.controller.policy import RosterHost, RunPolicy
+
+        if self.mode == CLUSTER:
+            assert self.cluster is not None
+            # A roster run's cohort is this launch; a discovery window leaves the id to its walk-ins.
+            return RunPolicy.from_cluster(self.cluster, run_id=None if self.discovery else self.run_id,
+                                          args=self.args)
+        host = self.hosts[0]
+        return RunPolicy(discovery=False, start="auto", roster=(RosterHost(host.name, host.devices, host.address),),
+                         run_id=self.run_id, args=self.args, controller_addr=self.controller_addr,
+                         master_port=self.port + 1 if self.port < 65535 else self.port - 1)
+
+    def rank_argv(self, artifact: str | None) -> list[str]:
+        """What every rank runs: the artifact with the args, or the command's shell line with them."""
+        if self.command.bin is not None:
+            assert artifact is not None
+            return [artifact, *self.args]
+        assert self.command.run is not None
+        return ["/bin/sh", "-c", " ".join([self.command.run, *(shlex.quote(a) for a in self.args)])]
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def this_host_name() -> str:
+    return socket.gethostname().split(".")[0] or "localhost"
+
+
+def concrete_gpus(devices: Devices, what: str, count: int | None) -> Devices:
+    """Devices with `all` replaced by this machine's GPU ids (a hello names what it offers)."""
+    if devices.is_cpu or devices.ids is not None:
+        return devices
+    if not count:
+        raise ConfigError(
+            f"{what} offers all GPUs, but NVML sees none on this machine. Name the devices: GPU ids "
+            f"(local_devices: [0, 1] or --gpus 0,1), or cpu:N for N CPU ranks.")
+    return Devices(ids=tuple(range(count)))
+
+
+def _gpu_count() -> int | None:
+    from fdl.checks.nvml import device_count
+
+    return device_count()
+
+
+def plan_launch(spec: CommandSpec, args: list[str] | tuple[str, ...], cluster: ClusterSpec | None, root: Path,
+                gpus=None, *, is_local=None, gpu_count=_gpu_count, run_id: str | None = None) -> LaunchPlan | None:
+    """The plan of a `cluster: true` command, or None when it should run as one ordinary process.
+
+    gpus: the --gpus selection (fdl.gpus.GpuSelection) or None. is_local(address, port) tells
+    whether a worker is this machine (default: fdl.cluster.probe.is_this_machine).
+    """
+    if not spec.cluster:
+        raise UsageError(f"'{spec.name}' is not a cluster command (cluster: true).")
+    all_args = (*spec.args, *args)
+    run_id = run_id or new_run_id()
+    if cluster is not None and (cluster.workers or cluster.controller.join.discovery):
+        if is_local is None:
+            from fdl.cluster.probe import is_this_machine as is_local
+        return _cluster_plan(spec, all_args, cluster, root, gpus, is_local, gpu_count, run_id)
+    devices: Devices | None = None
+    if gpus is not None:
+        # --gpus replaces the command's local_devices; without them it promotes only from two GPUs up
+        ids = gpus.ids
+        if ids is None:
+            count = gpu_count() or 0
+            ids = tuple(range(count)) if count >= 2 or spec.local_devices is not None else None
+            if ids == ():
+                concrete_gpus(Devices(), "--gpus all", 0)  # raises: no GPU to offer
+        if ids is not None and (len(ids) >= 2 or spec.local_devices is not None):
+            devices = Devices(ids=ids)
+    elif spec.local_devices is not None:
+        devices = spec.local_devices
+        if not devices.is_cpu:
+            devices = concrete_gpus(devices, f"commands.{spec.name}.local_devices", gpu_count())
+    if devices is None:
+        return None
+    port = cluster.controller.port if cluster is not None else DEFAULT_PORT
+    host = LaunchHost(name=this_host_name(), address="127.0.0.1", devices=devices, local=True)
+    return LaunchPlan(mode=SINGLE, command=spec, args=all_args, hosts=(host,), root=root, run_id=run_id,
+                      bind="127.0.0.1", port=port, controller_addr=f"127.0.0.1:{port}", cluster=cluster)
+
+
+def _cluster_plan(spec: CommandSpec, args: tuple[str, ...], cluster: ClusterSpec, root: Path, gpus, is_local,
+                  gpu_count, run_id: str) -> LaunchPlan:
+    hosts = []
+    notes = []
+    local_seen = False
+    for worker in cluster.workers:
+        local = bool(is_local(worker.address, worker.port))
+        devices = worker.local_devices
+        what = f"cluster.workers[{worker.host}]"
+        if local and gpus is not None:
+            devices = Devices(ids=gpus.ids)
+            what = "--gpus all"
+            notes.append(f"--gpus {gpus} replaces local_devices of {worker.host} (this machine); remote "
+                         f"workers keep theirs")
+        if local:
+            local_seen = True
+            devices = concrete_gpus(devices, what, gpu_count() if devices.ids is None and not devices.is_cpu
+                                    else None)
+        elif not devices.is_cpu and devices.ids is None:
+            raise ConfigError(
+                f"{what}: local_devices is not set (or is 'all'), so the launcher cannot tell how many ranks "
+                f"{worker.host} runs. List its GPU ids (local_devices: [0, 1]) or cpu:N for N CPU ranks.")
+        hosts.append(LaunchHost(name=worker.host, address=worker.address, devices=devices, local=local,
+                                worker=worker))
+    if gpus is not None and not local_seen:
+        notes.append("--gpus applies to this machine's own worker only, and none of cluster.workers is this "
+                     "machine: every worker keeps its local_devices")
+    ctl = cluster.controller
+    return LaunchPlan(mode=CLUSTER, command=spec, args=args, hosts=tuple(hosts), root=root, run_id=run_id,
+                      bind=ctl.bind, port=ctl.port, controller_addr=ctl.address, cluster=cluster,
+                      discovery=ctl.join.discovery, notes=tuple(notes))

@@ -1,0 +1,374 @@
+"""The launcher: one `cluster: true` run from controller to exit code.
+
+    controller up (in-process, for the run's lifetime)
+      -> pre-flight build, one per host (build.py)
+      -> the launcher's hosts join the window in-process; walk-ins (`fdl join`) dial in over HTTP
+      -> the world forms (the controller's rules: roster complete, deadline, or `fdl start`)
+      -> staging on remote hosts, then one rank session per host (dispatch.py)
+      -> supervision: heartbeats for its hosts, exit reports, and on the first failure every other
+         host is stopped
+      -> exit 0 only when every rank exited 0; otherwise an error naming the first failing host and rank
+
+The controller's state follows the run (waiting while building, forming,
+training, done or failed), so `fdl status` shows it from anywhere.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+from fdl import __version__
+from fdl.cluster.runner import Interrupts
+from fdl.controller.machine import DONE, FAILED, FORMING, TERMINAL, TRAINING, Refused
+from fdl.errors import ExitCode, FdlError
+from fdl.launch.build import BuildJob, build_jobs, check_artifacts, prebuild
+from fdl.launch.dispatch import (
+    GRACE_S,
+    HostOutcome,
+    LocalSession,
+    Printer,
+    RemoteSession,
+    Session,
+    rank_specs,
+    stage_remote,
+)
+from fdl.launch.plan import SINGLE, LaunchPlan
+
+BEAT_S = 1.0
+SWEEP_TIMEOUT_S = 60.0
+
+
+class RunFailed(FdlError):
+    """The run ended failed: a rank exited non-zero, a host was lost, or the window never formed."""
+
+
+class _Watch:
+    """The supervision loop's state: which hosts ended how, the first failure, and the stop in progress."""
+
+    def __init__(self, launcher: Launcher, sessions: list[Session]):
+        self.launcher = launcher
+        self.server = launcher.server
+        self.sessions = sessions
+        self.outcomes: dict[str, HostOutcome] = {}
+        self.first: HostOutcome | None = None
+        self.stopping_since: float | None = None
+        self.killed = False
+        self.interrupted = False
+
+    @property
+    def finished(self) -> bool:
+        return len(self.outcomes) == len(self.sessions) and self.server.machine.phase in TERMINAL
+
+    def start(self) -> None:
+        launcher = self.launcher
+        for session in self.sessions:
+            session.start()
+            launcher.running.add(session.host)
+        launcher.printer.note(f"ranks started on {len(self.sessions)} host(s)")
+        for name in list(launcher.running):  # the world is up as far as the launcher's hosts go
+            self.server.call(lambda m, t=launcher.tickets[name]: m.heartbeat(t, running=True))
+
+    def interrupt(self, signum: int | None) -> None:
+        if not self.interrupted:
+            self.interrupted = True
+            self.launcher._fail("interrupted: the launcher got " + ("SIGTERM" if signum == signal.SIGTERM
+                                                                      else "Ctrl-C"))
+
+    def hurry(self) -> None:
+        self.interrupted = True
+        self.stopping_since = self.stopping_since or time.monotonic()
+        self._kill()
+
+    def _kill(self) -> None:
+        self.killed = True
+        for session in self.sessions:
+            if session.host not in self.outcomes:
+                session.kill()
+
+    def step(self) -> None:
+        """Collect ended hosts (exit reports), and once the run failed stop every host still running."""
+        launcher, server = self.launcher, self.server
+        for session in self.sessions:
+            if session.host in self.outcomes or not session.done:
+                continue
+            outcome = session.outcome()
+            self.outcomes[session.host] = outcome
+            launcher.running.discard(session.host)
+            if outcome.code != 0 and self.first is None and server.machine.phase not in TERMINAL:
+                self.first = outcome
+            try:
+                server.call(lambda m, o=outcome: m.report_exit(launcher.tickets[o.host], o.code, o.detail))
+            except Refused:
+                pass
+        if server.machine.phase == FAILED and self.stopping_since is None:
+            self.stopping_since = time.monotonic()
+            still = [s for s in self.sessions if s.host not in self.outcomes]
+            if still:
+                launcher.printer.note(f"the run failed ({server.machine.reason}); stopping the ranks on "
+                                      f"{', '.join(s.host for s in still)}")
+            for session in still:
+                session.stop()
+        if self.stopping_since is not None and not self.killed \
+                and time.monotonic() - self.stopping_since > GRACE_S + 10:
+            self._kill()
+
+
+class Launcher:
+    """Runs one plan. `run()` returns the exit code or raises an FdlError saying why the run failed."""
+
+    def __init__(self, plan: LaunchPlan, *, no_prebuild: bool = False, printer: Printer | None = None,
+                 progress: bool | None = None, env_name: str | None = None):
+        self.plan = plan
+        self.no_prebuild = no_prebuild
+        self.printer = printer or Printer()
+        self.progress = progress
+        self.env_name = env_name
+        self.server = None
+        self.tickets: dict[str, str] = {}
+        self.running: set[str] = set()
+        self._beat_stop = threading.Event()
+        self._beats: threading.Thread | None = None
+        self.started = time.monotonic()
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> int:
+        from fdl.controller.server import ControllerServer
+
+        plan = self.plan
+        for text in plan.notes:
+            self.printer.note(text)
+        self.server = ControllerServer(plan.policy(), host=plan.bind, port=plan.port).start()
+        try:
+            self._announce()
+            return self._run()
+        finally:
+            self._beat_stop.set()
+            if self._beats is not None:
+                self._beats.join(timeout=5)
+            self._keep_state()
+            self.server.stop()
+
+    @property
+    def run_dir(self) -> Path:
+        """This machine's record of the run: local rank logs and the final state.json."""
+        return Path.home() / ".flodl" / "launch" / "runs" / self.plan.run_id
+
+    def _keep_state(self) -> None:
+        """The final state.json outlives the controller (it goes with the launcher): kept in the run's directory."""
+        import json
+
+        from fdl.publish.manifest import atomic_write
+
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.run_dir / "state.json", json.dumps(self.server.state(), indent=1).encode(),
+                         mode=0o600)
+        except (OSError, RuntimeError, TimeoutError) as exc:
+            self.printer.note(f"could not keep the final state in {self.run_dir}: {exc}")
+
+    def _announce(self) -> None:
+        plan = self.plan
+        hosts = len(plan.hosts)
+        what = (f"{plan.ranks} rank(s) on this machine" if plan.mode == SINGLE else
+                f"{plan.ranks} rank(s) on {hosts} host(s)" + (" plus walk-ins" if plan.discovery else ""))
+        if plan.mode == SINGLE:
+            watch = "fdl status" if plan.port == 1337 else f"fdl status --addr 127.0.0.1:{plan.port}"
+        else:
+            watch = f"fdl @{self.env_name} status" if self.env_name else f"fdl status --addr {plan.controller_addr}"
+        self.printer.note(f"run {plan.run_id} of '{plan.command.name}': {what}; controller on "
+                          f"{self.server.address} (watch with `{watch}`)")
+
+    def _run(self) -> int:
+        plan = self.plan
+        try:
+            jobs = self._build()
+            self._join_hosts()
+            with Interrupts(threading.Event()) as signals:
+                if not self._wait_world(signals):
+                    return self._interrupted()
+                if self.server.machine.phase == FAILED:
+                    raise RunFailed(f"the run failed before it started: {self.server.machine.reason}.")
+                assignments = {h.name: self.server.call(lambda m, n=h.name: m.world.assignment(n))
+                               for h in plan.hosts}
+                specs = {h.name: rank_specs(plan, h, assignments[h.name]) for h in plan.hosts}
+                world = self.server.machine.world
+                self.printer.note(f"world formed: {world.size} ranks on {world.nodes} host(s), backend "
+                                  f"{world.backend}, master {world.master_addr}:{world.master_port}")
+            sessions = self._sessions(jobs, specs)
+        except KeyboardInterrupt:
+            return self._interrupted()
+        except FdlError as exc:
+            self._fail(exc.message.split(". ")[0])
+            raise
+        return self._supervise(sessions)
+
+    def _build(self) -> dict[str, BuildJob]:
+        plan = self.plan
+        jobs = build_jobs(plan)
+        if plan.hosts and any(job.recipe for job in jobs):
+            if self.no_prebuild:
+                self.printer.note("--no-prebuild: running the binaries already built")
+                check_artifacts(plan, jobs)
+            else:
+                recipe = next(job.recipe for job in jobs if job.recipe)
+                self.printer.note(f"pre-flight build: `{recipe}` for {len(jobs)} host(s)"
+                                  + ("" if plan.mode == SINGLE else " (target/cluster/<host>/<arch>/)"))
+                t0 = time.monotonic()
+                prebuild(plan, jobs, progress=self.progress)
+                self.printer.note(f"pre-flight build done in {time.monotonic() - t0:.1f}s")
+        else:
+            check_artifacts(plan, jobs)
+        return {job.host: job for job in jobs}
+
+    def _join_hosts(self) -> None:
+        """The launcher's own hosts join the window in-process (trusted: it is the controller's own process)."""
+        from fdl.controller.protocol import Hello
+
+        plan = self.plan
+        for host in plan.hosts:
+            hello = Hello(host=host.name, devices=host.devices, run_id=None if plan.discovery else plan.run_id,
+                          address=host.address, data_path=host.data_path, agent=f"fdl-launch/{__version__}")
+            try:
+                member = self.server.call(lambda m, h=hello: m.hello(h, peer="launcher", trusted=True))
+            except Refused as exc:
+                raise RunFailed(f"host {host.name} could not join its own run: {exc.message}") from None
+            self.tickets[host.name] = member.ticket
+        self._beats = threading.Thread(target=self._beat_loop, name="fdl-launch-beats", daemon=True)
+        self._beats.start()
+
+    def _beat_loop(self) -> None:
+        """Heartbeats for the launcher's hosts, so the controller's liveness rules see them alive."""
+        while not self._beat_stop.wait(BEAT_S):
+            for name, ticket in list(self.tickets.items()):
+                try:
+                    self.server.call(lambda m, t=ticket, r=name in self.running: m.heartbeat(t, running=r))
+                except (Refused, RuntimeError, TimeoutError):
+                    pass
+
+    def _wait_world(self, signals: Interrupts) -> bool:
+        """Until the world forms or the run fails; False when interrupted."""
+        server = self.server
+        noted = False
+        while not server.wait_phase(FORMING, TRAINING, *TERMINAL, timeout=0.2):
+            if signals.cancel.is_set():
+                return False
+            if not noted and time.monotonic() - self.started > 2:
+                noted = True
+                state = server.state()
+                self.printer.note(f"waiting for the world to form: phase {state['phase']}, quorum "
+                                  f"{state['quorum']['have']['hosts']}/{state['quorum']['need']['hosts']} hosts"
+                                  + (", start switch: fdl start" if state["start"]["mode"] != "auto" else ""))
+        return True
+
+    def _sessions(self, jobs: dict[str, BuildJob], specs: dict[str, list[dict]]) -> list[Session]:
+        plan = self.plan
+        sessions: list[Session] = []
+        staged: dict[str, dict] = {}
+        inventory = None
+        if plan.remote:
+            from fdl.cluster.inventory import build_inventory
+
+            assert plan.cluster is not None
+            inventory = build_inventory(plan.cluster, plan.root)
+            self.printer.note(f"staging on {len(plan.remote)} remote host(s): binary (rsync), rank supervisor, "
+                              f"rank spec")
+            staged = stage_remote(plan, inventory, jobs, specs, progress=self.progress)
+        self.inventory = inventory
+        log_root = self.run_dir / "logs"
+        for host in plan.hosts:
+            if host.local:
+                job = jobs[host.name]
+                argv = plan.rank_argv(None if job.artifact is None else str(job.artifact))
+                sessions.append(LocalSession(host, argv, specs[host.name], plan.root, log_root, self.printer))
+            else:
+                from fdl.cluster.ssh import ssh_argv
+
+                assert inventory is not None
+                sessions.append(RemoteSession(host, ssh_argv(inventory.hosts[host.name]), staged[host.name],
+                                              self.printer, plan.run_id))
+        return sessions
+
+    def _supervise(self, sessions: list[Session]) -> int:
+        server = self.server
+        watch = _Watch(self, sessions)
+        cancel = threading.Event()
+        with Interrupts(cancel) as interrupts:
+            watch.start()
+            while not watch.finished:
+                try:
+                    if cancel.is_set():
+                        watch.interrupt(interrupts.signal)
+                    watch.step()
+                    time.sleep(0.1)
+                except KeyboardInterrupt:  # a second Ctrl-C: no more grace for the ranks
+                    watch.hurry()
+        interrupted = watch.interrupted
+        outcomes, first = watch.outcomes, watch.first
+        if interrupted or any(o.host in self._remote_names() and not o.codes for o in outcomes.values()):
+            self._sweep()
+        elapsed = time.monotonic() - self.started
+        state = server.state()
+        if interrupted:
+            self.printer.note(f"interrupted after {elapsed:.1f}s: every rank was stopped; the run is failed")
+            return ExitCode.INTERRUPTED
+        if state["phase"] == DONE:
+            self.printer.note(f"run done: {state['world']['size']} rank(s) on {state['world']['nodes']} host(s) "
+                              f"exited 0 in {elapsed:.1f}s; rank logs under ~/.flodl/launch/runs/{self.plan.run_id}/ "
+                              + ("on this machine" if self.plan.mode == SINGLE else "on each host"))
+            return ExitCode.OK
+        raise self._failure(first, sessions, state)
+
+    # ------------------------------------------------------------------ endings
+
+    def _remote_names(self) -> set[str]:
+        return {h.name for h in self.plan.remote}
+
+    def _failure(self, first: HostOutcome | None, sessions: list[Session], state: dict) -> RunFailed:
+        logs = {s.host: str(getattr(s, "log_dir", "")) for s in sessions}
+        if first is not None:
+            rank = f", rank {first.first_rank}" if first.first_rank is not None else ""
+            code = first.codes.get(first.first_rank, first.code) if first.first_rank is not None else first.code
+            where = logs.get(first.host)
+            return RunFailed(
+                f"the run failed: host {first.host}{rank} exited {code} first"
+                + (f" ({first.detail})" if first.detail and not first.detail.startswith("rank ") else "")
+                + f"; every other rank was stopped. Controller state: failed ({state.get('reason')}).",
+                hint=f"that rank's log is {where}/rank-{first.first_rank}.log on {first.host}"
+                     if where and first.first_rank is not None else None)
+        return RunFailed(f"the run failed: {state.get('reason') or 'a host failed'}.")
+
+    def _fail(self, reason: str) -> None:
+        if self.server is not None:
+            try:
+                self.server.call(lambda m: m.fail(reason))
+            except (RuntimeError, TimeoutError):
+                pass
+
+    def _interrupted(self) -> int:
+        self._fail("interrupted: the launcher was stopped before the ranks started")
+        self.printer.note("interrupted before any rank started; nothing is running")
+        return ExitCode.INTERRUPTED
+
+    def _sweep(self) -> None:
+        """Stop anything of this run left on the remote hosts (roles/fdl_reap finds it by FDL_RUN_ID)."""
+        remote = sorted(self._remote_names())
+        if not remote or getattr(self, "inventory", None) is None:
+            return
+        from fdl.cluster.runner import run_playbook
+
+        self.printer.note(f"sweeping {len(remote)} host(s) for processes of run {self.plan.run_id}")
+        try:
+            run_playbook("reap.yml", self.inventory, extravars={"fdl_reap_run_id": self.plan.run_id},
+                         limit=remote, progress=False, timeout=SWEEP_TIMEOUT_S, title="sweep")
+        except (FdlError, KeyboardInterrupt) as exc:
+            self.printer.note(f"the sweep did not finish ({exc}); check the hosts for processes with "
+                              f"FDL_RUN_ID={self.plan.run_id}")
+
+
+def launch(plan: LaunchPlan, *, no_prebuild: bool = False, env_name: str | None = None) -> int:
+    """Run a launcher plan; the exit code (0: every rank exited 0), or RunFailed/FdlError."""
+    return Launcher(plan, no_prebuild=no_prebuild, env_name=env_name).run()

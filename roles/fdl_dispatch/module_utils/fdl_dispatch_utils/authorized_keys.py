@@ -1,0 +1,1 @@
+../../../../fdl/farm/authorized_keys.py

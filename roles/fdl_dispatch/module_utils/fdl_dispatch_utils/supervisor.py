@@ -1,0 +1,1 @@
+../../../../fdl/agent/supervisor.py

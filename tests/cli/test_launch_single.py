@@ -1,0 +1,163 @@
+"""Single-host launcher runs through the real `fdl` entry point: auto-promotion (local_devices: cpu:N,
+--gpus with two GPUs), the rank environment, a failing rank, the one-process fallback, and the quickstart
+demo with plain `fdl status` finding it on 127.0.0.1:1337.
+
+The ranks are real processes under the real rank supervisor and the controller a real HTTP endpoint. The
+runs that must sit on the convention port 1337 (so `fdl status` needs no flags) get a network namespace of
+their own: its loopback is theirs alone, so nothing else on this machine can hold or see that port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import REPO, fdl_env, need_root_or_skip, run_fdl
+from tests.integration.launch.helpers import checksums, final_state, free_port
+
+# every rank prints its environment as one JSON line, then rank FAIL_RANK (if set) exits 7, the others linger
+RANK_LINE = ("python3 -c 'import json, os; print(\"ENV \" + json.dumps({k: v for k, v in os.environ.items() "
+             "if k in (\"RANK\", \"WORLD_SIZE\", \"LOCAL_RANK\", \"LOCAL_WORLD_SIZE\", \"MASTER_ADDR\", "
+             "\"MASTER_PORT\", \"CUDA_VISIBLE_DEVICES\", \"FDL_RUN_ID\", \"FDL_CONTROLLER\", \"FDL_BACKEND\", "
+             "\"FDL_DEVICE\", \"FDL_HOST\")}), flush=True)'; "
+             "if [ \"$RANK\" = \"${FAIL_RANK:-x}\" ]; then exit 7; fi; [ -z \"$FAIL_RANK\" ] || sleep 60")
+
+
+def project(root: Path, port: int, **command) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    spec = {"cluster": True, "run": RANK_LINE, **command}
+    (root / "fdl.yml").write_text(yaml.safe_dump({"cluster": {"controller": {"port": port}},
+                                                  "commands": {"job": spec}}, sort_keys=False))
+    return root
+
+
+def envs(stdout: str) -> dict[int, dict]:
+    out = {}
+    for line in stdout.splitlines():
+        if "] ENV " in line:
+            doc = json.loads(line.split("] ENV ", 1)[1])
+            out[int(doc["RANK"])] = doc
+    return out
+
+
+def python_path_env(home: Path, **extra: str) -> dict:
+    """HOME of the test, and this suite's python first on PATH (the ranks run `python3`)."""
+    return {"HOME": str(home), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **extra}
+
+
+def test_local_devices_cpu_n_promotes_to_a_single_host_cluster(tmp_path):
+    port = free_port()
+    root = project(tmp_path / "proj", port, local_devices="cpu:3")
+    done = run_fdl("job", "--", "--ignored-by-sh", cwd=root, env=python_path_env(tmp_path / "home"))
+    assert done.returncode == 0, done.stderr + done.stdout
+    ranks = envs(done.stdout)
+    assert sorted(ranks) == [0, 1, 2]
+    for rank, env in ranks.items():
+        assert env["WORLD_SIZE"] == "3" and env["LOCAL_RANK"] == str(rank) and env["LOCAL_WORLD_SIZE"] == "3"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == str(port + 1)
+        assert env["FDL_CONTROLLER"] == f"127.0.0.1:{port}" and env["FDL_BACKEND"] == "gloo"
+        assert env["FDL_DEVICE"] == "cpu" and env["CUDA_VISIBLE_DEVICES"] == ""
+    assert len({env["FDL_RUN_ID"] for env in ranks.values()}) == 1
+    assert f"controller on 127.0.0.1:{port}" in done.stderr and f"fdl status --addr 127.0.0.1:{port}" in done.stderr
+    assert "run done: 3 rank(s) on 1 host(s) exited 0" in done.stderr
+    state = final_state(tmp_path / "home")
+    assert state["phase"] == "done" and state["world"]["size"] == 3
+    logs = sorted(p.name for p in (tmp_path / "home" / ".flodl" / "launch" / "runs").glob("*/logs/*.log"))
+    assert logs == ["rank-0.log", "rank-1.log", "rank-2.log"]
+
+
+def test_a_failing_rank_fails_the_run_and_names_itself(tmp_path):
+    root = project(tmp_path / "proj", free_port(), local_devices="cpu:3")
+    done = run_fdl("job", cwd=root, env=python_path_env(tmp_path / "home", FAIL_RANK="1"), timeout=120)
+    assert done.returncode == 1, done.stderr + done.stdout
+    host = final_state(tmp_path / "home")["roster"][0]["host"]
+    assert f"fdl: error: the run failed: host {host}, rank 1 exited 7 first" in done.stderr
+    assert f"rank-1.log on {host}" in done.stderr  # the hint says where that rank's output is
+    state = final_state(tmp_path / "home")
+    assert state["phase"] == "failed" and state["reason"] == f"host {host} exited 7: rank 1 exited 7"
+
+
+def test_gpus_naming_two_gpus_promotes_and_scopes_the_ranks(tmp_path, fake_nvml):
+    root = project(tmp_path / "proj", free_port())  # no local_devices: --gpus alone decides
+    env = python_path_env(tmp_path / "home", **fake_nvml.env("H100:9.0:80G,H100:9.0:80G,H100:9.0:80G"))
+    done = run_fdl("--gpus", "1,2", "job", cwd=root, env=env)
+    assert done.returncode == 0, done.stderr + done.stdout
+    ranks = envs(done.stdout)
+    assert sorted(ranks) == [0, 1]
+    assert {env["CUDA_VISIBLE_DEVICES"] for env in ranks.values()} == {"1,2"}
+    assert [ranks[r]["FDL_DEVICE"] for r in (0, 1)] == ["cuda:1", "cuda:2"]
+    assert ranks[0]["FDL_BACKEND"] == "nccl"
+
+
+def test_one_gpu_or_nothing_runs_the_command_once(tmp_path, fake_nvml):
+    root = project(tmp_path / "proj", free_port())
+    env = python_path_env(tmp_path / "home", **fake_nvml.env("H100:9.0:80G,H100:9.0:80G"))
+    done = run_fdl("--gpus", "0", "job", cwd=root, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "runs once, on this machine" in done.stderr and "controller" not in done.stderr
+    # one process, no world (no RANK, no supervisor prefix), scoped to GPU 0 by --gpus
+    assert done.stdout.strip() == 'ENV {"CUDA_VISIBLE_DEVICES": "0"}'
+
+
+def test_local_devices_on_an_ordinary_command_is_refused(tmp_path):
+    (tmp_path / "fdl.yml").write_text("commands:\n  t:\n    run: echo hi\n    local_devices: cpu:2\n")
+    done = run_fdl("t", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "commands.t.local_devices" in done.stderr and "only on a cluster: true command" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@contextlib.contextmanager
+def own_loopback(name: str):
+    """A network namespace with only a loopback: port 1337 there belongs to this test alone."""
+    subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+        assert name in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                                      check=True).stdout.split()
+        yield ["ip", "netns", "exec", name]
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+
+
+def test_quickstart_demo_two_cpu_ranks_with_fdl_status_finding_it(tmp_path):
+    need_root_or_skip("the demo must own 127.0.0.1:1337, so it runs in a network namespace of its own")
+    demo = tmp_path / "quickstart"
+    shutil.copytree(REPO / "examples" / "quickstart", demo)
+    env = fdl_env(python_path_env(tmp_path / "home", GLOO_SOCKET_IFNAME="lo"))
+    with own_loopback("fdll6-solo") as inside:
+        proc = subprocess.Popen([*inside, sys.executable, "-m", "fdl", "train", "--", "--pause", "0.3"], cwd=demo,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            seen = None
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline and proc.poll() is None:
+                status = subprocess.run([*inside, sys.executable, "-m", "fdl", "status"], cwd=demo, env=env,
+                                        capture_output=True, text=True, timeout=60, check=False)
+                if status.returncode == 0 and "training" in status.stdout:
+                    seen = status
+                    break
+                time.sleep(0.3)
+            out, err = proc.communicate(timeout=240)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        after = subprocess.run([*inside, sys.executable, "-m", "fdl", "status"], cwd=demo, env=env,
+                               capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, err + out
+    assert seen is not None, "fdl status never showed the run training"
+    assert "127.0.0.1:1337" in seen.stderr  # no flags: the convention default, noted
+    assert "training" in seen.stdout
+    ranks = checksums(out)
+    assert sorted(ranks) == [0, 1] and len({r["sum"] for r in ranks.values()}) == 1
+    assert after.returncode == 1 and "no run listening at 127.0.0.1:1337" in after.stderr

@@ -1,0 +1,64 @@
+"""A launcher run whose window is a discovery window: the launcher's own worker and a walk-in (`fdl join`)
+form one world, train together, and the run ends done. On loopback: a real launcher process, a real agent."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import fdl_env
+from tests.integration.join.helpers import (
+    agent_env,
+    finish,
+    results,
+    spawn_join,
+    train_binary,
+    wait_for,
+)
+from tests.integration.launch.helpers import final_state, free_port, write_project
+
+pytestmark = pytest.mark.slow
+
+
+def listening(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def test_the_launchers_worker_and_a_walk_in_train_as_one_world(tmp_path):
+    binary = train_binary(tmp_path / "bin")
+    port = free_port()
+    cluster = {"cluster": {"controller": {"host": "127.0.0.1", "port": port, "bind": "127.0.0.1",
+                                          "join": {"discovery": True, "max_hosts": 2, "window_s": 120}},
+                           "workers": [{"host": "here", "address": "127.0.0.1", "local_devices": "cpu:1"}]}}
+    project = write_project(tmp_path / "proj", {"train": {"cluster": True, "bin": str(binary)}}, cluster)
+    home = tmp_path / "home"
+    launcher = subprocess.Popen([sys.executable, "-m", "fdl", "@cluster", "train"], cwd=project,
+                                env=fdl_env(agent_env(home)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    try:
+        wait_for(lambda: listening(port) or launcher.poll() is not None, timeout=60, what="the controller")
+        walk_in = spawn_join(f"127.0.0.1:{port}", "--bin", str(binary), "--host", "walker", "--devices", "cpu:1",
+                             home=tmp_path / "walker")
+        code, agent_out, agent_err = finish(walk_in, timeout=180)
+        out, err = launcher.communicate(timeout=180)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    assert launcher.returncode == 0, err + out
+    assert code == 0, agent_err
+    assert "plus walk-ins" in err and "world formed: 2 ranks on 2 host(s)" in err
+    ranks = {int(r["rank"]): r for r in results(out) + results(agent_out)}
+    assert sorted(ranks) == [0, 1] and {r["sum"] for r in ranks.values()} == {"3"}
+    assert ranks[0]["host"] == "here" and ranks[1]["host"] == "walker"  # admission order: the launcher's first
+    state = final_state(home)
+    assert state["phase"] == "done" and state["kind"] == "discovery"
+    assert {m["host"]: m["exit_code"] for m in state["roster"]} == {"here": 0, "walker": 0}

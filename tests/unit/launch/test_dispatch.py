@@ -1,0 +1,133 @@
+"""Rank specs and the ssh command line a remote host's supervisor runs under."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fdl.cluster.inventory import build_inventory
+from fdl.cluster.runner import control_path_dir
+from fdl.cluster.ssh import login, rsync_rsh, ssh_argv
+from fdl.config import schema
+from fdl.launch.dispatch import rank_specs
+from fdl.launch.plan import plan_launch
+
+CPU2 = schema.Devices(kind="cpu", count=2)
+
+
+def spec(discovery: bool = False) -> schema.ClusterSpec:
+    worker = schema.WorkerSpec(host="b", address="10.0.0.12", user="op", port=2222, identity="keys/id",
+                        local_devices=CPU2, env=(("LD_PRELOAD", "/x/libnccl.so.2"), ("RANK", "from-worker")))
+    return schema.ClusterSpec(controller=schema.ControllerSpec(join=schema.JoinPolicy(discovery=discovery)),
+                       ssh=schema.SshDefaults(known_hosts="/etc/fdl/known_hosts"), workers=(worker,))
+
+
+def test_rank_env_is_the_worlds_over_the_workers_env():
+    plan = plan_launch(schema.CommandSpec(name="t", cluster=True, run="true"), [], spec(), Path("/p"),
+                       is_local=lambda a, p: False)
+    assignment = {"ranks": [{"rank": 4, "env": {"RANK": "4", "FDL_RUN_ID": "abc"}}]}
+    (entry,) = rank_specs(plan, plan.hosts[0], assignment)
+    assert entry["rank"] == 4
+    assert entry["env"]["LD_PRELOAD"] == "/x/libnccl.so.2" and entry["env"]["RANK"] == "4"
+    assert entry["env"]["FDL_RUN_ID"] == "abc"
+
+
+def test_a_cohort_without_run_id_gets_the_launchs_own():
+    plan = plan_launch(schema.CommandSpec(name="t", cluster=True, run="true"), [], spec(discovery=True), Path("/p"),
+                       is_local=lambda a, p: False)
+    (entry,) = rank_specs(plan, plan.hosts[0], {"ranks": [{"rank": 0, "env": {"FDL_RUN_ID": ""}}]})
+    assert entry["env"]["FDL_RUN_ID"] == plan.run_id
+
+
+def test_ssh_argv_uses_the_inventorys_login_and_the_runners_control_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    host = build_inventory(spec(), Path("/proj")).hosts["b"]
+    argv = ssh_argv(host)
+    assert argv[0] == "ssh" and argv[-1] == "op@10.0.0.12" and login(host) == "op@10.0.0.12"
+    joined = " ".join(argv)
+    assert "-p 2222" in joined and "-i /proj/keys/id" in joined
+    assert "-o UserKnownHostsFile=/etc/fdl/known_hosts" in joined
+    assert f"ControlPath={control_path_dir()}/%C" in joined and "BatchMode=yes" in joined
+    assert rsync_rsh(host).startswith("ssh ") and "op@10.0.0.12" not in rsync_rsh(host)
+
+
+# --------------------------------------------------------------------------- the remote session, without ssh
+# `sh -c REMOTE` stands in for `ssh host REMOTE`: the same remote command line, run here, so the session's
+# streaming, result parsing and stdin-EOF teardown are exercised with the real supervisor file.
+
+def staged_run(tmp_path: Path, argv: list[str], ranks: int = 2) -> dict:
+    import json
+    import shutil
+
+    from fdl.agent import supervisor
+
+    run_dir = tmp_path / "runs" / "r1"
+    (run_dir / "logs").mkdir(parents=True)
+    shutil.copy(supervisor.__file__, tmp_path / "supervisor.py")
+    spec = {"argv": argv, "cwd": str(run_dir), "log_dir": str(run_dir / "logs"), "label": "hx", "grace_s": 2,
+            "watch_stdin": True, "ranks": [{"rank": r, "env": {"RANK": str(r)}} for r in range(ranks)]}
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    return {"run_dir": str(run_dir), "supervisor": str(tmp_path / "supervisor.py"),
+            "spec": str(run_dir / "spec.json")}
+
+
+def session(tmp_path: Path, argv: list[str], lines: list[str]):
+    import sys
+
+    from fdl.launch.dispatch import RemoteSession
+    from fdl.launch.plan import LaunchHost
+
+    class Collect:
+        def line(self, text: str) -> None:
+            lines.append(text)
+
+    host = LaunchHost(name="hx", address="x", devices=CPU2, local=False,
+                      worker=schema.WorkerSpec(host="hx", address="x", python=sys.executable))
+    return RemoteSession(host, ["sh", "-c"], staged_run(tmp_path, argv), Collect(), "abc123")
+
+
+def wait_done(s, timeout: float = 30) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not s.done:
+        assert time.monotonic() < deadline, "the session did not end"
+        time.sleep(0.05)
+
+
+def test_a_remote_session_streams_prefixed_lines_and_reports_each_rank(tmp_path):
+    lines: list[str] = []
+    s = session(tmp_path, ["sh", "-c", 'echo "hello from $RANK $FDL_RUN_ID"; exit $RANK'], lines)
+    s.start()
+    wait_done(s)
+    outcome = s.outcome()
+    assert outcome.code == 1 and outcome.codes == {0: 0, 1: 1} and outcome.first_rank == 1
+    assert outcome.detail == "rank 1 exited 1"
+    assert sorted(lines) == ["[hx/0] hello from 0 abc123", "[hx/1] hello from 1 abc123"]
+    assert (tmp_path / "runs/r1/logs/rank-1.log").read_text() == "hello from 1 abc123\n"
+
+
+def test_closing_the_sessions_stdin_takes_its_ranks_down(tmp_path):
+    lines: list[str] = []
+    s = session(tmp_path, ["sh", "-c", "echo up; exec sleep 60"], lines)
+    s.start()
+    import time
+
+    deadline = time.monotonic() + 30
+    while len(lines) < 2:  # both ranks up
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    s.stop()  # what the launcher does to every other host when the run fails
+    wait_done(s)
+    outcome = s.outcome()
+    assert outcome.code != 0 and set(outcome.codes) == {0, 1}
+    assert outcome.detail == "ranks orphaned"
+
+
+def test_a_session_that_cannot_start_is_a_failed_host(tmp_path):
+    from fdl.launch.dispatch import RemoteSession
+    from fdl.launch.plan import LaunchHost
+
+    host = LaunchHost(name="hx", address="x", devices=CPU2, local=False)
+    s = RemoteSession(host, [str(tmp_path / "no-ssh-here")], staged_run(tmp_path, ["true"]), None, "abc")
+    s.start()
+    assert s.done and s.outcome().code == 127 and "cannot run ssh" in s.outcome().detail
