@@ -6,6 +6,7 @@ of the module's testbed, with the paths and inputs its converge and verify read.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import subprocess
 import sys
@@ -95,3 +96,29 @@ def test_nccl_builds_through_a_docker_stand_in(testbed, short_tmp):
         host, fdl_molecule_root=f"{host.home}/nccl", fdl_molecule_docker=str(docker))}}}}}
     molecule("fdl_nccl", inventory, short_tmp, steps=("converge", "side_effect", "verify"))
     assert not Path(f"{host.home}/nccl").exists()
+
+
+def test_dispatch_stages_a_run_the_supervisor_then_runs(testbed, short_tmp):
+    host = testbed.hosts[0]
+    program = short_tmp / "train.sh"
+    program.write_text('#!/bin/sh\necho "rank $RANK of $WORLD_SIZE epochs=$2"\n')
+    program.chmod(0o755)
+    rsh = " ".join(host.ssh_argv()[:-1])  # ssh with the testbed's key and known hosts, without user@address
+    inventory = {"all": {"children": {"nodes": {"hosts": {"node-a": host_vars(
+        host, fdl_molecule_root=f"{host.home}/launch", fdl_molecule_artifact=str(program),
+        fdl_molecule_artifact_sha256=hashlib.sha256(program.read_bytes()).hexdigest(),
+        fdl_molecule_rsh=rsh)}}}}}
+    out = molecule("fdl_dispatch", inventory, short_tmp)
+    assert "Ship the binary with rsync, sending only what changed" in out
+    assert not Path(f"{host.home}/launch").exists()
+
+
+def test_prebuild_builds_per_host_on_the_launching_machine(short_tmp):
+    """No testbed: the builds run here, one per roster host (local connection)."""
+    project = short_tmp / "project"
+    project.mkdir()
+    inventory = {"all": {"children": {"roster": {"hosts": {
+        "node-a": {"fdl_arch": "precompiled/cu128", "fdl_molecule_project": str(project)},
+        "node-b": {"fdl_arch": "builds/sm61", "fdl_molecule_project": str(project)}}}}}}
+    molecule("fdl_prebuild", inventory, short_tmp, steps=("converge", "side_effect", "verify"))
+    assert sorted(p.name for p in project.iterdir()) == []  # destroy removed the outputs
