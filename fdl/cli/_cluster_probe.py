@@ -17,18 +17,37 @@ from fdl.cli.probe import _mark, render_human
 
 
 def probe_cluster_command(g: Globals, *, as_json: bool, quiet: bool, skip_mount: bool, data_path: str | None,
-                          libtorch_path: str | None, docker: str | None, gpus: list[int] | None) -> int:
-    """Probe every worker of the selected env; print the report; return the exit code (0 only if all green)."""
+                          libtorch_path: str | None, docker: str | None, gpus: list[int] | None,
+                          collective=None) -> int:
+    """Probe every worker of the selected env; print the report; return the exit code (0 only if all green).
+
+    collective: CollectiveOptions to also run the all-reduce smoke test across the workers (the cluster
+    check `collective`, fdl.collective.cluster).
+    """
     from fdl.cluster.probe import ClusterProbeOptions, probe_cluster
 
     config = g.config(required=True)
     options = ClusterProbeOptions(data_path=data_path, skip_mount=skip_mount, libtorch_path=libtorch_path,
                                   docker=docker, local_gpus=gpus)
     report = probe_cluster(config, options, progress=None if not quiet else False)
+    tables: list[str] = []
+    if collective is not None:
+        from fdl.collective.cluster import run_cluster
+        from fdl.collective.results import format_rows, to_check
+
+        if not as_json and not quiet:
+            typer.echo(f"fdl: note: running the all-reduce smoke test across {len(report.hosts)} hosts (up to "
+                       f"{collective.time_limit_s:.0f} s)...", err=True)
+        result = run_cluster(config, collective, {h.host: h.to_dict() for h in report.hosts},
+                             notes=not quiet and not as_json, progress=None if not quiet else False)
+        report.cluster.append(to_check(result))
+        tables = format_rows(result)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
     else:
         out, err = render_cluster(report, quiet=quiet)
+        if tables and not quiet:
+            out = "\n".join(filter(None, [out, "all-reduce:", *("  " + line for line in tables)]))
         if out:
             typer.echo(out)
         if err:

@@ -67,17 +67,17 @@ def probe(
     gpus = None if g.gpus is None or g.gpus.ids is None else list(g.gpus.ids)
     plan = collective_plan(collective_devices, collective_max_size, collective_timeout) if collective else None
     if workers:  # a cluster env: every worker, over Ansible (imported only on this path)
-        if plan is not None:
+        if plan is not None and plan[0] is not None:
             from fdl.errors import UsageError  # noqa: PLC0415
 
-            raise UsageError("--collective across a cluster runs through the launcher's dispatch, which this "
-                             "version of fdl does not have yet. Run `fdl probe --collective` on a host (its own "
-                             "ranks), or the cluster probe without --collective.")
+            raise UsageError("--collective-devices sets the ranks of a single-host smoke test; across a cluster "
+                             "every worker offers its own local_devices (fdl.cluster.yml). Drop the flag, or run "
+                             "`fdl probe --collective --collective-devices ...` on one host.")
         from fdl.cli._cluster_probe import probe_cluster_command
 
         raise typer.Exit(probe_cluster_command(g, as_json=as_json, quiet=quiet, skip_mount=skip_mount,
                                                data_path=data_path, libtorch_path=libtorch_path, docker=docker,
-                                               gpus=gpus))
+                                               gpus=gpus, collective=plan[1] if plan is not None else None))
     options = ProbeOptions(data_path=data_path or DEFAULT_DATA_PATH, skip_mount=skip_mount,
                            libtorch_path=libtorch_path, docker=docker, project_root=project_root, gpus=gpus)
     reports = collect_reports(options)

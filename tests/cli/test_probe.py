@@ -301,13 +301,88 @@ def test_cluster_env_probes_every_worker(ready, tmp_path: Path) -> None:
     assert clock["status"] == "ok" and set(clock["data"]["offsets"]) == {"node-a"}  # the native probe's window
 
 
-def test_collective_across_a_cluster_is_refused_until_dispatch_exists(ready) -> None:
+def test_collective_devices_is_refused_across_a_cluster(ready) -> None:
     project, env = ready
     (project / "fdl.yml").write_text("commands:\n  test: {run: 'true'}\n")
     (project / "fdl.cluster.yml").write_text("cluster:\n  workers:\n    - {host: node-b, address: 10.0.0.12}\n")
-    result = run_fdl("@cluster", "probe", "--collective", cwd=project, env=env)
-    assert result.returncode == 2 and "launcher's dispatch" in result.stderr
-    assert "fdl probe --collective" in result.stderr
+    result = run_fdl("@cluster", "probe", "--collective", "--collective-devices", "cpu:4", cwd=project, env=env)
+    assert result.returncode == 2, result.stderr
+    assert "--collective-devices sets the ranks of a single-host smoke test" in result.stderr
+    assert "local_devices" in result.stderr and "Traceback" not in result.stderr
+
+
+def _collective_cluster(project: Path, tmp_path: Path, env: dict, python: str, port: int) -> dict:
+    """A cluster env whose one worker is this machine (so its ranks run in-process, no ssh) on 2 CPU ranks."""
+    (project / "fdl.yml").write_text("commands:\n  test: {run: 'true'}\n")
+    (project / "fdl.cluster.yml").write_text(textwrap.dedent(f"""\
+        cluster:
+          controller: {{host: 127.0.0.1, port: {port}, bind: 127.0.0.1}}
+          workers:
+            - host: node-a
+              address: 127.0.0.1
+              local_devices: cpu:2
+              python: {python}
+              env: {{GLOO_SOCKET_IFNAME: lo}}
+        """))
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    return {**env, "HOME": str(home), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+
+def test_collective_across_a_cluster_runs_the_ranks_through_the_launcher(ready, tmp_path: Path) -> None:
+    project, env = ready
+    env = _collective_cluster(project, tmp_path, env, sys.executable, 29311)
+    result = run_fdl("@cluster", "probe", "--json", "--skip-mount", "--collective", "--collective-max-size", "32K",
+                     "--collective-timeout", "90", cwd=project, env=env, timeout=150)
+    doc = _json(result)
+    check = next(c for c in doc["cluster"] if c["name"] == "collective")
+    assert check["status"] == "ok", check["message"] + result.stderr
+    assert check["message"].startswith("All-reduce across 2 ranks on 1 host (gloo): 8 KiB to 32 KiB")
+    data = check["data"]
+    assert data["hosts"] == {"node-a": [0, 1]} and data["world_size"] == 2
+    assert [r["bytes"] for r in data["rows"]] == [8 << 10, 16 << 10, 32 << 10]
+    assert result.returncode == 0, result.stderr
+    runs = list((tmp_path / "home" / ".flodl" / "launch" / "runs").glob("*/state.json"))
+    assert len(runs) == 1 and json.loads(runs[0].read_text())["phase"] == "done"  # the launcher's own record
+
+
+def test_collective_skips_a_host_without_pytorch_with_a_warning(ready, tmp_path: Path) -> None:
+    project, env = ready
+    bare = tmp_path / "bare"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(bare)], check=True)
+    if subprocess.run([str(bare / "bin" / "python3"), "-c", "import torch"], capture_output=True).returncode == 0:
+        pytest.fail("/usr/bin/python3's own packages include torch: no interpreter without it to test with")
+    env = _collective_cluster(project, tmp_path, env, str(bare / "bin" / "python3"), 29313)
+    result = run_fdl("@cluster", "probe", "--skip-mount", "--collective", cwd=project, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr  # a warning, not a failure
+    assert "Skipped, PyTorch cannot be imported there: node-a (" in result.stdout
+    assert "No host could run the all-reduce smoke test." in result.stdout
+    assert "hint: install PyTorch for the worker's python" in result.stdout
+
+
+def test_collective_is_abandoned_at_its_time_limit_and_leaves_no_rank(ready, tmp_path: Path) -> None:
+    project, env = ready
+    # An interpreter that passes the PyTorch check but whose ranks never finish (they record their pids).
+    pids = tmp_path / "pids"
+    hang = tmp_path / "hangpy"
+    hang.write_text(f"#!/bin/sh\ncase \" $* \" in *\" --check \"*) exec {sys.executable} \"$@\";; esac\n"
+                    f"echo $$ >> {pids}\nexec sleep 300\n")
+    hang.chmod(0o755)
+    env = _collective_cluster(project, tmp_path, env, str(hang), 29315)
+    started = time.monotonic()
+    result = run_fdl("@cluster", "probe", "--json", "--skip-mount", "--collective", "--collective-timeout", "8",
+                     cwd=project, env=env, timeout=120)
+    took = time.monotonic() - started
+    assert result.returncode == 1, result.stderr
+    check = next(c for c in _json(result)["cluster"] if c["name"] == "collective")
+    assert check["status"] == "error"
+    assert "did not complete: abandoned at the 8 s time limit (0 message sizes done)" in check["message"]
+    assert check["data"]["abandoned"] is True
+    started_ranks = [int(p) for p in pids.read_text().split()]
+    assert len(started_ranks) == 2, took  # both ranks ran, and neither outlived the probe
+    left = [p for p in started_ranks if Path(f"/proc/{p}").exists()
+            and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"]
+    assert not left, f"ranks left running: {left}"
 
 
 def test_probe_never_imports_ansible_or_requests(ready) -> None:

@@ -1,91 +1,52 @@
-"""The all-reduce smoke test across testbed hosts: 3 namespace hosts x 2 CPU ranks (gloo) over real veths.
+"""`fdl @cluster probe --collective` across testbed hosts: 3 namespace hosts x 2 CPU ranks (gloo) over real veths.
 
-Each host's ranks run under the rank supervisor inside the host's network
-namespace, started the way a dispatcher would start them (the standalone
-supervisor and rank script, a JSON spec, the torch.distributed environment).
-The test harness starts them with `ip netns exec` rather than through the
-launcher's dispatch, which is a separate piece of work; everything below that
-(supervisor, gloo over the bridge, the aggregation) is the real thing. One
-host's link is then rate-limited with a qdisc on its bridge-side veth (netem
-when the kernel has it, else tbf: both are real shapers), and the aggregation
-must name it as the straggler.
+End to end through the command: the per-host PyTorch check over ssh, the launcher's dispatch (its controller
+in-process, staging over Ansible, one ssh session per host running the rank supervisor as the host's own
+user) and the aggregation into the cluster report's `collective` check. Ranks run as the host users, who
+cannot enter /root: their interpreter is a world-readable venv of /usr/bin/python3 that sees this suite's
+torch (tests.integration.launch.helpers.torch_python). One host's link is rate-limited with a qdisc on its
+bridge-side veth (netem when the kernel has it, else tbf: both are real shapers), and the report must name
+it as the straggler.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import shutil
 import subprocess
-import sys
-import threading
+from pathlib import Path
 
 import pytest
 
-from fdl.collective.results import aggregate, format_rows, parse_line, to_check
-from fdl.collective.run import SCRIPT, CollectiveOptions, script_argv
-from tests.testbed import Testbed
+from tests.conftest import run_fdl
+from tests.integration.launch.helpers import run_processes, torch_python
 
 pytestmark = [pytest.mark.testbed(hosts=3), pytest.mark.slow]
-RANKS_PER_HOST = 2
-SUPERVISOR = SCRIPT.parent.parent / "agent" / "supervisor.py"
-ECHO = re.compile(r"^\[[^/\]]+/(\d+)\] (.*)$")  # the supervisor's "[label/rank] line"
+PORTS = iter(range(29400, 29500, 2))  # the probe's controller (and, +1, rank 0's rendezvous)
 
 
-def run_across(bed: Testbed, options: CollectiveOptions, port: int, exchange_bytes: int) -> list[dict]:
-    """Start every host's ranks in its namespace at once; return every rank's events."""
-    shared = bed.shared / "collective"
-    shared.mkdir(exist_ok=True)
-    for source in (SCRIPT, SUPERVISOR):
-        shutil.copy2(source, shared / source.name)
-    argv = script_argv(options, str(shared / SCRIPT.name))
-    argv[argv.index("--exchange-bytes") + 1] = str(exchange_bytes)
-    world = len(bed.hosts) * RANKS_PER_HOST
-    master = bed.hosts[0].address
-    events: list[dict] = []
-    lock = threading.Lock()
-    procs = []
-    for node, host in enumerate(bed.hosts):
-        ranks = []
-        for local in range(RANKS_PER_HOST):
-            rank = node * RANKS_PER_HOST + local
-            ranks.append({"rank": rank, "env": {
-                "MASTER_ADDR": master, "MASTER_PORT": str(port), "WORLD_SIZE": str(world), "RANK": str(rank),
-                "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(RANKS_PER_HOST), "FDL_HOST": host.name,
-                "FDL_BACKEND": "gloo", "GLOO_SOCKET_IFNAME": "eth0", "CUDA_VISIBLE_DEVICES": ""}})
-        spec = shared / f"{host.name}.json"
-        spec.write_text(json.dumps({"argv": argv, "ranks": ranks, "label": host.name, "grace_s": 2}))
-        procs.append(subprocess.Popen(["ip", "netns", "exec", host.namespace, sys.executable, str(shared /
-                                       SUPERVISOR.name), str(spec)], stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, stdin=subprocess.PIPE, text=True))
-        # stdin stays open while we wait: the supervisor tears its ranks down when it closes (as when a
-        # dispatcher's ssh connection drops)
+@pytest.fixture(scope="module")
+def torchpy(testbed) -> Path:
+    return torch_python(testbed.shared / "py")
 
-    def pump(proc: subprocess.Popen) -> None:
-        for line in proc.stdout:
-            match = ECHO.match(line.rstrip("\n"))
-            event = parse_line(match[2]) if match else None
-            if event is not None:
-                with lock:
-                    events.append(event)
 
-    pumps = [threading.Thread(target=pump, args=(p,), daemon=True) for p in procs]
-    for thread in pumps:
-        thread.start()
-    try:
-        for proc in procs:
-            proc.wait(timeout=options.time_limit_s)
-    finally:
-        for proc in procs:
-            proc.stdin.close()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for thread in pumps:
-        thread.join(timeout=5)
-    for proc in procs:
-        proc.stdout.close()
-    return events
+def collective_project(kit, root: Path, torchpy: Path, **per_host: dict) -> Path:
+    workers = kit.workers(**{h.name: {"local_devices": "cpu:2", "python": str(torchpy),
+                                      "env": kit.worker_env(GLOO_SOCKET_IFNAME="eth0"), **per_host.get(h.name, {})}
+                             for h in kit.bed.hosts})
+    bed = kit.bed
+    return kit.project(root, workers, controller={"host": bed.gateway, "port": next(PORTS), "bind": bed.gateway})
+
+
+def probe(project: Path, env: dict, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    done = run_fdl("@cluster", "probe", "--json", "--collective", *args, cwd=project, env=env, timeout=400)
+    assert done.stdout.strip(), done.stderr
+    doc = json.loads(done.stdout)
+    return done, next(c for c in doc["cluster"] if c["name"] == "collective")
+
+
+def assert_no_ranks_left(bed) -> None:
+    left = {host.name: run_processes(host) for host in bed.hosts}
+    assert not any(left.values()), f"processes of the smoke test left behind: {left}"
 
 
 def throttle(veth: str) -> str:
@@ -99,29 +60,46 @@ def throttle(veth: str) -> str:
     raise AssertionError("this kernel has neither the netem nor the tbf qdisc")
 
 
-def test_three_hosts_two_ranks_each_report_bandwidth_rows(testbed: Testbed) -> None:
-    options = CollectiveOptions(time_limit_s=120, max_bytes=1 << 20)
-    result = aggregate(run_across(testbed, options, port=24400, exchange_bytes=1 << 20))
-    check = to_check(result)
-    assert check.status == "ok", check.message
-    assert result.world_size == 6 and result.backend == "gloo"
-    assert result.hosts == {"h1": [0, 1], "h2": [2, 3], "h3": [4, 5]}
-    assert [r.bytes for r in result.rows] == [(8 << 10) << i for i in range(8)]
-    assert all(r.busbw_gbs == pytest.approx(r.algbw_gbs * 2 * 5 / 6, abs=2e-4) for r in result.rows)
-    assert set(result.host_bandwidth_gbs) == {"h1", "h2", "h3"} and result.stragglers == []
+def test_three_hosts_two_ranks_each_report_bandwidth_rows(kit, torchpy, short_tmp, testbed_home) -> None:
+    project = collective_project(kit, short_tmp / "green", torchpy)
+    done, check = probe(project, testbed_home, "--collective-max-size", "1M")
+    assert check["status"] == "ok", check["message"] + done.stderr
+    assert done.returncode == 0, done.stderr
+    data = check["data"]
+    assert data["world_size"] == 6 and data["backend"] == "gloo"
+    assert data["hosts"] == {"h1": [0, 1], "h2": [2, 3], "h3": [4, 5]}
+    assert [r["bytes"] for r in data["rows"]] == [(8 << 10) << i for i in range(8)]
+    assert all(r["busbw_gbs"] == pytest.approx(r["algbw_gbs"] * 2 * 5 / 6, abs=2e-4) for r in data["rows"])
+    assert set(data["host_bandwidth_gbs"]) == {"h1", "h2", "h3"} and data["stragglers"] == []
+    assert check["message"].startswith("All-reduce across 6 ranks on 3 hosts (gloo): 8 KiB to 1 MiB")
+    assert_no_ranks_left(kit.bed)
 
 
-def test_a_rate_limited_host_is_flagged_as_the_straggler(testbed: Testbed) -> None:
-    slow = testbed.hosts[2]
+def test_a_rate_limited_host_is_flagged_as_the_straggler(kit, torchpy, short_tmp, testbed_home) -> None:
+    slow = kit.bed.hosts[2]
+    project = collective_project(kit, short_tmp / "slow", torchpy)
     qdisc = throttle(slow.veth)
     try:
-        options = CollectiveOptions(time_limit_s=180, max_bytes=256 << 10)
-        result = aggregate(run_across(testbed, options, port=24401, exchange_bytes=1 << 20))
+        done, check = probe(project, testbed_home, "--collective-max-size", "256K", "--collective-timeout", "240")
     finally:
         subprocess.run(["tc", "qdisc", "del", "dev", slow.veth, "root"], capture_output=True)
-    check = to_check(result)
-    assert result.finished, (qdisc, check.message)
-    assert result.stragglers == [slow.name], (qdisc, result.host_bandwidth_gbs)
-    assert check.status == "warning" and f"Straggler: {slow.name} (" in check.message
-    assert result.slowest_rank in result.hosts[slow.name]
-    assert format_rows(result)[-1].endswith(" STRAGGLER")
+    data = check["data"]
+    assert data["completed_ranks"] == 6 and not data["abandoned"], (qdisc, check["message"])
+    assert data["stragglers"] == [slow.name], (qdisc, data["host_bandwidth_gbs"])
+    assert check["status"] == "warning" and f"Straggler: {slow.name} (" in check["message"]
+    assert data["slowest_rank"] in data["hosts"][slow.name]
+    assert done.returncode == 0, done.stderr  # a straggler warns; the cluster is still usable
+    human = run_fdl("@cluster", "probe", "--collective", "--collective-max-size", "64K", cwd=project,
+                    env=testbed_home, timeout=400)
+    assert "all-reduce:" in human.stdout and "slowest rank:" in human.stdout, human.stdout + human.stderr
+    assert_no_ranks_left(kit.bed)
+
+
+def test_a_host_without_pytorch_is_skipped_with_a_warning_naming_it(kit, torchpy, short_tmp, testbed_home) -> None:
+    project = collective_project(kit, short_tmp / "skip", torchpy, h3={"python": "/usr/bin/python3"})
+    done, check = probe(project, testbed_home, "--collective-max-size", "64K")
+    assert check["status"] == "warning", check["message"]
+    assert "Skipped, PyTorch cannot be imported there: h3 (/usr/bin/python3: " in check["message"]
+    assert check["data"]["hosts"] == {"h1": [0, 1], "h2": [2, 3]} and check["data"]["world_size"] == 4
+    assert done.returncode == 0, done.stderr
+    assert_no_ranks_left(kit.bed)
