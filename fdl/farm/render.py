@@ -2,8 +2,10 @@
 
 The sshd drop-in template belongs to the fdl_join_door role, and the wizard
 renders that very file, with the same whitespace rules as Ansible's template
-module (trim_blocks, trailing newline kept) and stand-ins for the two
-Ansible-only names it uses (`ansible_managed`, the `comment` filter).
+module (trim_blocks, trailing newline kept) and stand-ins for the
+Ansible-only names the templates use (`ansible_managed`, the `comment` and
+`bool` filters). The systemd unit in cloud-init user-data is likewise
+templates/fdl-join.service.j2, the file the fdl_join_worker role installs.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import jinja2
 from fdl.resources import roles_dir, templates_dir
 
 DROPIN_TEMPLATE = ("fdl_join_door", "sshd-door.conf.j2")
+UNIT_TEMPLATE = "fdl-join.service.j2"
 MANAGED = "Written by fdl join-config; install it as it is (re-run the wizard to change it)."
 
 
@@ -25,11 +28,19 @@ def comment(text: str) -> str:
     return f"#\n{body}\n#"
 
 
+def to_bool(value: object) -> bool:
+    """Ansible's `bool` filter: yes/on/1/true (any case) are true."""
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() in ("yes", "on", "1", "true", "y", "t")
+
+
 @lru_cache(maxsize=None)
 def _env(folder: str) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(folder), trim_blocks=True, keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined, autoescape=False)
     env.filters["comment"] = comment
+    env.filters["bool"] = to_bool
     return env
 
 
@@ -37,6 +48,11 @@ def render(name: str, **values: object) -> str:
     """A template from templates/farm/."""
     text = _env(str(templates_dir() / "farm")).get_template(name).render(**values)
     return text if text.endswith("\n") else text + "\n"
+
+
+def render_unit(managed: str = MANAGED, **values: object) -> str:
+    """The `fdl join --persist` systemd unit, from templates/fdl-join.service.j2 (its variables)."""
+    return _env(str(templates_dir())).get_template(UNIT_TEMPLATE).render(ansible_managed=managed, **values)
 
 
 def dropin_template_path() -> Path:

@@ -64,7 +64,7 @@ from fdl.farm.doors import (
     key_line,
 )
 from fdl.farm.overlay import OverlayEditError, current_token, has_token, read_crate, rewrite_token
-from fdl.farm.render import render, render_dropin
+from fdl.farm.render import render, render_dropin, render_unit
 from fdl.farm.sshd_config import scan
 
 FARM_ROOT = ".fdl"
@@ -72,6 +72,12 @@ WORKER_YML, DROPIN, KEY_LINE, CLOUD_INIT, SELFTEST, SNIPPET, INSTALLED = (
     "worker.yml", "sshd-door.conf", "authorized_keys.line", "cloud-init.yml", "door-selftest.sh",
     "overlay-snippet.yml", "installed-at")
 WORKER_DIR = "/etc/fdl/{label}"  # where the setup steps and cloud-init put a worker's copy
+# cloud-init's unit: templates/fdl-join.service.j2 under the name the fdl_join_worker role gives it, running the
+# fdl the image put on PATH, as the account the role creates.
+CLOUD_UNIT = "flodl-join.service"
+CLOUD_USER = "flodl"
+CLOUD_FDL = "/usr/bin/env fdl"
+CLOUD_UNIT_MANAGED = "Written by fdl join-config {label} --cloud-init (templates/fdl-join.service.j2)."
 DEFAULT_DATA_DIR = "/flodl/data"
 _USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
 _SHAPE_RE = re.compile(r"^# fdl-farm-shape: (.*)$", re.M)
@@ -655,9 +661,13 @@ def apply(plan: Plan, cwd: Path | None = None) -> FarmReport:
     selftest_values.pop("token")
     _write(farm / SELFTEST, render("door-selftest.sh.j2", **selftest_values), 0o755)
     if plan.cloud_init:
+        worker_dir = WORKER_DIR.format(label=label)
+        unit = render_unit(managed=CLOUD_UNIT_MANAGED.format(label=label), fdl_join_exec=CLOUD_FDL,
+                           fdl_join_user=CLOUD_USER, fdl_join_workdir=worker_dir)
         text = render("cloud-init.yml.j2", label=label, door=shape.door, packages=_cloud_packages(shape.door),
-                      worker_dir=WORKER_DIR.format(label=label), private_key=cred.key.read_text().rstrip("\n"),
-                      worker_yml=worker_yml.rstrip("\n"))
+                      worker_dir=worker_dir, private_key=cred.key.read_text().rstrip("\n"),
+                      worker_yml=worker_yml.rstrip("\n"), service_user=CLOUD_USER, unit_name=CLOUD_UNIT,
+                      unit=unit.rstrip("\n"))
         _write(farm / CLOUD_INIT, text, 0o600)
         files["cloud_init"] = str(farm / CLOUD_INIT)
 

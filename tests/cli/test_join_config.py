@@ -148,6 +148,33 @@ def test_cloud_init_carries_the_farm_key_and_worker_config(proj):
     assert worker["join"]["ssh"] == DOOR and worker["join"]["source"] == "rsync://op@127.0.0.1:22990:/tree"
     assert "RestartPreventExitStatus=2" in files["/etc/systemd/system/flodl-join.service"]["content"]
     assert "rsync" in doc["packages"]
+    # the agent's account owns its secrets; they are written once cloud-init created it
+    assert {"name": "flodl", "gecos": "fdl join agent", "lock_passwd": True} in doc["users"]
+    for path in ("/etc/fdl/b300/key", "/etc/fdl/b300/fdl.yml"):
+        assert files[path]["owner"] == "flodl:flodl" and files[path]["defer"] is True
+    assert doc["runcmd"][-1] == ["systemctl", "enable", "--now", "flodl-join.service"]
+
+
+def test_cloud_init_unit_is_the_shipped_template_and_systemd_accepts_it(proj, tmp_path):
+    """One source of truth: the unit in the user-data is templates/fdl-join.service.j2 as Ansible renders it."""
+    from tests.unit.templates.test_join_unit import render as ansible_render
+
+    assert proj.run("join-config", "b300", "--controller", DOOR, "--cloud-init", "--yes").returncode == 0
+    doc = yaml.safe_load((proj.farm / "b300" / "cloud-init.yml").read_text())
+    (unit,) = [f["content"] for f in doc["write_files"] if f["path"] == "/etc/systemd/system/flodl-join.service"]
+    ansible_render(tmp_path, fdl_join_exec="/usr/bin/env fdl", fdl_join_user="flodl", fdl_join_workdir="/etc/fdl/b300")
+    by_ansible = (tmp_path / "fdl-join.service").read_text()
+    body = lambda text: [line for line in text.splitlines() if not line.startswith("#")]  # noqa: E731 - headers differ
+    assert body(unit) == body(by_ansible)
+    lines = body(unit)
+    for line in ("StartLimitIntervalSec=0", "Restart=always", "RestartPreventExitStatus=2", "FailureAction=poweroff",
+                 "WorkingDirectory=/etc/fdl/b300", "ExecStart=/usr/bin/env fdl join --persist", "User=flodl"):
+        assert line in lines
+    assert not any(line.startswith("StateDirectory=") for line in lines)  # /etc/fdl/b300 is not under /var/lib
+    path = tmp_path / "flodl-join.service"
+    path.write_text(unit)
+    done = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "flodl-join.service" not in done.stderr, done.stderr
 
 
 # --------------------------------------------------------------------------- re-runs

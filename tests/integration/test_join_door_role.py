@@ -64,7 +64,8 @@ class Play:
         extra = self.sshd.base / "vars.json"
         extra.write_text(json.dumps(variables))
         env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_RETRY_FILES_ENABLED="0",
-                   ANSIBLE_HOST_KEY_CHECKING="false", ANSIBLE_STDOUT_CALLBACK="default")
+                   ANSIBLE_HOST_KEY_CHECKING="false", ANSIBLE_STDOUT_CALLBACK="default",
+                   ANSIBLE_ROLES_PATH=str(REPO / "roles"))
         done = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(self.inventory),
                                str(PLAYBOOK), "-e", f"@{extra}"], capture_output=True, text=True, env=env,
                               timeout=300)

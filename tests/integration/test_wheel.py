@@ -21,7 +21,7 @@ def test_wheel_carries_playbooks_roles_templates_plugins(tmp_path: Path) -> None
     assert build.returncode == 0, build.stderr
     (wheel,) = wheel_dir.glob("fdl-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for kind in ("playbooks", "roles", "templates", "inventory_plugins"):
+    for kind in ("playbooks", "roles", "templates", "inventory_plugins", "packer"):
         assert any(n.startswith(f"fdl/_share/{kind}/") for n in names), kind
     assert "fdl/controller/page.html" in names  # the controller's status page (GET /)
     target = tmp_path / "site"

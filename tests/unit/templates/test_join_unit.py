@@ -92,3 +92,11 @@ def test_every_directive_is_explained_in_the_template_and_in_the_docs(tmp_path):
     docs = (REPO / "docs" / "join.md").read_text()
     for key in keys(render(tmp_path, fdl_join_strict=True)):
         assert f"`{key}" in docs, f"docs/join.md does not explain {key}="
+
+
+def test_working_directory_outside_var_lib_is_not_a_state_directory(tmp_path):
+    default = keys(render(tmp_path))
+    assert default["WorkingDirectory"] == "/var/lib/fdl-join" and default["StateDirectory"] == "fdl-join"
+    moved = keys(render(tmp_path, fdl_join_workdir="/srv/worker", fdl_join_args=""))
+    assert moved["WorkingDirectory"] == "/srv/worker" and "StateDirectory" not in moved
+    assert moved["ExecStart"] == "/usr/local/bin/fdl join --persist"  # no trailing blank without extra args
