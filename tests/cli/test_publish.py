@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -217,7 +218,7 @@ def test_cwd_missing_from_the_tree_publishes_nothing(box: Box) -> None:
     (["file:///nonexistent/dir", "--bin", "x"], "is not a directory on this box"),
     (["FILE", "--bin", "x", "--to", "SRC/served"], "overlap"),
     (["FILE", "--bin", "x", "--gate", "precompiled/cu128"], "no libtorch variant 'precompiled/cu128'"),
-    (["FILE", "--bin", "x", "--build", "cargo build", "ENV:PATH=/usr/bin:/bin"], "needs cargo"),
+    (["FILE", "--bin", "x", "--build", "cargo build", "ENV:PATH=RSYNC_ONLY"], "needs cargo"),
     (["FILE", "--bin", "x", "ENV:LIBTORCH_PATH=/nonexistent/libtorch"], "LIBTORCH_PATH=/nonexistent/libtorch does "
                                                                        "not exist"),
 ])
@@ -229,6 +230,12 @@ def test_refusals_before_anything_is_touched_keep_the_previous_run(box: Box, arg
     for word in argv:
         if word.startswith("ENV:"):
             name, _, value = word[4:].partition("=")
+            if value == "RSYNC_ONLY":  # a PATH holding rsync alone: cargo is surely absent
+                only = box.src.parent / "rsync-only-bin"
+                only.mkdir(exist_ok=True)
+                if not (only / "rsync").exists():
+                    (only / "rsync").symlink_to(shutil.which("rsync"))
+                value = str(only)
             env[name] = value
             continue
         words.append(word.replace("FILE", f"file://{box.src}").replace("SRC", str(box.src)))
