@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Install everything the tests need (Debian packages, fdl with its test extras,
 # the CPU build of PyTorch) and run the whole suite. Extra arguments go to pytest.
+#   scripts/test.sh --matrix   every supported controller combination of Python and ansible-core
+#                              instead (docs/ansible.md, "Supported platforms"; venvs cached under
+#                              ~/.cache/fdl-test/matrix or FDL_MATRIX_CACHE)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
@@ -16,4 +19,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 scripts/install.sh '.[test]'
 .venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/python -m pip install -q torch==2.13.0
+if [ "${1:-}" = "--matrix" ]; then
+    shift; export FDL_MATRIX=all; set -- tests/integration/cluster/test_platforms.py "$@"
+fi
 exec .venv/bin/python -m pytest "$@"
