@@ -126,6 +126,13 @@ def test_controller_combination(combo, wheel, kit, fake_nvml, short_tmp, testbed
     assert inventory["_meta"]["hostvars"]["h2"]["ansible_host"] == h2.address
     assert inventory["_meta"]["hostvars"]["h2"]["ansible_user"] == h2.user
 
+    # the shipped playbook straight from ansible-playbook, as Ansible users run it: green, nothing deprecated
+    played = run(venv, ["ansible-playbook", "-i", "fdl.cluster.yml", f"{share}/playbooks/probe.yml"], project,
+                 {**testbed_home, "ANSIBLE_CONFIG": f"{share}/ansible.cfg"})
+    assert played.returncode == 0, played.stdout[-3000:] + played.stderr
+    assert "DEPRECATION WARNING" not in played.stdout + played.stderr, played.stdout + played.stderr
+    assert "[WARNING]" not in played.stdout + played.stderr, played.stdout + played.stderr
+
     launch = launch_project(kit, short_tmp / "launch", kit.workers(h1={"local_devices": "cpu:1"},
                                                                     h2={"local_devices": "cpu:1"}))
     done = run(venv, ["fdl", "@cluster", "train"], launch, testbed_home)
