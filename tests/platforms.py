@@ -40,7 +40,8 @@ class Combo:
 # requires Python 3.12 on the controller; pyproject.toml caps the lines at <2.22).
 NEWEST = {"3.11": "2.19", "3.12": "2.21", "3.13": "2.21"}
 LINES = ("2.19", "2.20", "2.21")
-MATRIX = [Combo(py, line) for py in NEWEST for line in LINES if line <= NEWEST[py]]
+MATRIX = [Combo(py, line) for py in NEWEST for line in LINES
+          if tuple(map(int, line.split("."))) <= tuple(map(int, NEWEST[py].split(".")))]
 # What the default test run covers: the oldest and the newest combination.
 DEFAULT = [Combo("3.11", "2.19"), Combo("3.13", "2.21")]
 # ansible-core 2.20 and later run modules on Python 3.9+; 2.19 still on 3.8.
@@ -82,10 +83,9 @@ def find_python(version: str) -> Path | None:
         candidates.append(os.environ[env_name])
     if "{}.{}".format(*sys.version_info[:2]) == version:
         candidates.append(sys.executable)
-    for name in (f"python{version}",):
-        on_path = shutil.which(name)
-        if on_path:
-            candidates.append(on_path)
+    on_path = shutil.which(f"python{version}")
+    if on_path:
+        candidates.append(on_path)
     versions = _pyenv_root() / "versions"
     if versions.is_dir():
         for tree in sorted(versions.glob(f"{version}.*"), reverse=True):
