@@ -9,9 +9,11 @@ controller's training port on the controller box's loopback. On top of that:
 - door a ("mount"): the key runs sshd's built-in sftp server read-only
   (`internal-sftp -R`), starting in the served directory: what sshfs needs to
   mount a dataset, and nothing that writes;
-- door b ("source"): the key runs `rrsync -ro <served>`, so rsync can pull the
-  published run tree and nothing else (rrsync re-roots every path under
-  <served> and refuses writes);
+- door b ("source"): the key runs `rrsync -ro -munge <served>`, so rsync can
+  pull the published run tree and nothing else (rrsync re-roots every path
+  under <served> and refuses writes; -munge makes the server rewrite every
+  symlink it sends, so no client option, `--copy-unsafe-links` included, can
+  follow a link out of the tree);
 - tunnel-only: the forward and nothing more; the drop-in adds a ForceCommand
   that ends any session at once.
 
@@ -71,7 +73,7 @@ def key_options(door: str, *, controller_port: int, served: str | None = None, r
             raise DoorError("door b needs the served directory")
         if not _SAFE_PATH_RE.match(rrsync) and rrsync != "rrsync":
             raise DoorError(f"rrsync path {rrsync!r} needs quoting; install rrsync somewhere plainer")
-        return f'{permit},command="{rrsync} -ro {check_served(served)}"'
+        return f'{permit},command="{rrsync} -ro -munge {check_served(served)}"'
     if door == DOOR_TUNNEL:
         return permit
     raise DoorError(f"unknown door {door!r}: choose one of {', '.join(DOORS)}")

@@ -69,7 +69,7 @@ def test_publish_writes_tree_and_manifest_and_reports_both_worker_spellings(box:
     assert (box.tree / "out" / "app").read_text() == "one\n"
     out = result.stdout
     assert f"published run {manifest['run']}" in out
-    assert ":/tree\n" in out and f'command="rrsync -ro {box.served}",restrict' in out
+    assert ":/tree\n" in out and f'command="rrsync -ro -munge {box.served}",restrict' in out
     assert f":{box.served}/tree\n" in out and "ordinary ssh key" in out
     assert "fdl publish: source: copied" in result.stderr  # notes go to stderr
 
@@ -84,7 +84,7 @@ def test_json_twin_carries_the_same_data_on_stdout_only(box: Box) -> None:
     assert data["run"] == box.manifest()["run"] and data["tree"] == str(box.tree)
     spellings = {w["key"]: w for w in data["worker_sources"]}
     assert spellings["rrsync"]["source"].endswith(":/tree")
-    assert spellings["rrsync"]["authorized_keys_options"] == f'command="rrsync -ro {box.served}",restrict'
+    assert spellings["rrsync"]["authorized_keys_options"] == f'command="rrsync -ro -munge {box.served}",restrict'
     assert spellings["plain"]["source"].endswith(f":{box.served}/tree")
     human = ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD)).stdout
     for spelling in spellings.values():
@@ -183,18 +183,39 @@ def test_bare_publish_without_a_block_needs_source_and_bin(box: Box) -> None:
 # --------------------------------------------------------------------------- the commit point
 
 
-def test_failing_build_publishes_nothing_and_the_previous_manifest_does_not_survive(box: Box) -> None:
+def test_failing_build_publishes_nothing_and_the_previous_run_stays_served(box: Box) -> None:
+    """regression: a failed rebuild took the live run down (its manifest was removed before the build)."""
     ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
-    assert box.manifest() is not None
+    before = box.manifest()
+    assert before is not None
     (box.src / "a.txt").write_text("two\n")
     result = box.publish(f"file://{box.src}", "--bin", "out/app", "--build", "echo compiler says no >&2; exit 3",
                          "--json")
     assert result.returncode == 1
     assert "the build gate failed" in result.stderr and "exited 3" in result.stderr
     assert "compiler says no" in result.stderr
+    assert "Nothing was published: the previous run stays served" in result.stderr
     assert json.loads(result.stdout)["published"] is False
-    assert not (box.tree / MANIFEST_NAME).exists()
-    assert [p.name for p in box.tree.iterdir() if p.name.startswith(MANIFEST_NAME)] == []
+    assert box.manifest() == before  # the previous run, whole: its tree and its build
+    assert (box.tree / "a.txt").read_text() == "one\n" and (box.tree / "out" / "app").read_text() == "one\n"
+    staged = [p for p in (box.served / "releases").iterdir() if p.resolve() != box.tree.resolve()]
+    assert [p.name for s in staged for p in s.iterdir() if p.name.startswith(MANIFEST_NAME)] == []
+
+
+def test_a_bin_typo_keeps_the_previous_run_served(box: Box) -> None:
+    """regression: a `--bin` typo left the fleet with nothing to pull until the next good publish."""
+    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    before = box.manifest()
+    result = box.publish(f"file://{box.src}", "--bin", "out/ap", "--build", BUILD)
+    assert result.returncode == 1 and "bin 'out/ap' is not there" in result.stderr
+    assert box.manifest() == before
+
+
+def test_first_failing_publish_leaves_no_manifest_anywhere(box: Box) -> None:
+    result = box.publish(f"file://{box.src}", "--bin", "out/app", "--build", "exit 3")
+    assert result.returncode == 1 and "Nothing was published: nothing is served yet" in result.stderr
+    assert not box.tree.exists()
+    assert list(box.served.rglob(MANIFEST_NAME + "*")) == []
 
 
 def test_missing_artifact_fails_the_gate(box: Box) -> None:
@@ -205,9 +226,10 @@ def test_missing_artifact_fails_the_gate(box: Box) -> None:
 
 def test_cwd_missing_from_the_tree_publishes_nothing(box: Box) -> None:
     ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    before = box.manifest()
     result = box.publish(f"file://{box.src}", "--cwd", "nope", "--bin", "out/app", "--build", BUILD)
     assert result.returncode == 1 and "cwd 'nope' is not a directory in the fetched tree" in result.stderr
-    assert box.manifest() is None
+    assert box.manifest() == before
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -254,14 +276,23 @@ def test_identity_for_a_file_source_is_noted_as_ignored(box: Box) -> None:
     assert "--identity is used for rsync:// and git+ssh:// sources only" in result.stderr
 
 
+def staging(box: Box) -> Path:
+    """The release slot the next publish fetches into: the one `tree` does not point at."""
+    live = box.tree.resolve()
+    return next(p for p in (box.served / "releases").iterdir() if p.resolve() != live)
+
+
 def test_tree_follows_the_source_incrementally(box: Box) -> None:
     (box.src / "gone.txt").write_text("x\n")
     ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
-    (box.tree / "target").mkdir()
-    (box.tree / "target" / "cache").write_text("warm")
+    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))  # both slots hold the tree now
+    slot = staging(box)
+    (slot / "target").mkdir()
+    (slot / "target" / "cache").write_text("warm")
     (box.src / "gone.txt").unlink()
     (box.src / "new.txt").write_text("new\n")
     ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    assert box.tree.resolve() == slot.resolve()
     assert not (box.tree / "gone.txt").exists()
     assert (box.tree / "new.txt").exists()
     assert (box.tree / "target" / "cache").read_text() == "warm"  # build output survives a refetch
@@ -271,7 +302,8 @@ def test_tree_follows_the_source_incrementally(box: Box) -> None:
 def test_a_same_size_edit_within_the_same_second_is_published(box: Box) -> None:
     """rsync's default quick check compares whole seconds; found by the crash-injection test."""
     ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
-    copied = (box.tree / "a.txt").stat().st_mtime_ns
+    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    copied = (staging(box) / "a.txt").stat().st_mtime_ns  # the copy the next publish updates
     (box.src / "a.txt").write_text("two\n")  # same size
     same_second = copied + 1 if copied % 1_000_000_000 < 999_999_999 else copied - 1
     os.utime(box.src / "a.txt", ns=(same_second, same_second))
@@ -317,7 +349,7 @@ def test_gate_variants_check_build_under_their_own_target_dir(box: Box) -> None:
                             "--json", FDL_TEST_LOG=str(log), CUDA_HOME=str(cuda)))
     primary, gate = [line.split("|") for line in log.read_text().splitlines()]
     assert primary[1:] == ["", primary[2], ""]
-    assert gate[0] == str(cu128) and gate[1] == "cuda" and gate[3] == str(box.tree / "target/gate/precompiled/cu128")
+    assert gate[0] == str(cu128) and gate[1] == "cuda" and gate[3] == str(box.tree.resolve() / "target/gate/precompiled/cu128")
     data = json.loads(result.stdout)
     assert [g["name"] for g in data["gates"]] == ["build", "precompiled/cu128"]
 
@@ -327,12 +359,13 @@ def test_a_failing_check_build_publishes_nothing(box: Box) -> None:
     (box.home / ".flodl" / "libtorch" / ".active").write_text("precompiled/cpu\n")
     recipe = 'case "$LIBTORCH_PATH" in *cpu-other*) echo "only breaks there" >&2; exit 1;; esac; ' + BUILD
     ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    before = box.manifest()
     fake_variant(box.home, "precompiled/cpu-other")
     result = box.publish(f"file://{box.src}", "--bin", "out/app", "--build", recipe, "--gate",
                          "precompiled/cpu-other")
     assert result.returncode == 1
     assert "--gate precompiled/cpu-other: the check-build failed" in result.stderr
-    assert box.manifest() is None
+    assert box.manifest() == before
 
 
 def test_a_gate_without_the_vendor_headers_fails_loudly_with_the_package_line(box: Box) -> None:

@@ -174,7 +174,7 @@ def test_worker_pulls_through_an_rrsync_ro_key(tmp_path: Path, sshd: LoopbackSsh
     src.mkdir()
     (src / "a.txt").write_text("served\n")
     served = home / ".flodl" / "run"
-    sshd.authorize(f'command="rrsync -ro {served}",restrict')
+    sshd.authorize(f'command="rrsync -ro -munge {served}",restrict')
     spec = parse_source_spec(f"rsync://{sshd.user}@127.0.0.1:{sshd.port}:/tree")
     worker = tmp_path / "worker" / "tree"
     env = dict(os.environ, RSYNC_RSH=sshd.rsync_rsh)
@@ -186,7 +186,7 @@ def test_worker_pulls_through_an_rrsync_ro_key(tmp_path: Path, sshd: LoopbackSsh
     data = json.loads(ok(publish(home, f"file://{src}", "--bin", "out/app", "--build", GIT_BUILD, "--json",
                                  cwd=tmp_path)).stdout)
     rrsync_spelling = next(w for w in data["worker_sources"] if w["key"] == "rrsync")
-    assert rrsync_spelling["authorized_keys_options"] == f'command="rrsync -ro {served}",restrict'
+    assert rrsync_spelling["authorized_keys_options"] == f'command="rrsync -ro -munge {served}",restrict'
 
     manifest = pull_run(spec, worker, identity=str(sshd.client_key), env=env)
     assert manifest.run == data["run"]
