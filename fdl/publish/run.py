@@ -1,4 +1,4 @@
-"""`fdl publish`: resolve a source into the served tree, gate it, commit the manifest.
+"""`fdl publish`: resolve a source into a staged release, gate it, flip the served tree to it.
 
 The order is the whole design:
 
@@ -7,13 +7,17 @@ The order is the whole design:
    libtorch variants and their vendor headers are there), so a typo costs
    nothing;
 2. the served directory's lock is taken (two publishes never interleave);
-3. the manifest is removed: from here on a worker finds no run and waits;
-4. the tree is updated incrementally (rsync --delete, or git fetch + checkout);
+3. the staging release (`<served>/releases/a` or `b`, whichever `<served>/tree`
+   does not point at) loses its old manifest;
+4. it is updated incrementally (rsync --delete, or git fetch + checkout); a
+   manifest the source carries is removed, links out of the tree refuse the
+   publish, the warm build cache moves in;
 5. the gate builds it (and each --gate check-builds it);
-6. the manifest is written atomically, with a fresh run nonce.
+6. the manifest is written into it atomically, with a fresh run nonce;
+7. `<served>/tree` is flipped to it: one rename of a symlink.
 
-A crash or a failure anywhere between 3 and 6 leaves no manifest, so a tree
-with a manifest is always complete and gated.
+A failure or a crash anywhere before 7 leaves `tree` on the previous run,
+whole; after 7 it is on the new one, whole.
 """
 
 from __future__ import annotations
@@ -423,6 +427,41 @@ def links_out_of_tree(tree: Path) -> list[tuple[str, str]]:
     return sorted(found)
 
 
+def carry_build_output(live: Path, stage: Path) -> int:
+    """Move the live release's build output (`target/` directories) into the staging one; returns how many.
+
+    One warm cargo cache follows the newest build from slot to slot, so a
+    republish compiles only what changed (cargo keeps a moved target/ valid:
+    its fingerprints are relative to the package). Workers never pull
+    target/, so the live run loses nothing they fetch. A target/ already in
+    the staging slot is kept when the live one has none (the last build ran
+    there and failed).
+    """
+    moved = 0
+    for root, dirs, _ in os.walk(live):
+        rel = os.path.relpath(root, live)
+        descend = []
+        for name in dirs:
+            here = Path(root) / name
+            if name == ".git" or (rel == "." and name == "libtorch") or here.is_symlink():
+                continue
+            if name != "target":
+                descend.append(name)
+                continue
+            parent = stage / rel
+            if not parent.is_dir() or parent.is_symlink():
+                continue
+            dest = parent / name
+            if dest.is_symlink() or dest.is_file():
+                dest.unlink()
+            elif dest.exists():
+                shutil.rmtree(dest)
+            os.rename(here, dest)
+            moved += 1
+        dirs[:] = descend
+    return moved
+
+
 def publish(request: PublishRequest, *, project_root: Path | None = None, note: Note = lambda _: None,
             output: IO | None = None) -> PublishResult:
     """Publish a run. Raises an FdlError (exit 1) when nothing new was published.
@@ -474,6 +513,12 @@ def publish(request: PublishRequest, *, project_root: Path | None = None, note: 
                 f"the source holds {len(escaping)} symbolic link(s) that reach outside the tree; a served tree "
                 f"never points outside itself:\n" + "\n".join(shown) + f"\nNothing was published: {kept}.",
                 hint="Make each link relative and inside the tree, or replace it with the file it names.")
+        if live is not None:
+            try:
+                carry_build_output(served / RELEASES_NAME / live, stage)
+            except OSError as exc:
+                say(f"could not move the warm build output into {stage} ({exc.strerror}); the gate builds "
+                    f"what it lacks")
         if not (stage / request.cwd).is_dir():
             raise PublishError(f"cwd '{request.cwd}' is not a directory in the fetched tree. Nothing was "
                                f"published: {kept}.", hint="cwd is a path inside the source tree.")

@@ -285,18 +285,18 @@ def staging(box: Box) -> Path:
 def test_tree_follows_the_source_incrementally(box: Box) -> None:
     (box.src / "gone.txt").write_text("x\n")
     ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
-    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))  # both slots hold the tree now
-    slot = staging(box)
-    (slot / "target").mkdir()
-    (slot / "target" / "cache").write_text("warm")
+    (box.tree / "target").mkdir()
+    (box.tree / "target" / "cache").write_text("warm")
     (box.src / "gone.txt").unlink()
     (box.src / "new.txt").write_text("new\n")
     ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
-    assert box.tree.resolve() == slot.resolve()
     assert not (box.tree / "gone.txt").exists()
     assert (box.tree / "new.txt").exists()
-    assert (box.tree / "target" / "cache").read_text() == "warm"  # build output survives a refetch
+    assert (box.tree / "target" / "cache").read_text() == "warm"  # build output follows the new release
     assert (box.tree / "out" / "app").read_text() == "one\nnew\n"
+    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    assert (box.tree / "target" / "cache").read_text() == "warm"
+    assert not (staging(box) / "target").exists()  # one cache, not one per release
 
 
 def test_a_same_size_edit_within_the_same_second_is_published(box: Box) -> None:
