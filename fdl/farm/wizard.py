@@ -79,7 +79,7 @@ CLOUD_USER = "flodl"
 CLOUD_FDL = "/usr/bin/env fdl"
 CLOUD_UNIT_MANAGED = "Written by fdl join-config {label} --cloud-init (templates/fdl-join.service.j2)."
 DEFAULT_DATA_DIR = "/flodl/data"
-_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
+_USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}")
 _SHAPE_RE = re.compile(r"^# fdl-farm-shape: (.*)$", re.M)
 
 
@@ -209,7 +209,7 @@ def parse_controller(text: str, default_user: str) -> tuple[str, str, int]:
     """`[user@]host[:port]` -> (user, host, door port)."""
     user, _, rest = text.rpartition("@")
     user = user or default_user
-    if not _USER_RE.match(user):
+    if not _USER_RE.fullmatch(user):
         raise refusal(f"--controller {text!r}: {user!r} is not a login name (letters, digits, '.', '-', '_').")
     try:
         host, port = split_host_port(rest, default_port=DEFAULT_DOOR_PORT)
