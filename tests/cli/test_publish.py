@@ -349,7 +349,8 @@ def test_gate_variants_check_build_under_their_own_target_dir(box: Box) -> None:
                             "--json", FDL_TEST_LOG=str(log), CUDA_HOME=str(cuda)))
     primary, gate = [line.split("|") for line in log.read_text().splitlines()]
     assert primary[1:] == ["", primary[2], ""]
-    assert gate[0] == str(cu128) and gate[1] == "cuda" and gate[3] == str(box.tree.resolve() / "target/gate/precompiled/cu128")
+    assert gate[0] == str(cu128) and gate[1] == "cuda"
+    assert gate[3] == str(box.tree.resolve() / "target/gate/precompiled/cu128")
     data = json.loads(result.stdout)
     assert [g["name"] for g in data["gates"]] == ["build", "precompiled/cu128"]
 

@@ -53,7 +53,7 @@ def test_control_sockets_move_to_a_short_path_when_the_cache_is_deep(monkeypatch
 
 @pytest.fixture
 def deep_cache(monkeypatch, short_tmp):
-    """A cache path too long for sockets, and a private stand-in for /tmp: the fallback path is short_tmp/t/fdl-cp-UID."""
+    """A cache path too long for sockets and a stand-in for /tmp: the fallback is short_tmp/t/fdl-cp-UID."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(short_tmp / ("d" * 80)))
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     (short_tmp / "t").mkdir(mode=0o1777)
