@@ -6,11 +6,15 @@ A dependency-free Rust crate (plus --files filler source files, so the copy has
 something to do) is published with the default gate (`cargo build --release`):
 
 - cold:   into a fresh served directory (full copy, full build);
-- warm:   again, nothing changed (rsync sends nothing, cargo finds nothing to do);
+- fill:   again, nothing changed: the publish is staged in the served
+          directory's second release, so this one copy is full (the build
+          cache moves along, so cargo finds nothing to do);
+- warm:   again, nothing changed, into the first release again (rsync sends
+          nothing, cargo finds nothing to do): every later republish;
 - edit:   after a one-line change to main.rs (one file copied, one crate rebuilt);
 - bare:   `fdl publish --help`, the fixed cost of starting fdl.
 
-Prints the median wall time of each and the ratios warm/cold and edit/cold.
+Prints the median wall time of each and the ratios fill/cold, warm/cold and edit/cold.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ def main() -> int:
     if shutil.which("cargo") is None:
         raise SystemExit("bench: needs cargo on PATH")
     compile_package()
-    samples: dict[str, list[float]] = {"bare": [], "cold": [], "warm": [], "edit": []}
+    samples: dict[str, list[float]] = {"bare": [], "cold": [], "fill": [], "warm": [], "edit": []}
     with tempfile.TemporaryDirectory(prefix="fdl-bench-publish-") as tmp:
         root = Path(tmp)
         crate = root / "crate"
@@ -69,6 +73,7 @@ def main() -> int:
                        "--to", str(served)]
             samples["bare"].append(timed([PY, "-m", "fdl", "publish", "--help"], root, env))
             samples["cold"].append(timed(publish, root, env))
+            samples["fill"].append(timed(publish, root, env))
             samples["warm"].append(timed(publish, root, env))
             (crate / "src" / "main.rs").write_text(f'fn main() {{ println!("{run + 1}"); }}\n')
             samples["edit"].append(timed(publish, root, env))
@@ -76,9 +81,10 @@ def main() -> int:
     med = {name: statistics.median(values) for name, values in samples.items()}
     print(f"crate with {args.files} filler files, {args.runs} runs, {os.cpu_count()} cpus")
     print(f"{'publish':<8} {'median s':>9} {'x cold':>7}")
-    for name in ("cold", "warm", "edit", "bare"):
+    for name in ("cold", "fill", "warm", "edit", "bare"):
         print(f"{name:<8} {med[name]:>9.2f} {med[name] / med['cold']:>7.2f}")
-    print(f"warm/cold = {med['warm'] / med['cold']:.2f}, edit/cold = {med['edit'] / med['cold']:.2f}")
+    print(f"fill/cold = {med['fill'] / med['cold']:.2f}, warm/cold = {med['warm'] / med['cold']:.2f}, "
+          f"edit/cold = {med['edit'] / med['cold']:.2f}")
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 from fdl.errors import UsageError
@@ -29,9 +30,9 @@ def parse_gpus(spec: str, present: int | None = -1) -> GpuSelection:
         part = part.strip()
         if not part:
             raise UsageError(f"--gpus {spec!r}: an empty entry; list indices like 0,1 with no gaps.")
-        if part.startswith("-") and part[1:].isdigit():
+        if part.startswith("-") and re.fullmatch(r"[0-9]+", part[1:]):
             raise UsageError(f"--gpus {spec!r}: {part} is negative; GPU indices start at 0.")
-        if not part.isdigit():
+        if not re.fullmatch(r"[0-9]{1,9}", part):
             raise UsageError(f"--gpus {spec!r}: {part!r} is not a GPU index; use 'all' or whole numbers like 0,1.")
         index = int(part)
         if index in ids:

@@ -21,8 +21,11 @@ def show(
     ctx: typer.Context,
     env: Annotated[str | None, typer.Argument(help="Env overlay to show (default: the selected env).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
+    show_secrets: Annotated[bool, typer.Option("--show-secrets", help="Print tokens and key material in clear "
+                                               "(masked as <redacted: N chars, set in FILE:LINE> by default).")
+                            ] = False,
 ) -> None:
-    """Print the merged fdl.yml (+ overlays) with the file and line of every value."""
+    """Print the merged fdl.yml (+ overlays) with the file and line of every value; secrets masked."""
     from fdl.config import EnvSelection
     from fdl.config.show import annotated_yaml, as_json as render_json
 
@@ -42,7 +45,7 @@ def show(
         "gpus_spec": g.gpus_spec,
     }
     if as_json:
-        typer.echo(render_json(cfg, {"selection": selection}))
+        typer.echo(render_json(cfg, {"selection": selection}, show_secrets=show_secrets))
         return
     from fdl.config.source import display_path
 
@@ -50,4 +53,4 @@ def show(
               "files, merged in order: " + ", ".join(display_path(p) for p in cfg.files)]
     if g.gpus is not None:
         header.append(f"--gpus: {g.gpus} (command line; CUDA_VISIBLE_DEVICES for every process started)")
-    typer.echo(annotated_yaml(cfg, header), nl=False)
+    typer.echo(annotated_yaml(cfg, header, show_secrets=show_secrets), nl=False)

@@ -37,6 +37,7 @@ import json
 import os
 import shlex
 import signal
+import stat
 import sys
 import sysconfig
 import tempfile
@@ -159,12 +160,78 @@ def ansible_bin_dir() -> Path:
     return scripts
 
 
+def _fits(directory: Path) -> bool:
+    return len(str(directory)) + 1 + 40 + 17 <= _MAX_SOCKET_PATH
+
+
+def _private_runtime_dir() -> Path | None:
+    """$XDG_RUNTIME_DIR when it is what the spec promises: absolute, a directory, ours, mode 0700."""
+    value = os.environ.get("XDG_RUNTIME_DIR", "")
+    if not value or not os.path.isabs(value):
+        return None
+    try:
+        st = os.lstat(value)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    return Path(value)
+
+
 def control_path_dir() -> Path:
-    """Where persistent SSH masters live: short and stable, so later runs find them."""
+    """Where persistent SSH masters live: private, short and stable, so later runs find them.
+
+    $XDG_RUNTIME_DIR/fdl-cp first (a per-user tmpfs the system made 0700),
+    then ~/.cache/fdl/cp, then /tmp/fdl-cp-<uid> when both paths are too long
+    for a socket. `ready_control_path_dir` checks it before use.
+    """
+    runtime = _private_runtime_dir()
+    if runtime is not None and _fits(runtime / "fdl-cp"):
+        return runtime / "fdl-cp"
     preferred = cache_dir() / "cp"
-    if len(str(preferred)) + 1 + 40 + 17 <= _MAX_SOCKET_PATH:
+    if _fits(preferred):
         return preferred
     return Path(tempfile.gettempdir()) / f"fdl-cp-{os.getuid()}"
+
+
+def ready_control_path_dir() -> Path:
+    """The ControlPath directory, created 0700 and checked: a real directory, owned by this user, private.
+
+    Anyone who can write there can swap a master socket for their own and sit
+    in the middle of every multiplexed ssh session Ansible and dispatch open,
+    so a directory that fails any check is refused, never used or repaired.
+    """
+    directory = control_path_dir()
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise FdlError(f"cannot create the ssh ControlPath directory {directory}: {exc.strerror}.",
+                       hint="Set XDG_RUNTIME_DIR or XDG_CACHE_HOME to a private directory of yours.") from None
+    try:
+        st = os.lstat(directory)
+    except OSError as exc:
+        raise FdlError(f"cannot inspect the ssh ControlPath directory {directory}: {exc.strerror}.") from None
+    problems = []
+    if stat.S_ISLNK(st.st_mode):
+        problems.append("it is a symbolic link")
+    elif not stat.S_ISDIR(st.st_mode):
+        problems.append("it is not a directory")
+    if st.st_uid != os.getuid():
+        problems.append(f"it belongs to uid {st.st_uid}, not to you (uid {os.getuid()})")
+    if st.st_mode & 0o077:
+        problems.append(f"its mode is {stat.S_IMODE(st.st_mode):04o}, not 0700")
+    if problems:
+        raise FdlError(
+            f"the ssh ControlPath directory {directory} is not private: {'; '.join(problems)}. Whoever can write "
+            f"there can take over the multiplexed ssh sessions fdl's Ansible and dispatch ride on, so fdl does "
+            f"not use it.",
+            hint=f"If it is yours, `rm -rf {directory}` and run again; if another user made it, ask an "
+                 f"administrator to remove it, or set XDG_RUNTIME_DIR (or a shorter XDG_CACHE_HOME) so fdl uses "
+                 f"a directory of your own.")
+    return directory
 
 
 def _pinned_settings(cfg: Path) -> dict[str, str]:
@@ -180,8 +247,7 @@ def _pinned_settings(cfg: Path) -> dict[str, str]:
 def ansible_environment(forks: int) -> dict[str, str]:
     """Environment overrides for an ansible-playbook started by fdl."""
     cfg = ansible_cfg()
-    cp_dir = control_path_dir()
-    cp_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    cp_dir = ready_control_path_dir()
     env = _pinned_settings(cfg)
     env.update({
         "ANSIBLE_CONFIG": str(cfg),

@@ -18,7 +18,7 @@ from __future__ import annotations
 import shlex
 
 from fdl.cluster.inventory import InventoryHost
-from fdl.cluster.runner import _pinned_settings, control_path_dir
+from fdl.cluster.runner import _pinned_settings, ready_control_path_dir
 from fdl.resources import ansible_cfg
 
 
@@ -27,8 +27,7 @@ def ssh_options() -> list[str]:
     pinned = _pinned_settings(ansible_cfg())
     words = shlex.split(pinned.get("ANSIBLE_SSH_ARGS", ""))
     timeout = pinned.get("ANSIBLE_TIMEOUT", "10")
-    cp_dir = control_path_dir()
-    cp_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    cp_dir = ready_control_path_dir()
     return [*words, "-o", f"ConnectTimeout={timeout}", "-o", f"ControlPath={cp_dir}/%C"]
 
 

@@ -31,7 +31,7 @@ from fdl.config.source import Layer, display_path, read_layer
 from fdl.errors import ConfigError, UsageError
 
 INHERIT_KEY = "inherit-from"
-_ENV_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_ENV_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # fullmatch: `$` would accept a trailing newline
 
 
 class EnvSelection(NamedTuple):
@@ -46,7 +46,7 @@ class EnvSelection(NamedTuple):
         environ = os.environ if environ is None else environ
         for name, source in ((flag, "--env"), (sigil, "@sigil"), (environ.get("FDL_ENV") or None, "FDL_ENV")):
             if name:
-                if not _ENV_RE.match(name):
+                if not _ENV_RE.fullmatch(name):
                     raise UsageError(
                         f"env name {name!r} (from {source}) is not valid: use letters, digits, '-' and '_', "
                         f"as in fdl.<name>.yml."
@@ -105,7 +105,7 @@ def _overlay_chain(root: Path, env: EnvSelection) -> list[Layer]:
         chain.append(layer)
         parent = layer.data.pop(INHERIT_KEY, None)
         layer.origins.pop((INHERIT_KEY,), None)
-        if parent is not None and (not isinstance(parent, str) or not _ENV_RE.match(parent)):
+        if parent is not None and (not isinstance(parent, str) or not _ENV_RE.fullmatch(parent)):
             origin = layer.origins.get((), None)
             raise ConfigError(
                 f"{display_path(path)}: inherit-from: expected the name of another env (fdl.<name>.yml), "

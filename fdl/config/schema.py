@@ -20,10 +20,15 @@ from fdl.errors import ConfigError
 DEFAULT_PORT = 1337
 DEFAULT_DATA_PATH = "/flodl/data"
 START_MODES = ("auto", "manual", "hybrid")
-_HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9._-]{0,251}[A-Za-z0-9_])?$")
-_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}\$?$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Every pattern here is used with fullmatch: `$` also matches before a trailing
+# newline, so "node\n" would pass a `^...$` match.
+_HOST_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9_])?")
+_USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}\$?")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_ASCII_DIGITS_RE = re.compile(r"0|[1-9][0-9]{0,8}")  # a plain decimal: no sign, no leading zero
+# An IPv6 zone (fe80::1%eth0) names an interface: interface-name characters only.
+_SCOPE_RE = re.compile(r"[A-Za-z0-9._-]{1,15}")
 
 
 # --------------------------------------------------------------------------- model
@@ -208,8 +213,8 @@ class _Checker:
 
     def integer(self, value: Any, path: tuple, lo: int, hi: int, what: str = "a whole number") -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, str) and value.strip().isdigit():
-                value = int(value.strip())
+            if isinstance(value, str) and _ASCII_DIGITS_RE.fullmatch(value):
+                value = int(value)
             else:
                 raise self.fail(path, f"{what} from {lo} to {hi}", value)
         if not lo <= value <= hi:
@@ -238,7 +243,7 @@ class _Checker:
 
     def user(self, value: Any, path: tuple) -> str:
         text = self.string(value, path)
-        if not _USER_RE.match(text):
+        if not _USER_RE.fullmatch(text):
             raise self.fail(path, "a login name (letters, digits, '.', '-', '_')", value)
         return text
 
@@ -255,7 +260,7 @@ class _Checker:
         block = value
         out = []
         for key, val in block.items():
-            if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
+            if not isinstance(key, str) or not _ENV_NAME_RE.fullmatch(key):
                 raise self.fail(path + (key,), "an environment variable name (letters, digits, '_')", key)
             out.append((key, self.string(val, path + (key,), nonempty=False)))
         return tuple(out)
@@ -275,13 +280,39 @@ def _show(value: Any) -> str:
 
 
 def is_valid_host(text: str) -> bool:
-    if _HOST_RE.match(text):
+    """A host name or an IP address (IPv6 possibly in brackets, its zone an interface name); nothing else."""
+    if not isinstance(text, str):
+        return False
+    if _HOST_RE.fullmatch(text):
         return True
+    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    address, percent, scope = bare.partition("%")
+    if percent and (":" not in address or not _SCOPE_RE.fullmatch(scope)):
+        return False
     try:
-        ipaddress.ip_address(text.strip("[]"))
+        ipaddress.ip_address(bare)
     except ValueError:
         return False
     return True
+
+
+def unicast_problem(text: str) -> str | None:
+    """Why an IP address cannot be a worker's address (None: a host name, or an address a worker can have)."""
+    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    try:
+        ip = ipaddress.ip_address(bare.partition("%")[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_unspecified:
+        return "the unspecified address (it names no host: 'any address' when listening)"
+    if ip.is_multicast:
+        return "a multicast address"
+    if isinstance(ip, ipaddress.IPv4Address) and (ip == ipaddress.IPv4Address("255.255.255.255")
+                                                   or ip in ipaddress.IPv4Network("240.0.0.0/4")):
+        return "a broadcast or reserved address"
+    return None
 
 
 def split_host_port(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
@@ -300,7 +331,7 @@ def split_host_port(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, i
         raise ValueError(f"{host!r} is not a host name or IP address")
     if port_text == "":
         return host, default_port
-    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+    if not _ASCII_DIGITS_RE.fullmatch(port_text) or not 1 <= int(port_text) <= 65535:
         raise ValueError(f"port {port_text!r} is not a number from 1 to 65535")
     return host, int(port_text)
 
@@ -317,7 +348,7 @@ def parse_devices(value: Any) -> Devices:
             return Devices()
         if text.startswith("cpu:"):
             count = text[4:]
-            if not count.isdigit() or not 1 <= int(count) <= 256:
+            if not _ASCII_DIGITS_RE.fullmatch(count) or not 1 <= int(count) <= 256:
                 raise ValueError("cpu:N needs N from 1 to 256")
             return Devices(kind="cpu", count=int(count))
         value = [part.strip() for part in text.split(",")]
@@ -327,7 +358,7 @@ def parse_devices(value: Any) -> Devices:
     for item in value:
         if isinstance(item, bool):
             raise ValueError(f"{item!r} is not a GPU id")
-        if isinstance(item, str) and item.isdigit():
+        if isinstance(item, str) and _ASCII_DIGITS_RE.fullmatch(item):
             item = int(item)
         if not isinstance(item, int) or item < 0 or item > 1023:
             raise ValueError(f"{item!r} is not a GPU id (a whole number from 0)")
@@ -447,6 +478,11 @@ def _worker(c: _Checker, value: Any, path: tuple, ssh: SshDefaults) -> WorkerSpe
         raise c.fail(path + ("host",), "the worker's logical host name", None, "Every worker needs host:.")
     host = c.host(block["host"], path + ("host",))
     address = c.host(block["address"], path + ("address",)) if block.get("address") is not None else host
+    problem = unicast_problem(address)
+    if problem is not None:
+        raise c.fail(path + ("address" if block.get("address") is not None else "host",),
+                     "a unicast address a worker can be reached at, or a host name", address,
+                     f"That is {problem}.")
     devices = Devices()
     if block.get("local_devices") is not None:
         try:
@@ -475,7 +511,7 @@ def check_commands(c: _Checker, value: Any) -> dict[str, CommandSpec]:
     out = {}
     for name, spec in value.items():
         here = path + (name,)
-        if not isinstance(name, str) or not _NAME_RE.match(name):
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
             raise c.fail(here, "a command name (letters, digits, '.', '-', '_')", name)
         if isinstance(spec, str):  # shorthand: `test: cargo test`
             out[name] = CommandSpec(name=name, run=spec)

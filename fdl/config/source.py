@@ -11,6 +11,7 @@ keys and non-UTF-8 bytes, and turns every parser complaint into a
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -28,6 +29,16 @@ except AttributeError:  # pragma: no cover - depends on how PyYAML was built
     _Loader = yaml.SafeLoader
 
 KeyPath = tuple  # tuple[str | int, ...]
+
+# YAML 1.1 (what PyYAML resolves) turns plain scalars like 0755 (octal), 22:17
+# (base 60), 0b101, 0x1f and 1_000 into numbers. fdl reads numbers the way YAML
+# 1.2's core schema writes them in decimal, and keeps every other spelling as
+# the text the user wrote: a token `0755` stays "0755", and a port `22:17` is a
+# string that the port check refuses with its line.
+_INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_DECIMAL_INT_RE = re.compile(r"[-+]?(?:0|[1-9][0-9]*)")
+_DECIMAL_FLOAT_RE = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+                               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)")
 
 
 class Origin(NamedTuple):
@@ -203,6 +214,10 @@ class _Builder:
                               f"recursive aliases are not allowed.")
         self.origins[path] = Origin(self.shown, node.start_mark.line + 1)
         if isinstance(node, yaml.ScalarNode):
+            if not node.style and (  # plain (PyYAML: None, libyaml: "")
+                    (node.tag == _INT_TAG and not _DECIMAL_INT_RE.fullmatch(node.value))
+                    or (node.tag == _FLOAT_TAG and not _DECIMAL_FLOAT_RE.fullmatch(node.value))):
+                return node.value  # 0755, 22:17, 0x1f, 1_000: kept as written
             try:
                 return self.constructor.construct_object(node, deep=True)
             except (yaml.YAMLError, ValueError, OverflowError) as exc:

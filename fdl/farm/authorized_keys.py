@@ -28,8 +28,8 @@ import tempfile
 from dataclasses import dataclass, field
 
 FORBIDDEN_ROOT = "/etc/ssh"
-_KEY_TYPE_RE = re.compile(rb"^(?:ssh|ecdsa|sk)-[A-Za-z0-9@._-]+$")
-_BLOB_RE = re.compile(rb"^[A-Za-z0-9+/]+={0,3}$")
+_KEY_TYPE_RE = re.compile(rb"(?:ssh|ecdsa|sk)-[A-Za-z0-9@._-]+")
+_BLOB_RE = re.compile(rb"[A-Za-z0-9+/]+={0,3}")
 _TEMP_SUFFIX = ".fdl-tmp"
 
 
@@ -60,7 +60,7 @@ def parse_public_key(text: str) -> KeyIdentity:
 
 
 def _is_type(token: bytes) -> bool:
-    return bool(_KEY_TYPE_RE.match(token))
+    return bool(_KEY_TYPE_RE.fullmatch(token))
 
 
 def _split_options(rest: bytes) -> tuple[bytes, bytes]:
@@ -94,7 +94,7 @@ def line_identity(content: bytes) -> KeyIdentity | None:
         if len(fields) < 2 or not _is_type(fields[0]):
             return None
         key_type, blob = fields[0], fields[1]
-    if not _BLOB_RE.match(blob):
+    if not _BLOB_RE.fullmatch(blob):
         return None
     return KeyIdentity(key_type.decode("ascii"), blob.decode("ascii"))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -86,10 +87,115 @@ def load(farm_dir: Path) -> Credentials | None:
         raise FdlError(f"{public} is not an OpenSSH public key; it was edited or damaged.",
                        hint="run again with --regen to mint a new key and token") from None
     token_text = token.read_text().strip()
-    if len(token_text) < 32 or any(c not in "0123456789abcdef" for c in token_text):
-        raise FdlError(f"{token} does not hold a token fdl minted (64 hex digits).",
+    problem = token_problem(token_text)
+    if problem is not None:
+        raise FdlError(f"{token} does not hold a token fdl would mint: {problem}.",
                        hint="run again with --regen to mint a new key and token")
     return Credentials(key, public, token, text, identity, fingerprint(public))
+
+
+# --------------------------------------------------------------------------- trusting what was found
+
+# Key types a farm key may be (fdl mints ed25519), and the least RSA size accepted.
+_KEY_TYPES = {"ED25519", "ECDSA", "ED25519-SK", "ECDSA-SK", "RSA"}
+MIN_RSA_BITS = 3072
+
+
+def token_problem(text: str) -> str | None:
+    """Why a token found on disk is not one fdl would mint (64 hex digits of OS entropy), or None."""
+    if len(text) != 2 * TOKEN_BYTES or any(c not in "0123456789abcdef" for c in text):
+        return f"it is not {2 * TOKEN_BYTES} lowercase hex digits"
+    if len(set(text)) < 8:  # 64 random hex digits show all 16 values but for odds below 1e-30
+        return f"it uses only {len(set(text))} distinct digits, which no random token does"
+    for period in range(1, len(text) // 2 + 1):
+        if text == (text[:period] * (len(text) // period + 1))[:len(text)]:
+            return f"it repeats a {period}-digit pattern"
+    return None
+
+
+@dataclass(frozen=True)
+class ModeIssue:
+    path: Path
+    mode: int
+
+    @property
+    def command(self) -> str:
+        return f"chmod 600 {self.path}"
+
+
+def vet(cred: Credentials) -> list[ModeIssue]:
+    """Check credentials found on disk before reusing them; raise on anything that cannot be trusted.
+
+    Each file must be a regular file (not a link) owned by this user, the
+    private key an unencrypted key of a strong type that matches key.pub.
+    Returns the files whose mode is wider than 0600 (the caller fixes them
+    with consent, or refuses with the chmod line).
+    """
+    fix = "run again with --regen to mint a new key and token (workers holding the old ones will need the new ones)"
+    uid = os.getuid()
+    modes: list[ModeIssue] = []
+    for path in (cred.key, cred.public, cred.token_file):
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            raise FdlError(f"cannot inspect {path}: {exc.strerror}.") from None
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+            raise FdlError(f"{path} is {'a symbolic link' if stat.S_ISLNK(st.st_mode) else 'not a regular file'}; "
+                           f"fdl reuses farm credentials only from plain files it could have written.", hint=fix)
+        if st.st_uid != uid:
+            raise FdlError(f"{path} belongs to uid {st.st_uid}, not to you (uid {uid}): credentials someone else "
+                           f"wrote are not reused.", hint=fix)
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            modes.append(ModeIssue(path, stat.S_IMODE(st.st_mode)))
+    listing = _keygen_listing(cred.public)
+    if listing is None:
+        raise FdlError(f"ssh-keygen cannot read {cred.public}.", hint=fix)
+    bits, kind = listing
+    if kind not in _KEY_TYPES:
+        raise FdlError(f"{cred.key} is a {kind} key; a farm key is ed25519 (or ECDSA, or RSA of at least "
+                       f"{MIN_RSA_BITS} bits).", hint=fix)
+    if kind == "RSA" and bits < MIN_RSA_BITS:
+        raise FdlError(f"{cred.key} is a {bits}-bit RSA key, too weak for a farm key (at least {MIN_RSA_BITS}).",
+                       hint=fix)
+    derived = _public_of(cred.key)
+    if derived is None:
+        raise FdlError(f"{cred.key} is not an unencrypted OpenSSH private key (the agent starts unattended, so a "
+                       f"farm key has no passphrase).", hint=fix)
+    if derived.split()[:2] != cred.public_key.split()[:2]:
+        raise FdlError(f"{cred.key} and {cred.public} are not one key pair.", hint=fix)
+    return modes
+
+
+def _keygen_listing(public: Path) -> tuple[int, str] | None:
+    """(bits, TYPE) from `ssh-keygen -l`, e.g. (256, "ED25519")."""
+    try:
+        out = subprocess.run([_keygen(), "-l", "-f", str(public)], capture_output=True, text=True, timeout=30,
+                             stdin=subprocess.DEVNULL)
+    except (subprocess.SubprocessError, OSError):
+        return None
+    words = out.stdout.split()
+    if out.returncode != 0 or len(words) < 3 or not words[0].isascii() or not words[0].isdigit():
+        return None
+    return int(words[0]), words[-1].strip("()").upper()
+
+
+def _public_of(key: Path) -> str | None:
+    """The public half of a private key, read through a private copy (ssh-keygen refuses a 0644 key file)."""
+    try:
+        data = key.read_bytes()
+    except OSError:
+        return None
+    with tempfile.TemporaryDirectory(prefix=".vet-") as tmp:
+        copy = Path(tmp) / "key"
+        fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        try:
+            out = subprocess.run([_keygen(), "-y", "-P", "", "-f", str(copy)], capture_output=True, text=True,
+                                 timeout=30, stdin=subprocess.DEVNULL)
+        except (subprocess.SubprocessError, OSError):
+            return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
 
 
 def mint(farm_dir: Path, label: str) -> Credentials:

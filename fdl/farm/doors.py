@@ -9,9 +9,11 @@ controller's training port on the controller box's loopback. On top of that:
 - door a ("mount"): the key runs sshd's built-in sftp server read-only
   (`internal-sftp -R`), starting in the served directory: what sshfs needs to
   mount a dataset, and nothing that writes;
-- door b ("source"): the key runs `rrsync -ro <served>`, so rsync can pull the
-  published run tree and nothing else (rrsync re-roots every path under
-  <served> and refuses writes);
+- door b ("source"): the key runs `rrsync -ro -munge <served>`, so rsync can
+  pull the published run tree and nothing else (rrsync re-roots every path
+  under <served> and refuses writes; -munge makes the server rewrite every
+  symlink it sends, so no client option, `--copy-unsafe-links` included, can
+  follow a link out of the tree);
 - tunnel-only: the forward and nothing more; the drop-in adds a ForceCommand
   that ends any session at once.
 
@@ -37,8 +39,8 @@ DEFAULT_CONTROLLER_PORT = 1337
 CONTROLLER_LOOPBACK = "127.0.0.1"
 # sshd runs the key's command through the account's shell and the option is a
 # double-quoted string: keep served paths to characters that need no quoting.
-_SAFE_PATH_RE = re.compile(r"^/[A-Za-z0-9._/@+-]*$")
-_LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_SAFE_PATH_RE = re.compile(r"/[A-Za-z0-9._/@+-]*")
+_LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 class DoorError(ValueError):
@@ -46,7 +48,7 @@ class DoorError(ValueError):
 
 
 def check_served(path: str) -> str:
-    if not _SAFE_PATH_RE.match(path) or "/../" in path + "/" or path.endswith("/.."):
+    if not _SAFE_PATH_RE.fullmatch(path) or "/../" in path + "/" or path.endswith("/.."):
         raise DoorError(
             f"the served directory {path!r} must be an absolute path of letters, digits and . _ / @ + - "
             f"(it is written into a quoted command in the key line, so spaces, quotes and '..' are refused)")
@@ -54,7 +56,7 @@ def check_served(path: str) -> str:
 
 
 def check_label(label: str) -> str:
-    if not _LABEL_RE.match(label):
+    if not _LABEL_RE.fullmatch(label):
         raise DoorError(f"farm label {label!r} must be letters, digits, '-' and '_' (it names fdl.{label}.yml)")
     return label
 
@@ -69,9 +71,9 @@ def key_options(door: str, *, controller_port: int, served: str | None = None, r
     if door == DOOR_B:
         if served is None:
             raise DoorError("door b needs the served directory")
-        if not _SAFE_PATH_RE.match(rrsync) and rrsync != "rrsync":
+        if not _SAFE_PATH_RE.fullmatch(rrsync) and rrsync != "rrsync":
             raise DoorError(f"rrsync path {rrsync!r} needs quoting; install rrsync somewhere plainer")
-        return f'{permit},command="{rrsync} -ro {check_served(served)}"'
+        return f'{permit},command="{rrsync} -ro -munge {check_served(served)}"'
     if door == DOOR_TUNNEL:
         return permit
     raise DoorError(f"unknown door {door!r}: choose one of {', '.join(DOORS)}")

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 TOKEN_PATHS = (("cluster", "controller", "join", "token"), ("join", "token"))
-_CRATE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_CRATE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 class OverlayEditError(Exception):
@@ -40,11 +40,11 @@ def read_crate(root: Path) -> Crate | None:
     if isinstance(bins, list):
         for entry in bins:
             name = entry.get("name") if isinstance(entry, dict) else None
-            if isinstance(name, str) and _CRATE_NAME_RE.match(name):
+            if isinstance(name, str) and _CRATE_NAME_RE.fullmatch(name):
                 return Crate(name, name)
     package = doc.get("package")
     name = package.get("name") if isinstance(package, dict) else None
-    if isinstance(name, str) and _CRATE_NAME_RE.match(name):
+    if isinstance(name, str) and _CRATE_NAME_RE.fullmatch(name):
         return Crate(name, name)
     return None
 

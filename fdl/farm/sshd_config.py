@@ -53,7 +53,7 @@ class SshdConfigScan:
     def ports(self, *, exclude: tuple[str, ...] = ()) -> list[int]:
         out: list[int] = []
         for d in self.top("port", exclude=exclude):
-            if d.value.isdigit() and int(d.value) not in out:
+            if d.value.isascii() and d.value.isdigit() and int(d.value) not in out:
                 out.append(int(d.value))
         return out
 

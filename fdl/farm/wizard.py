@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -79,7 +80,7 @@ CLOUD_USER = "flodl"
 CLOUD_FDL = "/usr/bin/env fdl"
 CLOUD_UNIT_MANAGED = "Written by fdl join-config {label} --cloud-init (templates/fdl-join.service.j2)."
 DEFAULT_DATA_DIR = "/flodl/data"
-_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
+_USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}")
 _SHAPE_RE = re.compile(r"^# fdl-farm-shape: (.*)$", re.M)
 
 
@@ -160,6 +161,8 @@ class Plan:
     inherit_from: str | None
     cloud_init: bool
     notes: list[str] = field(default_factory=list)
+    cred_modes: list[creds_mod.ModeIssue] = field(default_factory=list)  # reused files wider than 0600
+    fix_cred_modes: bool = False
 
 
 @dataclass
@@ -209,7 +212,7 @@ def parse_controller(text: str, default_user: str) -> tuple[str, str, int]:
     """`[user@]host[:port]` -> (user, host, door port)."""
     user, _, rest = text.rpartition("@")
     user = user or default_user
-    if not _USER_RE.match(user):
+    if not _USER_RE.fullmatch(user):
         raise refusal(f"--controller {text!r}: {user!r} is not a login name (letters, digits, '.', '-', '_').")
     try:
         host, port = split_host_port(rest, default_port=DEFAULT_DOOR_PORT)
@@ -424,7 +427,16 @@ def prepare(req: Request, prompter: Prompter | None = None,
         notes.append(f"farm shape recovered from {farm_dir / WORKER_YML}: door {shape.door}, {shape.controller} "
                      f"(name --door or --controller to change it).")
 
-    existing = creds_mod.load(farm_dir)
+    try:
+        existing = creds_mod.load(farm_dir)
+        # Found credentials may come from a copied or cloned directory: reuse only what passes the checks.
+        cred_modes = creds_mod.vet(existing) if existing is not None and not req.regen else []
+    except FdlError as exc:
+        if not req.regen:
+            raise refusal(exc.message, hint=exc.hint) from None
+        notes.append(f"--regen: the credentials in {farm_dir} could not be reused ({exc.message}); new ones are "
+                     f"minted.")
+        existing, cred_modes = None, []
     rotate = False
     if existing is None:
         if req.regen:
@@ -461,13 +473,26 @@ def prepare(req: Request, prompter: Prompter | None = None,
         existing=existing, rotate=rotate, facts=facts, findings=findings, dropin_text=dropin_text,
         dropin_target=dropin_target, rrsync=facts.rrsync_path or "rrsync", ak_path=ak_path, ak_explicit=ak_explicit,
         install=False, fix_perms=False, perm_issues=[], old_line_at=None,
-        inherit_from=req.inherit_from, cloud_init=req.cloud_init, notes=notes)
+        inherit_from=req.inherit_from, cloud_init=req.cloud_init, notes=notes, cred_modes=cred_modes)
 
 
 def decide(plan: Plan, req: Request, prompter: Prompter | None = None) -> Plan:
     """Take the authorized_keys decisions (consent, permissions); writes nothing, may refuse."""
     ak_path, ak_explicit, notes = plan.ak_path, plan.ak_explicit, plan.notes
     existing, rotate = plan.existing, plan.rotate
+    if plan.cred_modes and not rotate:
+        listing = "; ".join(f"{i.path} is {i.mode:04o}" for i in plan.cred_modes)
+        commands = " && ".join(i.command for i in plan.cred_modes)
+        if req.interactive and prompter is not None:
+            plan.fix_cred_modes = prompter.confirm(f"The farm's credentials are readable by others ({listing}). "
+                                                   f"Make them 0600 before reusing them?", True)
+        else:
+            plan.fix_cred_modes = req.assume_yes
+        if not plan.fix_cred_modes:
+            raise refusal(f"the farm's credentials are readable by others ({listing}); fdl reuses a key and "
+                          f"token only once they are 0600.",
+                          hint=f"run `{commands}` (or add --yes to let the wizard do it), or --regen to mint new "
+                               f"ones if others may have read them")
     # the authorized_keys decisions
     uid = os.getuid()
     if ak_explicit:
@@ -600,7 +625,10 @@ def _overlay(plan: Plan, token: str, cwd: Path) -> dict:
                 "message": f"{shown} has no token line, so fdl leaves it as you wrote it; paste what you need from "
                            f"{_rel(snippet, cwd)} (the same snippet with the token in it)"}
     if current_token(data) == token:
-        return {"path": str(plan.overlay), "action": "unchanged", "message": f"{shown} already holds the farm's token"}
+        changed = _private(plan.overlay)
+        return {"path": str(plan.overlay), "action": "unchanged", "mode_changed": changed,
+                "message": f"{shown} already holds the farm's token"
+                           + (f"; its mode changed from {changed} to 0600 (it holds the token)" if changed else "")}
     try:
         new = rewrite_token(data, token)
     except OverlayEditError as exc:
@@ -608,10 +636,21 @@ def _overlay(plan: Plan, token: str, cwd: Path) -> dict:
         return {"path": str(plan.overlay), "action": "snippet", "snippet": str(snippet), "snippet_text": masked,
                 "message": f"{shown} was left alone ({exc}); set its token from {_rel(snippet, cwd)}"}
     assert new is not None
-    mode = plan.overlay.stat().st_mode & 0o777
-    atomic_write(str(plan.overlay), new, mode)
-    return {"path": str(plan.overlay), "action": "token-rewritten",
-            "message": f"{shown}: only its token line was rewritten"}
+    mode = stat.S_IMODE(plan.overlay.stat().st_mode)
+    atomic_write(str(plan.overlay), new, 0o600)  # it holds the token: never readable by others
+    changed = f"{mode:04o}" if mode != 0o600 else None
+    return {"path": str(plan.overlay), "action": "token-rewritten", "mode_changed": changed,
+            "message": f"{shown}: only its token line was rewritten"
+                       + (f"; its mode changed from {changed} to 0600 (it holds the token)" if changed else "")}
+
+
+def _private(path: Path) -> str | None:
+    """Make a file holding the token 0600; the old mode when it changed."""
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode == 0o600:
+        return None
+    os.chmod(path, 0o600)
+    return f"{mode:04o}"
 
 
 def apply(plan: Plan, cwd: Path | None = None) -> FarmReport:
@@ -620,15 +659,26 @@ def apply(plan: Plan, cwd: Path | None = None) -> FarmReport:
     shape, label, farm = plan.shape, plan.label, plan.farm_dir
     notes = list(plan.notes)
     farm.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(farm, 0o700)
+    before = stat.S_IMODE(os.stat(farm).st_mode)
+    if before != 0o700:
+        os.chmod(farm, 0o700)
+        notes.append(f"changed the mode of {_rel(farm, cwd)} from {before:04o} to 0700 (it holds the farm's key "
+                     f"and token)")
     ignore = farm / ".gitignore"
     if not ignore.exists():
         _write(ignore, "# written by fdl join-config: this folder holds the farm's private key and token\n*\n",
                0o644)
 
+    modes_fixed = []
     if plan.existing is not None and not plan.rotate:
         cred = plan.existing
         cred_action = "reused"
+        if plan.fix_cred_modes:
+            for issue in plan.cred_modes:
+                os.chmod(issue.path, 0o600)
+                modes_fixed.append({"path": str(issue.path), "from": f"{issue.mode:04o}", "to": "0600"})
+                notes.append(f"changed the mode of {_rel(issue.path, cwd)} from {issue.mode:04o} to 0600 before "
+                             f"reusing it")
     else:
         cred = creds_mod.mint(farm, label)
         cred_action = "rotated" if plan.existing is not None else "created"
@@ -681,7 +731,7 @@ def apply(plan: Plan, cwd: Path | None = None) -> FarmReport:
     ak = _install(plan, cred, line, notes)
     steps, worker_steps = _steps(plan, cred, ak, cwd)
     credentials = {"action": cred_action, "fingerprint": cred.fingerprint, "key": str(cred.key),
-                   "public_key": str(cred.public), "token": str(cred.token_file)}
+                   "public_key": str(cred.public), "token": str(cred.token_file), "modes_fixed": modes_fixed}
     return FarmReport(label=label, door=shape.door, shape=shape, shape_from=plan.shape_from, farm_dir=farm,
                       files=files, credentials=credentials, overlay=overlay, authorized_keys=ak,
                       doctor=plan.findings, steps=steps, worker_steps=worker_steps, notes=notes)

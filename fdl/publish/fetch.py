@@ -37,6 +37,9 @@ from fdl.publish.manifest import (
 from fdl.publish.spec import FileSource, GitSource, RsyncSource, SourceSpec
 
 EXCLUDES = ("target/", ".git/", "/libtorch/", f"/{MANIFEST_NAME}", f"/{MANIFEST_NAME}.*.tmp")
+# A publish copies a source's own manifest too, so that it can say so and remove it
+# before the build (the run manifest is fdl's alone).
+PUBLISH_EXCLUDES = ("target/", ".git/", "/libtorch/")
 SSH_CONNECT_TIMEOUT = 15
 Note = Callable[[str], None]
 
@@ -102,13 +105,15 @@ def ssh_command(source: RsyncSource, identity: str | None, env: Mapping[str, str
 
 
 def rsync_argv(src: str, dest: Path, *, rsh: str | None = None, excludes: tuple[str, ...] = EXCLUDES,
-               delete: bool = True) -> list[str]:
+               delete: bool = True, safe_links: bool = False) -> list[str]:
     # --modify-window=-1: compare mtimes to the nanosecond. The default compares whole
     # seconds, so a same-size edit made within a second of the previous copy would be
     # skipped by rsync's quick check and the tree would keep the old file.
     argv = ["rsync", "-a", "--modify-window=-1"]
     if delete:
         argv.append("--delete")
+    if safe_links:  # a pull never takes a link that points outside the tree it fetches
+        argv.append("--safe-links")
     argv += [f"--exclude={pattern}" for pattern in excludes]
     if rsh is not None:
         argv += ["-e", rsh]
@@ -129,7 +134,8 @@ def _tail(text: str, lines: int = 12) -> str:
 
 
 def materialize(source: SourceSpec, tree: Path, *, identity: str | None = None, note: Note = lambda _: None,
-                env: Mapping[str, str] | None = None) -> Fetched:
+                env: Mapping[str, str] | None = None, excludes: tuple[str, ...] = EXCLUDES,
+                safe_links: bool = False) -> Fetched:
     """Make `tree` hold the source, incrementally. `tree` is fdl's to manage: local edits there do not survive."""
     tree = Path(tree)
     tree.mkdir(parents=True, exist_ok=True)
@@ -137,10 +143,11 @@ def materialize(source: SourceSpec, tree: Path, *, identity: str | None = None, 
         return _git(source, tree, identity, note, env)
     if isinstance(source, FileSource):
         src = source.path.rstrip("/") + "/"
-        argv = rsync_argv(src, tree)
+        argv = rsync_argv(src, tree, excludes=excludes, safe_links=safe_links)
         what = f"copy {source.path}"
     else:
-        argv = rsync_argv(source.remote.rstrip("/") + "/", tree, rsh=ssh_command(source, identity, env))
+        argv = rsync_argv(source.remote.rstrip("/") + "/", tree, rsh=ssh_command(source, identity, env),
+                          excludes=excludes, safe_links=safe_links)
         what = f"pull {source.remote}"
     result = _run(argv, what, env)
     if result.returncode != 0:
@@ -294,7 +301,7 @@ def pull_run(source: FileSource | RsyncSource, dest: Path, *, identity: str | No
                 f"a publish is under way, or its build failed.",
                 hint="Wait for the next dial, or run `fdl publish` on the controller.")
         first = parse_manifest(before, f"{where}/{MANIFEST_NAME}")
-        materialize(source, dest, identity=identity, note=note, env=env)
+        materialize(source, dest, identity=identity, note=note, env=env, safe_links=True)
         after = _read_remote_manifest(source, identity, Path(scratch), env)
     if after != before:
         raise ManifestMissing(

@@ -141,8 +141,8 @@ def primary_gate(tree: Path, cwd: str, recipe: str, binary: str, libtorch: Libto
     """Build the tree in cwd against this box's libtorch; the artifact must exist afterwards."""
     directory = tree / cwd
     if not directory.is_dir():
-        raise GateError(f"cwd '{cwd}' is not a directory in the published tree ({directory}). Nothing was "
-                        f"published.", hint="cwd is a path inside the source tree.")
+        raise GateError(f"cwd '{cwd}' is not a directory in the published tree ({directory}).",
+                        hint="cwd is a path inside the source tree.")
     env = build_env(libtorch)
     # bin is relative to cwd with cargo's default target dir: a CARGO_TARGET_DIR
     # from this shell would put the artifact elsewhere than every worker will.
@@ -150,14 +150,13 @@ def primary_gate(tree: Path, cwd: str, recipe: str, binary: str, libtorch: Libto
     code = run_recipe(recipe, directory, env, output)
     if code != 0:
         raise GateError(
-            f"the build gate failed: `{recipe}` exited {code} in {directory} (its output is above). Nothing was "
-            f"published: the run manifest stays removed, so workers wait for the next publish.",
+            f"the build gate failed: `{recipe}` exited {code} in {directory} (its output is above).",
             hint="Fix the build (the compiler output is above) and publish again.",
         )
     artifact = directory / binary
     if not artifact.is_file():
         raise GateError(
-            f"the build passed but bin '{binary}' is not there ({artifact}). Nothing was published.",
+            f"the build passed but bin '{binary}' is not there ({artifact}).",
             hint="bin is the built artifact relative to cwd, e.g. target/release/<name> (a workspace member "
                  "builds into the workspace's target/, e.g. ../target/release/<name>).",
         )
@@ -175,7 +174,7 @@ def variant_gate(tree: Path, cwd: str, recipe: str, libtorch: Libtorch, output: 
     if code != 0:
         raise GateError(
             f"--gate {libtorch.label}: the check-build failed: `{recipe}` exited {code} against {libtorch.path} "
-            f"(its output is above). Nothing was published: the run manifest stays removed.",
+            f"(its output is above).",
             hint="The tree compiles for this box's libtorch but not for that variant; fix it and publish again.",
         )
     return GateResult(name=libtorch.label, libtorch=str(libtorch.path), target_dir=str(target_dir), recipe=recipe)

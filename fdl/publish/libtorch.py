@@ -27,7 +27,7 @@ from pathlib import Path
 
 from fdl.errors import FdlError
 
-VARIANT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*$")
+VARIANT_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
 ROCM_ENV = ("ROCM_PATH", "HIP_PATH", "HSA_PATH")
 _ROCM_RUNTIME = ("libamdhip64.so", "libhsa-runtime64.so")
 
@@ -55,9 +55,9 @@ def classify_vendor(label: str, directory: Path | None = None) -> str | None:
     base = label.rstrip("/").rsplit("/", 1)[-1].lower()
     if base.startswith("cpu"):
         return None
-    if re.match(r"^(cu|sm)\d", base):
+    if re.match(r"(cu|sm)[0-9]", base):
         return "nvidia"
-    if re.match(r"^(rocm|gfx|hip)\d", base):
+    if re.match(r"(rocm|gfx|hip)[0-9]", base):
         return "amd"
     if directory is not None:
         try:
@@ -118,7 +118,7 @@ def resolve_variant(variant: str, project_root: Path | None, home: Path | None =
     from fdl.checks.libtorch import LibtorchNotFound, resolve_libtorch
 
     what = what or f"--gate {variant}"
-    if not VARIANT_RE.match(variant) or ".." in variant.split("/"):
+    if not VARIANT_RE.fullmatch(variant) or ".." in variant.split("/"):
         raise LibtorchError(f"{what}: not a libtorch variant name (like precompiled/cu128 or "
                             f"builds/sm61-sm120).")
     looked = []

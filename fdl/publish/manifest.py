@@ -38,7 +38,7 @@ MANIFEST_NAME = ".fdl-run.yml"
 DEFAULT_BUILD = "cargo build --release"
 FIELDS = ("cwd", "build", "bin", "args", "origin", "rustc", "published_epoch", "run", "built")
 MAX_MANIFEST_BYTES = 256 * 1024
-_RUN_RE = re.compile(r"^[0-9a-f]{16,128}$")
+_RUN_RE = re.compile(r"[0-9a-f]{16,128}")
 _HEADER = (
     "# Run manifest written by `fdl publish`. Do not edit: the next publish replaces it,\n"
     "# and its presence is what tells a worker that this tree is a complete, gated run.\n"
@@ -204,7 +204,7 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
         raise bad(str(exc)) from None
     build = text_field("build", optional=True) or DEFAULT_BUILD
     run = text_field("run")
-    if not _RUN_RE.match(run):
+    if not _RUN_RE.fullmatch(run):
         raise bad("'run' must be a hex nonce")
     epoch = data.get("published_epoch")
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:

@@ -1,4 +1,4 @@
-"""`fdl publish`: resolve a source into the served tree, gate it, commit the manifest.
+"""`fdl publish`: resolve a source into a staged release, gate it, flip the served tree to it.
 
 The order is the whole design:
 
@@ -7,13 +7,17 @@ The order is the whole design:
    libtorch variants and their vendor headers are there), so a typo costs
    nothing;
 2. the served directory's lock is taken (two publishes never interleave);
-3. the manifest is removed: from here on a worker finds no run and waits;
-4. the tree is updated incrementally (rsync --delete, or git fetch + checkout);
+3. the staging release (`<served>/releases/a` or `b`, whichever `<served>/tree`
+   does not point at) loses its old manifest;
+4. it is updated incrementally (rsync --delete, or git fetch + checkout); a
+   manifest the source carries is removed, links out of the tree refuse the
+   publish, the warm build cache moves in;
 5. the gate builds it (and each --gate check-builds it);
-6. the manifest is written atomically, with a fresh run nonce.
+6. the manifest is written into it atomically, with a fresh run nonce;
+7. `<served>/tree` is flipped to it: one rename of a symlink.
 
-A crash or a failure anywhere between 3 and 6 leaves no manifest, so a tree
-with a manifest is always complete and gated.
+A failure or a crash anywhere before 7 leaves `tree` on the previous run,
+whole; after 7 it is on the new one, whole.
 """
 
 from __future__ import annotations
@@ -40,13 +44,17 @@ from fdl.publish.manifest import (
     MANIFEST_NAME,
     Manifest,
     check_tree_path,
+    fsync_dir,
     new_run_id,
+    read_manifest,
     remove_manifest,
     write_manifest,
 )
 from fdl.publish.spec import FileSource, GitSource, RsyncSource, SourceSpec, parse_source_spec
 
 TREE_NAME = "tree"
+RELEASES_NAME = "releases"
+SLOTS = ("a", "b")
 LOCK_NAME = ".publish.lock"
 DEFAULT_SERVED = "~/.flodl/run"
 Note = Callable[[str], None]
@@ -101,6 +109,7 @@ class PublishResult:
     gates: list[GateResult]
     commit: str | None
     notes: list[str]
+    release: Path | None = None  # the slot `tree` now points at
 
 
 # --------------------------------------------------------------------------- resolving flags and the block
@@ -295,9 +304,172 @@ def publish_lock(served: Path, *, wait: bool, note: Note) -> Iterator[None]:
 # --------------------------------------------------------------------------- the publish
 
 
+def _slot_of(served: Path) -> str | None:
+    """The release slot `<served>/tree` points at, or None when there is no live run."""
+    try:
+        target = os.readlink(served / TREE_NAME)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:  # a real directory: the layout before staged publishes
+            return None
+        raise PublishError(f"cannot read {served / TREE_NAME}: {exc.strerror}.") from None
+    for slot in SLOTS:
+        if target == f"{RELEASES_NAME}/{slot}":
+            return slot
+    raise PublishError(f"{served / TREE_NAME} points at {target!r}, which is not one of fdl's release slots "
+                       f"({', '.join(RELEASES_NAME + '/' + s for s in SLOTS)}); something else changed it.",
+                       hint=f"Remove {served / TREE_NAME} and publish again.")
+
+
+def _flip(served: Path, slot: str) -> None:
+    """Point `<served>/tree` at a release slot in one rename (a symlink replaced atomically), durably."""
+    tmp = served / f".{TREE_NAME}.{os.getpid()}.tmp"
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    os.symlink(f"{RELEASES_NAME}/{slot}", tmp)
+    os.replace(tmp, served / TREE_NAME)
+    fsync_dir(served)
+
+
+def _settle_layout(served: Path, say: Note) -> str | None:
+    """Bring the served directory to the staged layout; returns the live slot (None: no run yet).
+
+    Called under the lock. Leftovers of an interrupted flip go; a tree from
+    before staged publishes (a real directory) becomes slot `a` with its
+    manifest intact; a served directory whose `tree` link is missing while a
+    slot holds a whole run (a crash between those two steps) gets the link back.
+    """
+    releases = served / RELEASES_NAME
+    releases.mkdir(exist_ok=True)
+    for entry in os.scandir(served):
+        if entry.name.startswith(f".{TREE_NAME}.") and entry.name.endswith(".tmp"):
+            os.unlink(entry.path)
+    tree = served / TREE_NAME
+    if tree.is_dir() and not tree.is_symlink():
+        old = releases / SLOTS[0]
+        if old.exists():
+            shutil.rmtree(old)
+        os.rename(tree, old)
+        fsync_dir(served)
+        _flip(served, SLOTS[0])
+        say(f"moved the served tree into {old} (staged publishes: {tree} is now a link to the live release)")
+        return SLOTS[0]
+    live = _slot_of(served)
+    if live is None and not tree.is_symlink():
+        whole = [(m.published_epoch, slot) for slot in SLOTS
+                 if (m := _quiet_manifest(releases / slot)) is not None]
+        if whole:
+            live = max(whole)[1]
+            _flip(served, live)
+            say(f"{tree} was missing; pointed it back at the last whole run in {releases / live}")
+    return live
+
+
+def _quiet_manifest(tree: Path) -> Manifest | None:
+    try:
+        return read_manifest(tree)
+    except FdlError:
+        return None
+
+
+def _inside_lexically(link_dir: str, target: str) -> bool:
+    """rsync's own rule: a link is safe when it is relative and never climbs above the tree root."""
+    if target.startswith("/"):
+        return False
+    depth = 0 if link_dir in ("", ".") else len(link_dir.split("/"))
+    for part in target.split("/"):
+        if part in ("", "."):
+            continue
+        depth = depth - 1 if part == ".." else depth + 1
+        if depth < 0:
+            return False
+    return True
+
+
+def links_out_of_tree(tree: Path) -> list[tuple[str, str]]:
+    """Every symlink in a fetched tree that reaches outside it: (path in the tree, link text).
+
+    A link is kept only when its text is relative, never climbs above the tree
+    root read as written (rsync's --safe-links rule), and what it resolves to
+    on this box is inside the tree. Build output (`target/`), `.git/` and the
+    project's `/libtorch/` are fdl's, not the source's, and are not walked.
+    """
+    tree = Path(tree)
+    real_tree = os.path.realpath(tree)
+    found: list[tuple[str, str]] = []
+    for root, dirs, files in os.walk(tree):
+        rel_root = os.path.relpath(root, tree)
+        rel_root = "" if rel_root == "." else rel_root
+        kept = []
+        for name in dirs:
+            path = os.path.join(root, name)
+            if name in ("target", ".git") or (rel_root == "" and name == "libtorch"):
+                if not os.path.islink(path):
+                    continue
+            if os.path.islink(path):
+                files.append(name)
+            else:
+                kept.append(name)
+        dirs[:] = kept
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                continue
+            text = os.readlink(path)
+            rel = os.path.join(rel_root, name) if rel_root else name
+            real = os.path.realpath(path)
+            if not _inside_lexically(rel_root, text) or not (real == real_tree
+                                                              or real.startswith(real_tree + os.sep)):
+                found.append((rel, text))
+    return sorted(found)
+
+
+def carry_build_output(live: Path, stage: Path) -> int:
+    """Move the live release's build output (`target/` directories) into the staging one; returns how many.
+
+    One warm cargo cache follows the newest build from slot to slot, so a
+    republish compiles only what changed (cargo keeps a moved target/ valid:
+    its fingerprints are relative to the package). Workers never pull
+    target/, so the live run loses nothing they fetch. A target/ already in
+    the staging slot is kept when the live one has none (the last build ran
+    there and failed).
+    """
+    moved = 0
+    for root, dirs, _ in os.walk(live):
+        rel = os.path.relpath(root, live)
+        descend = []
+        for name in dirs:
+            here = Path(root) / name
+            if name == ".git" or (rel == "." and name == "libtorch") or here.is_symlink():
+                continue
+            if name != "target":
+                descend.append(name)
+                continue
+            parent = stage / rel
+            if not parent.is_dir() or parent.is_symlink():
+                continue
+            dest = parent / name
+            if dest.is_symlink() or dest.is_file():
+                dest.unlink()
+            elif dest.exists():
+                shutil.rmtree(dest)
+            os.rename(here, dest)
+            moved += 1
+        dirs[:] = descend
+    return moved
+
+
 def publish(request: PublishRequest, *, project_root: Path | None = None, note: Note = lambda _: None,
             output: IO | None = None) -> PublishResult:
-    """Publish a run. Raises an FdlError (exit 1) when nothing new was published."""
+    """Publish a run. Raises an FdlError (exit 1) when nothing new was published.
+
+    The run is fetched and built in the release slot that is not live, and
+    `<served>/tree` is flipped to it only once its manifest is written: the
+    previous run stays served, whole, through a failed or interrupted publish.
+    """
     notes: list[str] = []
 
     def say(text: str) -> None:
@@ -305,25 +477,51 @@ def publish(request: PublishRequest, *, project_root: Path | None = None, note: 
         note(text)
 
     libtorch, variants = preflight(request, project_root, say)
-    served, tree = request.served, request.tree
+    served = request.served
     try:
-        tree.mkdir(parents=True, exist_ok=True)
+        served.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise PublishError(f"cannot create the served directory {tree}: {exc.strerror}.") from None
+        raise PublishError(f"cannot create the served directory {served}: {exc.strerror}.") from None
     gates: list[GateResult] = []
     with publish_lock(served, wait=request.wait, note=say):
-        # The commit point, undone first: from here until the manifest is written
-        # again, a worker that dials finds no run and waits.
-        if remove_manifest(tree):
-            say(f"took the previous run out of service ({MANIFEST_NAME} removed) while publishing")
         try:
-            fetched = fetch_mod.materialize(request.source, tree, identity=request.identity, note=say)
+            live = _settle_layout(served, say)
+        except OSError as exc:
+            raise PublishError(f"cannot prepare the served directory {served}: {exc.strerror}. Nothing was "
+                               f"published.") from None
+        slot = SLOTS[1] if live == SLOTS[0] else SLOTS[0]
+        stage = served / RELEASES_NAME / slot
+        stage.mkdir(exist_ok=True)
+        kept = "the previous run stays served" if live else "nothing is served yet"
+        # The staging slot is never what `tree` points at, so no worker can reach it
+        # by name; its old manifest goes first all the same.
+        remove_manifest(stage)
+        try:
+            fetched = fetch_mod.materialize(request.source, stage, identity=request.identity, note=say,
+                                            excludes=fetch_mod.PUBLISH_EXCLUDES)
         except fetch_mod.FetchError as exc:
-            raise PublishError(f"{exc.message}\nNothing was published: the run manifest stays removed, so workers "
-                               f"wait for the next successful publish.", hint=exc.hint) from None
-        if not (tree / request.cwd).is_dir():
-            raise PublishError(f"cwd '{request.cwd}' is not a directory in the fetched tree ({tree}). Nothing was "
-                               f"published.", hint="cwd is a path inside the source tree.")
+            raise PublishError(f"{exc.message}\nNothing was published: {kept}.", hint=exc.hint) from None
+        if remove_manifest(stage):
+            say(f"the source carried its own {MANIFEST_NAME}; it was removed before the build (the run "
+                f"manifest is written by fdl publish alone)")
+        escaping = links_out_of_tree(stage)
+        if escaping:
+            shown = [f"  {rel} -> {text}" for rel, text in escaping[:20]]
+            if len(escaping) > 20:
+                shown.append(f"  ... and {len(escaping) - 20} more")
+            raise PublishError(
+                f"the source holds {len(escaping)} symbolic link(s) that reach outside the tree; a served tree "
+                f"never points outside itself:\n" + "\n".join(shown) + f"\nNothing was published: {kept}.",
+                hint="Make each link relative and inside the tree, or replace it with the file it names.")
+        if live is not None:
+            try:
+                carry_build_output(served / RELEASES_NAME / live, stage)
+            except OSError as exc:
+                say(f"could not move the warm build output into {stage} ({exc.strerror}); the gate builds "
+                    f"what it lacks")
+        if not (stage / request.cwd).is_dir():
+            raise PublishError(f"cwd '{request.cwd}' is not a directory in the fetched tree. Nothing was "
+                               f"published: {kept}.", hint="cwd is a path inside the source tree.")
         if request.no_build:
             say("--no-build: the build gate was SKIPPED; nothing has compiled this tree, and the manifest says "
                 "built: false. The first worker to build it is where a broken build will show.")
@@ -335,17 +533,21 @@ def publish(request: PublishRequest, *, project_root: Path | None = None, note: 
             else:
                 say(f"gate: building `{request.build}` in {request.cwd} against libtorch {libtorch.label} "
                     f"(from {libtorch.found_by})")
-            gates.append(primary_gate(tree, request.cwd, request.build, request.bin, libtorch, output))
-            for variant in variants:
-                say(f"gate: check-building against {variant.label} ({variant.path})")
-                gates.append(variant_gate(tree, request.cwd, request.build, variant, output))
+            try:
+                gates.append(primary_gate(stage, request.cwd, request.build, request.bin, libtorch, output))
+                for variant in variants:
+                    say(f"gate: check-building against {variant.label} ({variant.path})")
+                    gates.append(variant_gate(stage, request.cwd, request.build, variant, output))
+            except FdlError as exc:
+                raise PublishError(f"{exc.message}\nNothing was published: {kept}.", hint=exc.hint) from None
         rustc = rustc_version()
         manifest = Manifest(bin=request.bin, run=new_run_id(), published_epoch=int(time.time()),
                             built=not request.no_build, cwd=request.cwd, build=request.build,
                             args=tuple(request.args), origin=request.source.spec, rustc=rustc)
-        write_manifest(tree, manifest)
+        write_manifest(stage, manifest)
+        _flip(served, slot)  # the commit point
     return PublishResult(request=request, manifest=manifest, libtorch=libtorch, gates=gates,
-                         commit=fetched.commit, notes=notes)
+                         commit=fetched.commit, notes=notes, release=stage)
 
 
 # --------------------------------------------------------------------------- the report
@@ -354,7 +556,7 @@ def publish(request: PublishRequest, *, project_root: Path | None = None, note: 
 def worker_sources(served: Path, host: str, user: str | None) -> list[dict]:
     """The two source spellings a worker can use, each with the key it pairs with."""
     login = f"{user}@" if user else ""
-    restricted = f'command="rrsync -ro {served}",restrict'
+    restricted = f'command="rrsync -ro -munge {served}",restrict'
     return [
         {"source": f"rsync://{login}{host}:/{TREE_NAME}", "key": "rrsync",
          "authorized_keys_options": restricted,
@@ -375,6 +577,7 @@ def report_data(result: PublishResult, *, host: str, user: str | None) -> dict:
         "run": manifest.run,
         "served": str(request.served),
         "tree": str(request.tree),
+        "release": None if result.release is None else str(result.release),
         "manifest_path": str(request.tree / MANIFEST_NAME),
         "manifest": manifest.to_dict(),
         "source": {"kind": request.source.kind, "spec": request.source.spec, "commit": result.commit},

