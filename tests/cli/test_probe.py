@@ -214,7 +214,8 @@ def test_project_libtorch_is_found_from_a_subdirectory(tmp_path: Path, fake_nvml
 
 
 def test_no_libtorch_anywhere(tmp_path: Path, fake_nvml) -> None:
-    result = run_fdl("probe", "--skip-mount", cwd=tmp_path, env=fake_nvml.env(TWO_ARCHS))
+    env = {**fake_nvml.env(TWO_ARCHS), "HOME": str(tmp_path), "FDL_LIBTORCH_FROM_PYTORCH": "0"}
+    result = run_fdl("probe", "--skip-mount", cwd=tmp_path, env=env)
     assert result.returncode == 1
     assert "No libtorch found" in result.stdout and "fdl libtorch download" in result.stdout
 
