@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -104,3 +105,22 @@ def live_runs(environ: Mapping[str, str] | None = None) -> list[LiveRun]:
             continue
         runs.append(run)
     return sorted(runs, key=lambda r: r.started, reverse=True)
+
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def kept_state(run_id: str | None, environ: Mapping[str, str] | None = None) -> dict | None:
+    """The final state.json a launcher on this machine kept for run_id (~/.flodl/launch/runs/ID/), or None."""
+    if not run_id or not _RUN_ID.match(run_id):  # the id came over the wire: never a path
+        return None
+    environ = os.environ if environ is None else environ
+    home = environ.get("HOME") or str(Path.home())
+    path = Path(home) / ".flodl" / "launch" / "runs" / run_id / "state.json"
+    try:
+        if path.stat().st_size > 16 << 20:
+            return None
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -65,7 +65,8 @@ def test_green_path_prints_one_summary_line(ready) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 1 and result.stderr == ""
-    assert lines[0].endswith(": ready: 2 GPUs (sm_86, sm_90), libtorch 2.10.0 cu128, NCCL 2.27.5, data skipped")
+    assert lines[0].endswith(": ready: 2 GPUs (sm_86, sm_90), libtorch 2.10.0 cu128, NCCL 2.27.5, data skipped "
+                             "(1 more check skipped: `fdl probe --json` says why)")
 
 
 def test_quiet_green_path_prints_nothing(ready) -> None:
