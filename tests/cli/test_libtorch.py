@@ -192,3 +192,29 @@ def test_every_fdl_command_a_message_names_exists() -> None:
         if isinstance(command, click.Group) and sub and sub not in command.commands:
             wrong.append(f"fdl {name} {sub} ({where})")
     assert not wrong, "messages name commands that do not exist: " + ", ".join(wrong)
+
+
+def test_a_terminal_gets_a_progress_bar(tmp_path: Path, mirror) -> None:
+    import sys
+
+    import pexpect
+
+    from tests.conftest import fdl_env
+
+    _, url = mirror
+    home = tmp_path / "home"
+    home.mkdir()
+    child = pexpect.spawn(sys.executable, ["-m", "fdl", "libtorch", "download", "--cpu"], cwd=str(tmp_path),
+                          env=fdl_env(env_for(home, FDL_LIBTORCH_MIRROR=url)), encoding="utf-8", timeout=60)
+    try:
+        child.expect(r"cpu: \[#{30}\] \d+\.\d/\d+\.\d MiB")  # the whole archive, against its Content-Length
+        child.expect("is installed in")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    other = tmp_path / "other-home"
+    other.mkdir()
+    piped = run_fdl("libtorch", "download", "--cpu", cwd=tmp_path, env=env_for(other, FDL_LIBTORCH_MIRROR=url))
+    assert piped.returncode == 0 and "downloading" in piped.stderr
+    assert "[#" not in piped.stderr and "\r" not in piped.stderr  # a pipe or a log gets no bar
