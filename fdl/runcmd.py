@@ -18,7 +18,7 @@ def command_line(spec: CommandSpec, args: list[str]) -> str:
 
 
 def run_project_command(spec: CommandSpec, args: list[str], config: Config, globals_: object, *,
-                        no_prebuild: bool = False) -> int:
+                        no_prebuild: bool = False, port: int | None = None) -> int:
     """Run a command in the project root; its exit code is fdl's.
 
     A `cluster: true` command is a launcher run (fdl.launch) when the configuration gives it hosts (cluster
@@ -29,7 +29,7 @@ def run_project_command(spec: CommandSpec, args: list[str], config: Config, glob
         from fdl.launch.plan import plan_launch
 
         assert config.root is not None
-        plan = plan_launch(spec, args, config.cluster, config.root, getattr(globals_, "gpus", None))
+        plan = plan_launch(spec, args, config.cluster, config.root, getattr(globals_, "gpus", None), port=port)
         if plan is not None:
             from fdl.launch.run import launch
 

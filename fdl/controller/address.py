@@ -31,11 +31,24 @@ class Target(NamedTuple):
         return self.addresses[0]
 
 
-def resolve(addr: str | None, cluster_loader: Callable[[], object | None]) -> Target:
-    """Pick the controller address; cluster_loader returns the active env's ClusterSpec (or None)."""
+def _live_runs() -> list:
+    from fdl.launch.live import live_runs
+
+    return live_runs()
+
+
+def resolve(addr: str | None, cluster_loader: Callable[[], object | None],
+            live_loader: Callable[[], list] = _live_runs) -> Target:
+    """Pick the controller address; cluster_loader returns the active env's ClusterSpec (or None).
+
+    live_loader returns this user's live launcher runs (fdl.launch.live): a run that moved off its
+    configured port is asked first in its place, and with no configuration at all the live runs
+    are asked before the convention default.
+    """
     if addr:
         shown, _ = normalize_address(addr)
         return Target((shown,), "--addr")
+    runs = live_loader()
     cluster = cluster_loader()
     if cluster is not None:
         ctl = cluster.controller  # type: ignore[attr-defined]
@@ -43,7 +56,13 @@ def resolve(addr: str | None, cluster_loader: Callable[[], object | None]) -> Ta
         addresses = [shown]
         if ctl.host not in _LOOPBACK:
             addresses.append(f"127.0.0.1:{ctl.port}")
-        return Target(tuple(addresses), "cluster.controller", token=ctl.join.token)
+        moved = [r.address for r in runs if r.configured in addresses and r.address not in addresses]
+        return Target(tuple(dict.fromkeys(moved + addresses)), "cluster.controller", token=ctl.join.token)
+    if runs:
+        addresses = tuple(dict.fromkeys([r.address for r in runs] + [DEFAULT_ADDRESS]))
+        return Target(addresses, "live run",
+                      note=f"no --addr and no cluster.controller in the active configuration; asking the run "
+                           f"this user's launcher (pid {runs[0].pid}) serves on {runs[0].address}")
     return Target((DEFAULT_ADDRESS,), "default",
                   note=f"no --addr and no cluster.controller in the active configuration; asking the "
                        f"convention default {DEFAULT_ADDRESS}")

@@ -43,6 +43,24 @@ class WatchEnd:
     message: str
 
 
+def outcome(end: WatchEnd, kept: Callable[[str | None], dict | None] = lambda _: None) -> tuple[str, int]:
+    """The run's outcome once a watch ended: (one line to print, exit code: 0 done, 1 failed or unknown).
+
+    The last state seen tells it when the watch saw the run finish; otherwise `kept` may hold the
+    final state the run's launcher kept on this machine (fdl.launch.live.kept_state).
+    """
+    state = end.state or {}
+    run = state.get("run_id")
+    final = state if state.get("phase") in ("done", "failed") else (kept(run) or state)
+    phase, label = final.get("phase"), f"run {run}" if run else "the run"
+    if phase == "done":
+        return f"{label} succeeded: every rank exited 0.", 0
+    if phase == "failed":
+        return f"{label} failed: {final.get('reason') or 'see its launcher for why'}.", 1
+    return (f"{label}: outcome unknown: its controller went away while the run was {phase or 'not yet seen'} "
+            f"(its launcher's output says how it ended).", 1)
+
+
 class Watcher:
     """Polls one controller every `interval` seconds and draws what it sees."""
 

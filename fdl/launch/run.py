@@ -24,6 +24,7 @@ from fdl import __version__
 from fdl.cluster.runner import Interrupts
 from fdl.controller.machine import DONE, FAILED, FORMING, TERMINAL, TRAINING, Refused
 from fdl.errors import ExitCode, FdlError
+from fdl.launch import live
 from fdl.launch.build import BuildJob, build_jobs, check_artifacts, prebuild
 from fdl.launch.dispatch import (
     GRACE_S,
@@ -142,7 +143,9 @@ class Launcher:
         for text in plan.notes:
             self.printer.note(text)
         self.server = ControllerServer(plan.policy(), host=plan.bind, port=plan.port).start()
+        record = None
         try:
+            record = self._record_live()
             self._announce()
             return self._run()
         finally:
@@ -151,6 +154,20 @@ class Launcher:
                 self._beats.join(timeout=5)
             self._keep_state()
             self.server.stop()
+            live.remove_record(record)
+
+    def _record_live(self):
+        """Say where this run's controller listens, for a plain `fdl status` (fdl.launch.live)."""
+        plan = self.plan
+        if plan.mode != SINGLE:
+            return None
+        try:
+            return live.write_record(plan.controller_addr, plan.configured_addr or plan.controller_addr,
+                                     plan.run_id)
+        except OSError as exc:
+            self.printer.note(f"could not record the live run for `fdl status` ({exc}); "
+                              f"use fdl status --addr {plan.controller_addr}")
+            return None
 
     @property
     def run_dir(self) -> Path:
@@ -176,7 +193,7 @@ class Launcher:
         what = (f"{plan.ranks} rank(s) on this machine" if plan.mode == SINGLE else
                 f"{plan.ranks} rank(s) on {hosts} host(s)" + (" plus walk-ins" if plan.discovery else ""))
         if plan.mode == SINGLE:
-            watch = "fdl status" if plan.port == 1337 else f"fdl status --addr 127.0.0.1:{plan.port}"
+            watch = "fdl status"  # the live record (or the default port) finds it
         else:
             watch = f"fdl @{self.env_name} status" if self.env_name else f"fdl status --addr {plan.controller_addr}"
         self.printer.note(f"run {plan.run_id} of '{plan.command.name}': {what}; controller on "
