@@ -64,6 +64,7 @@ class JoinPolicy(NamedTuple):
     window_s: float = 600.0
     tunnel_only: bool = False
     max_hosts: int | None = None  # discovery: roster capacity (None: the hard bound, MAX_WORKERS)
+    insecure_no_token: bool = False  # opt out of the rule that a non-loopback window has a token
 
 
 class ControllerSpec(NamedTuple):
@@ -340,7 +341,8 @@ def parse_devices(value: Any) -> Devices:
 # --------------------------------------------------------------------------- blocks
 
 _CONTROLLER_KEYS = ("host", "port", "bind", "join", "master_port")
-_JOIN_POLICY_KEYS = ("discovery", "start", "token", "quorum", "window_s", "tunnel_only", "max_hosts")
+_JOIN_POLICY_KEYS = ("discovery", "start", "token", "quorum", "window_s", "tunnel_only", "max_hosts",
+                     "insecure_no_token")
 _SSH_KEYS = ("user", "port", "identity", "known_hosts")
 _WORKER_KEYS = ("host", "address", "user", "port", "identity", "arch", "local_devices", "env",
                 "data_path", "python")
@@ -438,6 +440,7 @@ def _join_policy(c: _Checker, value: Any, path: tuple) -> JoinPolicy:
         tunnel_only=c.boolean(block.get("tunnel_only", False), path + ("tunnel_only",)),
         max_hosts=(None if block.get("max_hosts") is None
                    else c.integer(block["max_hosts"], path + ("max_hosts",), 1, MAX_WORKERS)),
+        insecure_no_token=c.boolean(block.get("insecure_no_token", False), path + ("insecure_no_token",)),
     )
 
 

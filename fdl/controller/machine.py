@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from fdl.config.schema import Devices
-from fdl.controller.policy import RunPolicy
+from fdl.controller.policy import RunPolicy, addresses_of, normalize_ip
 from fdl.controller.protocol import Hello
 from fdl.controller.world import World, build_world
 
@@ -151,6 +151,19 @@ class RunMachine:
         self._state_key: tuple = ()
         self._seen_dirty = False
         self._roster_index = {host: i for i, host in enumerate(policy.roster_names)}
+        self._roster_peers: dict[str, frozenset[str]] = {}  # roster host -> the IPs its address names
+
+    def resolve_roster(self) -> None:
+        """Resolve every roster address now (the server does it off its loop, before the first hello)."""
+        for entry in self.policy.roster:
+            self._roster_peers[entry.host] = addresses_of(entry.address or entry.host)
+
+    def _roster_peer_ok(self, host: str, peer: str) -> bool:
+        entry = self.policy.roster[self._roster_index[host]]
+        allowed = self._roster_peers.get(host)
+        if allowed is None:
+            allowed = self._roster_peers[host] = addresses_of(entry.address or entry.host)
+        return normalize_ip(peer) in allowed
 
     # ------------------------------------------------------------------ helpers
 
@@ -169,22 +182,19 @@ class RunMachine:
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
         return Refused(reason, message, **kwargs)
 
-    def _token_ok(self, presented: str | None, trusted: bool, *, what: str) -> None:
-        """Loopback peers (the controller box, or an ssh tunnel into it) need no token; others must match."""
+    def _auth_ok(self, trusted: bool, *, what: str) -> None:
+        """Loopback peers (the controller box, or an ssh tunnel into it), the launcher in-process and peers
+        whose request proved the run's token pass; others only join an open (tokenless) run."""
         if trusted:
             return
-        expected = self.policy.token
-        if expected is None:
+        if self.policy.token is None:
             if what == "join":
                 return  # open admission: no token configured for this run
             raise self._refuse(
                 "bad_token", "this run has no token, so its start switch can only be fired from the controller "
                              "box itself (or through its ssh tunnel).", status=403)
-        if presented is None:
-            raise self._refuse("bad_token", f"no token presented; a {what} from another host needs the run's "
-                                            f"token (cluster.controller.join.token).", status=403)
-        if not hmac.compare_digest(presented.encode("utf-8", "surrogatepass"), expected.encode()):
-            raise self._refuse("bad_token", "the token presented does not match this run's token.", status=403)
+        raise self._refuse("bad_token", f"no proof of the run's token: a {what} from another host must be signed "
+                                        f"with the run's token (cluster.controller.join.token).", status=403)
 
     @property
     def have_hosts(self) -> int:
@@ -236,18 +246,42 @@ class RunMachine:
 
     # ------------------------------------------------------------------ join
 
-    def hello(self, hello: Hello, *, peer: str, trusted: bool) -> Member:
-        """Admit a host or raise Refused naming why not."""
+    def hello(self, hello: Hello, *, peer: str, trusted: bool, authed: bool = False,
+              in_process: bool = False) -> Member:
+        """Admit a host or raise Refused naming why not.
+
+        trusted: the peer is loopback; authed: its request proved the run's token; in_process: the launcher
+        itself (the only caller that may admit the hosts it reserved)."""
         now = self.clock()
         self._check_clock(now)
         p = self.policy
-        self._token_ok(hello.token, trusted, what="join")
+        self._auth_ok(trusted or authed or in_process, what="join")
+        if hello.host in p.reserved and not in_process:
+            raise self._refuse(
+                "reserved_host", f"host {hello.host!r} is one the launcher runs itself: no hello over the network "
+                                 f"may take its name, for the life of the run.", status=403)
         if not self.window_open(now):
             raise self._refuse("window_closed", self.closed_text())
         if not p.discovery and hello.host not in self._roster_index:
             raise self._refuse(
                 "not_in_roster", f"host {hello.host!r} is not in this run's roster (cluster.workers); this window "
                                  f"admits only {_names(p.roster_names)}.")
+        roster_entry = p.roster[self._roster_index[hello.host]] if not p.discovery else None
+        devices = hello.devices
+        if roster_entry is not None:
+            # The roster wins over what a hello says: its address (and the peer must come from it) and devices.
+            if not in_process and not self._roster_peer_ok(hello.host, peer):
+                raise self._refuse(
+                    "wrong_address", f"host {hello.host!r} is a roster host, and it joins only from its roster "
+                                     f"address {roster_entry.address or roster_entry.host}, not from {peer}.",
+                    status=403)
+            if roster_entry.devices.is_cpu or roster_entry.devices.ids is not None:
+                devices = roster_entry.devices
+            address = roster_entry.address or hello.address or peer
+            if in_process and hello.address:
+                address = hello.address
+        else:
+            address = hello.address or peer
         if hello.host in self.members:
             raise self._refuse(
                 "host_joined", f"host {hello.host!r} has already joined this window; a host joins once (a silent "
@@ -262,20 +296,17 @@ class RunMachine:
             raise self._refuse(
                 "signature_differs", f"model signature {hello.signature} differs from the cohort's "
                                      f"{self.cohort_signature}: this box builds a different model.")
-        ranks = hello.devices.ranks()
+        ranks = devices.ranks()
         if self.have_hosts >= p.capacity:
             raise self._refuse("roster_full", f"the roster is full ({p.capacity} hosts).")
         if self.ranks + ranks > p.max_ranks:
             raise self._refuse("roster_full", f"admitting {ranks} more ranks would pass the world's limit of "
                                               f"{p.max_ranks} ranks ({self.ranks} already).")
-        roster_entry = p.roster[self._roster_index[hello.host]] if not p.discovery else None
-        address = hello.address or (roster_entry.address if roster_entry and roster_entry.address else None) \
-            or peer
         data_path = hello.data_path or (roster_entry.data_path if roster_entry else None) or p.data_path
         self._next_id += 1
         member = Member(
             id=f"m{self._next_id}", secret=secrets.token_hex(16), host=hello.host, address=address, peer=peer,
-            devices=hello.devices, ranks=ranks, run_id=hello.run_id, signature=hello.signature,
+            devices=devices, ranks=ranks, run_id=hello.run_id, signature=hello.signature,
             data_path=data_path, gpu_ram_share=hello.gpu_ram_share, gpu_names=hello.gpu_names,
             agent=hello.agent, admitted_at=now, last_seen=now)
         if not self.members:
@@ -356,11 +387,12 @@ class RunMachine:
         self.reason = reason
         self.ended_at = now
 
-    def fire(self, *, token: str | None, peer: str, trusted: bool) -> None:
-        """The start switch: form the world now, or raise Refused (never queued)."""
+    def fire(self, *, peer: str, trusted: bool) -> None:
+        """The start switch: form the world now, or raise Refused (never queued). trusted: a loopback peer,
+        or one whose request proved the run's token."""
         now = self.clock()
         self._check_clock(now)
-        self._token_ok(token, trusted, what="start")
+        self._auth_ok(trusted, what="start")
         if self.policy.start == "auto":
             raise self._refuse("auto_mode", "this run starts on its own (start: auto): there is no switch to fire. "
                                             "It forms when the roster is complete or the window closes.")

@@ -35,6 +35,7 @@ from typing import Any, Callable
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from fdl.controller import auth
 from fdl.controller.machine import OPEN, TERMINAL, Refused, RunMachine
 from fdl.controller.policy import RunPolicy
 from fdl.controller.protocol import MAX_BODY, BadRequest, decode, parse_hello, parse_start, parse_ticketed
@@ -186,6 +187,7 @@ class ControllerServer:
         self._gc_saved: tuple[int, ...] | None = None
         self._registry: Any = None  # prometheus_client's CollectorRegistry, made at the first scrape
         self.requests: dict[tuple[str, int], int] = {}  # (endpoint, status) -> answered requests
+        self._verifier = auth.Verifier(self.policy.token) if self.policy.token else None
         self.machine.listeners.append(self._on_change)
 
     @classmethod
@@ -207,7 +209,17 @@ class ControllerServer:
     async def start_async(self) -> None:
         """Bind and serve inside the running loop; raises FdlError when the port cannot be had."""
         loop = asyncio.get_running_loop()
+        if self.policy.token is None and not is_loopback(self.host) and self.host != "localhost":
+            if not self.policy.insecure_no_token:
+                raise FdlError(
+                    f"the controller would listen on {self.address} without a token: anyone who can reach that "
+                    f"address could join the run, read its arguments and run code as a rank.",
+                    hint="Set cluster.controller.join.token (fdl join-config makes one), bind loopback "
+                         "(tunnel_only: true), or, knowingly, set cluster.controller.join.insecure_no_token: true.")
+            log.warning("controller: %s listens without a token (insecure_no_token): anyone who can reach it may "
+                        "join", self.address)
         self._loop = loop
+        await asyncio.to_thread(self.machine.resolve_roster)  # names resolved once, off the loop
         self._formed = asyncio.Event()
         self._wake = asyncio.Event()
         self._on_change(self.machine)
@@ -375,6 +387,34 @@ class ControllerServer:
             self.machine.tick()
 
     async def _read_json(self, request: web.BaseRequest) -> dict:
+        """The request's JSON body, after its proof of the token (if any) was checked (see `_authenticate`)."""
+        body = await self._read_body(request)
+        self._authenticate(request, body)
+        return decode(body)
+
+    def _authenticate(self, request: web.BaseRequest, body: bytes) -> None:
+        """Check a signed request's proof; remember whether it proved the token (request["fdl.authed"]) and its
+        nonce, which the answer's own proof is bound to. An unsigned request is left to the machine's rules."""
+        request["fdl.authed"] = False
+        if not auth.has_proof(request.headers):
+            return
+        if self._verifier is None:
+            if is_loopback(request.remote):
+                return  # a loopback peer needs no proof, and this run has no token to check one against
+            raise self.machine._refuse("bad_token", "this run has no token, so a proof cannot be checked here; "
+                                                    "the controller admits no signed request from another host.",
+                                       status=403)
+        try:
+            nonce = self._verifier.verify(request.method, request.path, request.headers, body)
+        except auth.BadProof as exc:
+            raise self.machine._refuse(exc.reason, exc.message, status=403) from None
+        except auth.Overloaded:
+            raise Refused("overloaded", "the controller is answering too many signed requests at once; retry "
+                                        "shortly.", status=503) from None
+        request["fdl.authed"] = True
+        request["fdl.nonce"] = nonce
+
+    async def _read_body(self, request: web.BaseRequest) -> bytes:
         limit = self.limits.max_body
         length = request.content_length
         if length is not None and length > limit:
@@ -384,7 +424,7 @@ class ControllerServer:
             data = content.read_nowait()
             if len(data) > limit:
                 raise _TooLarge()
-            return decode(data)
+            return data
         data = bytearray()
         async with asyncio.timeout(self.limits.body_timeout_s):
             while True:
@@ -394,7 +434,7 @@ class ControllerServer:
                 data += chunk
                 if len(data) > limit:
                     raise _TooLarge()
-        return decode(bytes(data))
+        return bytes(data)
 
     _ROUTES = {
         "/": ("GET", "_index"),
@@ -409,6 +449,9 @@ class ControllerServer:
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         resp = await self._route(request)
+        nonce = request.get("fdl.nonce")
+        if nonce is not None and self._verifier is not None and isinstance(resp, web.Response):
+            resp.headers[auth.ANSWER_HEADER] = self._verifier.sign_answer(nonce, resp.status, resp.body or b"")
         key = (request.path if request.path in self._ROUTES else "other", resp.status)
         self.requests[key] = self.requests.get(key, 0) + 1  # GET /metrics reports these
         return resp
@@ -438,6 +481,15 @@ class ControllerServer:
         except TimeoutError:
             return _error(408, "timeout", f"the request body did not arrive within "
                                           f"{self.limits.body_timeout_s:g} s.", close=True)
+
+    async def _member_json(self, request: web.BaseRequest) -> dict:
+        """A member's request body: from another host, a run with a token takes only signed ones (the ticket
+        travels in clear, so it alone proves nothing)."""
+        obj = await self._read_json(request)
+        if self._verifier is not None and not request["fdl.authed"] and not is_loopback(request.remote):
+            raise self.machine._refuse("bad_token", "no proof of the run's token: a member's requests from another "
+                                                    "host must be signed with it.", status=403)
+        return obj
 
     @staticmethod
     def _peer(request: web.BaseRequest) -> tuple[str, bool]:
@@ -476,9 +528,9 @@ class ControllerServer:
         return _json(None, raw=body)
 
     async def _start(self, request: web.BaseRequest) -> web.Response:
-        token = parse_start(await self._read_json(request))
+        parse_start(await self._read_json(request))
         peer, trusted = self._peer(request)
-        self.machine.fire(token=token, peer=peer, trusted=trusted)
+        self.machine.fire(peer=peer, trusted=trusted or request["fdl.authed"])
         m = self.machine
         return _json({"ok": True, "armed": True, "phase": m.phase, "world": m.world.summary() if m.world else None,
                       "message": f"start armed: the world formed with {m.quorum_text()}; watch fdl status."})
@@ -487,7 +539,7 @@ class ControllerServer:
         hello = parse_hello(await self._read_json(request))
         peer, trusted = self._peer(request)
         m = self.machine
-        member = m.hello(hello, peer=peer, trusted=trusted)
+        member = m.hello(hello, peer=peer, trusted=trusted, authed=request["fdl.authed"])
         p = m.policy
         return _json({"ok": True, "admitted": True, "ticket": member.ticket, "host": member.host,
                       "ranks": member.ranks, "phase": m.phase, "run_id": m.cohort_run_id,
@@ -495,7 +547,7 @@ class ControllerServer:
                       "silence_s": p.silence_s, "poll_s": p.poll_s})
 
     async def _world(self, request: web.BaseRequest) -> web.Response:
-        msg = parse_ticketed(await self._read_json(request), kind="world")
+        msg = parse_ticketed(await self._member_json(request), kind="world")
         m = self.machine
         member = m.poll_begin(msg.ticket)
         try:
@@ -518,14 +570,14 @@ class ControllerServer:
                       "quorum": m.quorum()})
 
     async def _heartbeat(self, request: web.BaseRequest) -> web.Response:
-        msg = parse_ticketed(await self._read_json(request), kind="heartbeat")
+        msg = parse_ticketed(await self._member_json(request), kind="heartbeat")
         m = self.machine
         m.heartbeat(msg.ticket, running=msg.running)
         return _json({"ok": True, "phase": m.phase, "formed": m.world is not None,
                       "stop": m.phase == "failed", "reason": m.reason, "heartbeat_s": m.policy.heartbeat_s})
 
     async def _exit(self, request: web.BaseRequest) -> web.Response:
-        msg = parse_ticketed(await self._read_json(request), kind="exit")
+        msg = parse_ticketed(await self._member_json(request), kind="exit")
         m = self.machine
         assert msg.code is not None
         m.report_exit(msg.ticket, msg.code, msg.detail)

@@ -44,7 +44,7 @@ def test_failed_run_names_its_reason_and_big_rosters_are_cut() -> None:
 
 def test_formed_world_line() -> None:
     m, _ = state_of(FakeClock(), 2, window_s=600, start="manual", quorum_hosts=2)
-    m.fire(token=None, peer="127.0.0.1", trusted=True)
+    m.fire(peer="127.0.0.1", trusted=True)
     text = render_state(m.state(), "x:1")
     assert "world: 2 rank(s) on 2 host(s), backend gloo, rendezvous 127.0.0.1:1338; formed by start switch" in text
     assert "switch: fired by 127.0.0.1" in text
