@@ -154,7 +154,7 @@ class ControllerClient:
                                             f"{resp.status_code}); retry shortly", address=self.address)
             raise UnverifiedController(
                 f"the controller at {self.address} could not prove it holds the run's token: its answer (HTTP "
-                f"{resp.status_code}) carries no valid proof, so nothing in it is acted on",
+                f"{resp.status_code}) carries no valid proof, so nothing in it is acted on{_claimed(resp)}",
                 address=self.address,
                 hint="Either something else answers at that address, or the run's token differs from this box's "
                      "(check --token / FDL_JOIN_TOKEN / join.token against the run's controller.join.token).")
@@ -210,6 +210,18 @@ class ControllerClient:
         if detail:
             body["detail"] = detail[:1024]
         return self._request("POST", "/join/exit", body)
+
+
+def _claimed(resp: Any) -> str:
+    """What an unverified refusal says about itself, shown as a claim (it proves nothing)."""
+    try:
+        payload = resp.json()
+    except ValueError:
+        return ""
+    if not isinstance(payload, dict) or payload.get("ok") is not False:
+        return ""
+    text = "".join(c for c in f"{payload.get('reason')}: {payload.get('message')}" if c.isprintable())
+    return f" (unverified, it says {text[:200]})"
 
 
 def _why(exc: BaseException) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import contextvars
 import errno
 import functools
 import gc
@@ -30,7 +31,7 @@ import logging
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -59,6 +60,17 @@ class Limits:
     body_timeout_s: float = 10.0  # a request's body must arrive within this
     max_connections: int = 10_000  # open connections; more are answered 503 and closed
     backlog: int = 4096
+
+
+class _Auth(NamedTuple):
+    """What the request being handled proved: whether its proof of the token matched, and its nonce."""
+
+    authed: bool
+    nonce: str | None
+
+
+_NO_AUTH = _Auth(False, None)
+_AUTH: contextvars.ContextVar[_Auth] = contextvars.ContextVar("fdl_controller_auth", default=_NO_AUTH)
 
 
 class _TooLarge(Exception):
@@ -393,9 +405,9 @@ class ControllerServer:
         return decode(body)
 
     def _authenticate(self, request: web.BaseRequest, body: bytes) -> None:
-        """Check a signed request's proof; remember whether it proved the token (request["fdl.authed"]) and its
+        """Check a signed request's proof; remember whether it proved the token (_AUTH.get().authed) and its
         nonce, which the answer's own proof is bound to. An unsigned request is left to the machine's rules."""
-        request["fdl.authed"] = False
+        _AUTH.set(_Auth(False, None))
         if not auth.has_proof(request.headers):
             return
         if self._verifier is None:
@@ -411,8 +423,7 @@ class ControllerServer:
         except auth.Overloaded:
             raise Refused("overloaded", "the controller is answering too many signed requests at once; retry "
                                         "shortly.", status=503) from None
-        request["fdl.authed"] = True
-        request["fdl.nonce"] = nonce
+        _AUTH.set(_Auth(True, nonce))
 
     async def _read_body(self, request: web.BaseRequest) -> bytes:
         limit = self.limits.max_body
@@ -448,8 +459,9 @@ class ControllerServer:
     }
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+        _AUTH.set(_NO_AUTH)  # this handler's task: set by _authenticate while the request is read
         resp = await self._route(request)
-        nonce = request.get("fdl.nonce")
+        nonce = _AUTH.get().nonce
         if nonce is not None and self._verifier is not None and isinstance(resp, web.Response):
             resp.headers[auth.ANSWER_HEADER] = self._verifier.sign_answer(nonce, resp.status, resp.body or b"")
         key = (request.path if request.path in self._ROUTES else "other", resp.status)
@@ -486,7 +498,7 @@ class ControllerServer:
         """A member's request body: from another host, a run with a token takes only signed ones (the ticket
         travels in clear, so it alone proves nothing)."""
         obj = await self._read_json(request)
-        if self._verifier is not None and not request["fdl.authed"] and not is_loopback(request.remote):
+        if self._verifier is not None and not _AUTH.get().authed and not is_loopback(request.remote):
             raise self.machine._refuse("bad_token", "no proof of the run's token: a member's requests from another "
                                                     "host must be signed with it.", status=403)
         return obj
@@ -530,7 +542,7 @@ class ControllerServer:
     async def _start(self, request: web.BaseRequest) -> web.Response:
         parse_start(await self._read_json(request))
         peer, trusted = self._peer(request)
-        self.machine.fire(peer=peer, trusted=trusted or request["fdl.authed"])
+        self.machine.fire(peer=peer, trusted=trusted or _AUTH.get().authed)
         m = self.machine
         return _json({"ok": True, "armed": True, "phase": m.phase, "world": m.world.summary() if m.world else None,
                       "message": f"start armed: the world formed with {m.quorum_text()}; watch fdl status."})
@@ -539,7 +551,7 @@ class ControllerServer:
         hello = parse_hello(await self._read_json(request))
         peer, trusted = self._peer(request)
         m = self.machine
-        member = m.hello(hello, peer=peer, trusted=trusted, authed=request["fdl.authed"])
+        member = m.hello(hello, peer=peer, trusted=trusted, authed=_AUTH.get().authed)
         p = m.policy
         return _json({"ok": True, "admitted": True, "ticket": member.ticket, "host": member.host,
                       "ranks": member.ranks, "phase": m.phase, "run_id": m.cohort_run_id,

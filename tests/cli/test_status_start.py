@@ -166,9 +166,11 @@ def test_start_from_another_host_uses_the_env_token_and_refuses_without_it(peer:
             """))
         fdl = [sys.executable, "-m", "fdl"]
         result = peer.run([*fdl, "start", "--addr", address], env=fdl_env(), cwd=tmp_path)
-        assert result.returncode == 1 and "no token presented" in result.stderr and "[bad_token]" in result.stderr
+        assert result.returncode == 1 and "no proof of the run's token" in result.stderr \
+            and "[bad_token]" in result.stderr
         result = peer.run([*fdl, "start", "--addr", address, "--token", "0" * 32], env=fdl_env(), cwd=tmp_path)
-        assert result.returncode == 1 and "does not match" in result.stderr
+        assert result.returncode == 2 and "could not prove it holds the run's token" in result.stderr
+        assert "does not match" in result.stderr and "0" * 32 not in result.stderr
         result = peer.run([*fdl, "@farm", "start"], env=fdl_env(), cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         assert f"start armed at {address}" in result.stdout

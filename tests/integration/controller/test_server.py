@@ -291,7 +291,8 @@ def test_ten_thousand_forged_requests_admit_nobody() -> None:
     from fdl.controller.policy import RosterHost
 
     policy = RunPolicy(discovery=False, start="manual", run_id="pinned", window_s=600,
-                       roster=(RosterHost("node-a", parse_devices("cpu:1")), RosterHost("node-b", parse_devices("0"))))
+                       roster=(RosterHost("node-a", parse_devices("cpu:1"), "127.0.0.1"),
+                               RosterHost("node-b", parse_devices("0"))))
     with serving(policy) as server:
         statuses = send_all("127.0.0.1", server.port, 10_000, 20_260_505, "roster")
         assert sum(statuses.values()) == 10_000
