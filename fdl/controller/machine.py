@@ -73,6 +73,7 @@ class Member:
     agent: str | None
     admitted_at: float
     last_seen: float
+    peer_ip: str | None = None  # the peer address in one spelling (fairness, silence under load)
     polls: int = 0  # world long-polls in flight: a member holding one is alive
     fetched: bool = False  # has received its world
     running: bool = False  # its ranks are up
@@ -152,6 +153,20 @@ class RunMachine:
         self._seen_dirty = False
         self._roster_index = {host: i for i, host in enumerate(policy.roster_names)}
         self._roster_peers: dict[str, frozenset[str]] = {}  # roster host -> the IPs its address names
+        self.peers: dict[str, int] = {}  # admitted members' peer addresses -> how many members each
+        self._shed_at: dict[str, float] = {}  # member peer address -> when a connection from it was shed for load
+
+    def shed(self, peer: str | None) -> None:
+        """The server refused a connection from peer for load: a member there is not silent meanwhile."""
+        if peer is not None and peer in self.peers:
+            self._shed_at[peer] = self.clock()
+
+    def _quiet_for(self, member: Member, now: float) -> float:
+        """How long a member has been silent, not counting time its address was being shed for load."""
+        seen = member.last_seen
+        if member.peer_ip is not None:
+            seen = max(seen, self._shed_at.get(member.peer_ip, seen))
+        return now - seen
 
     def resolve_roster(self) -> None:
         """Resolve every roster address now (the server does it off its loop, before the first hello)."""
@@ -308,7 +323,9 @@ class RunMachine:
             id=f"m{self._next_id}", secret=secrets.token_hex(16), host=hello.host, address=address, peer=peer,
             devices=devices, ranks=ranks, run_id=hello.run_id, signature=hello.signature,
             data_path=data_path, gpu_ram_share=hello.gpu_ram_share, gpu_names=hello.gpu_names,
-            agent=hello.agent, admitted_at=now, last_seen=now)
+            agent=hello.agent, admitted_at=now, last_seen=now, peer_ip=None if in_process else normalize_ip(peer))
+        if member.peer_ip is not None:
+            self.peers[member.peer_ip] = self.peers.get(member.peer_ip, 0) + 1
         if not self.members:
             self.cohort_run_id = hello.run_id if p.run_id is None else p.run_id
         if self.cohort_signature is None and hello.signature is not None:
@@ -325,6 +342,13 @@ class RunMachine:
         return member
 
     def _remove(self, member: Member, reason: str, now: float) -> None:
+        if member.peer_ip is not None:
+            left = self.peers.get(member.peer_ip, 1) - 1
+            if left > 0:
+                self.peers[member.peer_ip] = left
+            else:
+                self.peers.pop(member.peer_ip, None)
+                self._shed_at.pop(member.peer_ip, None)
         del self.members[member.host]
         del self._by_id[member.id]
         self.ranks -= member.ranks
@@ -414,7 +438,8 @@ class RunMachine:
         changed = False
         if self.phase in OPEN:
             silent = [m for m in self.members.values()
-                      if m.polls == 0 and now - m.last_seen > self.policy.silence_s]
+                      if m.polls == 0 and now - m.last_seen > self.policy.silence_s
+                      and self._quiet_for(m, now) > self.policy.silence_s]
             for member in silent:
                 self._remove(member, f"dropped: silent for {now - member.last_seen:.1f} s before the world "
                                      f"formed", now)
@@ -424,7 +449,8 @@ class RunMachine:
         elif self.phase in (FORMING, TRAINING):
             for member in self.members.values():
                 if member.exit_code is None and member.polls == 0 \
-                        and now - member.last_seen > self.policy.silence_s:
+                        and now - member.last_seen > self.policy.silence_s \
+                        and self._quiet_for(member, now) > self.policy.silence_s:
                     self._fail(f"host {member.host} went silent: no heartbeat for "
                                f"{now - member.last_seen:.1f} s after the world formed", now)
                     changed = True

@@ -34,11 +34,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
 
 from fdl.controller import auth
 from fdl.controller.machine import OPEN, TERMINAL, Refused, RunMachine
-from fdl.controller.policy import RunPolicy
+from fdl.controller.policy import RunPolicy, normalize_ip
 from fdl.controller.protocol import MAX_BODY, BadRequest, decode, parse_hello, parse_start, parse_ticketed
 from fdl.errors import FdlError
 
@@ -58,7 +57,9 @@ class Limits:
     max_headers: int = 32  # header count
     head_timeout_s: float = 10.0  # a connection's complete request head must arrive within this (also idle)
     body_timeout_s: float = 10.0  # a request's body must arrive within this
-    max_connections: int = 10_000  # open connections; more are answered 503 and closed
+    max_connections: int = 10_000  # open connections from strangers; more are answered 503 and closed
+    max_per_peer: int = 64  # open connections one non-member, non-loopback address may hold
+    member_reserve: int = 1024  # connections beyond max_connections kept for members and loopback
     backlog: int = 4096
 
 
@@ -106,7 +107,7 @@ def _error(status: int, reason: str, message: str, *, close: bool = False, **ext
     return _json({"ok": False, "reason": reason, "message": message, **extra}, status, close=close)
 
 
-class _Handler(RequestHandler):
+class _Handler(web.RequestHandler):
     """aiohttp's connection handler, answering HTTP-level errors (bad request line, oversized
     headers) with the same JSON envelope as every other error, and without logging tracebacks."""
 
@@ -126,52 +127,121 @@ class _Handler(RequestHandler):
         return _error(status, reason, text, close=True)
 
 
-class _Overloaded(asyncio.Protocol):
-    """Answers a connection over the limit with 503 and closes it."""
+class _Overloaded:
+    """Answers a connection over its limit with 503 and closes it (drives the transport it is handed)."""
 
     BODY = _body({"ok": False, "reason": "overloaded",
                   "message": "the controller holds its maximum number of connections; retry shortly."})
     RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
                 b"Retry-After: 1\r\nContent-Length: " + str(len(BODY)).encode() + b"\r\n\r\n" + BODY)
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        tcp: asyncio.Transport = transport  # type: ignore[assignment]
-        tcp.write(self.RESPONSE)
-        tcp.write_eof()
+    def __init__(self, transport: asyncio.Transport):
+        transport.write(self.RESPONSE)
+        transport.write_eof()
         # Closing with the peer's request still unread would reset the connection and lose the answer:
         # read and drop what it sends for a moment, then close.
-        self._close = asyncio.get_running_loop().call_later(0.5, tcp.close)
-        self._transport = tcp
-
-    def data_received(self, data: bytes) -> None:
-        pass
+        self._close = asyncio.get_running_loop().call_later(0.5, transport.close)
+        self._transport = transport
 
     def eof_received(self) -> bool:
         self._close.cancel()
         self._transport.close()
         return False
 
-    def connection_lost(self, exc: BaseException | None) -> None:
+    def connection_lost(self) -> None:
         self._close.cancel()
 
 
-class _WebServer(web.Server):
-    """aiohttp's low-level server with a connection cap and JSON error pages."""
+class _Gate:
+    """The protocol factory asyncio calls per connection: admits it to aiohttp's handler, or answers 503.
 
-    def __init__(self, handler: Any, *, max_connections: int, **kwargs: Any):
-        super().__init__(handler, **kwargs)
+    Fairness under flood: a peer address may hold at most `per_peer` connections, and strangers together at
+    most `max_connections`; loopback peers and the addresses of admitted members are never held to the
+    per-peer share and may use `reserve` connections beyond the total, so a flood from other addresses
+    cannot crowd out a member's heartbeats, world polls and exit reports."""
+
+    def __init__(self, factory: Callable[[], asyncio.Protocol], *, max_connections: int, per_peer: int,
+                 reserve: int, priority: Callable[[str | None], bool], shed: Callable[[str | None], None]):
+        self.factory = factory
         self.max_connections = max_connections
+        self.per_peer = per_peer
+        self.reserve = reserve
+        self.priority = priority
+        self.shed = shed
+        self.total = 0
+        self.by_peer: dict[str | None, int] = {}
         self.overloaded = 0
 
-    @property
-    def open_connections(self) -> int:
-        return len(self._connections)
+    def __call__(self) -> asyncio.Protocol:
+        return _Gated(self)
 
-    def __call__(self) -> Any:  # the protocol factory asyncio calls per connection
-        if len(self._connections) >= self.max_connections:
+    def admit(self, peer: str | None) -> bool:
+        if self.priority(peer):
+            ok = self.total < self.max_connections + self.reserve
+        else:
+            ok = self.total < self.max_connections and self.by_peer.get(peer, 0) < self.per_peer
+        if not ok:
             self.overloaded += 1
-            return _Overloaded()
-        return _Handler(self, loop=self._loop, **self._kwargs)
+            self.shed(peer)
+            return False
+        self.total += 1
+        self.by_peer[peer] = self.by_peer.get(peer, 0) + 1
+        return True
+
+    def release(self, peer: str | None) -> None:
+        self.total -= 1
+        left = self.by_peer.get(peer, 1) - 1
+        if left > 0:
+            self.by_peer[peer] = left
+        else:
+            self.by_peer.pop(peer, None)
+
+
+class _Gated(asyncio.Protocol):
+    """One connection: forwards asyncio's protocol calls to aiohttp's handler once the gate admitted it."""
+
+    __slots__ = ("gate", "inner", "peer", "refused")
+
+    def __init__(self, gate: _Gate):
+        self.gate = gate
+        self.inner: Any = None
+        self.peer: str | None = None
+        self.refused: _Overloaded | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        name = transport.get_extra_info("peername")
+        self.peer = normalize_ip(name[0]) if isinstance(name, tuple) and name else None
+        if not self.gate.admit(self.peer):
+            self.refused = _Overloaded(transport)  # type: ignore[arg-type]
+            return
+        self.inner = self.gate.factory()
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.inner is not None:
+            self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        if self.inner is not None:
+            return self.inner.eof_received()
+        if self.refused is not None:
+            return self.refused.eof_received()
+        return False
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.inner is not None:
+            self.gate.release(self.peer)
+            self.inner.connection_lost(exc)
+        elif self.refused is not None:
+            self.refused.connection_lost()
+
+    def pause_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.resume_writing()
 
 
 class ControllerServer:
@@ -187,7 +257,8 @@ class ControllerServer:
         self.tick_s = min(0.25, self.policy.silence_s / 4)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
-        self._web: _WebServer | None = None
+        self._web: web.Server | None = None
+        self._gate: _Gate | None = None
         self._ticker: asyncio.Task | None = None
         self._formed: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
@@ -235,14 +306,18 @@ class ControllerServer:
         self._formed = asyncio.Event()
         self._wake = asyncio.Event()
         self._on_change(self.machine)
-        _raise_fd_limit(self.limits.max_connections + 256)
+        _raise_fd_limit(self.limits.max_connections + self.limits.member_reserve + 256)
         lim = self.limits
-        self._web = _WebServer(self._dispatch, max_connections=lim.max_connections, handler_cancellation=True,
-                               keepalive_timeout=lim.head_timeout_s, max_line_size=lim.max_line,
-                               max_field_size=lim.max_field, max_headers=lim.max_headers, access_log=None,
-                               lingering_time=1.0)
+        handler_kwargs = dict(keepalive_timeout=lim.head_timeout_s, max_line_size=lim.max_line,
+                              max_field_size=lim.max_field, max_headers=lim.max_headers, access_log=None,
+                              lingering_time=1.0)
+        self._web = web.Server(self._dispatch, handler_cancellation=True, **handler_kwargs)
+        web_server = self._web
+        self._gate = _Gate(lambda: _Handler(web_server, loop=loop, **handler_kwargs),
+                           max_connections=lim.max_connections, per_peer=lim.max_per_peer, reserve=lim.member_reserve,
+                           priority=self._priority, shed=self.machine.shed)
         try:
-            self._server = await loop.create_server(self._web, self.host, self.port, backlog=lim.backlog,
+            self._server = await loop.create_server(self._gate, self.host, self.port, backlog=lim.backlog,
                                                     reuse_address=True)
         except OSError as exc:
             why = "the address is already in use (another run, or another program, holds it)" \
@@ -363,11 +438,15 @@ class ControllerServer:
     @property
     def overloaded(self) -> int:
         """Connections answered 503 because the connection limit was reached."""
-        return self._web.overloaded if self._web is not None else 0
+        return self._gate.overloaded if self._gate is not None else 0
 
     @property
     def open_connections(self) -> int:
-        return self._web.open_connections if self._web is not None else 0
+        return self._gate.total if self._gate is not None else 0
+
+    def _priority(self, peer: str | None) -> bool:
+        """Loopback peers and admitted members' addresses: never held to a stranger's share."""
+        return peer is not None and (peer in self.machine.peers or is_loopback(peer))
 
     def wait_phase(self, *phases: str, timeout: float | None = None) -> bool:
         """Block until the run reaches one of phases; False on timeout."""

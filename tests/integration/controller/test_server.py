@@ -265,7 +265,7 @@ def test_slowloris_connections_are_cut_and_others_are_served() -> None:
 
 
 def test_connections_over_the_limit_get_503_and_the_server_recovers() -> None:
-    with serving(RunPolicy(window_s=60), limits=Limits(max_connections=8)) as server:
+    with serving(RunPolicy(window_s=60), limits=Limits(max_connections=8, member_reserve=0)) as server:
         idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(8)]
         try:
             time.sleep(0.2)
