@@ -293,6 +293,8 @@ def print_note(stream: IO | None = None) -> Note:
     out = sys.stderr if stream is None else stream
 
     def note(text: str) -> None:
-        print(f"fdl: join: {text}", file=out, flush=True)
+        from fdl.controller.render import printable
+
+        print(f"fdl: join: {printable(text)}", file=out, flush=True)  # a controller's words are data
 
     return note

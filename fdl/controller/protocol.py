@@ -91,6 +91,8 @@ def _string(obj: dict, key: str, limit: int, *, required: bool = False, pattern:
         raise BadRequest(f"field {key!r} must be {what}.")
     if _CONTROL_RE.search(value):
         raise BadRequest(f"field {key!r} contains control characters.")
+    if not value.isprintable():  # lone surrogates, other unprintable code points
+        raise BadRequest(f"field {key!r} contains unprintable characters.")
     return value
 
 

@@ -74,6 +74,10 @@ _NO_AUTH = _Auth(False, None)
 _AUTH: contextvars.ContextVar[_Auth] = contextvars.ContextVar("fdl_controller_auth", default=_NO_AUTH)
 
 
+class _Unsupported(Exception):
+    """A request body the controller does not decode (HTTP 400, connection closed)."""
+
+
 class _TooLarge(Exception):
     pass
 
@@ -110,6 +114,14 @@ def _error(status: int, reason: str, message: str, *, close: bool = False, **ext
 class _Handler(web.RequestHandler):
     """aiohttp's connection handler, answering HTTP-level errors (bad request line, oversized
     headers) with the same JSON envelope as every other error, and without logging tracebacks."""
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """A peer's malformed input (a body that does not decode as it claims, cut connections) is the peer's
+        problem: one line at debug level, never a traceback per request."""
+        exc = kw.get("exc_info")
+        what = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}" \
+            if isinstance(exc, BaseException) else ""
+        log.debug("controller: connection ended by a malformed request (%s)", what[:200])
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -506,6 +518,12 @@ class ControllerServer:
 
     async def _read_body(self, request: web.BaseRequest) -> bytes:
         limit = self.limits.max_body
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            # Nothing fdl sends is compressed; decoding a stranger's body (a bomb, or not what it claims) is
+            # work the controller never does. regression: a non-gzip body labelled gzip was a 500 + traceback.
+            raise _Unsupported(f"request bodies are accepted uncompressed only (Content-Encoding: identity), "
+                               f"not {encoding[:40]!r}.")
         length = request.content_length
         if length is not None and length > limit:
             raise _TooLarge()
@@ -566,6 +584,8 @@ class ControllerServer:
             return _json(body, refused.status)
         except BadRequest as exc:
             return _error(400, "bad_request", str(exc))
+        except _Unsupported as exc:
+            return _error(400, "bad_request", str(exc), close=True)
         except _TooLarge:
             return _error(413, "too_large", f"the request body is larger than {self.limits.max_body} bytes.",
                           close=True)

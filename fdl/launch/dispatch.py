@@ -61,6 +61,9 @@ class Printer:
                 pass
 
     def note(self, text: str) -> None:
+        from fdl.controller.render import printable
+
+        text = printable(text)  # host names and details from walk-ins are data, never terminal controls
         with self._lock:
             try:
                 self.err.write(f"fdl: launch: {text}\n")

@@ -355,3 +355,21 @@ def test_for_cluster_binds_loopback_when_tunnel_only(tmp_path) -> None:
         with client(server) as c:
             assert c.hello(hello("a", run_id="r1"))["admitted"]
             assert c.state()["controller"] == f"10.0.0.1:{port}"
+
+
+def test_a_body_labelled_gzip_is_a_json_400_without_a_traceback(caplog) -> None:
+    """regression: `Content-Encoding: gzip` with a body that is not gzip gave a 500 and a logged traceback per
+    request."""
+    import gzip
+    import logging
+
+    body = json.dumps(hello("a")).encode()
+    caplog.set_level(logging.DEBUG)
+    with serving(RunPolicy(window_s=60)) as server:
+        for data in (body, gzip.compress(body)):
+            status, answer = raw(server, b"POST /join HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+                                         b"Content-Length: %d\r\n\r\n" % len(data) + data)
+            assert (status, answer["reason"]) == (400, "bad_request") and "uncompressed" in answer["message"]
+        time.sleep(1.5)  # past aiohttp's lingering read of the unread body
+        assert server.state()["roster"] == []
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
