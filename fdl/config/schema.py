@@ -73,6 +73,7 @@ class ControllerSpec(NamedTuple):
     bind: str = "0.0.0.0"
     join: JoinPolicy = JoinPolicy()
     master_port: int | None = None  # torch rendezvous port on rank 0's host (None: port + 1)
+    peer_connections: int = 64  # open connections one stranger's address may hold (members and loopback: no cap)
 
     @property
     def address(self) -> str:
@@ -340,7 +341,7 @@ def parse_devices(value: Any) -> Devices:
 
 # --------------------------------------------------------------------------- blocks
 
-_CONTROLLER_KEYS = ("host", "port", "bind", "join", "master_port")
+_CONTROLLER_KEYS = ("host", "port", "bind", "join", "master_port", "peer_connections")
 _JOIN_POLICY_KEYS = ("discovery", "start", "token", "quorum", "window_s", "tunnel_only", "max_hosts",
                      "insecure_no_token")
 _SSH_KEYS = ("user", "port", "identity", "known_hosts")
@@ -411,7 +412,11 @@ def _controller(c: _Checker, value: Any, path: tuple) -> ControllerSpec:
         if master_port == port:
             raise c.fail(path + ("master_port",), "a port other than the controller's own", master_port,
                          "Rank 0 opens the torch rendezvous store there; leave it out to use port + 1.")
-    return ControllerSpec(host=host, port=port, bind=bind, join=join, master_port=master_port)
+    peer_connections = 64
+    if block.get("peer_connections") is not None:
+        peer_connections = c.integer(block["peer_connections"], path + ("peer_connections",), 1, 10_000)
+    return ControllerSpec(host=host, port=port, bind=bind, join=join, master_port=master_port,
+                          peer_connections=peer_connections)
 
 
 def _join_policy(c: _Checker, value: Any, path: tuple) -> JoinPolicy:

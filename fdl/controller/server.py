@@ -291,6 +291,7 @@ class ControllerServer:
         """The controller a `cluster:` block describes: its policy, on its bind address and port
         (loopback when tunnel_only)."""
         ctl = cluster.controller
+        limits = limits or Limits(max_per_peer=ctl.peer_connections)
         return cls(RunPolicy.from_cluster(cluster, run_id=run_id, args=args), host=ctl.bind, port=ctl.port,
                    limits=limits)
 

@@ -141,7 +141,10 @@ class Launcher:
         plan = self.plan
         for text in plan.notes:
             self.printer.note(text)
-        self.server = ControllerServer(self._policy(), host=plan.bind, port=plan.port).start()
+        from fdl.controller.server import Limits
+
+        limits = Limits(max_per_peer=plan.cluster.controller.peer_connections) if plan.cluster is not None else None
+        self.server = ControllerServer(self._policy(), host=plan.bind, port=plan.port, limits=limits).start()
         try:
             self._announce()
             return self._run()
