@@ -24,6 +24,7 @@ import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Callable
 
 from fdl.config.schema import Devices
@@ -31,8 +32,28 @@ from fdl.controller.policy import RunPolicy, addresses_of, normalize_ip
 from fdl.controller.protocol import Hello
 from fdl.controller.world import World, build_world
 
-WAITING, STAGING, FORMING, TRAINING, DONE, FAILED = "waiting", "staging", "forming", "training", "done", "failed"
-PHASES = (WAITING, STAGING, FORMING, TRAINING, DONE, FAILED)
+class Phase(StrEnum):
+    """Where a run is (state.json `phase`); members compare equal to their names as plain strings."""
+
+    WAITING = "waiting"
+    STAGING = "staging"
+    FORMING = "forming"
+    TRAINING = "training"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Switch(StrEnum):
+    """The start switch (state.json `start.switch`): none on auto runs, else unarmed until fired."""
+
+    NONE = "none"
+    UNARMED = "unarmed"
+    FIRED = "fired"
+
+
+WAITING, STAGING, FORMING, TRAINING, DONE, FAILED = (Phase.WAITING, Phase.STAGING, Phase.FORMING, Phase.TRAINING,
+                                                     Phase.DONE, Phase.FAILED)
+PHASES = tuple(Phase)
 OPEN = (WAITING, STAGING)
 TERMINAL = (DONE, FAILED)
 STATE_SCHEMA = 1
@@ -134,7 +155,7 @@ class RunMachine:
         self.cohort_signature: str | None = None
         self.opened_at: float | None = None
         self.deadline: float | None = None
-        self.switch = "none" if policy.start == "auto" else "unarmed"
+        self.switch = Switch.NONE if policy.start == "auto" else Switch.UNARMED
         self.fired_at: float | None = None
         self.fired_by: str | None = None
         self.world: World | None = None
@@ -426,7 +447,7 @@ class RunMachine:
             q = self.quorum()
             raise self._refuse("quorum_not_met", f"quorum not met: {self.quorum_text()} have joined.",
                                extra={"have": q["have"], "need": q["need"]})
-        self.switch = "fired"
+        self.switch = Switch.FIRED
         self.fired_at = now
         self.fired_by = peer
         self._form("start switch", now)

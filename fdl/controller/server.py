@@ -5,7 +5,16 @@ loopback, holds world long-polls on one shared event, ticks the machine's
 clock, and turns `Refused`/`BadRequest` into JSON errors. Everything is
 bounded (`Limits`): body size and read time, request line and header sizes
 and count, the time a connection may take to send a complete request head
-(slowloris), and the number of open connections.
+(slowloris), and the number of open connections (in all, and per stranger's
+address). Requests that prove the run's token are checked here and their
+answers signed (fdl.controller.auth).
+
+aiohttp's public API only: a `web.Application` whose router holds every
+endpoint and whose middlewares turn errors into the JSON envelope and sign
+answers, run by `web.AppRunner`; connections are admitted by `_Gate`, the
+protocol factory handed to asyncio, before aiohttp's handler (a public
+`web.RequestHandler` subclass that keeps malformed HTTP in the JSON envelope)
+sees a byte.
 
 Two ways to run it::
 
@@ -269,7 +278,7 @@ class ControllerServer:
         self.tick_s = min(0.25, self.policy.silence_s / 4)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
-        self._web: web.Server | None = None
+        self._runner: web.AppRunner | None = None
         self._gate: _Gate | None = None
         self._ticker: asyncio.Task | None = None
         self._formed: asyncio.Event | None = None
@@ -324,8 +333,10 @@ class ControllerServer:
         handler_kwargs = dict(keepalive_timeout=lim.head_timeout_s, max_line_size=lim.max_line,
                               max_field_size=lim.max_field, max_headers=lim.max_headers, access_log=None,
                               lingering_time=1.0)
-        self._web = web.Server(self._dispatch, handler_cancellation=True, **handler_kwargs)
-        web_server = self._web
+        self._runner = web.AppRunner(self._application(), handler_cancellation=True, **handler_kwargs)
+        await self._runner.setup()
+        web_server = self._runner.server
+        assert web_server is not None
         self._gate = _Gate(lambda: _Handler(web_server, loop=loop, **handler_kwargs),
                            max_connections=lim.max_connections, per_peer=lim.max_per_peer, reserve=lim.member_reserve,
                            priority=self._priority, shed=self.machine.shed)
@@ -333,6 +344,8 @@ class ControllerServer:
             self._server = await loop.create_server(self._gate, self.host, self.port, backlog=lim.backlog,
                                                     reuse_address=True)
         except OSError as exc:
+            await self._runner.cleanup()
+            self._runner = None
             why = "the address is already in use (another run, or another program, holds it)" \
                 if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
             raise FdlError(f"the controller cannot listen on {self.address}: {why}.",
@@ -366,10 +379,13 @@ class ControllerServer:
             self._ticker = None
         if self._server is not None:
             self._server.close()
-            assert self._web is not None
-            self._web.pre_shutdown()
-            await self._web.shutdown(0.5)
             self._server = None
+        if self._runner is not None:
+            if self._runner.server is not None:
+                self._runner.server.pre_shutdown()
+                await self._runner.server.shutdown(0.5)
+            await self._runner.cleanup()
+            self._runner = None
 
     def start(self) -> "ControllerServer":
         """Serve from a background thread; returns once listening (or raises why it could not)."""
@@ -556,9 +572,22 @@ class ControllerServer:
         "/join/exit": ("POST", "_exit"),
     }
 
-    async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+    def _application(self) -> web.Application:
+        """aiohttp's Application: every endpoint through its router, errors and proofs in middlewares."""
+        app = web.Application(middlewares=[self._count_and_sign, self._errors], handler_args=None)
+        for path, (method, name) in self._ROUTES.items():
+            handler = getattr(self, name)
+            if method == "GET":
+                app.router.add_get(path, handler)  # HEAD too
+            else:
+                app.router.add_route(method, path, handler)
+        return app
+
+    @web.middleware
+    async def _count_and_sign(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Signs the answer to a request whose proof matched (bound to its nonce), and counts answers."""
         _AUTH.set(_NO_AUTH)  # this handler's task: set by _authenticate while the request is read
-        resp = await self._route(request)
+        resp = await handler(request)
         nonce = _AUTH.get().nonce
         if nonce is not None and self._verifier is not None and isinstance(resp, web.Response):
             resp.headers[auth.ANSWER_HEADER] = self._verifier.sign_answer(nonce, resp.status, resp.body or b"")
@@ -566,18 +595,19 @@ class ControllerServer:
         self.requests[key] = self.requests.get(key, 0) + 1  # GET /metrics reports these
         return resp
 
-    async def _route(self, request: web.BaseRequest) -> web.StreamResponse:
-        route = self._ROUTES.get(request.path)
-        if route is None:
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Every refusal and error as the one JSON envelope."""
+        try:
+            return await handler(request)
+        except web.HTTPMethodNotAllowed as exc:
+            allowed = ", ".join(sorted(m for m in exc.allowed_methods if m != "HEAD"))
+            resp = _error(405, "method_not_allowed", f"{request.path[:100]} answers {allowed} only.")
+            resp.headers["Allow"] = allowed
+            return resp
+        except web.HTTPNotFound:
             return _error(404, "not_found", f"no such endpoint {request.path[:100]!r}; GET / with Accept: "
                                             f"application/json lists them.")
-        method, name = route
-        if request.method != method and not (method == "GET" and request.method == "HEAD"):
-            resp = _error(405, "method_not_allowed", f"{request.path} answers {method} only.")
-            resp.headers["Allow"] = method
-            return resp
-        try:
-            return await getattr(self, name)(request)
         except Refused as refused:
             body = refused.to_dict()
             if request.path == "/join":
