@@ -60,3 +60,23 @@ def test_a_member_whose_address_was_shed_for_load_is_not_silent() -> None:
     clock.advance(11)
     m.tick()
     assert m.members == {} and m.peers == {}  # once the shedding stops, silence counts again
+
+
+def test_the_server_uses_aiohttps_public_api_and_enums() -> None:
+    """regression: server.py subclassed aiohttp's private RequestHandler import and read `_connections`,
+    `_kwargs` and `_loop` of web.Server; phases and switch states were bare strings."""
+    import ast
+    import importlib.util
+    import json
+
+    from fdl.controller.machine import PHASES, Phase, Switch
+
+    source = importlib.util.find_spec("fdl.controller.server").origin
+    tree = ast.parse(open(source, encoding="utf-8").read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            assert node.module in (None, "aiohttp") or not node.module.startswith("aiohttp."), node.module
+        if isinstance(node, ast.Attribute) and node.attr in ("_connections", "_kwargs"):
+            raise AssertionError(f"private aiohttp attribute {node.attr} read at line {node.lineno}")
+    assert [p.value for p in PHASES] == ["waiting", "staging", "forming", "training", "done", "failed"]
+    assert json.dumps({"phase": Phase.FAILED, "switch": Switch.FIRED}) == '{"phase": "failed", "switch": "fired"}'
