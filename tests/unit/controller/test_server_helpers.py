@@ -72,7 +72,9 @@ def test_the_server_uses_aiohttps_public_api_and_enums() -> None:
     from fdl.controller.machine import PHASES, Phase, Switch
 
     source = importlib.util.find_spec("fdl.controller.server").origin
-    tree = ast.parse(open(source, encoding="utf-8").read())
+    from pathlib import Path
+
+    tree = ast.parse(Path(source).read_text(encoding="utf-8"))
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             assert node.module in (None, "aiohttp") or not node.module.startswith("aiohttp."), node.module
