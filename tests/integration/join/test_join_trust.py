@@ -29,9 +29,9 @@ ATTACK_ENV = {"LD_PRELOAD": "/tmp/evil.so", "PATH": "/tmp/evil-bin", "MASTER_ADD
 RAN = r'''
 import json, os, sys
 if os.environ.get("FDL_SIGNATURE_PROBE") == "1":
+    with open(os.environ["TEST_MARK"] + ".probe.json", "w") as f:  # before the signature: the agent may end
+        json.dump(dict(os.environ), f)                              # the probe as soon as it has read it
     print("fdl-signature: ab12cd34ef56ab12", flush=True)
-    with open(os.environ["TEST_MARK"] + ".probe.json", "w") as f:
-        json.dump(dict(os.environ), f)
     sys.exit(0)
 with open(os.environ["TEST_MARK"] + ".rank%s.json" % os.environ.get("RANK", "x"), "w") as f:
     json.dump(dict(os.environ), f)
