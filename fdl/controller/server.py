@@ -124,6 +124,16 @@ class _Handler(web.RequestHandler):
     """aiohttp's connection handler, answering HTTP-level errors (bad request line, oversized
     headers) with the same JSON envelope as every other error, and without logging tracebacks."""
 
+    released: Callable[[], None] | None = None  # the gate's release, called once the connection is gone
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        release, self.released = self.released, None
+        try:
+            super().connection_lost(exc)
+        finally:
+            if release is not None:
+                release()
+
     def log_exception(self, *args: Any, **kw: Any) -> None:
         """A peer's malformed input (a body that does not decode as it claims, cut connections) is the peer's
         problem: one line at debug level, never a traceback per request."""
@@ -219,50 +229,36 @@ class _Gate:
 
 
 class _Gated(asyncio.Protocol):
-    """One connection: forwards asyncio's protocol calls to aiohttp's handler once the gate admitted it."""
+    """One new connection: once the gate admits it, the transport is handed to aiohttp's handler
+    (`set_protocol`, public asyncio API), which releases the gate's count when the connection is lost; a
+    refused one is answered 503 here."""
 
-    __slots__ = ("gate", "inner", "peer", "refused")
+    __slots__ = ("gate", "refused")
 
     def __init__(self, gate: _Gate):
         self.gate = gate
-        self.inner: Any = None
-        self.peer: str | None = None
         self.refused: _Overloaded | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         name = transport.get_extra_info("peername")
-        self.peer = normalize_ip(name[0]) if isinstance(name, tuple) and name else None
-        if not self.gate.admit(self.peer):
+        peer = normalize_ip(name[0]) if isinstance(name, tuple) and name else None
+        if not self.gate.admit(peer):
             self.refused = _Overloaded(transport)  # type: ignore[arg-type]
             return
-        self.inner = self.gate.factory()
-        self.inner.connection_made(transport)
+        handler = self.gate.factory()
+        handler.released = functools.partial(self.gate.release, peer)
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        if self.inner is not None:
-            self.inner.data_received(data)
+        pass
 
     def eof_received(self) -> bool | None:
-        if self.inner is not None:
-            return self.inner.eof_received()
-        if self.refused is not None:
-            return self.refused.eof_received()
-        return False
+        return self.refused.eof_received() if self.refused is not None else False
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if self.inner is not None:
-            self.gate.release(self.peer)
-            self.inner.connection_lost(exc)
-        elif self.refused is not None:
+        if self.refused is not None:
             self.refused.connection_lost()
-
-    def pause_writing(self) -> None:
-        if self.inner is not None:
-            self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self.inner is not None:
-            self.inner.resume_writing()
 
 
 class ControllerServer:
