@@ -63,7 +63,8 @@ dist.destroy_process_group()
 # by itself). Prints {"opened": N, "shed": N (503 answers), "errors": N}.
 FLOOD = r'''
 import asyncio, json, sys, time
-host, port, target, limit_s, concurrency = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+host, port, target = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+limit_s, concurrency = float(sys.argv[4]), int(sys.argv[5])
 counts = {"opened": 0, "shed": 0, "errors": 0}
 async def worker(deadline):
     while counts["opened"] < target and time.monotonic() < deadline:
