@@ -190,7 +190,7 @@ class JoinAgent:
                 return world
 
     def _run_world(self, client, ticket: str, world: dict, prep: Prepared, admitted: dict) -> int:
-        from fdl.controller.client import ControllerError, ControllerRefused
+        from fdl.controller.client import ControllerError, ControllerRefused, UnverifiedController
 
         from fdl.controller.protocol import refused_rank_env, without_secrets
 
@@ -253,7 +253,7 @@ class JoinAgent:
                         stopping = True
                         self.note(f"the controller dropped this box ({exc.reason}: {exc.message}); stopping ranks")
                         supervisor.stop("terminated")
-                except ControllerError as exc:
+                except (ControllerError, UnverifiedController) as exc:  # an unproved answer is not acted on
                     if lost_since is None:
                         lost_since = time.monotonic()
                         self.note(f"heartbeat: {exc.message}; the ranks keep running")
@@ -280,7 +280,7 @@ class JoinAgent:
             detail = f"ranks {result.reason}"
         try:
             client.report_exit(ticket, code, detail)
-        except (ControllerError, ControllerRefused) as exc:
+        except (ControllerError, ControllerRefused, UnverifiedController) as exc:
             self.note(f"exit report not delivered ({exc.message}); this host's code is {code}")
         self.note(f"ranks finished: exit {code}" + (f" ({detail})" if detail else "") + f"; logs in {log_dir}")
         if stopped is not None:
