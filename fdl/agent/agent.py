@@ -35,7 +35,7 @@ from fdl.errors import ExitCode, FdlError
 
 Note = Callable[[str], None]
 #: Refusals a re-dial cannot mend: the credential is wrong, or the controller cannot parse what we send.
-PERMANENT_REFUSALS = frozenset({"bad_token", "bad_request"})
+PERMANENT_REFUSALS = frozenset({"bad_token", "bad_request", "stale_request", "reserved_host", "wrong_address"})
 WORLD_POLL_S = 20.0
 HEARTBEAT_DEFAULT_S = 3.0
 
@@ -69,7 +69,17 @@ _REFUSAL_HINTS = {
     "host_joined": "Another box already joined under this name: give each box its own --host.",
     "roster_full": "The window is full; the next run's window may have room.",
     "not_in_roster": "This run admits only its roster's hosts (discovery is off); use a host name it lists.",
+    "stale_request": "The request's time is too far from the controller's clock: sync this box's clock (NTP).",
+    "reserved_host": "The launcher runs that host itself; a walk-in needs a name of its own (--host).",
+    "wrong_address": "A roster host joins only from its roster address: dial from that box, or fix its address: "
+                     "in cluster.workers.",
 }
+
+
+class RankEnvRefused(FdlError):
+    """The controller's answer sets rank environment variables outside the allow-list (permanent)."""
+
+    exit_code = ExitCode.PERMANENT
 
 
 def refusal_error(exc, address: str) -> JoinRefused:
@@ -137,7 +147,7 @@ class JoinAgent:
             host, port = tunnel.address if tunnel is not None else opts.controller
             dial = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             shown = opts.controller_text + (f" (via ssh {opts.ssh})" if opts.ssh else "")
-            with ControllerClient(dial, timeout=10.0) as client:
+            with ControllerClient(dial, timeout=10.0, token=opts.token) as client:
                 try:
                     admitted = client.hello(self._hello(prep))
                 except ControllerRefused as exc:
@@ -169,7 +179,7 @@ class JoinAgent:
         if opts.ssh is not None:  # the controller sees the tunnel's loopback: tell it where this box really is
             address = local_address_toward(opts.ssh.host, opts.ssh.port or 22)
         return Hello(host=self.host, devices=prep.offer.devices, run_id=prep.run_id, signature=prep.signature,
-                     token=opts.token, address=address, data_path=prep.data_root,
+                     address=address, data_path=prep.data_root,
                      gpu_ram_share=opts.gpu_ram_share, gpu_names=prep.offer.gpu_names,
                      agent=f"fdl-join/{__version__}")
 
@@ -180,10 +190,24 @@ class JoinAgent:
                 return world
 
     def _run_world(self, client, ticket: str, world: dict, prep: Prepared, admitted: dict) -> int:
-        from fdl.controller.client import ControllerError, ControllerRefused
+        from fdl.controller.client import ControllerError, ControllerRefused, UnverifiedController
+
+        from fdl.controller.protocol import refused_rank_env, without_secrets
 
         shape = world.get("world") or {}
         ranks = world.get("ranks") or []
+        refused = sorted({name for r in ranks for name in refused_rank_env(r.get("env") or {})})
+        if refused or not all(isinstance(r.get("rank"), int) for r in ranks):
+            detail = f"refused the controller's rank environment: {', '.join(refused) or 'malformed ranks'}"
+            try:
+                client.report_exit(ticket, ExitCode.PERMANENT, detail)
+            except (ControllerError, ControllerRefused, FdlError) as exc:
+                self.note(f"exit report not delivered ({exc.message})")
+            raise RankEnvRefused(
+                f"the controller's answer sets rank environment variables fdl does not take from a controller "
+                f"({', '.join(refused[:8]) or 'malformed ranks'}); no rank was started.",
+                hint="A rank takes only the torch.distributed and FDL_* variables listed in docs/controller.md; "
+                     "per-host variables (LD_PRELOAD, ...) belong in the worker's own configuration.")
         args = prep.args
         world_args = shape.get("args") or []
         if args is None:
@@ -195,7 +219,7 @@ class JoinAgent:
                   f"{shape.get('backend')}, master {shape.get('master_addr')}:{shape.get('master_port')}; this host "
                   f"runs rank(s) {', '.join(str(r.get('rank')) for r in ranks)}")
         log_dir = prep.log_root / f"{(shape.get('run_id') or 'run')[:16]}-{int(time.time())}"
-        base_env = prep.rank_env(self.options, self.environ)
+        base_env = without_secrets(prep.rank_env(self.options, self.environ))
         supervisor = Supervisor([prep.binary, *args], [{"rank": r["rank"], "env": r.get("env") or {}} for r in ranks],
                                 cwd=prep.cwd, log_dir=str(log_dir), label=self.host, base_env=base_env,
                                 on_line=self.on_line)
@@ -229,7 +253,7 @@ class JoinAgent:
                         stopping = True
                         self.note(f"the controller dropped this box ({exc.reason}: {exc.message}); stopping ranks")
                         supervisor.stop("terminated")
-                except ControllerError as exc:
+                except (ControllerError, UnverifiedController) as exc:  # an unproved answer is not acted on
                     if lost_since is None:
                         lost_since = time.monotonic()
                         self.note(f"heartbeat: {exc.message}; the ranks keep running")
@@ -256,7 +280,7 @@ class JoinAgent:
             detail = f"ranks {result.reason}"
         try:
             client.report_exit(ticket, code, detail)
-        except (ControllerError, ControllerRefused) as exc:
+        except (ControllerError, ControllerRefused, UnverifiedController) as exc:
             self.note(f"exit report not delivered ({exc.message}); this host's code is {code}")
         self.note(f"ranks finished: exit {code}" + (f" ({detail})" if detail else "") + f"; logs in {log_dir}")
         if stopped is not None:
@@ -269,6 +293,8 @@ def print_note(stream: IO | None = None) -> Note:
     out = sys.stderr if stream is None else stream
 
     def note(text: str) -> None:
-        print(f"fdl: join: {text}", file=out, flush=True)
+        from fdl.controller.render import printable
+
+        print(f"fdl: join: {printable(text)}", file=out, flush=True)  # a controller's words are data
 
     return note

@@ -68,8 +68,13 @@ def resolve(addr: str | None, cluster_loader: Callable[[], object | None],
                        f"convention default {DEFAULT_ADDRESS}")
 
 
-def ask(target: Target, fn: Callable[[ControllerClient], T], *, timeout: float = 5.0) -> tuple[str, T]:
+def ask(target: Target, fn: Callable[[ControllerClient], T], *, timeout: float = 5.0,
+        token: str | None = None) -> tuple[str, T]:
     """Call fn with a client for each address in turn until one answers; returns (address, result).
+
+    token: proved (never sent) only to the primary address, the one resolved for the env or typed; the
+    loopback fallback gets a client with no token, so whatever listens there receives nothing that contains
+    or proves it (a run on this box takes loopback requests without proof).
 
     A refusal by the controller (ControllerRefused) is an answer and propagates at once. When no address
     answers, the error of the first is raised, naming every address tried; it is NoRunListening only if
@@ -77,7 +82,8 @@ def ask(target: Target, fn: Callable[[ControllerClient], T], *, timeout: float =
     """
     errors: list[ControllerError] = []
     for address in target.addresses:
-        with ControllerClient(address, timeout=timeout) as client:
+        with ControllerClient(address, timeout=timeout,
+                              token=token if address == target.primary else None) as client:
             try:
                 return address, fn(client)
             except ControllerError as exc:

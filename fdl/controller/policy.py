@@ -7,6 +7,8 @@ the state machine in `fdl.controller.machine` interprets it.
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from dataclasses import dataclass, field
 
 from fdl.config.schema import (
@@ -60,6 +62,8 @@ class RunPolicy:
     heartbeat_s: float = 3.0  # how often agents should beat
     silence_s: float = 15.0  # no word for this long: dropped (before forming) or fatal (after)
     poll_s: float = 25.0  # the longest a world long-poll is held open
+    reserved: frozenset = frozenset()  # hosts the launcher joins itself: no hello over the network may name them
+    insecure_no_token: bool = False  # the explicit opt-out: a non-loopback window without a token
 
     def __post_init__(self) -> None:
         if self.start not in START_MODES:
@@ -108,6 +112,11 @@ class RunPolicy:
     def roster_names(self) -> tuple[str, ...]:
         return tuple(entry.host for entry in self.roster)
 
+    def with_token(self, token: str) -> "RunPolicy":
+        from dataclasses import replace
+
+        return replace(self, token=token)
+
     @classmethod
     def from_cluster(cls, cluster: ClusterSpec, *, run_id: str | None = None, args: tuple[str, ...] = (),
                      heartbeat_s: float = 3.0, silence_s: float = 15.0, poll_s: float = 25.0) -> "RunPolicy":
@@ -134,4 +143,31 @@ class RunPolicy:
             heartbeat_s=heartbeat_s,
             silence_s=silence_s,
             poll_s=poll_s,
+            insecure_no_token=join.insecure_no_token,
         )
+
+
+def addresses_of(name: str) -> frozenset[str]:
+    """The IP addresses a roster address names (a literal is itself; a name is resolved; none when it does not
+    resolve). Compared with the peer address a hello comes from."""
+    literal = normalize_ip(name)
+    if literal is not None:
+        return frozenset({literal})
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return frozenset()
+    return frozenset(ip for ip in (normalize_ip(str(info[4][0])) for info in infos) if ip is not None)
+
+
+def normalize_ip(text: str | None) -> str | None:
+    """An IP address in one spelling (IPv4-mapped IPv6 as IPv4, no scope id), or None when text is not one."""
+    if not text:
+        return None
+    try:
+        ip = ipaddress.ip_address(text.split("%", 1)[0].strip("[]"))
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip)

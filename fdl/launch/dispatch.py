@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fdl.agent.supervisor import RESULT_PREFIX, Supervisor
+from fdl.controller.protocol import without_secrets
 from fdl.errors import RemoteError
 from fdl.launch.build import BuildJob
 from fdl.launch.plan import LaunchHost, LaunchPlan
@@ -60,6 +61,9 @@ class Printer:
                 pass
 
     def note(self, text: str) -> None:
+        from fdl.controller.render import printable
+
+        text = printable(text)  # host names and details from walk-ins are data, never terminal controls
         with self._lock:
             try:
                 self.err.write(f"fdl: launch: {text}\n")
@@ -189,7 +193,7 @@ class LocalSession(Session):
                  printer: Printer):
         self.host = host.name
         self.supervisor = Supervisor(argv, ranks, cwd=str(cwd), log_dir=str(log_dir), label=host.name,
-                                     base_env={**os.environ, **host.env}, grace_s=GRACE_S,
+                                     base_env=without_secrets({**os.environ, **host.env}), grace_s=GRACE_S,
                                      on_line=lambda rank, line: printer.line(f"[{host.name}/{rank}] {line}"))
         self.log_dir = log_dir
         self._result = None

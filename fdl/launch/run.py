@@ -142,7 +142,10 @@ class Launcher:
         plan = self.plan
         for text in plan.notes:
             self.printer.note(text)
-        self.server = ControllerServer(plan.policy(), host=plan.bind, port=plan.port).start()
+        from fdl.controller.server import Limits
+
+        limits = Limits(max_per_peer=plan.cluster.controller.peer_connections) if plan.cluster is not None else None
+        self.server = ControllerServer(self._policy(), host=plan.bind, port=plan.port, limits=limits).start()
         record = None
         try:
             record = self._record_live()
@@ -168,6 +171,41 @@ class Launcher:
             self.printer.note(f"could not record the live run for `fdl status` ({exc}); "
                               f"use fdl status --addr {plan.controller_addr}")
             return None
+
+    def _policy(self):
+        """The controller's policy: the plan's, its hosts reserved for the launcher (no hello over the network
+        may take their names, not even during the pre-flight build), and a fresh token for this run when the
+        window listens beyond loopback without one."""
+        from dataclasses import replace
+
+        from fdl.controller.server import is_loopback
+
+        plan = self.plan
+        policy = replace(plan.policy(), reserved=frozenset(h.name for h in plan.hosts))
+        if policy.token is None and not (is_loopback(plan.bind) or plan.bind == "localhost"):
+            if policy.insecure_no_token:
+                self.printer.note(f"WARNING: cluster.controller.join.insecure_no_token is set: the join window on "
+                                  f"{plan.bind}:{plan.port} has no token, so anyone who can reach it may join this "
+                                  f"run, read its arguments and run code as a rank")
+            else:
+                policy = policy.with_token(self._mint_token())
+        return policy
+
+    def _mint_token(self) -> str:
+        """A random token for this run alone, kept 0600 in the run's directory (never printed, never on a command
+        line): walk-ins read it from there; the launcher's own hosts need none (they are admitted in-process)."""
+        import secrets
+
+        from fdl.publish.manifest import atomic_write
+
+        token = secrets.token_hex(32)
+        path = self.run_dir / "token"
+        self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write(path, (token + "\n").encode(), mode=0o600)
+        shown = f"~/{path.relative_to(Path.home())}" if path.is_relative_to(Path.home()) else str(path)
+        self.printer.note(f"no join token is configured, so this run made its own (0600, in {shown}); a walk-in "
+                          f"joins with FDL_JOIN_TOKEN=\"$(cat {shown})\" fdl join ...")
+        return token
 
     @property
     def run_dir(self) -> Path:
@@ -250,7 +288,8 @@ class Launcher:
             hello = Hello(host=host.name, devices=host.devices, run_id=None if plan.discovery else plan.run_id,
                           address=host.address, data_path=host.data_path, agent=f"fdl-launch/{__version__}")
             try:
-                member = self.server.call(lambda m, h=hello: m.hello(h, peer="launcher", trusted=True))
+                member = self.server.call(lambda m, h=hello: m.hello(h, peer="launcher", trusted=True,
+                                                                     in_process=True))
             except Refused as exc:
                 raise RunFailed(f"host {host.name} could not join its own run: {exc.message}") from None
             self.tickets[host.name] = member.ticket
