@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fdl.agent.supervisor import RESULT_PREFIX, Supervisor
+from fdl.agent.supervisor import NOTE_PREFIX, RESULT_PREFIX, Supervisor
 from fdl.errors import RemoteError
 from fdl.launch.build import BuildJob
 from fdl.launch.plan import LaunchHost, LaunchPlan
@@ -190,7 +190,8 @@ class LocalSession(Session):
         self.host = host.name
         self.supervisor = Supervisor(argv, ranks, cwd=str(cwd), log_dir=str(log_dir), label=host.name,
                                      base_env={**os.environ, **host.env}, grace_s=GRACE_S,
-                                     on_line=lambda rank, line: printer.line(f"[{host.name}/{rank}] {line}"))
+                                     on_line=lambda rank, line: printer.line(f"[{host.name}/{rank}] {line}"),
+                                     on_note=lambda text: printer.note(f"{host.name}: {text}"))
         self.log_dir = log_dir
         self._result = None
         self._error: BaseException | None = None
@@ -271,7 +272,9 @@ class RemoteSession(Session):
     def _err(self, stream) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
-            if line.strip():
+            if line.startswith(NOTE_PREFIX):  # the supervisor's own note: the launcher's, about this host
+                self.printer.note(f"{self.host}: {line[len(NOTE_PREFIX):]}")
+            elif line.strip():
                 self.stderr.append(line)
                 del self.stderr[:-20]
                 self.printer.line(f"[{self.host}] {line}")

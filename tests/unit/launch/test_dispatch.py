@@ -80,6 +80,9 @@ def session(tmp_path: Path, argv: list[str], lines: list[str]):
         def line(self, text: str) -> None:
             lines.append(text)
 
+        def note(self, text: str) -> None:
+            lines.append("note: " + text)
+
     host = LaunchHost(name="hx", address="x", devices=CPU2, local=False,
                       worker=schema.WorkerSpec(host="hx", address="x", python=sys.executable))
     return RemoteSession(host, ["sh", "-c"], staged_run(tmp_path, argv), Collect(), "abc123")
@@ -102,7 +105,9 @@ def test_a_remote_session_streams_prefixed_lines_and_reports_each_rank(tmp_path)
     outcome = s.outcome()
     assert outcome.code == 1 and outcome.codes == {0: 0, 1: 1} and outcome.first_rank == 1
     assert outcome.detail == "rank 1 exited 1"
-    assert sorted(lines) == ["[hx/0] hello from 0 abc123", "[hx/1] hello from 1 abc123"]
+    assert sorted(lines) == ["[hx/0] hello from 0 abc123", "[hx/1] hello from 1 abc123",
+                             "note: hx: OMP_NUM_THREADS=1 for each of this host's 2 ranks, as torchrun does when "
+                             "ranks share a host; set OMP_NUM_THREADS (environment or the worker's env:) to tune it"]
     assert (tmp_path / "runs/r1/logs/rank-1.log").read_text() == "hello from 1 abc123\n"
 
 
