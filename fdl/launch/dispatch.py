@@ -80,14 +80,16 @@ class HostOutcome:
 
 
 def rank_specs(plan: LaunchPlan, host: LaunchHost, assignment: dict) -> list[dict]:
-    """Each rank's entry for the supervisor: the world's rank environment over the worker's env:.
+    """Each rank's entry for the supervisor: the world's rank environment over the worker's env: over the
+    command's env: (a host's own setting is more specific than the job's).
 
     FDL_RUN_ID is the cohort's run id; a discovery cohort without one gets the launch's own, so every process
     of the run carries an id the sweep (roles/fdl_reap) can find.
     """
     out = []
     for rank in assignment.get("ranks") or []:
-        env = {**host.env, **{str(k): str(v) for k, v in (rank.get("env") or {}).items()}}
+        world = {str(k): str(v) for k, v in (rank.get("env") or {}).items()}
+        env = {**plan.command.env_dict, **host.env, **world}
         if not env.get("FDL_RUN_ID"):
             env["FDL_RUN_ID"] = plan.run_id
         out.append({"rank": int(rank["rank"]), "env": env})

@@ -31,6 +31,15 @@ def test_rank_env_is_the_worlds_over_the_workers_env():
     assert entry["env"]["FDL_RUN_ID"] == "abc"
 
 
+def test_the_commands_env_is_under_the_workers_and_the_worlds():
+    command = schema.CommandSpec(name="t", cluster=True, run="true", env=(("OMP_NUM_THREADS", "4"),
+                                                                          ("LD_PRELOAD", "/job/lib.so")))
+    plan = plan_launch(command, [], spec(), Path("/p"), is_local=lambda a, p: False)
+    (entry,) = rank_specs(plan, plan.hosts[0], {"ranks": [{"rank": 0, "env": {"RANK": "0"}}]})
+    assert entry["env"]["OMP_NUM_THREADS"] == "4"  # the job's, where neither host nor world says otherwise
+    assert entry["env"]["LD_PRELOAD"] == "/x/libnccl.so.2" and entry["env"]["RANK"] == "0"
+
+
 def test_a_cohort_without_run_id_gets_the_launchs_own():
     plan = plan_launch(schema.CommandSpec(name="t", cluster=True, run="true"), [], spec(discovery=True), Path("/p"),
                        is_local=lambda a, p: False)
