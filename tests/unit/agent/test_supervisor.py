@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fdl.agent import supervisor as sup_module
-from fdl.agent.supervisor import RESULT_PREFIX, Supervisor
+from fdl.agent.supervisor import RESULT_PREFIX, WORKER_ENV, Supervisor
 
 SUPERVISOR_FILE = Path(sup_module.__file__)
 
@@ -150,8 +150,7 @@ def test_no_orphans_when_the_supervisor_goes_away(tmp_path: Path, how: str) -> N
 
 # --------------------------------------------------------------------------- torchrun's worker-side environment
 
-ENV_PROBE = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in ('OMP_NUM_THREADS', "
-             "'TORCHELASTIC_RESTART_COUNT', 'TORCHELASTIC_MAX_RESTARTS', 'TORCH_NCCL_ASYNC_ERROR_HANDLING')}))")
+ENV_PROBE = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in {WORKER_ENV!r}}}))"
 
 
 def rank_envs(ranks: int, base: dict, spec_env: dict | None = None, **kwargs) -> tuple[dict, list[str]]:
@@ -169,6 +168,7 @@ def test_more_than_one_rank_on_a_host_gets_one_omp_thread_each_as_under_torchrun
     assert {envs[r]["TORCHELASTIC_RESTART_COUNT"] for r in (0, 1)} == {"0"}
     assert {envs[r]["TORCHELASTIC_MAX_RESTARTS"] for r in (0, 1)} == {"0"}
     assert {envs[r]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] for r in (0, 1)} == {"1"}
+    assert all(None not in envs[r].values() for r in (0, 1))  # every name the worker side owns is set
     assert len(notes) == 1 and notes[0].startswith("OMP_NUM_THREADS=1 for each of this host's 2 ranks")
 
 

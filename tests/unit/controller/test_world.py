@@ -6,7 +6,7 @@ import json
 from types import SimpleNamespace
 
 from fdl.config.schema import parse_devices
-from fdl.controller.world import build_world
+from fdl.controller.world import TORCHRUN_ENV, build_world
 
 
 def member(host: str, devices: str, address: str, data_path: str = "/flodl/data", share: float | None = None):
@@ -62,6 +62,7 @@ def test_ranks_get_torchruns_role_group_and_run_id_variables() -> None:
     assert {e["GROUP_WORLD_SIZE"] for e in envs} == {"2"}
     assert [e["GROUP_RANK"] for e in envs] == ["0", "0", "1", "1", "1"]
     assert {e["TORCHELASTIC_RUN_ID"] for e in envs} == {"r9"}  # the cohort's id wins over the launch's
+    assert all(set(TORCHRUN_ENV) <= set(e) for e in envs)  # the names the controller sends, all of them
     # only torchrun's own agent has an agent store; the restart pair and thread defaults are the worker's
     assert not {"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "OMP_NUM_THREADS"} & set(envs[0])
 
