@@ -17,6 +17,7 @@ rank's `env` from the spec, then the part of torchrun's environment only this
 host can decide (`worker_env`): the restart count and maximum, and torchrun's
 thread defaults, which give way to anything the environment or the spec
 already sets.
+
 The first rank to exit non-zero fails the group: every other rank (its whole
 process group) gets SIGTERM, then SIGKILL after grace_s. When stdin is a pipe
 and reaches EOF (the launcher or its ssh connection went away), the group is
@@ -179,7 +180,7 @@ class Supervisor:
                         and "OMP_NUM_THREADS" not in (spec.get("env") or {}) and "OMP_NUM_THREADS" in env)
         if defaulted:
             self.on_note(f"OMP_NUM_THREADS=1 for each of this host's {defaulted} ranks, as torchrun does when "
-                         f"ranks share a host; set OMP_NUM_THREADS (environment or the worker's env:) to tune it")
+                         f"ranks share a host; set OMP_NUM_THREADS (environment, command or worker env:) to tune it")
         for spec, env in zip(self.ranks, envs):
             rank = int(spec["rank"])
             try:

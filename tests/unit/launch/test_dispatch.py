@@ -116,7 +116,7 @@ def test_a_remote_session_streams_prefixed_lines_and_reports_each_rank(tmp_path)
     assert outcome.detail == "rank 1 exited 1"
     assert sorted(lines) == ["[hx/0] hello from 0 abc123", "[hx/1] hello from 1 abc123",
                              "note: hx: OMP_NUM_THREADS=1 for each of this host's 2 ranks, as torchrun does when "
-                             "ranks share a host; set OMP_NUM_THREADS (environment or the worker's env:) to tune it"]
+                             "ranks share a host; set OMP_NUM_THREADS (environment, command or worker env:) to tune it"]
     assert (tmp_path / "runs/r1/logs/rank-1.log").read_text() == "hello from 1 abc123\n"
 
 
