@@ -38,6 +38,8 @@ Note = Callable[[str], None]
 PERMANENT_REFUSALS = frozenset({"bad_token", "bad_request", "stale_request", "reserved_host", "wrong_address"})
 WORLD_POLL_S = 20.0
 HEARTBEAT_DEFAULT_S = 3.0
+#: TORCHELASTIC_MAX_RESTARTS under `--persist`, which re-dials without a bound (torchrun's is an integer).
+PERSIST_MAX_RESTARTS = 2**31 - 1
 
 
 class Stopped(BaseException):
@@ -110,6 +112,7 @@ class JoinAgent:
         self.sleep = sleep
         self.host = options.host or socket.gethostname().split(".")[0]
         self.attempts = 0
+        self.runs: dict[str, int] = {}  # TORCHELASTIC_RUN_ID -> worlds of that run this agent already ran
 
     # ------------------------------------------------------------------ the loop
 
@@ -189,6 +192,19 @@ class JoinAgent:
             if world is not None:
                 return world
 
+    def _count_run(self, ranks: list, shape: dict) -> int:
+        """TORCHELASTIC_RESTART_COUNT for this world: how many worlds of the same run (the same
+        TORCHELASTIC_RUN_ID, e.g. one published run re-dialed after a failure) this agent already ran."""
+        env = (ranks[0].get("env") or {}) if ranks else {}
+        run = str(env.get("TORCHELASTIC_RUN_ID") or shape.get("run_id") or "")
+        if not run:
+            return 0
+        count = self.runs.pop(run, 0)
+        self.runs[run] = count + 1  # most recent last; a long-lived box keeps the last 256 runs
+        while len(self.runs) > 256:
+            self.runs.pop(next(iter(self.runs)))
+        return count
+
     def _run_world(self, client, ticket: str, world: dict, prep: Prepared, admitted: dict) -> int:
         from fdl.controller.client import ControllerError, ControllerRefused, UnverifiedController
 
@@ -220,9 +236,11 @@ class JoinAgent:
                   f"runs rank(s) {', '.join(str(r.get('rank')) for r in ranks)}")
         log_dir = prep.log_root / f"{(shape.get('run_id') or 'run')[:16]}-{int(time.time())}"
         base_env = without_secrets(prep.rank_env(self.options, self.environ))
+        restarts = self._count_run(ranks, shape)
         supervisor = Supervisor([prep.binary, *args], [{"rank": r["rank"], "env": r.get("env") or {}} for r in ranks],
                                 cwd=prep.cwd, log_dir=str(log_dir), label=self.host, base_env=base_env,
-                                on_line=self.on_line)
+                                on_line=self.on_line, on_note=self.note, restart_count=restarts,
+                                max_restarts=PERSIST_MAX_RESTARTS if self.options.persist else 0)
         results: list[GroupResult] = []
         errors: list[BaseException] = []
 

@@ -124,6 +124,11 @@ class CommandSpec(NamedTuple):
     args: tuple[str, ...] = ()
     description: str | None = None
     local_devices: Devices | None = None  # single-host launcher runs: what this box offers (cpu:N, GPU ids)
+    env: tuple[tuple[str, str], ...] = ()  # extra environment for the command's processes (every rank)
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
 
 
 class JoinDefaults(NamedTuple):
@@ -378,7 +383,7 @@ _JOIN_POLICY_KEYS = ("discovery", "start", "token", "quorum", "window_s", "tunne
 _SSH_KEYS = ("user", "port", "identity", "known_hosts")
 _WORKER_KEYS = ("host", "address", "user", "port", "identity", "arch", "local_devices", "env",
                 "data_path", "python")
-_COMMAND_KEYS = ("run", "cluster", "build", "bin", "args", "description", "local_devices")
+_COMMAND_KEYS = ("run", "cluster", "build", "bin", "args", "description", "local_devices", "env")
 JOIN_KEYS = ("controller", "ssh", "identity", "token", "bin", "source", "source_cwd", "source_build",
              "source_bin", "libtorch", "host", "devices", "persist", "data_path", "data_source",
              "gpu_ram_share", "no_sig_probe", "args", "libtorch_mirror")
@@ -547,6 +552,7 @@ def check_commands(c: _Checker, value: Any) -> dict[str, CommandSpec]:
             name=name, run=run, cluster=cluster, build=c.opt_string(block, "build", here), bin=binary,
             args=c.str_list(block["args"], here + ("args",)) if block.get("args") is not None else (),
             description=c.opt_string(block, "description", here), local_devices=devices,
+            env=c.env_map(block["env"], here + ("env",)) if block.get("env") is not None else (),
         )
     return out
 

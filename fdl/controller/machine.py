@@ -418,7 +418,7 @@ class RunMachine:
             members.sort(key=lambda m: self._roster_index[m.host])
         self.world = build_world(members, run_id=self.cohort_run_id, master_addr=self.policy.master_addr,
                                  master_port=self.policy.master_port, controller=self.policy.controller_addr,
-                                 args=self.policy.args)
+                                 args=self.policy.args, launch_id=self.policy.launch_id)
         self.phase = FORMING
         self.formed_at = now
         self.formed_by = by

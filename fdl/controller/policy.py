@@ -54,6 +54,7 @@ class RunPolicy:
     max_hosts: int | None = None  # discovery capacity; reaching it completes the roster
     max_ranks: int = MAX_RANKS
     run_id: str | None = None  # pinned run id; None: the first member's id sets the cohort's
+    launch_id: str | None = None  # the launcher's own id: TORCHELASTIC_RUN_ID when the cohort carries none
     args: tuple[str, ...] = ()  # the run's own arguments, handed to every rank
     controller_addr: str = f"127.0.0.1:{DEFAULT_PORT}"  # FDL_CONTROLLER as ranks should dial it
     master_addr: str | None = None  # None: the address of rank 0's host
@@ -118,8 +119,9 @@ class RunPolicy:
         return replace(self, token=token)
 
     @classmethod
-    def from_cluster(cls, cluster: ClusterSpec, *, run_id: str | None = None, args: tuple[str, ...] = (),
-                     heartbeat_s: float = 3.0, silence_s: float = 15.0, poll_s: float = 25.0) -> "RunPolicy":
+    def from_cluster(cls, cluster: ClusterSpec, *, run_id: str | None = None, launch_id: str | None = None,
+                     args: tuple[str, ...] = (), heartbeat_s: float = 3.0, silence_s: float = 15.0,
+                     poll_s: float = 25.0) -> "RunPolicy":
         """The policy a `cluster:` block describes (controller.join + workers)."""
         ctl = cluster.controller
         join = ctl.join
@@ -137,6 +139,7 @@ class RunPolicy:
             roster=() if join.discovery else roster,
             max_hosts=join.max_hosts,
             run_id=run_id,
+            launch_id=launch_id,
             args=tuple(args),
             controller_addr=ctl.address,
             master_port=ctl.master_port or (ctl.port + 1 if ctl.port < 65535 else ctl.port - 1),

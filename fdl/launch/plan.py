@@ -96,7 +96,7 @@ class LaunchPlan:
             assert self.cluster is not None
             # A roster run's cohort is this launch; a discovery window leaves the id to its walk-ins.
             return RunPolicy.from_cluster(self.cluster, run_id=None if self.discovery else self.run_id,
-                                          args=self.args)
+                                          launch_id=self.run_id, args=self.args)
         host = self.hosts[0]
         return RunPolicy(discovery=False, start="auto", roster=(RosterHost(host.name, host.devices, host.address),),
                          run_id=self.run_id, args=self.args, controller_addr=self.controller_addr,

@@ -227,3 +227,31 @@ def test_an_explicit_port_is_used_or_refused_when_taken(tmp_path):
         assert from_env.returncode == 2 and f"port {wanted} (FDL_PORT)" in from_env.stderr
     bad = run_fdl("job", cwd=root, env={**env, "FDL_PORT": "http"})
     assert bad.returncode == 2 and "FDL_PORT='http' is not a port number" in bad.stderr
+
+
+def test_omp_num_threads_one_per_rank_unless_the_commands_env_or_the_user_sets_it(tmp_path):
+    line = "echo OMP=${OMP_NUM_THREADS:-unset} RANK=${RANK:-none}"
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "fdl.yml").write_text(yaml.safe_dump({"cluster": {"controller": {"port": free_port()}}, "commands": {
+        "dflt": {"cluster": True, "run": line, "local_devices": "cpu:2"},
+        "pinned": {"cluster": True, "run": line, "local_devices": "cpu:2", "env": {"OMP_NUM_THREADS": "3"}},
+        "solo": {"cluster": True, "run": line, "local_devices": "cpu:1"},
+        "plain": {"run": line, "env": {"OMP_NUM_THREADS": "5"}},
+    }}, sort_keys=False))
+    home = tmp_path / "home"
+
+    def lines(command: str, **env: str) -> tuple[list[str], str]:
+        done = run_fdl(command, cwd=root, env=python_path_env(home, **env))
+        assert done.returncode == 0, done.stderr + done.stdout
+        return sorted(text.split("] ", 1)[-1] for text in done.stdout.splitlines()), done.stderr
+
+    out, err = lines("dflt")  # two ranks share this host: one thread each, as torchrun does, and said so
+    assert out == ["OMP=1 RANK=0", "OMP=1 RANK=1"]
+    assert "OMP_NUM_THREADS=1 for each of this host's 2 ranks, as torchrun does" in err
+    out, err = lines("pinned")  # the command's env: wins
+    assert out == ["OMP=3 RANK=0", "OMP=3 RANK=1"] and "OMP_NUM_THREADS=1" not in err
+    out, err = lines("dflt", OMP_NUM_THREADS="2")  # so does the user's environment
+    assert out == ["OMP=2 RANK=0", "OMP=2 RANK=1"] and "OMP_NUM_THREADS=1" not in err
+    assert lines("solo")[0] == ["OMP=unset RANK=0"]  # a lone rank keeps every core
+    assert lines("plain")[0] == ["OMP=5 RANK=none"]  # an ordinary command gets its env: too
