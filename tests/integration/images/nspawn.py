@@ -320,7 +320,10 @@ class Machine:
     def journal(self, unit: str | None = None, *, json_out: bool = False) -> str:
         """The machine's journal (of one unit), read by its own journalctl while it runs."""
         args = "-o json" if json_out else "-o short-monotonic"
-        done = self.sh(f"journalctl --no-pager {args}" + (f" -u {unit}" if unit else ""), timeout=60)
+        try:
+            done = self.sh(f"journalctl --no-pager {args}" + (f" -u {unit}" if unit else ""), timeout=60)
+        except MachineError:  # it is gone
+            return ""
         return done.stdout
 
     def saved_journal(self, unit: str | None = None) -> list[dict]:
