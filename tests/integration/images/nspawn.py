@@ -126,10 +126,19 @@ def cache_lock(name: str, timeout: float = 1800):
         os.close(fd)
 
 
+KEEP_UNUSED_S = 2 * 24 * 3600  # a cache entry nobody used for this long is removed (its inputs moved on)
+
+
 def cached(name: str, build) -> Path:
-    """CACHE/<name>, made by build(tmp_dir) into a temporary sibling and renamed into place, once."""
+    """CACHE/<name>, made by build(tmp_dir) into a temporary sibling and renamed into place, once.
+
+    Every use touches its `.complete`; entries of the same kind (the name up to its last '-') that nobody
+    used for KEEP_UNUSED_S are removed, so a cache keyed by a changing checkout does not grow without end.
+    """
     final = CACHE / name
+    _prune(name.rsplit("-", 1)[0], keep=name)
     if (final / ".complete").exists():
+        os.utime(final / ".complete")
         return final
     with cache_lock(name):
         if (final / ".complete").exists():
@@ -146,6 +155,17 @@ def cached(name: str, build) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return final
+
+
+def _prune(kind: str, keep: str) -> None:
+    for entry in CACHE.glob(f"{kind}-*"):
+        marker = entry / ".complete"
+        if entry.name == keep or not entry.is_dir() or not marker.exists():
+            continue
+        if time.time() - marker.stat().st_mtime > KEEP_UNUSED_S:
+            with contextlib.suppress(MachineError, OSError), cache_lock(entry.name, timeout=0):
+                marker.unlink()  # no longer a cache hit for anyone, then gone
+                shutil.rmtree(entry, ignore_errors=True)
 
 
 def debootstrap_version() -> str:
@@ -191,6 +211,7 @@ class Machine:
         self.root = work / "root"
         self.upper = work / "upper"
         self.console = work / "console.log"
+        self.address: str | None = None  # its address on the bridge, once the caller has given it one
         self.proc: subprocess.Popen | None = None
         self.exit_code: int | None = None
         self.mounted = False
@@ -317,14 +338,18 @@ class Machine:
         done = self.sh(f"systemctl show {unit} " + " ".join(f"-p {p}" for p in props), check=True)
         return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
 
-    def journal(self, unit: str | None = None, *, json_out: bool = False) -> str:
-        """The machine's journal (of one unit), read by its own journalctl while it runs."""
-        args = "-o json" if json_out else "-o short-monotonic"
+    def journal(self, unit: str | None = None) -> str:
+        """The machine's journal (of one unit) as text, read by its own journalctl while it runs."""
         try:
-            done = self.sh(f"journalctl --no-pager {args}" + (f" -u {unit}" if unit else ""), timeout=60)
+            done = self.sh("journalctl --no-pager -o short-monotonic" + (f" -u {unit}" if unit else ""), timeout=60)
         except MachineError:  # it is gone
             return ""
         return done.stdout
+
+    def entries(self, unit: str | None = None) -> list[dict]:
+        """The machine's journal (of one unit) as structured entries, read by its own journalctl."""
+        done = self.sh("journalctl --no-pager -o json" + (f" -u {unit}" if unit else ""), timeout=60, check=True)
+        return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
     def saved_journal(self, unit: str | None = None) -> list[dict]:
         """The persistent journal a stopped machine left in its overlay, read by the host's journalctl."""

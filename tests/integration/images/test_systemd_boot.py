@@ -305,8 +305,10 @@ def booted(site: Site, image: list[Path], *, mode: str = "ok", token: str | None
 def print_journal(machine: nspawn.Machine) -> None:
     """On a failure: the unit's journal lines and the console, for whoever reads the test report."""
     print(f"----- {machine.name}: journal of {UNIT}")
-    text = machine.journal(UNIT) if machine.running() and machine.sh("systemctl is-system-running").stdout.strip() \
-        in ("running", "degraded") else ""
+    text = ""
+    with contextlib.suppress(nspawn.MachineError):
+        if machine.running() and machine.sh("systemctl is-system-running").stdout.strip() in ("running", "degraded"):
+            text = machine.journal(UNIT)
     if not text:  # gone or going down: read what it left on disk
         machine.wait_exit(30)
         text = "\n".join(f"{e.get('SYSLOG_IDENTIFIER', '')}: {e.get('MESSAGE')}" for e in machine.saved_journal()
@@ -402,7 +404,7 @@ def test_transient_failures_are_redialled_without_a_restart_storm(site, image):
         assert status["ActiveState"] == "active" and status["NRestarts"] == "0", status
         assert status["MainPID"] == first["MainPID"] != "0", (first, status)  # one process all along
         fdl = fdl_lines(machine)
-        assert "transient failure: no run listening" in fdl or "transient failure" in fdl, fdl
+        assert f"transient failure: no run listening at {site.controller_addr}" in fdl, fdl
         assert "train: failing on purpose" in fdl and "persist: the agent exited 1" in fdl, fdl
 
         # a crash (the agent killed outright) is systemd's to mend: Restart=always, once, after RestartSec
@@ -415,8 +417,7 @@ def test_transient_failures_are_redialled_without_a_restart_storm(site, image):
         status = show(machine)
         assert status["NRestarts"] == "1" and status["ActiveState"] == "active", status
         assert status["MainPID"] not in (first["MainPID"], "0")
-        restarts = [e for e in json.loads("[" + ",".join(machine.journal(UNIT, json_out=True).split("\n")[:-1])
-                                          + "]") if e.get("MESSAGE_ID") == MSG_RESTART_SCHEDULED]
+        restarts = [e for e in machine.entries(UNIT) if e.get("MESSAGE_ID") == MSG_RESTART_SCHEDULED]
         assert [e.get("N_RESTARTS") for e in restarts] == ["1"], restarts
 
 
