@@ -243,12 +243,18 @@ class JoinAgent:
                                 max_restarts=PERSIST_MAX_RESTARTS if self.options.persist else 0)
         results: list[GroupResult] = []
         errors: list[BaseException] = []
+        # Waited on instead of Thread.join: a signal handler's exception (Stopped) interrupting join() can
+        # mark a still-running thread as finished (CPython releases the lock the thread holds), after which
+        # join() returns at once, before the ranks are down.
+        done = threading.Event()
 
         def supervise() -> None:
             try:
                 results.append(supervisor.run())
             except BaseException as exc:  # reported by the main thread
                 errors.append(exc)
+            finally:
+                done.set()
 
         beat_s = float(world.get("heartbeat_s") or admitted.get("heartbeat_s") or HEARTBEAT_DEFAULT_S)
         thread = threading.Thread(target=supervise, name="fdl-ranks", daemon=True)
@@ -257,7 +263,7 @@ class JoinAgent:
         stopping = False
         stopped: Stopped | None = None
         try:
-            while thread.is_alive():
+            while not done.is_set():
                 try:
                     beat = client.heartbeat(ticket, running=True)
                     lost_since = None
@@ -275,15 +281,15 @@ class JoinAgent:
                     if lost_since is None:
                         lost_since = time.monotonic()
                         self.note(f"heartbeat: {exc.message}; the ranks keep running")
-                thread.join(beat_s)
+                done.wait(beat_s)
         except Stopped as exc:
             stopped = exc
             supervisor.stop("terminated")
         except BaseException:
             supervisor.stop("terminated")
-            thread.join()
+            done.wait()
             raise
-        thread.join()
+        done.wait()
         if errors:
             raise FdlError(f"the rank supervisor failed: {errors[0]}")
         result = results[0]

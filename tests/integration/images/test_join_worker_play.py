@@ -70,6 +70,9 @@ def test_refusals_name_the_problem_and_write_nothing(play):
     assert rc == 2 and "fdl_join_worker_wheel is empty" in out, out
     rc, out = play.run(fdl_join_worker_config_dir="var/lib/fdl-join")
     assert rc == 2 and "must be absolute: var/lib/fdl-join" in out, out
+    # regression: a Python without venv (Debian's python3 lacks python3-venv) failed later, inside pip's task
+    rc, out = play.run(fdl_join_worker_python="/bin/false")
+    assert rc == 2 and "/bin/false on w1 cannot create fdl's virtualenv" in out and "python3-venv" in out, out
     rc, out = play.run(fdl_join_worker_install_from="tarball")
     assert rc == 2 and "fdl_join_worker_install_from" in out and "wheel, index" in out, out  # argument specs
     assert not play.exists("")

@@ -78,7 +78,7 @@ def test_null_builder_bakes_the_worker_onto_a_testbed_host(testbed, wheelhouse, 
     assert modes.split("\n")[:3] == [f"600 {host.user}", f"600 {host.user}", f"644 {host.user}"]
     text = host.ssh(f"cat {unit}").stdout
     assert f"ExecStart={root}/opt/fdl/bin/fdl join --persist\n" in text
-    assert "RestartPreventExitStatus=2\n" in text and "FailureAction=poweroff\n" in text
+    assert "RestartPreventExitStatus=2\n" in text and "systemctl --no-block poweroff; fi'\n" in text
     verify = host.ssh(f"systemd-analyze verify {unit}", check=False)
     assert verify.returncode == 0 and "flodl-join.service" not in verify.stderr, verify.stderr
     enabled = host.ssh(f"systemctl --root={root} is-enabled flodl-join.service", check=False)

@@ -24,7 +24,7 @@ from tests.integration.join.helpers import (
     train_binary,
     wait_for,
 )
-from tests.join_util import free_port
+from tests.join_util import free_port, write_program
 
 pytestmark = pytest.mark.slow
 
@@ -96,6 +96,36 @@ def test_a_different_signature_is_refused_and_a_stopped_agent_leaves_the_window(
         state = server.state()
     assert state["roster"] == []  # it reported its exit before the world formed: the roster stays true
     assert state["departed"][0]["host"] == "h1"
+
+
+def test_sigterm_while_ranks_run_stops_them_reports_and_dies_of_the_signal(tmp_path):
+    """Regression: a SIGTERM landing while the agent waited on its rank thread marked that thread finished
+    (CPython's Thread.join, interrupted by a signal handler's exception, releases a lock the running thread
+    holds), so the agent crashed with an IndexError and exited 1: under systemd, `systemctl stop` then
+    counted as a failure."""
+    holder = write_program(tmp_path / "hold", """
+import os, sys, time
+if os.environ.get("FDL_SIGNATURE_PROBE") == "1":
+    sys.exit(0)
+print("holding", flush=True)
+while True:
+    time.sleep(0.2)
+""")
+    with controller(policy(max_hosts=1, window_s=60)) as server:
+        proc = spawn_join(server.address, "--persist", "--bin", str(holder), "--host", "h1", "--devices", "cpu:1",
+                          home=tmp_path / "h1")
+        try:
+            wait_for(lambda: server.state()["phase"] == "training", timeout=60, what="the rank to run")
+            wait_for(lambda: list((tmp_path / "h1").rglob("rank-0.log"))
+                     and "holding" in next((tmp_path / "h1").rglob("rank-0.log")).read_text(), what="its output")
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+        code, _, err = finish(proc)
+        state = server.state()
+    assert code == -signal.SIGTERM, err  # it dies of the signal it got: a clean stop to systemd
+    assert "internal error" not in err and "stopped by SIGTERM" in err, err
+    assert "ranks finished: exit 143 (the agent was stopped (signal 15))" in err, err
+    assert state["roster"][0]["exit_code"] == 143  # the controller heard of it
 
 
 def test_a_closed_window_is_refused_transiently(tmp_path):
