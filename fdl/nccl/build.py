@@ -1,4 +1,4 @@
-"""Carry out a BuildPlan through playbooks/nccl-build.yml (role fdl_nccl).
+"""Carry out a BuildPlan through the flodl.fdl.nccl_build playbook (role fdl_nccl).
 
 The plan decides; the role acts on the build host (this one, or a worker
 over ssh). The playbook runs through fdl's one Ansible driver
@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the dry run never loads the Ansible side
     from fdl.cluster.inventory import ClusterInventory
     from fdl.cluster.runner import RunnerEvent
 
-PLAYBOOK = "nccl-build.yml"
+PLAYBOOK = "nccl_build.yml"
 _TAIL_LINES = 25
 
 

@@ -15,7 +15,7 @@ description:
     as they were.
   - The file is rewritten atomically (temp file in the same directory, mode set, fsync, rename).
   - Paths under /etc/ssh are refused, as by C(fdl join-config).
-  - Shares its code with C(fdl join-config) (fdl.farm.authorized_keys and fdl.farm.doors, as module_utils).
+  - Shares its code with C(fdl join-config) (fdl.farm.authorized_keys and fdl.farm.doors, the collection's module_utils C(farm)).
 options:
   path:
     description: The key file. C(~) and C(~user) are expanded on the host.
@@ -100,8 +100,9 @@ import os
 import pwd
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.fdl_farm.authorized_keys import AuthorizedKeysError, install_line, parse_public_key
-from ansible.module_utils.fdl_farm.doors import DoorError, key_line
+from ansible_collections.flodl.fdl.plugins.module_utils.farm.authorized_keys import (
+    AuthorizedKeysError, install_line, parse_public_key)
+from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import DoorError, key_line
 
 
 def main() -> None:

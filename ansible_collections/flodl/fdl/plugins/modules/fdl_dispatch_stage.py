@@ -13,7 +13,7 @@ description:
     changed) and C(runs/RUN_ID/logs/), writes the rank supervisor to C(root/supervisor.py) when its content
     differs, and writes the host's rank spec to C(runs/RUN_ID/spec.json) (mode 0600).
   - The supervisor is fdl's own C(fdl/agent/supervisor.py), which reaches the host inside this module's payload
-    as module_utils C(fdl_dispatch_utils.supervisor) (a link into the fdl package, not a copy).
+    as the collection's module_utils C(supervisor) (copied from the fdl package when the collection is built).
   - Starts nothing. fdl then runs C(python3 supervisor.py spec.json) over ssh with its stdin held open.
   - One module call instead of a file, copy and template task each: staging costs one round trip per host.
 options:
@@ -102,8 +102,8 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.fdl_dispatch_utils import supervisor
-from ansible.module_utils.fdl_dispatch_utils.authorized_keys import atomic_write
+from ansible_collections.flodl.fdl.plugins.module_utils import supervisor
+from ansible_collections.flodl.fdl.plugins.module_utils.farm.authorized_keys import atomic_write
 
 
 def supervisor_source():

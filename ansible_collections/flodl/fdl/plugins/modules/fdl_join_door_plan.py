@@ -82,8 +82,8 @@ explicit_ports:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.fdl_farm.doors import DoorError, dropin_name, dropin_vars
-from ansible.module_utils.fdl_farm.sshd_config import scan
+from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import DoorError, dropin_name, dropin_vars
+from ansible_collections.flodl.fdl.plugins.module_utils.farm.sshd_config import scan
 
 
 def main() -> None:
