@@ -6,11 +6,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import yaml
 
 from fdl.cluster.runner import RUN_ID_VAR, ansible_bin_dir, ansible_environment, control_path_dir
-from fdl.resources import share_dir
+from fdl.resources import collection_root, share_dir
 from tests.conftest import REPO
 
 
@@ -30,7 +31,10 @@ def test_settings_come_from_the_shipped_config_and_beat_stray_environment(monkey
     assert env["ANSIBLE_FORKS"] == "7"
     assert env["PATH"].split(os.pathsep)[0] == str(ansible_bin_dir())
     assert (ansible_bin_dir() / "ansible-playbook").exists()
-    assert env["ANSIBLE_MODULE_UTILS"].startswith(str(tmp_path / "fdl" / "module_utils"))
+    assert "ANSIBLE_MODULE_UTILS" not in env and "ANSIBLE_ROLES_PATH" not in env  # the collection holds it all
+    assert env["ANSIBLE_COLLECTIONS_SCAN_SYS_PATH"] == "False"
+    tree = Path(env["ANSIBLE_COLLECTIONS_PATH"]) / "ansible_collections" / "flodl" / "fdl"
+    assert (tree / "plugins" / "module_utils" / "checks" / "probe.py").is_file()
 
 
 def test_control_sockets_move_to_a_short_path_when_the_cache_is_deep(monkeypatch, tmp_path):
@@ -38,19 +42,35 @@ def test_control_sockets_move_to_a_short_path_when_the_cache_is_deep(monkeypatch
     assert len(str(control_path_dir())) < 50
 
 
-def test_module_utils_dir_links_the_check_library_and_pynvml(monkeypatch, tmp_path):
-    from fdl.cluster.modutils import module_utils_dir
+def test_a_clone_runs_the_collection_built_into_the_cache_once_per_content(monkeypatch, tmp_path):
+    from fdl import collection
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    first = module_utils_dir()
-    assert (first / "fdl_checks" / "probe.py").resolve() == (REPO / "fdl" / "checks" / "probe.py").resolve()
-    assert (first / "pynvml.py").is_symlink()
-    assert module_utils_dir() == first  # made once, then reused
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    source = tmp_path / "src"
+    import shutil
+
+    shutil.copytree(collection.SOURCE_IN_REPO, source, ignore=shutil.ignore_patterns("__pycache__"))
+    first = collection.built_in_cache(source)
+    tree = first / "ansible_collections" / "flodl" / "fdl"
+    utils = tree / "plugins" / "module_utils"
+    assert first.parent == tmp_path / "cache" / "fdl" / "collections"
+    assert first.name.startswith(collection.version() + "-")
+    # real files, the very bytes of the package: no links, nothing assembled on the hosts' side
+    assert not (utils / "checks" / "probe.py").is_symlink()
+    assert (utils / "checks" / "probe.py").read_bytes() == (REPO / "fdl" / "checks" / "probe.py").read_bytes()
+    assert (utils / "supervisor.py").read_bytes() == (REPO / "fdl" / "agent" / "supervisor.py").read_bytes()
+    assert (utils / "farm" / "doors.py").read_bytes() == (REPO / "fdl" / "farm" / "doors.py").read_bytes()
+    assert "Redistribution and use" in (utils / "pynvml.LICENSE.txt").read_text()
+    assert collection.built_in_cache(source) == first  # made once, then reused
+    (source / "playbooks" / "probe.yml").write_text((source / "playbooks" / "probe.yml").read_text() + "# edit\n")
+    second = collection.built_in_cache(source)
+    assert second != first and (second / "ansible_collections/flodl/fdl/playbooks/probe.yml").read_text().endswith(
+        "# edit\n")
 
 
 def test_every_shipped_playbook_marks_its_processes_with_the_run_id():
     """The Ctrl-C sweep finds a run's remote processes by FDL_RUN_ID: every play must export it."""
-    for path in sorted((share_dir() / "playbooks").glob("*.yml")):
+    for path in sorted((collection_root() / "playbooks").glob("*.yml")):
         for play in yaml.safe_load(path.read_text()):
             environment = play.get("environment") or {}
             assert "FDL_RUN_ID" in environment and RUN_ID_VAR in environment["FDL_RUN_ID"], (path.name, play["name"])
