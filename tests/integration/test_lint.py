@@ -99,4 +99,5 @@ def test_readme_names_every_variable_and_carries_an_example_play(role):
                   for play in plays for r in play.get("roles", [])]
     tasks_used = [t.get("ansible.builtin.include_role", t.get("ansible.builtin.import_role", {})).get("name")
                   for play in plays for t in play.get("tasks", [])]
-    assert role.name in roles_used + tasks_used, f"{role.name}/README.md's example play does not use the role"
+    fqcn = f"flodl.fdl.{role.name}"  # the way a collection's roles are used
+    assert fqcn in roles_used + tasks_used, f"{role.name}/README.md's example play does not use {fqcn}"
