@@ -15,7 +15,7 @@ description:
   - The supervisor is fdl's own C(fdl/agent/supervisor.py), which reaches the host inside this module's payload
     as the collection's module_utils C(supervisor) (copied from the fdl package when the collection is built).
   - Starts nothing. fdl then runs C(python3 supervisor.py spec.json) over ssh with its stdin held open.
-  - One module call instead of a file, copy and template task each: staging costs one round trip per host.
+  - One module call instead of a file, copy and template task each, so staging costs one round trip per host.
 options:
   root:
     description: The launcher directory (C(~) is expanded).

@@ -10,7 +10,7 @@ module: fdl_probe
 short_description: Audit this host's readiness for an fdl training run
 description:
   - Runs the same checks as a local C(fdl probe) (the fdl check library, shipped to the host as the collection's
-    module_utils C(checks)): the GPUs through NVML, the libtorch variant, NCCL, and the shared data path.
+    module_utils C(checks)) on the GPUs through NVML, the libtorch variant, NCCL, and the shared data path.
   - Returns the host's report in the JSON schema of C(fdl probe --json).
   - The host needs only Python 3.8 or newer; fdl ships pynvml along with the checks.
   - Scripted or fake NVML libraries are reached through the task's C(environment:) (for example
