@@ -308,7 +308,7 @@ def check_pcie(devices, findings) -> CheckResult:
                          "check the slot's generation setting in the BIOS and the riser or cable; "
                          "`lspci -vv` shows LnkSta against LnkCap")
     return findings.result(f"PCIe links run at full width on {_plural(len(devices), 'GPU')} (an idle GPU "
-                                 f"may slow the link generation to save power; that is not judged).")
+                           f"may slow the link generation to save power; that is not judged).")
 
 
 # ---- gpu_throttle ----

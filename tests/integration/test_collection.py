@@ -82,6 +82,41 @@ def core_venv(line: str) -> Path:
     return python
 
 
+GET_PIP = """\
+\"\"\"Stand-in for pip's get-pip.py, which ansible-test downloads from ci-files.testing.ansible.com to put pip into
+its sanity venvs: ensurepip's bundled pip installs the pip ansible-test asks for from wheels/ beside this file.\"\"\"
+import ensurepip
+import os
+import subprocess
+import sys
+
+ensurepip.bootstrap()
+wheels = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wheels")
+args = [arg for arg in sys.argv[1:] if arg not in ("--no-setuptools", "--no-wheel")]
+sys.exit(subprocess.call([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", wheels, *args]))
+"""
+
+
+def offline_pip_bootstrap(python: Path, home: Path) -> None:
+    """Put pip's bootstrap where ansible-test looks before it downloads one (its documented manual step)."""
+    import re
+
+    source = python.parent.parent / "lib" / f"python{PY}" / "site-packages" / "ansible_test" / "_internal"
+    versions = set(re.findall(r"pip='([0-9.]+)'", (source / "python_requirements.py").read_text()))
+    assert versions, "ansible-test names no pip version"
+    cache = home / ".ansible" / "test" / "cache"
+    (cache / "wheels").mkdir(parents=True, exist_ok=True)
+    for version in versions:
+        script = cache / f"get_pip_{version.replace('.', '_')}.py"
+        if not script.exists():
+            script.write_text(GET_PIP)
+        if not list((cache / "wheels").glob(f"pip-{version}-*.whl")):
+            done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d",
+                                   str(cache / "wheels"), f"pip=={version}"], capture_output=True, text=True,
+                                  timeout=600)
+            assert done.returncode == 0, done.stderr
+
+
 def user_env(home: Path, bin_dir: Path, pythonpath: Path, **extra: str) -> dict:
     """A user's shell: a fresh home, no ANSIBLE_* setting at all, the venv's tools first."""
     home.mkdir(parents=True, exist_ok=True)
@@ -196,6 +231,7 @@ def test_ansible_test_sanity_passes(short_tmp, collection_tarball):
     root = collections / "ansible_collections" / "flodl" / "fdl"
     home = cache_root() / f"ansible-test-home-py{PY}"  # ansible-test keeps its sanity venvs here: cached
     env = user_env(home, bin_dir, Path(os.devnull))
+    offline_pip_bootstrap(python, home)
     done = run([str(bin_dir / "ansible-test"), "sanity", "--python", PY, "--requirements", "--color", "no"],
                root, env, timeout=1800)
     out = done.stdout + done.stderr
