@@ -236,4 +236,5 @@ def test_ansible_test_sanity_passes(short_tmp, collection_tarball):
                root, env, timeout=1800)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-6000:]
-    assert "Running sanity test 'validate-modules'" in out and "Running sanity test 'pylint'" in out, out[-3000:]
+    for test in ("validate-modules", "pylint", "pep8", "import", "compile", "ansible-doc", "yamllint", "changelog"):
+        assert f'Running sanity test "{test}"' in out, out[-3000:]

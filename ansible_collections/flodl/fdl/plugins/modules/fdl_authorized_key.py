@@ -63,7 +63,7 @@ options:
     description: Owner for a file (and directory) this module creates; an existing file keeps its owner.
     type: str
 author:
-  - fdl
+  - The fdl authors (@flodl)
 """
 
 EXAMPLES = r"""
@@ -123,7 +123,7 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    path = os.path.expanduser(p["path"])
+    path = p["path"]  # type=path: ~ and ~user already expanded
     try:
         line = key_line(p["door"], p["public_key"], label=p["label"], controller_port=p["controller_port"],
                         served=p["served"], rrsync=p["rrsync"])

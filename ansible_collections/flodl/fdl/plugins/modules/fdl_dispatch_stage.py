@@ -61,7 +61,7 @@ attributes:
     support: full
     description: In check mode nothing is written; the paths are returned.
 author:
-  - the fdl authors
+  - The fdl authors (@flodl)
 """
 
 EXAMPLES = r"""

@@ -41,7 +41,7 @@ options:
     type: int
     default: 1337
 author:
-  - fdl
+  - The fdl authors (@flodl)
 """
 
 EXAMPLES = r"""

@@ -29,7 +29,8 @@ options:
     description: Facts about the build, written to C(fdl-nccl-build.json) in O(dest).
     type: dict
     default: {}
-author: flodl
+author:
+  - The fdl authors (@flodl)
 """
 
 EXAMPLES = r"""

@@ -60,7 +60,7 @@ attributes:
     support: full
     description: The probe only reads; it runs the same in check mode.
 author:
-  - the fdl authors
+  - The fdl authors (@flodl)
 """
 
 EXAMPLES = r"""

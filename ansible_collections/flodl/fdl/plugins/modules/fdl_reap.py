@@ -27,7 +27,7 @@ attributes:
     support: full
     description: In check mode the processes are listed, not signalled.
 author:
-  - the fdl authors
+  - The fdl authors (@flodl)
 """
 
 EXAMPLES = r"""
