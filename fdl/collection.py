@@ -19,7 +19,7 @@ collection build` makes the tarball), the wheel build (hatch_build.py puts
 the tree inside the wheel), and fdl run from a clone (`runtime_root()` builds
 it once into the cache, under a key of fdl's version and a hash of every
 input, so an edit in the clone gets a fresh tree and a finished one is never
-rewritten). Standard library only: the wheel build imports this file.
+rewritten). Standard library and fdl.errors only: the wheel build imports this file.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+
+from fdl.errors import FdlError
 
 NAMESPACE, NAME = "flodl", "fdl"
 FQCN = f"{NAMESPACE}.{NAME}"
@@ -48,8 +50,9 @@ PYNVML_LICENSE = "pynvml.LICENSE.txt"
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
 
 
-class CollectionError(Exception):
-    """The collection's source or one of its inputs is missing (a broken install or checkout)."""
+class CollectionError(FdlError):
+    """The collection's source or one of its inputs is missing (a broken install or checkout), or its tree
+    could not be written."""
 
 
 def version() -> str:
@@ -148,15 +151,21 @@ def built_in_cache(source: Path | None = None) -> Path:
     target = cache_dir() / "collections" / content_key(source)
     if (target / RELATIVE / "galaxy.yml").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
+    except OSError as exc:
+        raise CollectionError(f"could not write the {FQCN} collection into fdl's cache ({exc})",
+                              hint="free space or fix the permissions of that directory, or set XDG_CACHE_HOME "
+                                   "to a writable one") from exc
     try:
         assemble(staging, source)
         os.rename(staging, target)
-    except OSError:
+    except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
         if not (target / RELATIVE / "galaxy.yml").is_file():  # not another fdl that finished it first
-            raise
+            raise CollectionError(f"could not write the {FQCN} collection into {target} ({exc})",
+                                  hint="free space or fix the permissions of that directory") from exc
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

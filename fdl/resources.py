@@ -40,8 +40,8 @@ def collection_source() -> Path:
         return _WHEEL_SHARE / "collections" / collection.RELATIVE
     if (collection.SOURCE_IN_REPO / "galaxy.yml").is_file():
         return collection.SOURCE_IN_REPO
-    raise FileNotFoundError(f"the Ansible collection {collection.FQCN} was not found next to {PACKAGE_DIR}; "
-                            f"reinstall fdl")
+    raise collection.CollectionError(f"the Ansible collection {collection.FQCN} was not found next to "
+                                     f"{PACKAGE_DIR}", hint="reinstall fdl")
 
 
 @lru_cache(maxsize=None)

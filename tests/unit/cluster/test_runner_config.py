@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import yaml
 
 from fdl.cluster.runner import RUN_ID_VAR, ansible_bin_dir, ansible_environment, control_path_dir
@@ -104,3 +105,15 @@ def test_progress_table_shows_each_hosts_state_and_task():
     assert "probe: 2/3 hosts done" in text
     assert "node-b" in text and "running" in text and "Probe this host" in text
     assert "unreachable" in text and "Permission denied (publickey)" in text
+
+
+def test_an_unwritable_cache_is_a_clear_fdl_error(monkeypatch, tmp_path):
+    from fdl import collection
+    from fdl.errors import FdlError
+
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    with pytest.raises(FdlError, match="could not write the flodl.fdl collection") as caught:
+        collection.built_in_cache()
+    assert caught.value.hint and "XDG_CACHE_HOME" in caught.value.hint
