@@ -96,7 +96,7 @@ class Progress:
                 self.stream.write(f"\r    still building: {elapsed // 60}m{elapsed % 60:02d}s elapsed")
                 self.stream.flush()
                 self._ticking = True
-        elif kind == "on_ok" and data.get("task_action") == "fdl_nccl_install":
+        elif kind == "on_ok" and data.get("task_action") == "flodl.fdl.fdl_nccl_install":
             self.installed = event.res or {}
         elif kind == "on_ok" and data.get("task_action") in ("ansible.builtin.template", "template"):
             self.context_ready = True
