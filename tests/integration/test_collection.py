@@ -174,6 +174,13 @@ def test_a_new_user_installs_the_tarball_and_probes_a_host(testbed, short_tmp, c
     assert not collections.exists()
     install_collection(collection_tarball, collections)
     assert sorted(p.name for p in (collections / "ansible_collections").iterdir()) == ["flodl"]
+    # self-contained: the check library, the supervisor and pynvml (with its licence) are real files in it
+    utils = collections / "ansible_collections" / "flodl" / "fdl" / "plugins" / "module_utils"
+    assert (utils / "checks" / "probe.py").read_bytes() == (REPO / "fdl" / "checks" / "probe.py").read_bytes()
+    assert (utils / "supervisor.py").read_bytes() == (REPO / "fdl" / "agent" / "supervisor.py").read_bytes()
+    assert "def nvmlInit" in (utils / "pynvml.py").read_text()
+    assert "NVIDIA Corporation" in (utils / "pynvml.LICENSE.txt").read_text()
+    assert not any(path.is_symlink() for path in utils.rglob("*"))
     work = project(short_tmp / "work", testbed)
     assert not (work / "ansible.cfg").exists() and not (home / ".ansible.cfg").exists()
     where = run([sys.executable, "-c", "import fdl; print(fdl.__file__)"], work, env)
