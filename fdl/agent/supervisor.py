@@ -201,7 +201,8 @@ class Supervisor:
     def _pump(self, rank: int, proc: subprocess.Popen) -> None:
         log = open(os.path.join(self.log_dir, f"rank-{rank}.log"), "a", encoding="utf-8") if self.log_dir else None
         try:
-            assert proc.stdout is not None
+            if proc.stdout is None:  # started without stdout=PIPE: nothing to relay
+                return
             for raw in iter(proc.stdout.readline, b""):
                 line = raw.decode("utf-8", "replace")
                 if log:

@@ -321,7 +321,7 @@ def _variant(vdir: Path, source: str, active: str | None) -> Libtorch:
             info.metadata.append("build-version")
         except OSError:
             build_version = None
-    version, _, suffix = (build_version or "").partition("+")
+    version, _plus, suffix = (build_version or "").partition("+")
 
     info.version = arch.get("torch") or version or None
     cuda = arch.get("cuda")

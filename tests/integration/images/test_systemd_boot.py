@@ -2,7 +2,7 @@
 
 A minimal Debian 12 root file system (tests/integration/images/nspawn.py, cached outside the repository) is
 baked with the fdl_join_worker role the way an image build runs it: Ansible over SSH against the machine
-being built, playbooks/join-worker.yml (found through fdl's own resource lookup) with
+being built, the collection playbook flodl.fdl.join_worker (found through fdl's own resource lookup) with
 `fdl_join_worker_start=false`, fdl installed offline from a wheel of this checkout. The bake runs while no
 systemd runs in the machine (a stub init and sshd only), so the role enables the unit offline, and is
 cached too, keyed by everything that goes into it.
@@ -183,8 +183,8 @@ def checkout_digest() -> str:
     from fdl import resources
 
     h = hashlib.sha256()
-    roots = [REPO / "fdl", resources.share_dir() / "roles", resources.share_dir() / "playbooks",
-             resources.templates_dir(), resources.ansible_cfg(), REPO / "pyproject.toml"]
+    roots = [REPO / "fdl", resources.collection_source(), resources.templates_dir(), resources.ansible_cfg(),
+             REPO / "pyproject.toml"]
     for root in roots:
         files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()
                                                       and "__pycache__" not in p.parts)
@@ -209,7 +209,7 @@ def image(site, request) -> list[Path]:
 
 
 def bake(tmp: Path, *, base: Path, site: Site, wheelhouse: Path) -> None:
-    """Run playbooks/join-worker.yml over SSH against the machine being built, as an image build does."""
+    """Run the collection playbook join_worker.yml over SSH against the machine being built, as an image build does."""
     from fdl import resources
 
     bed = site.bed
@@ -239,9 +239,10 @@ def bake(tmp: Path, *, base: Path, site: Site, wheelhouse: Path) -> None:
             "fdl_join_worker_install_from": "wheel", "fdl_join_worker_wheel": str(fdl_wheel(wheelhouse)),
             "fdl_join_worker_pip_extra_args": ["--no-index", "--find-links", "/srv/wheels"],
         }))
-        env = tool_env(client / "home", {"ANSIBLE_CONFIG": str(resources.ansible_cfg())})
+        env = tool_env(client / "home", {"ANSIBLE_CONFIG": str(resources.ansible_cfg()),
+                                          "ANSIBLE_COLLECTIONS_PATH": str(resources.collections_path())})
         done = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory),
-                               str(resources.playbook("join-worker.yml")), "-e", f"@{variables}",
+                               str(resources.playbook("join_worker.yml")), "-e", f"@{variables}",
                                "-e", json.dumps({"fdl_join_worker_start": False})],
                               capture_output=True, text=True, env=env, timeout=900)
         out = done.stdout + done.stderr
