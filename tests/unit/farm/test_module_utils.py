@@ -40,7 +40,7 @@ def test_the_collection_version_is_fdls(tmp_path):
     assert galaxy["version"] == collection.version()
     assert (galaxy["namespace"], galaxy["name"]) == ("flodl", "fdl")
     runtime = yaml.safe_load((collection.SOURCE_IN_REPO / "meta" / "runtime.yml").read_text())
-    assert runtime["requires_ansible"] == ">=2.17.0,<2.20.0"
+    assert runtime["requires_ansible"] == ">=2.17.0,<2.22.0"
 
 
 def test_the_repository_holds_no_links_into_the_package():
