@@ -85,6 +85,9 @@ def install_collection(tarball: Path, collections: Path, python: str | None = No
     galaxy = Path(python or sys.executable).parent / "ansible-galaxy"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     env["HOME"] = str(collections.parent)
+    # The test venv holds fdl as an editable install, so this clone (and its collection source) is on sys.path,
+    # where ansible-galaxy would find flodl.fdl "already installed"; a user's Python has no clone on it.
+    env["ANSIBLE_COLLECTIONS_SCAN_SYS_PATH"] = "False"
     done = subprocess.run([str(galaxy), "collection", "install", "--offline", "-p", str(collections), str(tarball)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr

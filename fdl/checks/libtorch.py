@@ -181,7 +181,7 @@ def _pytorch(torch_dir: Path) -> Libtorch:
     values = read_torch_version(torch_dir)
     if values:
         info.metadata.append("torch/version.py")
-    version, _, suffix = (values.get("__version__") or "").partition("+")
+    version, _sep, suffix = (values.get("__version__") or "").partition("+")
     info.version = version or None
     cuda, hip = values.get("cuda"), values.get("hip")
     if cuda:

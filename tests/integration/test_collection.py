@@ -118,11 +118,14 @@ def offline_pip_bootstrap(python: Path, home: Path) -> None:
 
 
 def user_env(home: Path, bin_dir: Path, pythonpath: Path, **extra: str) -> dict:
-    """A user's shell: a fresh home, no ANSIBLE_* setting at all, the venv's tools first."""
+    """A user's shell: a fresh home, no ANSIBLE_* setting but one (below), the venv's tools first."""
     home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "PYTHON", "FDL_", "XDG_"))}
     env.update(HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(pythonpath),
                NO_COLOR="1", **extra)
+    # The one exception to "no ANSIBLE_* setting": the test venv holds fdl as an editable install, which puts this
+    # clone, and so its collection source, on sys.path; a user's Python has no clone there.
+    env["ANSIBLE_COLLECTIONS_SCAN_SYS_PATH"] = "False"
     return env
 
 
