@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 
 from fdl.errors import FdlError
@@ -143,12 +144,21 @@ def cache_dir() -> Path:
     return Path(base) / "fdl"
 
 
+@lru_cache(maxsize=1)
+def _clone_key() -> str:
+    """content_key() of this clone's own source, hashed once per process (a clone does not change under a run)."""
+    return content_key(SOURCE_IN_REPO)
+
+
 def built_in_cache(source: Path | None = None) -> Path:
     """A collections path holding the complete tree for this clone's content, built on first use.
 
-    Returns the directory to give Ansible as ANSIBLE_COLLECTIONS_PATH (it holds ansible_collections/).
+    Returns the directory to give Ansible as ANSIBLE_COLLECTIONS_PATH (it holds ansible_collections/). The cache
+    directory is looked up on every call (HOME or XDG_CACHE_HOME may differ between calls of one process), and
+    a tree removed since is built again.
     """
-    target = cache_dir() / "collections" / content_key(source)
+    key = _clone_key() if source is None or source == SOURCE_IN_REPO else content_key(source)
+    target = cache_dir() / "collections" / key
     if (target / RELATIVE / "galaxy.yml").is_file():
         return target
     try:

@@ -44,7 +44,6 @@ def collection_source() -> Path:
                                      f"{PACKAGE_DIR}", hint="reinstall fdl")
 
 
-@lru_cache(maxsize=None)
 def collections_path() -> Path:
     """The directory to give Ansible as ANSIBLE_COLLECTIONS_PATH: it holds ansible_collections/flodl/fdl."""
     if _installed():

@@ -78,7 +78,7 @@ def test_build_runs_the_planned_docker_commands_and_puts_the_library_in_place(nc
                "-gencode=arch=compute_120,code=compute_120")
     assert f'ENV NVCC_GENCODE="{gencode}"' in dockerfile
     assert "git clone --depth 1 --branch v2.27.5-1 https://github.com/NVIDIA/nccl.git /opt/nccl" in dockerfile
-    assert 'RUN make -j6 src.build NVCC_GENCODE="$NVCC_GENCODE"' in dockerfile
+    assert f'RUN make -j{planned["jobs"]} src.build NVCC_GENCODE="$NVCC_GENCODE"' in dockerfile
     assert dockerfile.startswith("#")  # ansible_managed header
 
     library = nccl_project / f"libtorch/nccl/builds/{NAME}/lib/libnccl.so.2"

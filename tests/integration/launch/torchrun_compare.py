@@ -102,17 +102,14 @@ def run_torchrun(script: str, args: list[str], cwd: Path, out: Path, env: dict, 
     return collect(out, nproc), started, done
 
 
-PARAM_SUM = re.compile(r"(?:\[GPU|rank )(\d+)[\]/].*parameter sum (\S+)$")
+# Both scripts print the sum with exactly ten decimals; matched anywhere (not per line), because two ranks
+# writing to one pipe, as under torchrun, can interleave their lines.
+PARAM_SUM = re.compile(r"(?:\[GPU|rank )(\d+)[\]/][^\n\[]*?parameter sum (-?\d+\.\d{10})")
 
 
 def parameter_sums(stdout: str) -> dict[int, str]:
     """rank -> the parameter sum the script printed when it finished training."""
-    found = {}
-    for line in stdout.splitlines():
-        match = PARAM_SUM.search(line.strip())
-        if match:
-            found[int(match[1])] = match[2]
-    return found
+    return {int(match[1]): match[2] for match in PARAM_SUM.finditer(stdout)}
 
 
 def added(seen: dict, started: dict) -> set[str]:
