@@ -368,7 +368,8 @@ def _settle_shape(req: Request, prompter: Prompter | None, recovered: dict,
             cell = jail(label, jail_base)
         except DoorError as exc:
             raise refusal(str(exc) + ".") from None
-        if user != cell.account and origin.get("controller") in ("flag", "prompt"):
+        named = (req.controller if origin.get("controller") == "flag" else "") or ""
+        if user != cell.account and "@" in named:
             raise refusal(f"door a's workers log in as the door's own jailed account {cell.account}, not {user}: "
                           f"a key in {user}'s own key file could read everything {user} can.",
                           hint=f"name --controller {cell.account}@{host}:{door_port}")
