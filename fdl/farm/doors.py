@@ -161,7 +161,8 @@ def dropin_vars(door: str, *, label: str, door_port: int, controller_port: int,
         raise DoorError(f"unknown door {door!r}: choose one of {', '.join(DOORS)}")
     cell = jail(label, jail_base) if door == DOOR_A else None
     return {
-        "jail": None if cell is None else {"account": cell.account, "root": cell.root, "data": JAIL_DATA,
+        "jail": None if cell is None else {"account": cell.account, "home": cell.home, "root": cell.root,
+                                           "mountpoint": cell.data, "data": JAIL_DATA,
                                            "authorized_keys": cell.authorized_keys},
         "label": check_label(label),
         "door": door,
