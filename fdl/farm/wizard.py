@@ -482,6 +482,9 @@ def prepare(req: Request, prompter: Prompter | None = None,
                                             jail_base=shape.jail_base))
     facts = observe(door_port=shape.door_port, served=shape.served, sshd_config=req.sshd_config,
                     dropin_target=dropin_target, dropin_lines=dropin_text.splitlines(), probe_host=shape.host)
+    if shape.door == DOOR_A and facts.macos:
+        raise refusal("door a jails its account with a read-only bind mount, which this fdl builds on Linux only.",
+                      hint="serve the data from a Linux box, or use door b (rrsync) for what it can carry")
     findings = diagnose(facts, door=shape.door, door_port=shape.door_port)
     if facts.sshd_path is not None:
         findings.append(validate_dropin(facts.sshd_path, req.sshd_config, dropin_text))
