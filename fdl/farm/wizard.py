@@ -490,7 +490,7 @@ def prepare(req: Request, prompter: Prompter | None = None,
         findings.append(validate_dropin(facts.sshd_path, req.sshd_config, dropin_text))
     scan_ = facts.sshd_config
     ak_files = scan_.authorized_keys_files() if scan_ is not None else None
-    if not ak_explicit and ak_files is not None and not any(
+    if shape.door != DOOR_A and not ak_explicit and ak_files is not None and not any(
             f in (".ssh/authorized_keys", "%h/.ssh/authorized_keys", "~/.ssh/authorized_keys") for f in ak_files):
         findings.append(CheckResult(
             "authorized-keys-file", WARNING,
