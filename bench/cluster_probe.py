@@ -13,7 +13,7 @@ bundled NCCL, and the shared data mount, all reached through each worker's
 - raw ssh: one `ssh host 'env ... python3 -'` per host, all at once from a
   shell, each fed the same check code (fdl/checks and pynvml zipped into one
   script, as AnsiballZ ships them) and printing the same JSON report;
-- stock Ansible: `ansible-playbook -i fdl.cluster.yml` of the same role with
+- stock Ansible: `ansible-playbook -i hosts.fdl.yml` of the same role with
   Ansible's defaults (forks 5, facts gathered, no pipelining).
 
 The warm, raw and stock commands are sampled round-robin so machine noise
@@ -46,7 +46,8 @@ from _timing import PY, compile_package, env_for_fdl, fdl_command  # noqa: E402
 
 import yaml  # noqa: E402
 
-from fdl.cluster.modutils import checks_dir, pynvml_file  # noqa: E402
+from fdl.collection import PACKAGE_DIR, pynvml_file  # noqa: E402
+from fdl.resources import collections_path  # noqa: E402
 from tests.fakes import FakeNvml, build_fake_nvml, make_libtorch  # noqa: E402
 from tests.testbed import Testbed  # noqa: E402
 
@@ -58,7 +59,7 @@ def check_script() -> str:
     """The probe as one self-contained script: fdl/checks + pynvml zipped in, options as argv JSON."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as bundle:
-        for source in sorted(checks_dir().glob("*.py")):
+        for source in sorted((PACKAGE_DIR / "checks").glob("*.py")):
             bundle.write(source, f"fdl_checks/{source.name}")
         bundle.write(pynvml_file(), "pynvml.py")
     payload = base64.b64encode(buf.getvalue()).decode()
@@ -134,14 +135,14 @@ def _bench(bed: Testbed, work: Path, runs: int) -> dict:
     stock_dir = work / "stock"
     stock_dir.mkdir()
     (stock_dir / "ansible.cfg").write_text(
-        "# Ansible's defaults, plus only what it takes to read fdl.cluster.yml and find the role.\n"
-        f"[defaults]\ninventory_plugins = {REPO / 'inventory_plugins'}\nroles_path = {REPO / 'roles'}\n"
-        "[inventory]\nenable_plugins = fdl_cluster, yaml\n")
-    play = yaml.safe_load((REPO / "playbooks" / "probe.yml").read_text())
+        "# Ansible's defaults, plus only what it takes to find the flodl.fdl collection.\n"
+        f"[defaults]\ncollections_path = {collections_path()}\n")
+    (project / "hosts.fdl.yml").write_text("plugin: flodl.fdl.cluster\n")
+    play = yaml.safe_load((collections_path() / "ansible_collections/flodl/fdl/playbooks/probe.yml").read_text())
     play[0]["gather_facts"] = True  # Ansible's default
     (stock_dir / "probe.yml").write_text(yaml.safe_dump(play, sort_keys=False))
     stock_env = {**env, "ANSIBLE_CONFIG": str(stock_dir / "ansible.cfg")}
-    stock = [str(Path(PY).parent / "ansible-playbook"), "-i", "fdl.cluster.yml", str(stock_dir / "probe.yml")]
+    stock = [str(Path(PY).parent / "ansible-playbook"), "-i", "hosts.fdl.yml", str(stock_dir / "probe.yml")]
 
     # every contender must actually work before it is timed
     _, done = timed(fdl, project, env)

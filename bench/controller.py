@@ -15,13 +15,18 @@ one asyncio client (aiohttp) that plays every peer:
    and with the full N-host roster.
 3. the controller's peak RSS (VmHWM from /proc) over all of the above.
 
+Authentication is on (the window has a token; every join request carries its
+HMAC proof and every answer is signed back, fdl.controller.auth), and the
+walk-ins are also run without a token, to print the controller CPU per
+request with and without it. --no-auth measures only the tokenless run.
+
 The machine is shared, so each figure is the best of --repeat runs, and the
 controller's own CPU time is printed beside the wall times. The client runs
 with Python's cyclic GC paused (it stands in for thousands of machines; its
 own bookkeeping is not what is measured); the controller runs as it would
 under a launcher.
 
-Targets: walk-ins <= 5 s for 4096 joiners, >= 3000 state.json req/s,
+Targets: walk-ins <= 3 s for 4096 joiners (authentication on), >= 3000 state.json req/s,
 <= 150 MB peak RSS.
 """
 
@@ -41,7 +46,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-TARGET_JOIN_S = 5.0
+TARGET_JOIN_S = 3.0
 TARGET_RPS = 3000.0
 TARGET_RSS_MB = 150.0
 
@@ -54,7 +59,7 @@ def serve(port: int, policy_json: str) -> int:
     from fdl.controller.policy import RunPolicy
     from fdl.controller.server import ControllerServer, new_event_loop
 
-    policy = RunPolicy(**json.loads(policy_json))
+    policy = RunPolicy(**json.loads(policy_json), token=os.environ.get("FDL_BENCH_TOKEN") or None)
 
     async def main() -> None:
         server = ControllerServer(policy, host="127.0.0.1", port=port)
@@ -75,10 +80,11 @@ def serve(port: int, policy_json: str) -> int:
 class Controller:
     """A controller child process; peak_rss_mb() reads its VmHWM."""
 
-    def __init__(self, **policy):
+    def __init__(self, token: str | None = None, **policy):
+        secret = {"FDL_BENCH_TOKEN": token} if token else {}  # never on the command line
         self.proc = subprocess.Popen([sys.executable, __file__, "--serve", json.dumps(policy)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONPATH": str(REPO)})
+                                     env={**os.environ, "PYTHONPATH": str(REPO), **secret})
         line = self.proc.stdout.readline().split()
         if not line or line[0] != "ready":
             raise SystemExit("bench: the controller did not start")
@@ -130,7 +136,16 @@ def session(aiohttp):
                                  skip_auto_headers=("User-Agent",))
 
 
-async def walk_ins(url: str, n: int) -> tuple[float, int]:
+def signed(keys, path: str, body: bytes, headers: dict) -> dict:
+    """headers plus the request's proof of the token (a fresh nonce each time), or headers when keys is None."""
+    if keys is None:
+        return headers
+    from fdl.controller.auth import sign_request
+
+    return {**headers, **sign_request(keys, "POST", path, body)}
+
+
+async def walk_ins(url: str, n: int, keys=None) -> tuple[float, int]:
     """n joiners: hello, then world long-poll. Returns (seconds from first hello to last world, world size)."""
     import aiohttp
     from yarl import URL
@@ -141,13 +156,13 @@ async def walk_ins(url: str, n: int) -> tuple[float, int]:
     join_url, world_url = URL(url + "/join"), URL(url + "/join/world")  # parsed once, not per request
     async with session(aiohttp) as s:
         async def one(i: int) -> tuple[float, int]:
-            async with s.post(join_url, data=hellos[i], headers=headers) as resp:
+            async with s.post(join_url, data=hellos[i], headers=signed(keys, "/join", hellos[i], headers)) as resp:
                 answer = json.loads(await resp.read())
             if not answer.get("admitted"):
                 raise SystemExit(f"bench: walkin-{i} refused: {answer}")
             poll = json.dumps({"ticket": answer["ticket"], "wait_s": 60}).encode()
             while True:
-                async with s.post(world_url, data=poll, headers=headers) as resp:
+                async with s.post(world_url, data=poll, headers=signed(keys, "/join/world", poll, headers)) as resp:
                     world = json.loads(await resp.read())
                 if world.get("formed"):
                     return time.perf_counter(), world["world"]["size"]
@@ -160,7 +175,7 @@ async def walk_ins(url: str, n: int) -> tuple[float, int]:
     return max(t for t, _ in results) - start, n
 
 
-async def fill(url: str, n: int) -> None:
+async def fill(url: str, n: int, keys=None) -> None:
     """n hosts join (no world polls: a manual window below quorum stays open)."""
     import aiohttp
 
@@ -168,7 +183,9 @@ async def fill(url: str, n: int) -> None:
         sem = asyncio.Semaphore(256)
 
         async def one(i: int) -> None:
-            async with sem, s.post(url + "/join", json={"host": f"host-{i:05d}", "devices": "cpu:1"}) as resp:
+            body = json.dumps({"host": f"host-{i:05d}", "devices": "cpu:1"}).encode()
+            headers = signed(keys, "/join", body, {"Content-Type": "application/json"})
+            async with sem, s.post(url + "/join", data=body, headers=headers) as resp:
                 if (await resp.json()).get("admitted") is not True:
                     raise SystemExit("bench: fill refused")
 
@@ -210,6 +227,7 @@ def main() -> int:
     parser.add_argument("--pollers", type=int, default=64)
     parser.add_argument("--poll-seconds", type=float, default=5.0)
     parser.add_argument("--repeat", type=int, default=3, help="best of this many runs (the machine is shared)")
+    parser.add_argument("--no-auth", action="store_true", help="measure only without a token")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -222,16 +240,22 @@ def main() -> int:
     lines = [f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; best of "
              f"{args.repeat} runs"]
 
-    def walk(count: int) -> tuple[float, float]:
+    from fdl.controller.auth import derive
+
+    token = None if args.no_auth else os.urandom(32).hex()
+    keys = None if token is None else derive(token)
+    lines[0] += "; authentication " + ("off (--no-auth)" if token is None else "on (signed requests and answers)")
+
+    def walk(count: int, token: str | None = token, keys=keys) -> tuple[float, float]:
         """Best (seconds, controller CPU seconds) of args.repeat fresh windows of count joiners."""
         nonlocal peak
         best = (float("inf"), float("inf"))
         for _ in range(args.repeat):
             ctl = Controller(discovery=True, start="auto", quorum_hosts=count, max_hosts=count, window_s=120,
-                             silence_s=120, poll_s=60)
+                             silence_s=120, poll_s=60, token=token)
             try:
                 cpu0 = ctl.cpu_seconds()
-                seconds, _ = run(walk_ins(ctl.url, count))
+                seconds, _ = run(walk_ins(ctl.url, count, keys))
                 best = min(best, (seconds, ctl.cpu_seconds() - cpu0))
                 peak = max(peak, ctl.peak_rss_mb())
             finally:
@@ -249,15 +273,20 @@ def main() -> int:
     lines.append(f"walk-ins scaling: {small} joiners {t_small:.2f} s; x{n / small:.0f} joiners took "
                  f"x{t_full / t_small:.1f} the wall time and x{cpu_full / cpu_small:.1f} the controller CPU "
                  f"(linear: x{n / small:.0f}, quadratic: x{(n / small) ** 2:.0f})")
+    if token is not None:
+        t_plain, cpu_plain = walk(n, None, None)
+        lines.append(f"walk-ins without a token: {t_plain:.2f} s, controller CPU {cpu_plain / (2 * n) * 1e6:.0f} us "
+                     f"per request; with authentication {cpu_full / (2 * n) * 1e6:.0f} us "
+                     f"(x{cpu_full / cpu_plain:.2f})")
 
     rps = {}
     for hosts in (16, n):
         best = (0.0, 0.0, 0, 0)
         for _ in range(args.repeat):
             ctl = Controller(discovery=True, start="manual", quorum_hosts=n, max_hosts=n, window_s=600,
-                             silence_s=600)
+                             silence_s=600, token=token)
             try:
-                run(fill(ctl.url, hosts))
+                run(fill(ctl.url, hosts, keys))
                 cpu0 = ctl.cpu_seconds()
                 rate, size, wire = run(pollers(ctl.url, args.pollers, args.poll_seconds))
                 cpu = ctl.cpu_seconds() - cpu0

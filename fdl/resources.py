@@ -1,8 +1,12 @@
 """Where the Ansible content shipped with fdl lives at run time.
 
-From a clone (`pip install -e .`) the playbooks, roles, templates and the
-inventory plugin sit at the repository root, next to the package. A built
-wheel carries the same directories inside the package as `fdl/_share/`.
+The content is one Ansible collection, flodl.fdl (fdl/collection.py). A built
+wheel carries its complete tree inside the package, under
+`fdl/_share/collections/ansible_collections/flodl/fdl/`, next to fdl's own
+templates, the Packer template and ansible.cfg in `fdl/_share/`. A clone keeps
+the collection's source in `ansible_collections/flodl/fdl/` at the repository
+root and has fdl build the complete tree into its cache on first use
+(keyed by fdl's version and a hash of the content).
 """
 
 from __future__ import annotations
@@ -10,43 +14,68 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+from fdl import collection
+
 PACKAGE_DIR = Path(__file__).resolve().parent
-_KINDS = ("playbooks", "roles", "templates", "inventory_plugins")
+_WHEEL_SHARE = PACKAGE_DIR / "_share"
+
+
+def _installed() -> bool:
+    return (_WHEEL_SHARE / "collections" / collection.RELATIVE / "galaxy.yml").is_file()
 
 
 @lru_cache(maxsize=None)
 def share_dir() -> Path:
-    """The directory holding playbooks/, roles/, templates/ and inventory_plugins/."""
-    for candidate in (PACKAGE_DIR / "_share", PACKAGE_DIR.parent):
-        if all((candidate / kind).is_dir() for kind in _KINDS):
+    """The directory holding templates/ (fdl's own), packer/ and ansible.cfg."""
+    for candidate in (_WHEEL_SHARE, PACKAGE_DIR.parent):
+        if (candidate / "templates").is_dir() and (candidate / "ansible.cfg").is_file():
             return candidate
-    raise FileNotFoundError(
-        f"fdl's Ansible content (playbooks/, roles/, templates/, inventory_plugins/) was not found "
-        f"next to {PACKAGE_DIR}; reinstall fdl"
-    )
+    raise FileNotFoundError(f"fdl's shipped files (templates/, ansible.cfg) were not found next to {PACKAGE_DIR}; "
+                            f"reinstall fdl")
+
+
+def collection_source() -> Path:
+    """The collection as shipped (the wheel's complete tree, or a clone's source): read files from here."""
+    if _installed():
+        return _WHEEL_SHARE / "collections" / collection.RELATIVE
+    if (collection.SOURCE_IN_REPO / "galaxy.yml").is_file():
+        return collection.SOURCE_IN_REPO
+    raise collection.CollectionError(f"the Ansible collection {collection.FQCN} was not found next to "
+                                     f"{PACKAGE_DIR}", hint="reinstall fdl")
+
+
+@lru_cache(maxsize=None)
+def collections_path() -> Path:
+    """The directory to give Ansible as ANSIBLE_COLLECTIONS_PATH: it holds ansible_collections/flodl/fdl."""
+    if _installed():
+        return _WHEEL_SHARE / "collections"
+    collection_source()  # a clear error when the source is missing
+    return collection.built_in_cache()
+
+
+def collection_root() -> Path:
+    """The complete, runnable collection tree Ansible uses."""
+    return collections_path() / collection.RELATIVE
 
 
 def playbook(name: str) -> Path:
-    """Path of a shipped playbook, e.g. playbook('probe.yml')."""
-    return share_dir() / "playbooks" / name
+    """Path of one of the collection's playbooks in the tree Ansible runs, e.g. playbook('probe.yml')."""
+    return collection_root() / "playbooks" / name
 
 
 def roles_dir() -> Path:
-    return share_dir() / "roles"
+    return collection_source() / "roles"
 
 
 def templates_dir() -> Path:
+    """fdl's own templates (the farm's cloud-init, overlay and worker files)."""
     return share_dir() / "templates"
 
 
-def inventory_plugins_dir() -> Path:
-    return share_dir() / "inventory_plugins"
-
-
 def ansible_cfg() -> Path:
-    """The shipped ansible.cfg (its relative paths point at the directories above)."""
+    """The ansible.cfg fdl runs with (SSH and execution settings; no paths)."""
     return share_dir() / "ansible.cfg"
 
 
-if __name__ == "__main__":  # `python -m fdl.resources`: where the Ansible content is, for ANSIBLE_CONFIG
-    print(share_dir())
+if __name__ == "__main__":  # `python -m fdl.resources`: the collections path, for ANSIBLE_COLLECTIONS_PATH
+    print(collections_path())

@@ -11,6 +11,11 @@ from fdl.config import CommandSpec, Config
 from fdl.errors import FdlError
 
 
+def _env(spec: CommandSpec) -> dict[str, str] | None:
+    """The command's environment: this one, with the command's env: over it (None: inherit as it is)."""
+    return {**os.environ, **spec.env_dict} if spec.env else None
+
+
 def command_line(spec: CommandSpec, args: list[str]) -> str:
     """The shell line for a run: command, args appended shell-quoted."""
     assert spec.run is not None
@@ -18,7 +23,7 @@ def command_line(spec: CommandSpec, args: list[str]) -> str:
 
 
 def run_project_command(spec: CommandSpec, args: list[str], config: Config, globals_: object, *,
-                        no_prebuild: bool = False) -> int:
+                        no_prebuild: bool = False, port: int | None = None) -> int:
     """Run a command in the project root; its exit code is fdl's.
 
     A `cluster: true` command is a launcher run (fdl.launch) when the configuration gives it hosts (cluster
@@ -29,7 +34,7 @@ def run_project_command(spec: CommandSpec, args: list[str], config: Config, glob
         from fdl.launch.plan import plan_launch
 
         assert config.root is not None
-        plan = plan_launch(spec, args, config.cluster, config.root, getattr(globals_, "gpus", None))
+        plan = plan_launch(spec, args, config.cluster, config.root, getattr(globals_, "gpus", None), port=port)
         if plan is not None:
             from fdl.launch.run import launch
 
@@ -41,7 +46,7 @@ def run_project_command(spec: CommandSpec, args: list[str], config: Config, glob
             return _run_binary(spec, args, config, no_prebuild)
     line = command_line(spec, args)
     try:
-        completed = subprocess.run(["/bin/sh", "-c", line], cwd=config.root, check=False)
+        completed = subprocess.run(["/bin/sh", "-c", line], cwd=config.root, env=_env(spec), check=False)
     except OSError as exc:
         raise FdlError(f"cannot start /bin/sh for '{spec.name}': {exc.strerror}.") from None
     return completed.returncode
@@ -58,7 +63,8 @@ def _run_binary(spec: CommandSpec, args: list[str], config: Config, no_prebuild:
             raise FdlError(f"the build of '{spec.name}' failed: `{spec.build}` exited {code} (its output is above).")
     binary = config.root / spec.bin
     try:
-        completed = subprocess.run([str(binary), *spec.args, *args], cwd=config.root, check=False)
+        completed = subprocess.run([str(binary), *spec.args, *args], cwd=config.root, env=_env(spec),
+                                   check=False)
     except OSError as exc:
         raise FdlError(f"cannot run bin '{spec.bin}' of '{spec.name}' ({binary}): {exc.strerror}.",
                        hint="bin is the built program relative to the project root.") from None

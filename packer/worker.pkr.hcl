@@ -1,10 +1,11 @@
-# Bake an fdl worker image: Packer's ansible provisioner runs playbooks/join-worker.yml (the
-# fdl_join_worker role) on the machine being built, with the unit enabled but not started (no
+# Bake an fdl worker image: Packer's ansible provisioner runs the flodl.fdl collection's join_worker
+# playbook (the fdl_join_worker role) on the machine being built, with the unit enabled but not started (no
 # systemd runs during a bake), so the image boots straight into `fdl join --persist`.
 # docs/images.md walks through it.
 #
 #   packer build -var ssh_host=10.0.0.5 -var ssh_private_key_file=$HOME/.ssh/id_ed25519 \
 #       -var fdl_wheel=$PWD/dist/fdl-0.1.0-py3-none-any.whl -var join_vars=$PWD/worker-vars.yml \
+#       -var collections="$(python -m fdl.resources)" \
 #       packer/worker.pkr.hcl
 #
 # The source below is `null`: it provisions a machine that already runs (a VM you snapshot
@@ -63,13 +64,18 @@ variable "fdl_wheel" {
   description = "An fdl wheel on this machine to install from; empty: the index (fdl_join_worker_package)."
 }
 
+variable "collections" {
+  type        = string
+  description = "A collections path holding flodl.fdl: `python -m fdl.resources` prints fdl's own, or wherever ansible-galaxy installed the tarball."
+}
+
 variable "join_vars" {
   type        = string
   description = "A YAML or JSON file of fdl_join_worker_* variables (the join block, token, paths); read with -e @file, so no secret reaches a command line."
 }
 
 locals {
-  # fdl's Ansible content: this template sits in packer/ next to playbooks/, roles/ and ansible.cfg.
+  # fdl's shipped files: this template sits in packer/ next to ansible.cfg.
   share = "${path.root}/.."
   wheel_vars = var.fdl_wheel == "" ? [] : [
     "--extra-vars", jsonencode({ fdl_join_worker_install_from = "wheel", fdl_join_worker_wheel = var.fdl_wheel }),
@@ -88,7 +94,7 @@ build {
   sources = ["source.null.worker"]
 
   provisioner "ansible" {
-    playbook_file = "${local.share}/playbooks/join-worker.yml"
+    playbook_file = "${var.collections}/ansible_collections/flodl/fdl/playbooks/join_worker.yml"
     # Ansible dials the machine itself (the communicator's address, user and key), not through Packer.
     use_proxy = false
     user      = var.ssh_username
@@ -102,7 +108,7 @@ build {
     )
     ansible_env_vars = [
       "ANSIBLE_CONFIG=${local.share}/ansible.cfg",
-      "ANSIBLE_ROLES_PATH=${local.share}/roles",
+      "ANSIBLE_COLLECTIONS_PATH=${var.collections}",
       "ANSIBLE_PYTHON_INTERPRETER=/usr/bin/python3",
     ]
   }

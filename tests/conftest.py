@@ -66,3 +66,42 @@ def fake_nccl(tmp_path_factory):
         return dest
 
     return build
+
+
+def build_collection(out: Path, python: str | None = None) -> Path:
+    """scripts/build-collection OUTDIR: the flodl.fdl tarball, built as a release is."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env["PYTHON"] = python or sys.executable
+    done = subprocess.run([str(REPO / "scripts" / "build-collection"), str(out)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    tarball = Path(done.stdout.strip().splitlines()[-1])
+    assert tarball.is_file() and tarball.name.startswith("flodl-fdl-"), done.stdout
+    return tarball
+
+
+def install_collection(tarball: Path, collections: Path, python: str | None = None) -> Path:
+    """`ansible-galaxy collection install TARBALL -p COLLECTIONS` into an empty path; returns COLLECTIONS."""
+    galaxy = Path(python or sys.executable).parent / "ansible-galaxy"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env["HOME"] = str(collections.parent)
+    done = subprocess.run([str(galaxy), "collection", "install", "--offline", "-p", str(collections), str(tarball)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (collections / "ansible_collections" / "flodl" / "fdl" / "MANIFEST.json").is_file()
+    return collections
+
+
+@pytest.fixture(scope="session")
+def collection_tarball(tmp_path_factory) -> Path:
+    return build_collection(tmp_path_factory.mktemp("collection-build"))
+
+
+@pytest.fixture(scope="session")
+def installed_collection(collection_tarball, tmp_path_factory) -> Path:
+    """A collections path holding only flodl.fdl, installed from its tarball (world-readable for testbed users)."""
+    base = tmp_path_factory.mktemp("collection-install")
+    path = install_collection(collection_tarball, base / "collections")
+    for folder in (base, *[p for p in path.rglob("*") if p.is_dir()], path):
+        os.chmod(folder, 0o755)
+    return path

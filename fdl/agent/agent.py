@@ -35,9 +35,11 @@ from fdl.errors import ExitCode, FdlError
 
 Note = Callable[[str], None]
 #: Refusals a re-dial cannot mend: the credential is wrong, or the controller cannot parse what we send.
-PERMANENT_REFUSALS = frozenset({"bad_token", "bad_request"})
+PERMANENT_REFUSALS = frozenset({"bad_token", "bad_request", "stale_request", "reserved_host", "wrong_address"})
 WORLD_POLL_S = 20.0
 HEARTBEAT_DEFAULT_S = 3.0
+#: TORCHELASTIC_MAX_RESTARTS under `--persist`, which re-dials without a bound (torchrun's is an integer).
+PERSIST_MAX_RESTARTS = 2**31 - 1
 
 
 class Stopped(BaseException):
@@ -69,7 +71,17 @@ _REFUSAL_HINTS = {
     "host_joined": "Another box already joined under this name: give each box its own --host.",
     "roster_full": "The window is full; the next run's window may have room.",
     "not_in_roster": "This run admits only its roster's hosts (discovery is off); use a host name it lists.",
+    "stale_request": "The request's time is too far from the controller's clock: sync this box's clock (NTP).",
+    "reserved_host": "The launcher runs that host itself; a walk-in needs a name of its own (--host).",
+    "wrong_address": "A roster host joins only from its roster address: dial from that box, or fix its address: "
+                     "in cluster.workers.",
 }
+
+
+class RankEnvRefused(FdlError):
+    """The controller's answer sets rank environment variables outside the allow-list (permanent)."""
+
+    exit_code = ExitCode.PERMANENT
 
 
 def refusal_error(exc, address: str) -> JoinRefused:
@@ -100,6 +112,7 @@ class JoinAgent:
         self.sleep = sleep
         self.host = options.host or socket.gethostname().split(".")[0]
         self.attempts = 0
+        self.runs: dict[str, int] = {}  # TORCHELASTIC_RUN_ID -> worlds of that run this agent already ran
 
     # ------------------------------------------------------------------ the loop
 
@@ -137,7 +150,7 @@ class JoinAgent:
             host, port = tunnel.address if tunnel is not None else opts.controller
             dial = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             shown = opts.controller_text + (f" (via ssh {opts.ssh})" if opts.ssh else "")
-            with ControllerClient(dial, timeout=10.0) as client:
+            with ControllerClient(dial, timeout=10.0, token=opts.token) as client:
                 try:
                     admitted = client.hello(self._hello(prep))
                 except ControllerRefused as exc:
@@ -169,7 +182,7 @@ class JoinAgent:
         if opts.ssh is not None:  # the controller sees the tunnel's loopback: tell it where this box really is
             address = local_address_toward(opts.ssh.host, opts.ssh.port or 22)
         return Hello(host=self.host, devices=prep.offer.devices, run_id=prep.run_id, signature=prep.signature,
-                     token=opts.token, address=address, data_path=prep.data_root,
+                     address=address, data_path=prep.data_root,
                      gpu_ram_share=opts.gpu_ram_share, gpu_names=prep.offer.gpu_names,
                      agent=f"fdl-join/{__version__}")
 
@@ -179,11 +192,38 @@ class JoinAgent:
             if world is not None:
                 return world
 
+    def _count_run(self, ranks: list, shape: dict) -> int:
+        """TORCHELASTIC_RESTART_COUNT for this world: how many worlds of the same run (the same
+        TORCHELASTIC_RUN_ID, e.g. one published run re-dialed after a failure) this agent already ran."""
+        env = (ranks[0].get("env") or {}) if ranks else {}
+        run = str(env.get("TORCHELASTIC_RUN_ID") or shape.get("run_id") or "")
+        if not run:
+            return 0
+        count = self.runs.pop(run, 0)
+        self.runs[run] = count + 1  # most recent last; a long-lived box keeps the last 256 runs
+        while len(self.runs) > 256:
+            self.runs.pop(next(iter(self.runs)))
+        return count
+
     def _run_world(self, client, ticket: str, world: dict, prep: Prepared, admitted: dict) -> int:
-        from fdl.controller.client import ControllerError, ControllerRefused
+        from fdl.controller.client import ControllerError, ControllerRefused, UnverifiedController
+
+        from fdl.controller.protocol import refused_rank_env, without_secrets
 
         shape = world.get("world") or {}
         ranks = world.get("ranks") or []
+        refused = sorted({name for r in ranks for name in refused_rank_env(r.get("env") or {})})
+        if refused or not all(isinstance(r.get("rank"), int) for r in ranks):
+            detail = f"refused the controller's rank environment: {', '.join(refused) or 'malformed ranks'}"
+            try:
+                client.report_exit(ticket, ExitCode.PERMANENT, detail)
+            except (ControllerError, ControllerRefused, FdlError) as exc:
+                self.note(f"exit report not delivered ({exc.message})")
+            raise RankEnvRefused(
+                f"the controller's answer sets rank environment variables fdl does not take from a controller "
+                f"({', '.join(refused[:8]) or 'malformed ranks'}); no rank was started.",
+                hint="A rank takes only the torch.distributed and FDL_* variables listed in docs/controller.md; "
+                     "per-host variables (LD_PRELOAD, ...) belong in the worker's own configuration.")
         args = prep.args
         world_args = shape.get("args") or []
         if args is None:
@@ -195,18 +235,26 @@ class JoinAgent:
                   f"{shape.get('backend')}, master {shape.get('master_addr')}:{shape.get('master_port')}; this host "
                   f"runs rank(s) {', '.join(str(r.get('rank')) for r in ranks)}")
         log_dir = prep.log_root / f"{(shape.get('run_id') or 'run')[:16]}-{int(time.time())}"
-        base_env = prep.rank_env(self.options, self.environ)
+        base_env = without_secrets(prep.rank_env(self.options, self.environ))
+        restarts = self._count_run(ranks, shape)
         supervisor = Supervisor([prep.binary, *args], [{"rank": r["rank"], "env": r.get("env") or {}} for r in ranks],
                                 cwd=prep.cwd, log_dir=str(log_dir), label=self.host, base_env=base_env,
-                                on_line=self.on_line)
+                                on_line=self.on_line, on_note=self.note, restart_count=restarts,
+                                max_restarts=PERSIST_MAX_RESTARTS if self.options.persist else 0)
         results: list[GroupResult] = []
         errors: list[BaseException] = []
+        # Waited on instead of Thread.join: a signal handler's exception (Stopped) interrupting join() can
+        # mark a still-running thread as finished (CPython releases the lock the thread holds), after which
+        # join() returns at once, before the ranks are down.
+        done = threading.Event()
 
         def supervise() -> None:
             try:
                 results.append(supervisor.run())
             except BaseException as exc:  # reported by the main thread
                 errors.append(exc)
+            finally:
+                done.set()
 
         beat_s = float(world.get("heartbeat_s") or admitted.get("heartbeat_s") or HEARTBEAT_DEFAULT_S)
         thread = threading.Thread(target=supervise, name="fdl-ranks", daemon=True)
@@ -215,7 +263,7 @@ class JoinAgent:
         stopping = False
         stopped: Stopped | None = None
         try:
-            while thread.is_alive():
+            while not done.is_set():
                 try:
                     beat = client.heartbeat(ticket, running=True)
                     lost_since = None
@@ -229,19 +277,19 @@ class JoinAgent:
                         stopping = True
                         self.note(f"the controller dropped this box ({exc.reason}: {exc.message}); stopping ranks")
                         supervisor.stop("terminated")
-                except ControllerError as exc:
+                except (ControllerError, UnverifiedController) as exc:  # an unproved answer is not acted on
                     if lost_since is None:
                         lost_since = time.monotonic()
                         self.note(f"heartbeat: {exc.message}; the ranks keep running")
-                thread.join(beat_s)
+                done.wait(beat_s)
         except Stopped as exc:
             stopped = exc
             supervisor.stop("terminated")
         except BaseException:
             supervisor.stop("terminated")
-            thread.join()
+            done.wait()
             raise
-        thread.join()
+        done.wait()
         if errors:
             raise FdlError(f"the rank supervisor failed: {errors[0]}")
         result = results[0]
@@ -256,7 +304,7 @@ class JoinAgent:
             detail = f"ranks {result.reason}"
         try:
             client.report_exit(ticket, code, detail)
-        except (ControllerError, ControllerRefused) as exc:
+        except (ControllerError, ControllerRefused, UnverifiedController) as exc:
             self.note(f"exit report not delivered ({exc.message}); this host's code is {code}")
         self.note(f"ranks finished: exit {code}" + (f" ({detail})" if detail else "") + f"; logs in {log_dir}")
         if stopped is not None:
@@ -269,6 +317,8 @@ def print_note(stream: IO | None = None) -> Note:
     out = sys.stderr if stream is None else stream
 
     def note(text: str) -> None:
-        print(f"fdl: join: {text}", file=out, flush=True)
+        from fdl.controller.render import printable
+
+        print(f"fdl: join: {printable(text)}", file=out, flush=True)  # a controller's words are data
 
     return note

@@ -105,7 +105,8 @@ def archive_name(variant: str) -> str:
     return f"libtorch-{variant}.zip"
 
 
-def _write_active(root: Path, label: str) -> None:
+def write_active(root: Path, label: str) -> None:
+    """Point the root's `.active` at label (atomically: temp file, fsync, rename)."""
     path = root / ".active"
     try:
         if path.read_text().strip() == label:
@@ -126,9 +127,13 @@ def _write_active(root: Path, label: str) -> None:
         raise
 
 
+Progress = Callable[[int, "int | None"], None]  # (bytes so far, total bytes when the server said)
+
+
 def ensure_variant(variant: str, *, mirror: str | None, environ: Mapping[str, str] | None = None,
-                   note: Note = lambda _: None) -> Installed:
-    """Make `variant` present under the libtorch root (downloading it if needed) and activate it."""
+                   note: Note = lambda _: None, progress: Progress | None = None,
+                   activate: bool = True) -> Installed:
+    """Make `variant` present under the libtorch root (downloading it if needed); activate it unless told not to."""
     if variant not in LIBTORCH_VARIANTS:
         raise PermanentError(f"libtorch variant {variant!r} is not one fdl acquires "
                              f"({', '.join(LIBTORCH_VARIANTS)}).")
@@ -151,11 +156,12 @@ def ensure_variant(variant: str, *, mirror: str | None, environ: Mapping[str, st
                     f"download it from.",
                     hint="Set FDL_LIBTORCH_MIRROR (or libtorch_mirror: in the join: block) to the base URL that "
                          f"serves {archive_name(variant)} and its .sha256, or install the variant by hand.")
-            _download_and_install(variant, mirror, target, note)
+            _download_and_install(variant, mirror, target, note, progress)
             acquired = True
         else:
             note(f"libtorch: {label} already installed in {target}")
-        _write_active(root, label)
+        if activate:
+            write_active(root, label)
     finally:
         os.close(lock_fd)
     return Installed(variant=variant, path=target, label=label, vendor=vendor_of(variant), acquired=acquired)
@@ -168,8 +174,8 @@ def _get(session, url: str, *, stream: bool = False):
         resp = session.get(url, stream=stream, timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S))
     except requests.exceptions.RequestException as exc:
         raise LibtorchFetchError(f"cannot download {url}: {_short(exc)}.",
-                                 hint="Check the mirror (FDL_LIBTORCH_MIRROR) and this box's network; the next "
-                                      "dial tries again.") from None
+                                 hint="Check the mirror URL (FDL_LIBTORCH_MIRROR) and this box's network, then try "
+                                      "again (a joining worker retries on its next dial).") from None
     if resp.status_code != 200:
         resp.close()
         raise LibtorchFetchError(f"cannot download {url}: HTTP {resp.status_code}.",
@@ -182,7 +188,8 @@ def _short(exc: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _download_and_install(variant: str, mirror: str, target: Path, note: Note) -> None:
+def _download_and_install(variant: str, mirror: str, target: Path, note: Note,
+                          progress: Progress | None = None) -> None:
     import requests
 
     base = mirror.rstrip("/")
@@ -204,11 +211,15 @@ def _download_and_install(variant: str, mirror: str, target: Path, note: Note) -
             size = 0
             with os.fdopen(fd, "wb") as handle:
                 resp = _get(session, url, stream=True)
+                length = resp.headers.get("Content-Length", "")
+                total = int(length) if length.isdigit() else None
                 try:
                     for chunk in resp.iter_content(1 << 20):
                         digest.update(chunk)
                         handle.write(chunk)
                         size += len(chunk)
+                        if progress is not None:
+                            progress(size, total)
                 except requests.exceptions.RequestException as exc:
                     raise LibtorchFetchError(f"the download of {url} broke off: {_short(exc)}.") from None
                 finally:

@@ -49,9 +49,10 @@ class Prepared(NamedTuple):
 
     def rank_env(self, options: JoinOptions, base: Mapping[str, str]) -> dict[str, str]:
         """The environment every rank starts from: base, plus libtorch's libraries and the data plane."""
+        from fdl.controller.protocol import without_secrets
         from fdl.publish.libtorch import build_env
 
-        env = dict(base)
+        env = without_secrets(dict(base))  # the join token never reaches a rank (nor the signature probe)
         if self.libtorch is not None:
             built = build_env(self.libtorch, env)
             for key in ("LIBTORCH_PATH", "LD_LIBRARY_PATH", "FDL_GPU_FEATURE"):

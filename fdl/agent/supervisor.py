@@ -8,8 +8,16 @@ no imports from the rest of fdl, so the file runs on its own:
     python3 supervisor.py SPEC.json      # or: python3 - SPEC.json < supervisor.py
 
 The spec is JSON: {"argv": [...], "cwd": "...", "log_dir": "...", "label": "host",
-"grace_s": 10, "ranks": [{"rank": 0, "env": {...}}, ...]}. Each output line of
+"grace_s": 10, "restart_count": 0, "max_restarts": 0,
+"ranks": [{"rank": 0, "env": {...}}, ...]}. Each output line of
 rank r is written to <log_dir>/rank-<r>.log and echoed as `[label/r] line`.
+
+Each rank's environment is the supervisor's own (or base_env), then the
+rank's `env` from the spec, then the part of torchrun's environment only this
+host can decide (`worker_env`): the restart count and maximum, and torchrun's
+thread defaults, which give way to anything the environment or the spec
+already sets.
+
 The first rank to exit non-zero fails the group: every other rank (its whole
 process group) gets SIGTERM, then SIGKILL after grace_s. When stdin is a pipe
 and reaches EOF (the launcher or its ssh connection went away), the group is
@@ -33,7 +41,31 @@ import time
 from typing import Callable, NamedTuple
 
 RESULT_PREFIX = "fdl-supervisor-result: "
+NOTE_PREFIX = "fdl supervisor: "  # the supervisor's own notes, on stderr
 _PR_SET_PDEATHSIG = 1
+
+#: The torchrun variables the host running the ranks sets (the controller sends the rest of the contract,
+#: fdl.controller.world.TORCHRUN_ENV). The restart pair always comes from here; the other two only fill in.
+WORKER_ENV = ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "OMP_NUM_THREADS",
+              "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+
+
+def worker_env(env: dict, *, local_ranks: int, restart_count: int = 0, max_restarts: int = 0) -> dict:
+    """One rank's environment completed the way torchrun's agent completes it on its node.
+
+    TORCHELASTIC_RESTART_COUNT / TORCHELASTIC_MAX_RESTARTS are this host's own (0 and 0 unless a
+    `--persist` agent re-runs the same run). OMP_NUM_THREADS is 1 when more than one rank runs on the
+    host and nothing set it (torchrun's rule: ranks sharing a box would each start a thread per core);
+    TORCH_NCCL_ASYNC_ERROR_HANDLING is 1 unless set (a failed NCCL collective ends the rank, so the group
+    fails fast instead of hanging).
+    """
+    out = dict(env)
+    out["TORCHELASTIC_RESTART_COUNT"] = str(int(restart_count))
+    out["TORCHELASTIC_MAX_RESTARTS"] = str(int(max_restarts))
+    if local_ranks > 1 and "OMP_NUM_THREADS" not in out:
+        out["OMP_NUM_THREADS"] = "1"
+    out.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    return out
 
 
 class RankResult(NamedTuple):
@@ -100,7 +132,8 @@ class Supervisor:
 
     def __init__(self, argv: list[str], ranks: list[dict], *, cwd: str | None = None, log_dir: str | None = None,
                  label: str = "", grace_s: float = 10.0, base_env: dict | None = None,
-                 on_line: Callable[[int, str], None] | None = None):
+                 on_line: Callable[[int, str], None] | None = None, restart_count: int = 0,
+                 max_restarts: int = 0, on_note: Callable[[str], None] | None = None):
         if not argv:
             raise ValueError("the rank command is empty")
         self.argv = list(argv)
@@ -111,6 +144,9 @@ class Supervisor:
         self.grace_s = grace_s
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.on_line = on_line or self._echo
+        self.on_note = on_note or self._note
+        self.restart_count = restart_count
+        self.max_restarts = max_restarts
         self.procs: dict[int, subprocess.Popen] = {}
         self.codes: dict[int, int] = {}
         self._pumps: list[threading.Thread] = []
@@ -124,13 +160,29 @@ class Supervisor:
             sys.stdout.write(prefix + line + ("" if line.endswith("\n") else "\n"))
             sys.stdout.flush()
 
+    def _note(self, text: str) -> None:
+        with self._lock:
+            sys.stderr.write(f"{NOTE_PREFIX}{text}\n")
+            sys.stderr.flush()
+
+    def rank_env(self, spec: dict) -> dict:
+        """The environment one rank starts with."""
+        env = dict(self.base_env)
+        env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
+        return worker_env(env, local_ranks=len(self.ranks), restart_count=self.restart_count,
+                          max_restarts=self.max_restarts)
+
     def start(self) -> None:
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
-        for spec in self.ranks:
+        envs = [self.rank_env(spec) for spec in self.ranks]
+        defaulted = sum(1 for spec, env in zip(self.ranks, envs) if "OMP_NUM_THREADS" not in self.base_env
+                        and "OMP_NUM_THREADS" not in (spec.get("env") or {}) and "OMP_NUM_THREADS" in env)
+        if defaulted:
+            self.on_note(f"OMP_NUM_THREADS=1 for each of this host's {defaulted} ranks, as torchrun does when "
+                         f"ranks share a host; set OMP_NUM_THREADS (environment, command or worker env:) to tune it")
+        for spec, env in zip(self.ranks, envs):
             rank = int(spec["rank"])
-            env = dict(self.base_env)
-            env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
             try:
                 proc = subprocess.Popen(
                     self.argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -149,7 +201,8 @@ class Supervisor:
     def _pump(self, rank: int, proc: subprocess.Popen) -> None:
         log = open(os.path.join(self.log_dir, f"rank-{rank}.log"), "a", encoding="utf-8") if self.log_dir else None
         try:
-            assert proc.stdout is not None
+            if proc.stdout is None:  # started without stdout=PIPE: nothing to relay
+                return
             for raw in iter(proc.stdout.readline, b""):
                 line = raw.decode("utf-8", "replace")
                 if log:
@@ -242,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(args[0], encoding="utf-8") as handle:
             spec = json.load(handle)
         supervisor = Supervisor(spec["argv"], spec["ranks"], cwd=spec.get("cwd"), log_dir=spec.get("log_dir"),
-                                label=spec.get("label", ""), grace_s=float(spec.get("grace_s", 10)))
+                                label=spec.get("label", ""), grace_s=float(spec.get("grace_s", 10)),
+                                restart_count=int(spec.get("restart_count", 0)),
+                                max_restarts=int(spec.get("max_restarts", 0)))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"fdl supervisor: bad spec {args[0]}: {exc}", file=sys.stderr)
         return 2

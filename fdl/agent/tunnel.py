@@ -54,6 +54,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def local_address_toward(host: str, port: int = 22) -> str | None:
     """The address of this box on the route to host (what peers there see), or None."""
     try:
@@ -137,7 +146,7 @@ class Tunnel:
                 return
             text = self._stderr_text()
             self.close()
-            if "forwarding" in text and "Address already in use" in text and attempt < 2:
+            if attempt < 2 and not _port_free(self.local_port):  # another process took the port we asked for
                 continue
             raise self._failure(text)
 

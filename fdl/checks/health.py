@@ -91,16 +91,17 @@ class _Findings:
 
     def result(self, ok_message: str, data: dict | None = None) -> CheckResult:
         name = self.name
-        status = _worst(s for s, _, _ in self.items)
+        status = _worst(item[0] for item in self.items)
         data = {"devices": self.devices, **(data or {})}
         if status == OK:
             return CheckResult(name, OK, ok_message, data=data)
         shown = [(s, text, hint) for s, text, hint in self.items if s in (ERROR, WARNING)]
         hints: list[str] = []
-        for _, _, hint in shown:
+        for item in shown:
+            hint = item[2]
             if hint and hint not in hints:
                 hints.append(hint)
-        return CheckResult(name, status, " ".join(text for _, text, _ in shown), hint="; ".join(hints) or None,
+        return CheckResult(name, status, " ".join(item[1] for item in shown), hint="; ".join(hints) or None,
                            data=data)
 
 
@@ -308,7 +309,7 @@ def check_pcie(devices, findings) -> CheckResult:
                          "check the slot's generation setting in the BIOS and the riser or cable; "
                          "`lspci -vv` shows LnkSta against LnkCap")
     return findings.result(f"PCIe links run at full width on {_plural(len(devices), 'GPU')} (an idle GPU "
-                                 f"may slow the link generation to save power; that is not judged).")
+                           f"may slow the link generation to save power; that is not judged).")
 
 
 # ---- gpu_throttle ----

@@ -6,7 +6,13 @@ never a fall-through):
 1. the `libtorch_path` option (`--libtorch-path`);
 2. the LIBTORCH, then LIBTORCH_PATH environment variables;
 3. the project's `libtorch/` tree (its active variant);
-4. `~/.flodl/libtorch`.
+4. `~/.flodl/libtorch` (when it holds a variant or an `.active` pointer);
+5. the PyTorch installed in the Python environment fdl runs in: a torch
+   wheel carries a complete libtorch under `torch/lib` (with `torch/include`).
+   It is found without importing torch (the probe stays fast) and described
+   from `torch/version.py` (`__version__`, `cuda`, `hip`). Last, because an
+   environment's PyTorch is incidental: a variant installed for flodl wins.
+   `FDL_LIBTORCH_FROM_PYTORCH=0` leaves it out.
 
 Each location may be a variant directory (it holds `lib/`), a libtorch root
 (holding `.active` and `precompiled/<variant>` / `builds/<name>`), or a pointer
@@ -20,6 +26,8 @@ Standard library only; sibling imports relative (Ansible module_utils).
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
 import re
 from dataclasses import dataclass, field
@@ -31,8 +39,8 @@ NAME = "libtorch"
 VARIANT_GROUPS = ("precompiled", "builds")
 _VARIANT_RE = re.compile(r"^(cpu|cu\d{3}|rocm\d+(\.\d+)?)$")
 _ARCH_RE = re.compile(r"^(\d+)\.(\d+)([af]?)(\+PTX)?$")
-DOWNLOAD_HINT = ("install a variant (fdl libtorch download), point --libtorch-path or LIBTORCH at an unpacked "
-                 "libtorch, or activate one by writing its path (e.g. precompiled/cu128) into libtorch/.active")
+DOWNLOAD_HINT = ("install a variant (fdl libtorch download auto, or --cpu), point --libtorch-path or LIBTORCH at "
+                 "an unpacked libtorch, or activate an installed one (fdl libtorch activate VARIANT)")
 
 
 class LibtorchNotFound(Exception):
@@ -50,7 +58,7 @@ class Libtorch:
     """A resolved libtorch variant directory and what is recorded about it."""
 
     path: str
-    source: str  # "--libtorch-path", "LIBTORCH", "LIBTORCH_PATH", "project" or "home"
+    source: str  # "--libtorch-path", "LIBTORCH", "LIBTORCH_PATH", "project", "home" or "pytorch"
     active: str | None = None  # the variant's path inside its libtorch root, e.g. "precompiled/cu128"
     version: str | None = None
     variant: str | None = None  # cpu, cu128, rocm7.0 ...
@@ -132,8 +140,70 @@ def arch_covers(archs: list[str], major: int, minor: int) -> bool:
 
 # ---- resolution ----
 
-def resolve_libtorch(explicit: str | None, environ, project_root: str | None, home: str | None) -> Libtorch:
-    """Find the libtorch ranks would use (rules in the module docstring); raise LibtorchNotFound."""
+def python_torch_dir(environ=None) -> str | None:
+    """The `torch` package directory of this Python environment when it holds lib/, found without importing it.
+
+    None when there is no torch, or when FDL_LIBTORCH_FROM_PYTORCH=0.
+    """
+    environ = os.environ if environ is None else environ
+    if (environ.get("FDL_LIBTORCH_FROM_PYTORCH") or "").strip() == "0":
+        return None
+    try:
+        spec = importlib.util.find_spec("torch")  # locates the package; runs none of its code
+    except (ImportError, ValueError):
+        return None
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        if (Path(location) / "lib").is_dir():
+            return str(location)
+    return None
+
+
+def read_torch_version(torch_dir: Path) -> dict[str, str | None]:
+    """`__version__`, `cuda` and `hip` from a torch package's version.py, read as text (never imported)."""
+    found: dict[str, str | None] = {}
+    try:
+        tree = ast.parse((torch_dir / "version.py").read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return found
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+            if isinstance(node, ast.AnnAssign) else []
+        value = getattr(node, "value", None)
+        for target in targets:
+            if isinstance(target, ast.Name) and isinstance(value, ast.Constant) and \
+                    (value.value is None or isinstance(value.value, str)):
+                found[target.id] = value.value
+    return found
+
+
+def _pytorch(torch_dir: Path) -> Libtorch:
+    info = Libtorch(path=str(torch_dir), source="pytorch", active=None)
+    values = read_torch_version(torch_dir)
+    if values:
+        info.metadata.append("torch/version.py")
+    version, _, suffix = (values.get("__version__") or "").partition("+")
+    info.version = version or None
+    cuda, hip = values.get("cuda"), values.get("hip")
+    if cuda:
+        info.cuda = cuda
+        info.variant = "cu" + cuda.replace(".", "")[:3]
+    elif hip:
+        info.variant = "rocm" + ".".join(hip.split(".")[:2])
+    elif suffix == "cpu" or values:
+        info.variant = "cpu"
+    if suffix and _VARIANT_RE.match(suffix):
+        info.variant = suffix
+    if info.kind == "cpu":
+        info.archs = []
+    return info
+
+
+def resolve_libtorch(explicit: str | None, environ, project_root: str | None, home: str | None,
+                     pytorch: str | None = None) -> Libtorch:
+    """Find the libtorch ranks would use (rules in the module docstring); raise LibtorchNotFound.
+
+    `pytorch` is the environment's torch package directory (python_torch_dir()), the last resort.
+    """
     if explicit:
         return _at(Path(explicit).expanduser(), "--libtorch-path")
     for var in ("LIBTORCH", "LIBTORCH_PATH"):
@@ -148,12 +218,16 @@ def resolve_libtorch(explicit: str | None, environ, project_root: str | None, ho
         tried.append(str(root))
     if home:
         home_root = Path(home) / ".flodl" / "libtorch"
-        if home_root.exists():
+        if home_root.exists() and (pytorch is None or (home_root / "lib").is_dir() or
+                                   (home_root / ".active").exists() or installed_variants(home_root)):
             return _at(home_root, "home")
         tried.append(str(home_root))
+    if pytorch and (Path(pytorch) / "lib").is_dir():
+        return _pytorch(Path(pytorch))
     tried_text = ", ".join(tried) if tried else "no project or home directory to look in"
-    raise LibtorchNotFound(f"No libtorch found: --libtorch-path, LIBTORCH and LIBTORCH_PATH are unset and "
-                           f"there is none at {tried_text}.", DOWNLOAD_HINT, tried)
+    raise LibtorchNotFound(f"No libtorch found: --libtorch-path, LIBTORCH and LIBTORCH_PATH are unset, "
+                           f"there is none at {tried_text}, and this Python environment has no PyTorch.",
+                           DOWNLOAD_HINT, tried)
 
 
 def _at(path: Path, source: str) -> Libtorch:
@@ -247,7 +321,7 @@ def _variant(vdir: Path, source: str, active: str | None) -> Libtorch:
             info.metadata.append("build-version")
         except OSError:
             build_version = None
-    version, _, suffix = (build_version or "").partition("+")
+    version, _plus, suffix = (build_version or "").partition("+")
 
     info.version = arch.get("torch") or version or None
     cuda = arch.get("cuda")
@@ -272,6 +346,16 @@ def _variant(vdir: Path, source: str, active: str | None) -> Libtorch:
     return info
 
 
+def describe_variant(vdir: Path, source: str, active: str | None) -> Libtorch:
+    """What is recorded about the variant directory vdir (.arch, build-version, its name)."""
+    return _variant(vdir, source, active)
+
+
+def describe_pytorch(torch_dir: Path) -> Libtorch:
+    """The libtorch a torch package directory carries, described from its version.py."""
+    return _pytorch(torch_dir)
+
+
 # ---- the check ----
 
 def check_libtorch(libtorch_path: str | None = None, environ=None, project_root: str | None = None,
@@ -281,7 +365,7 @@ def check_libtorch(libtorch_path: str | None = None, environ=None, project_root:
     if home is None:
         home = environ.get("HOME") or os.path.expanduser("~")
     try:
-        info = resolve_libtorch(libtorch_path, environ, project_root, home)
+        info = resolve_libtorch(libtorch_path, environ, project_root, home, python_torch_dir(environ))
     except LibtorchNotFound as exc:
         return CheckResult(NAME, ERROR, exc.message, hint=exc.hint, data={"tried": exc.tried}), None
 
@@ -318,8 +402,8 @@ def check_libtorch(libtorch_path: str | None = None, environ=None, project_root:
                                  f"to load there.",
                                  "use a variant compiled for "
                                  + ", ".join(sorted({f"{d.major}.{d.minor}" for d in missed}))
-                                 + " (fdl libtorch build with those archs, or a precompiled variant that "
-                                   "lists them)"))
+                                 + " (a libtorch built from source with those archs under builds/, activated "
+                                   "with fdl libtorch activate, or a precompiled variant that lists them)"))
         # the driver's CUDA version against this build's is the cuda_driver check (stack.py)
 
     if not problems:

@@ -93,7 +93,7 @@ def _ld_so_conf_dirs(conf: str = "/etc/ld.so.conf", depth: int = 0) -> list[str]
 
 
 def system_lib_dirs() -> list[str]:
-    multiarch = [d for d in glob.glob("/usr/lib/*-linux-gnu") + glob.glob("/lib/*-linux-gnu")]
+    multiarch = glob.glob("/usr/lib/*-linux-gnu") + glob.glob("/lib/*-linux-gnu")
     seen: list[str] = []
     for directory in [*_ld_so_conf_dirs(), *multiarch, *DEFAULT_LIB_DIRS]:
         if directory not in seen:
@@ -139,7 +139,7 @@ def check_docker_service(service: str, project_root: str | None = None, environ=
     try:
         done = subprocess.run([docker, "compose", "config", "--services"], cwd=project_root or None,
                               env=dict(environ), capture_output=True, text=True, timeout=DOCKER_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, check=False)
     except subprocess.TimeoutExpired:
         return CheckResult(NAME, ERROR, f"--docker {service}: `docker compose config --services` did not answer "
                            f"within {DOCKER_TIMEOUT_S} s.", hint="run it yourself to see what it waits for",

@@ -1,7 +1,7 @@
 """Thin access to NVML through NVIDIA's own bindings (pynvml, from nvidia-ml-py).
 
 Standard library and pynvml only: this file also runs inside Ansible modules on
-remote hosts, where fdl ships pynvml next to it as module_utils.
+remote hosts, where the flodl.fdl collection ships pynvml next to it as module_utils.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def load_pynvml():
         import pynvml  # noqa: PLC0415 - loaded only when a command needs NVML
     except ImportError:
         try:
-            from ansible.module_utils import pynvml  # type: ignore[no-redef]  # noqa: PLC0415
+            from ansible_collections.flodl.fdl.plugins.module_utils import pynvml  # noqa: PLC0415
         except ImportError:
             return None
     return pynvml

@@ -107,7 +107,7 @@ def run_probe(options: ProbeOptions | None = None, host: str | None = None, envi
                                       inventory=inventory, selection=selection)
         return result, info, None
 
-    libtorch, info, _ = _guarded("libtorch", libtorch_check)
+    libtorch, info, _unused = _guarded("libtorch", libtorch_check)
     report.checks.append(libtorch)
 
     def nccl_check():

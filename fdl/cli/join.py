@@ -117,7 +117,7 @@ def join(
     except Stopped as stopped:
         # The teardown is done (ranks stopped, exit reported, tunnel closed). Die of the same signal, so
         # whoever started us sees what happened: a shell reads 128+N, and systemd counts a SIGTERM death
-        # as a clean stop (an exit code of 143 would be a failure, and a failure triggers FailureAction).
+        # as a clean stop (an exit code of 143 would be a failure).
         print(f"fdl: join: stopped by {signal.Signals(stopped.signum).name}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         signal.signal(stopped.signum, signal.SIG_DFL)

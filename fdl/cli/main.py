@@ -30,6 +30,7 @@ BUILTINS: dict[str, tuple[str, str]] = {
     "publish": ("fdl.cli.publish", "Publish a build-gated training run for a fleet to pull."),
     "join-config": ("fdl.cli.join_config", "Set up a farm: key, token, overlay, sshd door and the steps to open it."),
     "nccl": ("fdl.cli.nccl", "Build NCCL from source to match the fleet (heterogeneous rigs)."),
+    "libtorch": ("fdl.cli.libtorch", "List, download and activate libtorch variants."),
 }
 
 GLOBAL_VALUE_OPTIONS = ("--env", "--gpus")
@@ -55,6 +56,33 @@ def split_sigil(argv: list[str]) -> tuple[list[str], str | None]:
     return argv, None
 
 
+def argument_help(command: Any) -> Any:
+    """Put each positional argument's help text (from its typer.Argument) on the click parameter.
+
+    Some typer/click pairings lose it (typer sets `help`, then click's Argument constructor resets
+    it), which leaves `--help` listing arguments with no description.
+    """
+    import inspect
+    import typing
+
+    for sub in getattr(command, "commands", {}).values():
+        argument_help(sub)
+    callback = getattr(command, "callback", None)
+    if callback is None:
+        return command
+    try:
+        hints = typing.get_type_hints(inspect.unwrap(callback), include_extras=True)
+    except Exception:  # noqa: BLE001 - help text is cosmetic; never let it break a command
+        return command
+    for param in command.params:
+        if param.param_type_name != "argument" or getattr(param, "help", None):
+            continue
+        for meta in getattr(hints.get(param.name), "__metadata__", ()):
+            if isinstance(meta, typer.models.ArgumentInfo) and meta.help:
+                param.help = meta.help
+    return command
+
+
 class FdlGroup(TyperGroup):
     """The root group: built-in commands load lazily; fdl.yml `commands:` are found by name."""
 
@@ -70,12 +98,12 @@ class FdlGroup(TyperGroup):
             module = importlib.import_module(BUILTINS[cmd_name][0])
             command = typer.main.get_command(module.app)
             command.name = cmd_name
-            return command
+            return argument_help(command)
         spec = self._user_commands(ctx).get(cmd_name)
         if spec is not None:
             from fdl.cli.usercmd import make_command
 
-            return make_command(spec)
+            return argument_help(make_command(spec))
         return None
 
     def _user_commands(self, ctx: Any) -> dict:
@@ -83,12 +111,31 @@ class FdlGroup(TyperGroup):
             return {}
         return ensure_globals(ctx).user_commands()
 
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError:
+            name = args[0] if args else ""
+            try:
+                known = self.list_commands(ctx)
+            except FdlError:
+                known = list(BUILTINS)
+            import difflib
+
+            close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+            if not close or name in known:
+                raise
+            guesses = " or ".join(f"'{c}'" for c in close)
+            raise click.UsageError(f"No such command '{name}'. Did you mean {guesses}?", ctx) from None
+
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         rows = [(name, help_) for name, (_, help_) in BUILTINS.items()]
+        broken = None
         try:
             user = self._user_commands(ctx)
-        except FdlError:
+        except FdlError as exc:
             user = {}
+            broken = exc.message
         rows_user = [(name, spec.description or (spec.run if spec.run else f"cluster run of {spec.bin}"))
                      for name, spec in user.items() if name not in BUILTINS]
         with formatter.section("Commands"):
@@ -96,6 +143,10 @@ class FdlGroup(TyperGroup):
         if rows_user:
             with formatter.section("Project commands (fdl.yml)"):
                 formatter.write_dl(rows_user)
+        elif broken is not None:
+            with formatter.section("Project commands (fdl.yml)"):
+                formatter.write_text(f"not listed: the configuration does not load: {broken}")
+                formatter.write_text("(`fdl config show` shows the same error.)")
 
 
 app = typer.Typer(

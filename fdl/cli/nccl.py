@@ -26,7 +26,9 @@ def build(
                                             help="NCCL release to build (default: the version the fleet runs).")] = None,
     archs: Annotated[str | None, typer.Option("--archs", metavar="'6.1;12.0'",
                                               help="Compute capabilities to build for (default: this host's GPUs).")] = None,
-    jobs: Annotated[int, typer.Option("--jobs", metavar="N", help="Parallel compile jobs.")] = 6,
+    jobs: Annotated[int | None, typer.Option("--jobs", metavar="N",
+                                             help="Parallel compile jobs (default: this machine's CPU "
+                                                  "count).")] = None,
     host: Annotated[str | None, typer.Option("--host", metavar="NAME",
                                              help="Build on this cluster worker instead of here.")] = None,
     root: Annotated[str | None, typer.Option("--root", metavar="DIR",
@@ -48,7 +50,10 @@ def build(
 
     g: Globals = ctx.find_object(Globals)
     cfg = g.config(required=host is not None)
-    plan = make_plan(project_root=cfg.root, cluster=cfg.cluster, tag=tag, archs=archs, jobs=jobs, host=host,
+    from fdl.nccl.plan import DEFAULT_JOBS
+
+    plan = make_plan(project_root=cfg.root, cluster=cfg.cluster, tag=tag, archs=archs,
+                     jobs=DEFAULT_JOBS if jobs is None else jobs, host=host,
                      root=root, base_image=base_image or DEFAULT_BASE_IMAGE)
     for note in plan.notes:
         typer.echo(f"fdl: note: {note}", err=True)

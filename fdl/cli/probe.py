@@ -177,12 +177,17 @@ def render_human(reports: list[HostReport], *, quiet: bool = False) -> tuple[str
                        for c in problems)
             continue
         out.append(headline(report))
+        hidden = 0
         for check in report.checks:
             if check.status not in (ERROR, WARNING) and check.name not in CORE_CHECKS:
+                hidden += check.status == SKIPPED
                 continue  # the depth checks (GPU health, stack) show up only when they found something
             out.append(f"  {_mark(check.status):<8} {check.name:<9} {check.message}")
             if check.hint and check.status in (ERROR, WARNING):
                 out.append(f"  {'':<8} {'':<9} hint: {check.hint}")
+        if hidden:
+            out.append(f"  {hidden} more check{'s' if hidden != 1 else ''} skipped (`fdl probe --json` shows "
+                       f"{'them' if hidden != 1 else 'it'} and why)")
     return "\n".join(out), "\n".join(err)
 
 
@@ -229,7 +234,9 @@ def summary_line(report: HostReport) -> str:
             parts.append(f"data {data.get('path')}")
         else:
             parts.append(f"{check.name} ok")
-    return f"{report.host}: ready: " + ", ".join(parts)
+    hidden = sum(1 for c in report.checks if c.status == SKIPPED and c.name not in CORE_CHECKS)
+    more = f" ({hidden} more check{'s' if hidden != 1 else ''} skipped: `fdl probe --json` says why)" if hidden else ""
+    return f"{report.host}: ready: " + ", ".join(parts) + more
 
 
 if __name__ == "__main__":  # pragma: no cover

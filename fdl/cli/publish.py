@@ -31,7 +31,9 @@ app = typer.Typer(rich_markup_mode=None, add_completion=False)
 )
 def publish(
     ctx: typer.Context,
-    source: Annotated[str | None, typer.Argument(help="Source spec (default: publish.source in fdl.yml).",
+    source: Annotated[str | None, typer.Argument(help="Where the run comes from: file:///abs/dir, "
+                                                      "git+https://host/repo#ref or rsync://[user@]host:/dir "
+                                                      "(default: publish.source in fdl.yml).",
                                                  show_default=False)] = None,
     bin_: Annotated[str | None, typer.Option("--bin", help="Built artifact relative to the project dir "
                                                            "(required here or in the publish: block).",

@@ -31,18 +31,21 @@ def start(
     queued. Exit 0 when armed, 1 otherwise.
     """
     from fdl.controller.address import ask
-    from fdl.controller.client import ControllerRefused, NoRunListening
+    from fdl.controller.client import ControllerRefused, NoRunListening, UnverifiedController
     from fdl.controller.render import render_start
 
     g: Globals = ctx.find_object(Globals)
     target = resolve_target(g, addr)
     presented = token if token is not None else target.token
     try:
-        address, answer = ask(target, lambda client: client.start(presented), timeout=timeout)
+        address, answer = ask(target, lambda client: client.start(), timeout=timeout, token=presented)
     except NoRunListening as exc:
         typer.echo(f"fdl: {exc.message}: the controller lives only as long as its launcher, so there is no run "
                    f"to start there.", err=True)
         raise typer.Exit(1) from None
+    except UnverifiedController as exc:
+        typer.echo(f"fdl: {exc.message}." + (f" {exc.hint}" if exc.hint else ""), err=True)
+        raise typer.Exit(2) from None
     except ControllerRefused as exc:
         if as_json:
             print_json(exc.payload)

@@ -1,10 +1,10 @@
-"""The cluster as an Ansible inventory: one builder for fdl and for the `fdl_cluster` plugin.
+"""The cluster as an Ansible inventory: one builder for fdl and for the `flodl.fdl.cluster` plugin.
 
 `build_inventory()` turns a validated `ClusterSpec` into hosts, groups and
 host variables. fdl's runner writes it out as a JSON inventory; the
-`fdl_cluster` inventory plugin (inventory_plugins/fdl_cluster.py) feeds the
-same structure to Ansible directly, so `ansible-playbook -i fdl.cluster.yml`
-and `fdl @cluster ...` see identical hosts.
+`flodl.fdl.cluster` inventory plugin (the collection's
+plugins/inventory/cluster.py) feeds the same structure to Ansible directly, so
+`ansible-playbook -i hosts.fdl.yml` and `fdl @cluster ...` see identical hosts.
 
 Groups: `fdl_workers` (every worker), `fdl_controller` (the worker that is
 the controller host, or a separate entry for it) and one `arch_<variant>` per

@@ -9,7 +9,9 @@ Every remote action in fdl is a playbook run through `run_playbook()`:
 What it settles once for every caller:
 
 - ansible-playbook is the one installed next to fdl (this environment's
-  scripts directory goes first on PATH); the shipped ansible.cfg is the
+  scripts directory goes first on PATH); the playbooks, roles and modules
+  are the flodl.fdl collection fdl ships (ANSIBLE_COLLECTIONS_PATH points at
+  it, fdl.resources); the shipped ansible.cfg is the
   configuration, and the settings that matter are pinned in the environment
   so a stray ANSIBLE_* variable cannot undo them: pipelining on, facts off,
   host keys checked by ssh (`StrictHostKeyChecking=accept-new`: learn a new
@@ -49,10 +51,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from fdl.cluster.inventory import ClusterInventory
-from fdl.cluster.modutils import cache_dir, module_utils_dir
+from fdl.collection import cache_dir
 from fdl.errors import FdlError, RemoteError
 from fdl.resources import playbook as shipped_playbook
-from fdl.resources import ansible_cfg, share_dir
+from fdl.resources import ansible_cfg, collections_path
 
 RUN_ID_VAR = "fdl_run_id"  # extra variable every playbook exports as FDL_RUN_ID (play-level environment:)
 KEEP_ARTIFACTS = 5
@@ -251,8 +253,9 @@ def ansible_environment(forks: int) -> dict[str, str]:
     env = _pinned_settings(cfg)
     env.update({
         "ANSIBLE_CONFIG": str(cfg),
-        "ANSIBLE_ROLES_PATH": str(share_dir() / "roles"),
-        "ANSIBLE_MODULE_UTILS": str(module_utils_dir()),
+        # The flodl.fdl collection fdl ships (the wheel's, or a clone's built into the cache), and no other.
+        "ANSIBLE_COLLECTIONS_PATH": str(collections_path()),
+        "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "False",
         "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp_dir),
         "ANSIBLE_FORKS": str(forks),
         # fdl hands ansible-playbook a JSON inventory: loading the other inventory plugins (and parsing their
@@ -401,7 +404,7 @@ def run_playbook(
 ) -> RunResult:
     """Run a playbook against the inventory's hosts (or `limit`) and return per-host results.
 
-    playbook: a path, or the name of a shipped playbook ("probe.yml").
+    playbook: a path, or the file name of one of the collection's playbooks ("probe.yml").
     limit: host names to run on (default: every host in the inventory).
     on_event: called for every runner event (from ansible-runner's loop: keep it quick).
     progress: live per-host progress on stderr (default: when stderr is a terminal).

@@ -96,7 +96,9 @@ def run_ranks(ranks: list[dict], options: CollectiveOptions, *, script: str | No
     """Run the given ranks of one host under the supervisor, within options.time_limit_s; aggregate."""
     started = time.monotonic()
     collector = _Collector(echo)
-    supervisor = Supervisor(script_argv(options, script), ranks, grace_s=2.0, on_line=collector)
+    # the supervisor's notes (OMP_NUM_THREADS defaulted) are not the smoke test's: its report says what counts
+    supervisor = Supervisor(script_argv(options, script), ranks, grace_s=2.0, on_line=collector,
+                            on_note=lambda _text: None)
     abandoned = threading.Event()
 
     def strike() -> None:

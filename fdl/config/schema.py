@@ -69,6 +69,7 @@ class JoinPolicy(NamedTuple):
     window_s: float = 600.0
     tunnel_only: bool = False
     max_hosts: int | None = None  # discovery: roster capacity (None: the hard bound, MAX_WORKERS)
+    insecure_no_token: bool = False  # opt out of the rule that a non-loopback window has a token
 
 
 class ControllerSpec(NamedTuple):
@@ -77,6 +78,7 @@ class ControllerSpec(NamedTuple):
     bind: str = "0.0.0.0"
     join: JoinPolicy = JoinPolicy()
     master_port: int | None = None  # torch rendezvous port on rank 0's host (None: port + 1)
+    peer_connections: int = 64  # open connections one stranger's address may hold (members and loopback: no cap)
 
     @property
     def address(self) -> str:
@@ -122,6 +124,11 @@ class CommandSpec(NamedTuple):
     args: tuple[str, ...] = ()
     description: str | None = None
     local_devices: Devices | None = None  # single-host launcher runs: what this box offers (cpu:N, GPU ids)
+    env: tuple[tuple[str, str], ...] = ()  # extra environment for the command's processes (every rank)
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
 
 
 class JoinDefaults(NamedTuple):
@@ -370,12 +377,13 @@ def parse_devices(value: Any) -> Devices:
 
 # --------------------------------------------------------------------------- blocks
 
-_CONTROLLER_KEYS = ("host", "port", "bind", "join", "master_port")
-_JOIN_POLICY_KEYS = ("discovery", "start", "token", "quorum", "window_s", "tunnel_only", "max_hosts")
+_CONTROLLER_KEYS = ("host", "port", "bind", "join", "master_port", "peer_connections")
+_JOIN_POLICY_KEYS = ("discovery", "start", "token", "quorum", "window_s", "tunnel_only", "max_hosts",
+                     "insecure_no_token")
 _SSH_KEYS = ("user", "port", "identity", "known_hosts")
 _WORKER_KEYS = ("host", "address", "user", "port", "identity", "arch", "local_devices", "env",
                 "data_path", "python")
-_COMMAND_KEYS = ("run", "cluster", "build", "bin", "args", "description", "local_devices")
+_COMMAND_KEYS = ("run", "cluster", "build", "bin", "args", "description", "local_devices", "env")
 JOIN_KEYS = ("controller", "ssh", "identity", "token", "bin", "source", "source_cwd", "source_build",
              "source_bin", "libtorch", "host", "devices", "persist", "data_path", "data_source",
              "gpu_ram_share", "no_sig_probe", "args", "libtorch_mirror")
@@ -440,7 +448,11 @@ def _controller(c: _Checker, value: Any, path: tuple) -> ControllerSpec:
         if master_port == port:
             raise c.fail(path + ("master_port",), "a port other than the controller's own", master_port,
                          "Rank 0 opens the torch rendezvous store there; leave it out to use port + 1.")
-    return ControllerSpec(host=host, port=port, bind=bind, join=join, master_port=master_port)
+    peer_connections = 64
+    if block.get("peer_connections") is not None:
+        peer_connections = c.integer(block["peer_connections"], path + ("peer_connections",), 1, 10_000)
+    return ControllerSpec(host=host, port=port, bind=bind, join=join, master_port=master_port,
+                          peer_connections=peer_connections)
 
 
 def _join_policy(c: _Checker, value: Any, path: tuple) -> JoinPolicy:
@@ -469,6 +481,7 @@ def _join_policy(c: _Checker, value: Any, path: tuple) -> JoinPolicy:
         tunnel_only=c.boolean(block.get("tunnel_only", False), path + ("tunnel_only",)),
         max_hosts=(None if block.get("max_hosts") is None
                    else c.integer(block["max_hosts"], path + ("max_hosts",), 1, MAX_WORKERS)),
+        insecure_no_token=c.boolean(block.get("insecure_no_token", False), path + ("insecure_no_token",)),
     )
 
 
@@ -539,6 +552,7 @@ def check_commands(c: _Checker, value: Any) -> dict[str, CommandSpec]:
             name=name, run=run, cluster=cluster, build=c.opt_string(block, "build", here), bin=binary,
             args=c.str_list(block["args"], here + ("args",)) if block.get("args") is not None else (),
             description=c.opt_string(block, "description", here), local_devices=devices,
+            env=c.env_map(block["env"], here + ("env",)) if block.get("env") is not None else (),
         )
     return out
 

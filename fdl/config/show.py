@@ -87,10 +87,11 @@ def annotated_yaml(config: Config, header: list[str] | None = None, *, show_secr
                     rows.append((f"{pad}- {shown(path + (index,), sub)}", origin(path + (index,))))
 
     walk(config.data, (), 0)
-    width = min(max((len(text) for text, _ in rows), default=0) + 2, 60)
+    width = min(max((len(text) for text, _ in rows), default=0), 58)
     lines = [f"# {line}" for line in header or []]
     for text, where in rows:
-        lines.append(f"{text.ljust(width)}# {where}" if where else text)
+        # At least two spaces before '#': in YAML a '#' right after a value is part of the value.
+        lines.append(f"{text.ljust(width)}  # {where}" if where else text)
     if not rows:
         lines.append("{}  # empty")
     return "\n".join(lines) + "\n"

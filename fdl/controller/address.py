@@ -31,11 +31,24 @@ class Target(NamedTuple):
         return self.addresses[0]
 
 
-def resolve(addr: str | None, cluster_loader: Callable[[], object | None]) -> Target:
-    """Pick the controller address; cluster_loader returns the active env's ClusterSpec (or None)."""
+def _live_runs() -> list:
+    from fdl.launch.live import live_runs
+
+    return live_runs()
+
+
+def resolve(addr: str | None, cluster_loader: Callable[[], object | None],
+            live_loader: Callable[[], list] = _live_runs) -> Target:
+    """Pick the controller address; cluster_loader returns the active env's ClusterSpec (or None).
+
+    live_loader returns this user's live launcher runs (fdl.launch.live): a run that moved off its
+    configured port is asked first in its place, and with no configuration at all the live runs
+    are asked before the convention default.
+    """
     if addr:
         shown, _ = normalize_address(addr)
         return Target((shown,), "--addr")
+    runs = live_loader()
     cluster = cluster_loader()
     if cluster is not None:
         ctl = cluster.controller  # type: ignore[attr-defined]
@@ -43,14 +56,25 @@ def resolve(addr: str | None, cluster_loader: Callable[[], object | None]) -> Ta
         addresses = [shown]
         if ctl.host not in _LOOPBACK:
             addresses.append(f"127.0.0.1:{ctl.port}")
-        return Target(tuple(addresses), "cluster.controller", token=ctl.join.token)
+        moved = [r.address for r in runs if r.configured in addresses and r.address not in addresses]
+        return Target(tuple(dict.fromkeys(moved + addresses)), "cluster.controller", token=ctl.join.token)
+    if runs:
+        addresses = tuple(dict.fromkeys([r.address for r in runs] + [DEFAULT_ADDRESS]))
+        return Target(addresses, "live run",
+                      note=f"no --addr and no cluster.controller in the active configuration; asking the run "
+                           f"this user's launcher (pid {runs[0].pid}) serves on {runs[0].address}")
     return Target((DEFAULT_ADDRESS,), "default",
                   note=f"no --addr and no cluster.controller in the active configuration; asking the "
                        f"convention default {DEFAULT_ADDRESS}")
 
 
-def ask(target: Target, fn: Callable[[ControllerClient], T], *, timeout: float = 5.0) -> tuple[str, T]:
+def ask(target: Target, fn: Callable[[ControllerClient], T], *, timeout: float = 5.0,
+        token: str | None = None) -> tuple[str, T]:
     """Call fn with a client for each address in turn until one answers; returns (address, result).
+
+    token: proved (never sent) only to the primary address, the one resolved for the env or typed; the
+    loopback fallback gets a client with no token, so whatever listens there receives nothing that contains
+    or proves it (a run on this box takes loopback requests without proof).
 
     A refusal by the controller (ControllerRefused) is an answer and propagates at once. When no address
     answers, the error of the first is raised, naming every address tried; it is NoRunListening only if
@@ -58,7 +82,8 @@ def ask(target: Target, fn: Callable[[ControllerClient], T], *, timeout: float =
     """
     errors: list[ControllerError] = []
     for address in target.addresses:
-        with ControllerClient(address, timeout=timeout) as client:
+        with ControllerClient(address, timeout=timeout,
+                              token=token if address == target.primary else None) as client:
             try:
                 return address, fn(client)
             except ControllerError as exc:

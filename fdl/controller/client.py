@@ -10,6 +10,13 @@ Failures come back as fdl errors a command can print as they are:
 - `ControllerRefused`: the controller answered and said no; `.reason` is the
   stable code (bad_token, window_closed, quorum_not_met, ...), `.payload` the
   whole answer.
+- `UnverifiedController` (exit 2): a client holding the run's token got an
+  answer that does not prove the same token (fdl.controller.auth): whatever
+  answered is not this run's controller, or holds another token. Nothing in
+  such an answer is acted on.
+
+A client given a token signs every request with it (the token itself is never
+sent) and checks every answer's proof before returning it.
 """
 
 from __future__ import annotations
@@ -19,8 +26,9 @@ import json
 from typing import Any
 
 from fdl.config.schema import split_host_port
+from fdl.controller import auth
 from fdl.controller.protocol import PROTOCOL, Hello, hello_body
-from fdl.errors import FdlError, RemoteError, UsageError
+from fdl.errors import ExitCode, FdlError, RemoteError, UsageError
 
 
 class ControllerError(RemoteError):
@@ -47,6 +55,16 @@ class ControllerRefused(FdlError):
         self.reason = reason
         self.status = status
         self.payload = payload
+        self.address = address
+
+
+class UnverifiedController(FdlError):
+    """An answer that does not prove the run's token: nothing in it is acted on (permanent)."""
+
+    exit_code = ExitCode.PERMANENT
+
+    def __init__(self, message: str, *, address: str, hint: str | None = None):
+        super().__init__(message, hint=hint)
         self.address = address
 
 
@@ -78,10 +96,16 @@ def _refused(exc: BaseException) -> bool:
 class ControllerClient:
     """One controller, reached at host[:port] (default port 1337)."""
 
-    def __init__(self, address: str, *, timeout: float = 5.0):
+    def __init__(self, address: str, *, timeout: float = 5.0, token: str | None = None):
         self.address, self.base = normalize_address(address)
         self.timeout = timeout
+        self._keys = auth.derive(token) if token else None  # the token itself is not kept
         self._session: Any = None
+
+    @property
+    def signs(self) -> bool:
+        """Whether this client proves a token (and so checks every answer's proof)."""
+        return self._keys is not None
 
     def __enter__(self) -> "ControllerClient":
         return self
@@ -102,8 +126,16 @@ class ControllerClient:
             self._session = requests.Session()
             self._session.trust_env = False  # a controller is never reached through an HTTP proxy
         wait = self.timeout if timeout is None else timeout
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        nonce = None
+        if self._keys is not None and method == "POST":
+            signed = auth.sign_request(self._keys, method, path, data or b"")
+            nonce = signed[auth.NONCE_HEADER]
+            headers.update(signed)
         try:
-            resp = self._session.request(method, self.base + path, json=body, timeout=(min(wait, 10.0), wait))
+            resp = self._session.request(method, self.base + path, data=data, headers=headers,
+                                         timeout=(min(wait, 10.0), wait))
         except requests.exceptions.ConnectionError as exc:
             if _refused(exc):
                 raise NoRunListening(f"no run listening at {self.address} (connection refused)",
@@ -116,6 +148,16 @@ class ControllerClient:
         except requests.exceptions.RequestException as exc:
             raise ControllerUnreachable(f"cannot talk to the controller at {self.address}: {_why(exc)}",
                                         address=self.address) from None
+        if nonce is not None and not auth.answer_ok(self._keys, nonce, resp.status_code, resp.content, resp.headers):
+            if resp.status_code in (502, 503, 504):  # shed for load before the request was read: transient
+                raise ControllerUnreachable(f"the controller at {self.address} is overloaded (HTTP "
+                                            f"{resp.status_code}); retry shortly", address=self.address)
+            raise UnverifiedController(
+                f"the controller at {self.address} could not prove it holds the run's token: its answer (HTTP "
+                f"{resp.status_code}) carries no valid proof, so nothing in it is acted on{_claimed(resp)}",
+                address=self.address,
+                hint="Either something else answers at that address, or the run's token differs from this box's "
+                     "(check --token / FDL_JOIN_TOKEN / join.token against the run's controller.join.token).")
         try:
             payload = resp.json()
         except (ValueError, json.JSONDecodeError):
@@ -138,12 +180,10 @@ class ControllerClient:
         """GET /state.json."""
         return self._request("GET", "/state.json")
 
-    def start(self, token: str | None = None) -> dict:
-        """POST /start; raises ControllerRefused with the controller's reason when not armed."""
-        body: dict[str, Any] = {"protocol": PROTOCOL}
-        if token is not None:
-            body["token"] = token
-        return self._request("POST", "/start", body)
+    def start(self) -> dict:
+        """POST /start (signed when this client holds a token); raises ControllerRefused with the controller's
+        reason when not armed."""
+        return self._request("POST", "/start", {"protocol": PROTOCOL})
 
     # ------------------------------------------------------------------ agent side
 
@@ -170,6 +210,18 @@ class ControllerClient:
         if detail:
             body["detail"] = detail[:1024]
         return self._request("POST", "/join/exit", body)
+
+
+def _claimed(resp: Any) -> str:
+    """What an unverified refusal says about itself, shown as a claim (it proves nothing)."""
+    try:
+        payload = resp.json()
+    except ValueError:
+        return ""
+    if not isinstance(payload, dict) or payload.get("ok") is not False:
+        return ""
+    text = "".join(c for c in f"{payload.get('reason')}: {payload.get('message')}" if c.isprintable())
+    return f" (unverified, it says {text[:200]})"
 
 
 def _why(exc: BaseException) -> str:

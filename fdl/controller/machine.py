@@ -24,15 +24,36 @@ import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Callable
 
 from fdl.config.schema import Devices
-from fdl.controller.policy import RunPolicy
+from fdl.controller.policy import RunPolicy, addresses_of, normalize_ip
 from fdl.controller.protocol import Hello
 from fdl.controller.world import World, build_world
 
-WAITING, STAGING, FORMING, TRAINING, DONE, FAILED = "waiting", "staging", "forming", "training", "done", "failed"
-PHASES = (WAITING, STAGING, FORMING, TRAINING, DONE, FAILED)
+class Phase(StrEnum):
+    """Where a run is (state.json `phase`); members compare equal to their names as plain strings."""
+
+    WAITING = "waiting"
+    STAGING = "staging"
+    FORMING = "forming"
+    TRAINING = "training"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Switch(StrEnum):
+    """The start switch (state.json `start.switch`): none on auto runs, else unarmed until fired."""
+
+    NONE = "none"
+    UNARMED = "unarmed"
+    FIRED = "fired"
+
+
+WAITING, STAGING, FORMING, TRAINING, DONE, FAILED = (Phase.WAITING, Phase.STAGING, Phase.FORMING, Phase.TRAINING,
+                                                     Phase.DONE, Phase.FAILED)
+PHASES = tuple(Phase)
 OPEN = (WAITING, STAGING)
 TERMINAL = (DONE, FAILED)
 STATE_SCHEMA = 1
@@ -73,6 +94,7 @@ class Member:
     agent: str | None
     admitted_at: float
     last_seen: float
+    peer_ip: str | None = None  # the peer address in one spelling (fairness, silence under load)
     polls: int = 0  # world long-polls in flight: a member holding one is alive
     fetched: bool = False  # has received its world
     running: bool = False  # its ranks are up
@@ -133,7 +155,7 @@ class RunMachine:
         self.cohort_signature: str | None = None
         self.opened_at: float | None = None
         self.deadline: float | None = None
-        self.switch = "none" if policy.start == "auto" else "unarmed"
+        self.switch = Switch.NONE if policy.start == "auto" else Switch.UNARMED
         self.fired_at: float | None = None
         self.fired_by: str | None = None
         self.world: World | None = None
@@ -151,6 +173,33 @@ class RunMachine:
         self._state_key: tuple = ()
         self._seen_dirty = False
         self._roster_index = {host: i for i, host in enumerate(policy.roster_names)}
+        self._roster_peers: dict[str, frozenset[str]] = {}  # roster host -> the IPs its address names
+        self.peers: dict[str, int] = {}  # admitted members' peer addresses -> how many members each
+        self._shed_at: dict[str, float] = {}  # member peer address -> when a connection from it was shed for load
+
+    def shed(self, peer: str | None) -> None:
+        """The server refused a connection from peer for load: a member there is not silent meanwhile."""
+        if peer is not None and peer in self.peers:
+            self._shed_at[peer] = self.clock()
+
+    def _quiet_for(self, member: Member, now: float) -> float:
+        """How long a member has been silent, not counting time its address was being shed for load."""
+        seen = member.last_seen
+        if member.peer_ip is not None:
+            seen = max(seen, self._shed_at.get(member.peer_ip, seen))
+        return now - seen
+
+    def resolve_roster(self) -> None:
+        """Resolve every roster address now (the server does it off its loop, before the first hello)."""
+        for entry in self.policy.roster:
+            self._roster_peers[entry.host] = addresses_of(entry.address or entry.host)
+
+    def _roster_peer_ok(self, host: str, peer: str) -> bool:
+        entry = self.policy.roster[self._roster_index[host]]
+        allowed = self._roster_peers.get(host)
+        if allowed is None:
+            allowed = self._roster_peers[host] = addresses_of(entry.address or entry.host)
+        return normalize_ip(peer) in allowed
 
     # ------------------------------------------------------------------ helpers
 
@@ -169,22 +218,19 @@ class RunMachine:
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
         return Refused(reason, message, **kwargs)
 
-    def _token_ok(self, presented: str | None, trusted: bool, *, what: str) -> None:
-        """Loopback peers (the controller box, or an ssh tunnel into it) need no token; others must match."""
+    def _auth_ok(self, trusted: bool, *, what: str) -> None:
+        """Loopback peers (the controller box, or an ssh tunnel into it), the launcher in-process and peers
+        whose request proved the run's token pass; others only join an open (tokenless) run."""
         if trusted:
             return
-        expected = self.policy.token
-        if expected is None:
+        if self.policy.token is None:
             if what == "join":
                 return  # open admission: no token configured for this run
             raise self._refuse(
                 "bad_token", "this run has no token, so its start switch can only be fired from the controller "
                              "box itself (or through its ssh tunnel).", status=403)
-        if presented is None:
-            raise self._refuse("bad_token", f"no token presented; a {what} from another host needs the run's "
-                                            f"token (cluster.controller.join.token).", status=403)
-        if not hmac.compare_digest(presented.encode("utf-8", "surrogatepass"), expected.encode()):
-            raise self._refuse("bad_token", "the token presented does not match this run's token.", status=403)
+        raise self._refuse("bad_token", f"no proof of the run's token: a {what} from another host must be signed "
+                                        f"with the run's token (cluster.controller.join.token).", status=403)
 
     @property
     def have_hosts(self) -> int:
@@ -236,18 +282,42 @@ class RunMachine:
 
     # ------------------------------------------------------------------ join
 
-    def hello(self, hello: Hello, *, peer: str, trusted: bool) -> Member:
-        """Admit a host or raise Refused naming why not."""
+    def hello(self, hello: Hello, *, peer: str, trusted: bool, authed: bool = False,
+              in_process: bool = False) -> Member:
+        """Admit a host or raise Refused naming why not.
+
+        trusted: the peer is loopback; authed: its request proved the run's token; in_process: the launcher
+        itself (the only caller that may admit the hosts it reserved)."""
         now = self.clock()
         self._check_clock(now)
         p = self.policy
-        self._token_ok(hello.token, trusted, what="join")
+        self._auth_ok(trusted or authed or in_process, what="join")
+        if hello.host in p.reserved and not in_process:
+            raise self._refuse(
+                "reserved_host", f"host {hello.host!r} is one the launcher runs itself: no hello over the network "
+                                 f"may take its name, for the life of the run.", status=403)
         if not self.window_open(now):
             raise self._refuse("window_closed", self.closed_text())
         if not p.discovery and hello.host not in self._roster_index:
             raise self._refuse(
                 "not_in_roster", f"host {hello.host!r} is not in this run's roster (cluster.workers); this window "
                                  f"admits only {_names(p.roster_names)}.")
+        roster_entry = p.roster[self._roster_index[hello.host]] if not p.discovery else None
+        devices = hello.devices
+        if roster_entry is not None:
+            # The roster wins over what a hello says: its address (and the peer must come from it) and devices.
+            if not in_process and not self._roster_peer_ok(hello.host, peer):
+                raise self._refuse(
+                    "wrong_address", f"host {hello.host!r} is a roster host, and it joins only from its roster "
+                                     f"address {roster_entry.address or roster_entry.host}, not from {peer}.",
+                    status=403)
+            if roster_entry.devices.is_cpu or roster_entry.devices.ids is not None:
+                devices = roster_entry.devices
+            address = roster_entry.address or hello.address or peer
+            if in_process and hello.address:
+                address = hello.address
+        else:
+            address = hello.address or peer
         if hello.host in self.members:
             raise self._refuse(
                 "host_joined", f"host {hello.host!r} has already joined this window; a host joins once (a silent "
@@ -262,22 +332,21 @@ class RunMachine:
             raise self._refuse(
                 "signature_differs", f"model signature {hello.signature} differs from the cohort's "
                                      f"{self.cohort_signature}: this box builds a different model.")
-        ranks = hello.devices.ranks()
+        ranks = devices.ranks()
         if self.have_hosts >= p.capacity:
             raise self._refuse("roster_full", f"the roster is full ({p.capacity} hosts).")
         if self.ranks + ranks > p.max_ranks:
             raise self._refuse("roster_full", f"admitting {ranks} more ranks would pass the world's limit of "
                                               f"{p.max_ranks} ranks ({self.ranks} already).")
-        roster_entry = p.roster[self._roster_index[hello.host]] if not p.discovery else None
-        address = hello.address or (roster_entry.address if roster_entry and roster_entry.address else None) \
-            or peer
         data_path = hello.data_path or (roster_entry.data_path if roster_entry else None) or p.data_path
         self._next_id += 1
         member = Member(
             id=f"m{self._next_id}", secret=secrets.token_hex(16), host=hello.host, address=address, peer=peer,
-            devices=hello.devices, ranks=ranks, run_id=hello.run_id, signature=hello.signature,
+            devices=devices, ranks=ranks, run_id=hello.run_id, signature=hello.signature,
             data_path=data_path, gpu_ram_share=hello.gpu_ram_share, gpu_names=hello.gpu_names,
-            agent=hello.agent, admitted_at=now, last_seen=now)
+            agent=hello.agent, admitted_at=now, last_seen=now, peer_ip=None if in_process else normalize_ip(peer))
+        if member.peer_ip is not None:
+            self.peers[member.peer_ip] = self.peers.get(member.peer_ip, 0) + 1
         if not self.members:
             self.cohort_run_id = hello.run_id if p.run_id is None else p.run_id
         if self.cohort_signature is None and hello.signature is not None:
@@ -294,6 +363,13 @@ class RunMachine:
         return member
 
     def _remove(self, member: Member, reason: str, now: float) -> None:
+        if member.peer_ip is not None:
+            left = self.peers.get(member.peer_ip, 1) - 1
+            if left > 0:
+                self.peers[member.peer_ip] = left
+            else:
+                self.peers.pop(member.peer_ip, None)
+                self._shed_at.pop(member.peer_ip, None)
         del self.members[member.host]
         del self._by_id[member.id]
         self.ranks -= member.ranks
@@ -342,7 +418,7 @@ class RunMachine:
             members.sort(key=lambda m: self._roster_index[m.host])
         self.world = build_world(members, run_id=self.cohort_run_id, master_addr=self.policy.master_addr,
                                  master_port=self.policy.master_port, controller=self.policy.controller_addr,
-                                 args=self.policy.args)
+                                 args=self.policy.args, launch_id=self.policy.launch_id)
         self.phase = FORMING
         self.formed_at = now
         self.formed_by = by
@@ -356,11 +432,12 @@ class RunMachine:
         self.reason = reason
         self.ended_at = now
 
-    def fire(self, *, token: str | None, peer: str, trusted: bool) -> None:
-        """The start switch: form the world now, or raise Refused (never queued)."""
+    def fire(self, *, peer: str, trusted: bool) -> None:
+        """The start switch: form the world now, or raise Refused (never queued). trusted: a loopback peer,
+        or one whose request proved the run's token."""
         now = self.clock()
         self._check_clock(now)
-        self._token_ok(token, trusted, what="start")
+        self._auth_ok(trusted, what="start")
         if self.policy.start == "auto":
             raise self._refuse("auto_mode", "this run starts on its own (start: auto): there is no switch to fire. "
                                             "It forms when the roster is complete or the window closes.")
@@ -370,7 +447,7 @@ class RunMachine:
             q = self.quorum()
             raise self._refuse("quorum_not_met", f"quorum not met: {self.quorum_text()} have joined.",
                                extra={"have": q["have"], "need": q["need"]})
-        self.switch = "fired"
+        self.switch = Switch.FIRED
         self.fired_at = now
         self.fired_by = peer
         self._form("start switch", now)
@@ -382,7 +459,8 @@ class RunMachine:
         changed = False
         if self.phase in OPEN:
             silent = [m for m in self.members.values()
-                      if m.polls == 0 and now - m.last_seen > self.policy.silence_s]
+                      if m.polls == 0 and now - m.last_seen > self.policy.silence_s
+                      and self._quiet_for(m, now) > self.policy.silence_s]
             for member in silent:
                 self._remove(member, f"dropped: silent for {now - member.last_seen:.1f} s before the world "
                                      f"formed", now)
@@ -392,7 +470,8 @@ class RunMachine:
         elif self.phase in (FORMING, TRAINING):
             for member in self.members.values():
                 if member.exit_code is None and member.polls == 0 \
-                        and now - member.last_seen > self.policy.silence_s:
+                        and now - member.last_seen > self.policy.silence_s \
+                        and self._quiet_for(member, now) > self.policy.silence_s:
                     self._fail(f"host {member.host} went silent: no heartbeat for "
                                f"{now - member.last_seen:.1f} s after the world formed", now)
                     changed = True

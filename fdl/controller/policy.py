@@ -7,6 +7,8 @@ the state machine in `fdl.controller.machine` interprets it.
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from dataclasses import dataclass, field
 
 from fdl.config.schema import (
@@ -52,6 +54,7 @@ class RunPolicy:
     max_hosts: int | None = None  # discovery capacity; reaching it completes the roster
     max_ranks: int = MAX_RANKS
     run_id: str | None = None  # pinned run id; None: the first member's id sets the cohort's
+    launch_id: str | None = None  # the launcher's own id: TORCHELASTIC_RUN_ID when the cohort carries none
     args: tuple[str, ...] = ()  # the run's own arguments, handed to every rank
     controller_addr: str = f"127.0.0.1:{DEFAULT_PORT}"  # FDL_CONTROLLER as ranks should dial it
     master_addr: str | None = None  # None: the address of rank 0's host
@@ -60,6 +63,8 @@ class RunPolicy:
     heartbeat_s: float = 3.0  # how often agents should beat
     silence_s: float = 15.0  # no word for this long: dropped (before forming) or fatal (after)
     poll_s: float = 25.0  # the longest a world long-poll is held open
+    reserved: frozenset = frozenset()  # hosts the launcher joins itself: no hello over the network may name them
+    insecure_no_token: bool = False  # the explicit opt-out: a non-loopback window without a token
 
     def __post_init__(self) -> None:
         if self.start not in START_MODES:
@@ -108,9 +113,15 @@ class RunPolicy:
     def roster_names(self) -> tuple[str, ...]:
         return tuple(entry.host for entry in self.roster)
 
+    def with_token(self, token: str) -> "RunPolicy":
+        from dataclasses import replace
+
+        return replace(self, token=token)
+
     @classmethod
-    def from_cluster(cls, cluster: ClusterSpec, *, run_id: str | None = None, args: tuple[str, ...] = (),
-                     heartbeat_s: float = 3.0, silence_s: float = 15.0, poll_s: float = 25.0) -> "RunPolicy":
+    def from_cluster(cls, cluster: ClusterSpec, *, run_id: str | None = None, launch_id: str | None = None,
+                     args: tuple[str, ...] = (), heartbeat_s: float = 3.0, silence_s: float = 15.0,
+                     poll_s: float = 25.0) -> "RunPolicy":
         """The policy a `cluster:` block describes (controller.join + workers)."""
         ctl = cluster.controller
         join = ctl.join
@@ -128,10 +139,38 @@ class RunPolicy:
             roster=() if join.discovery else roster,
             max_hosts=join.max_hosts,
             run_id=run_id,
+            launch_id=launch_id,
             args=tuple(args),
             controller_addr=ctl.address,
             master_port=ctl.master_port or (ctl.port + 1 if ctl.port < 65535 else ctl.port - 1),
             heartbeat_s=heartbeat_s,
             silence_s=silence_s,
             poll_s=poll_s,
+            insecure_no_token=join.insecure_no_token,
         )
+
+
+def addresses_of(name: str) -> frozenset[str]:
+    """The IP addresses a roster address names (a literal is itself; a name is resolved; none when it does not
+    resolve). Compared with the peer address a hello comes from."""
+    literal = normalize_ip(name)
+    if literal is not None:
+        return frozenset({literal})
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return frozenset()
+    return frozenset(ip for ip in (normalize_ip(str(info[4][0])) for info in infos) if ip is not None)
+
+
+def normalize_ip(text: str | None) -> str | None:
+    """An IP address in one spelling (IPv4-mapped IPv6 as IPv4, no scope id), or None when text is not one."""
+    if not text:
+        return None
+    try:
+        ip = ipaddress.ip_address(text.split("%", 1)[0].strip("[]"))
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip)

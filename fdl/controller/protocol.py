@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from fdl.config.schema import Devices, is_valid_host, parse_devices
 
-PROTOCOL = 1
+PROTOCOL = 2  # 2: the token is proved by signing (fdl.controller.auth), never sent
 MAX_BODY = 16 * 1024  # bytes; a hello is a few hundred
 MAX_HOST = 253
 MAX_ID = 128  # run id, signature
@@ -39,7 +39,6 @@ class Hello(NamedTuple):
     devices: Devices
     run_id: str | None = None
     signature: str | None = None
-    token: str | None = None
     address: str | None = None
     data_path: str | None = None
     gpu_ram_share: float | None = None
@@ -92,6 +91,8 @@ def _string(obj: dict, key: str, limit: int, *, required: bool = False, pattern:
         raise BadRequest(f"field {key!r} must be {what}.")
     if _CONTROL_RE.search(value):
         raise BadRequest(f"field {key!r} contains control characters.")
+    if not value.isprintable():  # lone surrogates, other unprintable code points
+        raise BadRequest(f"field {key!r} contains unprintable characters.")
     return value
 
 
@@ -104,9 +105,16 @@ def _check_protocol(obj: dict) -> None:
                          f"use an fdl of the same release on both ends.")
 
 
+def _no_token(obj: dict) -> None:
+    if "token" in obj:
+        raise BadRequest("a request never carries the token itself: it is proved by signing the request (the "
+                         "X-Fdl-Proof header); use an fdl of the same release on both ends.")
+
+
 def parse_hello(obj: dict) -> Hello:
     """Validate a hello (POST /join)."""
     _check_protocol(obj)
+    _no_token(obj)
     host = _string(obj, "host", MAX_HOST, required=True, what="a host name (letters, digits, '.', '-', '_')")
     if not is_valid_host(host):
         raise BadRequest("field 'host' must be a host name or address (letters, digits, '.', '-', '_').")
@@ -145,7 +153,6 @@ def parse_hello(obj: dict) -> Hello:
         devices=devices,
         run_id=_string(obj, "run_id", MAX_ID, pattern=_ID_RE, what="a run id (letters, digits, '.', '-', '_')"),
         signature=_string(obj, "signature", MAX_ID, pattern=_ID_RE, what="a model signature (hex)"),
-        token=_string(obj, "token", MAX_TOKEN),
         address=address,
         data_path=data_path,
         gpu_ram_share=share,
@@ -177,19 +184,55 @@ def parse_ticketed(obj: dict, *, kind: str) -> Ticketed:
     return Ticketed(ticket=ticket, code=code, detail=_string(obj, "detail", MAX_DETAIL))
 
 
-def parse_start(obj: dict) -> str | None:
-    """Validate a start request (POST /start); returns the token presented, if any."""
+def parse_start(obj: dict) -> None:
+    """Validate a start request (POST /start): its proof, if any, is in its headers."""
     _check_protocol(obj)
-    return _string(obj, "token", MAX_TOKEN)
+    _no_token(obj)
 
 
 def hello_body(hello: Hello) -> dict:
     """The JSON object a client sends for hello (the inverse of parse_hello)."""
     body: dict[str, Any] = {"protocol": PROTOCOL, "host": hello.host, "devices": str(hello.devices)}
-    for key in ("run_id", "signature", "token", "address", "data_path", "gpu_ram_share", "agent"):
+    for key in ("run_id", "signature", "address", "data_path", "gpu_ram_share", "agent"):
         value = getattr(hello, key)
         if value is not None:
             body[key] = value
     if hello.gpu_names:
         body["gpu_names"] = list(hello.gpu_names)
     return body
+
+
+#: The only variables a rank's environment may take from the controller's answer: what
+#: torch.distributed's env:// rendezvous and torchrun's environment contract name, and fdl's own
+#: (docs/controller.md, "The world assignment"). The agent refuses an answer that sets anything else
+#: (LD_PRELOAD, PATH, PYTHONPATH, ...): the controller decides ranks, never what code they load.
+RANK_ENV_NAMES = frozenset({
+    # torch.distributed (env://) and torchrun's contract
+    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+    "GROUP_WORLD_SIZE", "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
+    # fdl's own
+    "FDL_RUN_ID", "FDL_CONTROLLER", "FDL_DATA_PATH", "FDL_HOST", "FDL_NODE_RANK", "FDL_NUM_NODES",
+    "FDL_BACKEND", "FDL_DEVICE", "FDL_GPU_RAM_SHARE",
+})
+#: Secrets a rank never inherits from the process that starts it (the agent, the launcher).
+SECRET_ENV_NAMES = ("FDL_JOIN_TOKEN",)
+MAX_ENV_VALUE = 4096
+
+
+def refused_rank_env(env: object) -> list[str]:
+    """The names in a rank environment from the controller that a rank may not take (empty: all allowed).
+    Anything not a mapping of allowed names to short printable strings is refused."""
+    if not isinstance(env, dict):
+        return ["(not a mapping)"]
+    bad = []
+    for name, value in env.items():
+        if name not in RANK_ENV_NAMES or not isinstance(value, str) or len(value) > MAX_ENV_VALUE \
+                or "\x00" in value:
+            bad.append(str(name)[:64])
+    return sorted(bad)
+
+
+def without_secrets(env: dict) -> dict:
+    """env without the variables that hold the join token."""
+    return {k: v for k, v in env.items() if k not in SECRET_ENV_NAMES}

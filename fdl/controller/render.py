@@ -5,6 +5,28 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 ROSTER_SHOWN = 64
+_REPLACEMENT = "\ufffd"
+
+
+def printable(text: object) -> str:
+    """text with every character a terminal would act on (controls, escapes, lone surrogates, line and
+    paragraph separators) replaced, so what a peer sent is shown as data and cannot move the cursor, recolour
+    the screen or fail to encode."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _REPLACEMENT for c in text)
+
+
+def clean_state(value: Any) -> Any:
+    """A state.json (or any JSON value) with every string made printable (keys too)."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable(k): clean_state(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean_state(v) for v in value]
+    return value
 
 
 def duration(seconds: float | None) -> str:
@@ -178,6 +200,7 @@ def roster_totals(state: dict) -> tuple[int, int]:
 
 def render_state(state: dict, address: str, start_cmd: str | None = None) -> str:
     """A few lines for people: phase, window, quorum, switch, world, roster."""
+    state = clean_state(state)
     lines = [headline(state, address)]
     if state.get("reason"):
         lines.append(f"  reason: {state['reason']}")
@@ -214,6 +237,7 @@ def render_state(state: dict, address: str, start_cmd: str | None = None) -> str
 
 def status_line(state: dict, start_cmd: str | None = None) -> str:
     """One line per look, for `fdl status --watch` when stdout is not a terminal (logs, CI)."""
+    state = clean_state(state)
     have_h, need_h, have_r, need_r, met = quorum_counts(state)
     parts = [f"phase {state.get('phase', '?')}",
              f"quorum {have_h}/{need_h} hosts" + (f", {have_r}/{need_r} ranks" if need_r else f", {have_r} ranks")
@@ -233,7 +257,7 @@ def status_line(state: dict, start_cmd: str | None = None) -> str:
 
 
 def render_start(answer: dict[str, Any], address: str) -> str:
-    world = answer.get("world") or {}
+    world = clean_state(answer.get("world") or {})
     size = world.get("size")
     extra = f" ({size} rank(s) on {world.get('nodes')} host(s))" if size is not None else ""
     return f"start armed at {address}: the world formed{extra}. Watch it with fdl status.\n"

@@ -18,6 +18,8 @@ from typing import Any, Callable, TextIO
 from fdl.controller.client import ControllerClient, ControllerError, NoRunListening
 from fdl.controller.render import (
     ROSTER_SHOWN,
+    clean_state,
+    printable,
     deadlines,
     duration,
     headline,
@@ -41,6 +43,24 @@ class WatchEnd:
     how: str
     state: dict | None
     message: str
+
+
+def outcome(end: WatchEnd, kept: Callable[[str | None], dict | None] = lambda _: None) -> tuple[str, int]:
+    """The run's outcome once a watch ended: (one line to print, exit code: 0 done, 1 failed or unknown).
+
+    The last state seen tells it when the watch saw the run finish; otherwise `kept` may hold the
+    final state the run's launcher kept on this machine (fdl.launch.live.kept_state).
+    """
+    state = end.state or {}
+    run = state.get("run_id")
+    final = state if state.get("phase") in ("done", "failed") else (kept(run) or state)
+    phase, label = final.get("phase"), f"run {run}" if run else "the run"
+    if phase == "done":
+        return f"{label} succeeded: every rank exited 0.", 0
+    if phase == "failed":
+        return f"{label} failed: {final.get('reason') or 'see its launcher for why'}.", 1
+    return (f"{label}: outcome unknown: its controller went away while the run was {phase or 'not yet seen'} "
+            f"(its launcher's output says how it ended).", 1)
 
 
 class Watcher:
@@ -103,8 +123,9 @@ class Watcher:
                 out.write(f"{stamp} {self.address}: {problem}\n")
             else:
                 text = status_line(state, self.start_cmd)
-                out.write(f"{stamp} run {state.get('run_id') or '(no run id)'} at {self.address}: {text}"
-                          + (f"; {problem}" if problem else "") + "\n")
+                run = printable(state.get("run_id") or "(no run id)")
+                out.write(f"{stamp} run {run} at {self.address}: {text}"
+                          + (f"; {printable(problem)}" if problem else "") + "\n")
             out.flush()
 
         end = self._follow(draw)
@@ -149,7 +170,10 @@ class Watcher:
         from rich.text import Text
 
         if state is None:
-            return Text(f"{self.address}: {problem or 'waiting for the first answer'}", style="yellow")
+            return Text(f"{self.address}: {printable(problem or 'waiting for the first answer')}", style="yellow")
+        # Everything a peer sent is data: made printable, and handed to rich as Text (never parsed as markup).
+        state = clean_state(state)
+        problem = None if problem is None else printable(problem)
         parts: list[Any] = []
         phase = state.get("phase", "?")
         title = Text(headline(state, self.address))
@@ -168,11 +192,11 @@ class Watcher:
             return pair
         open_deadlines = deadlines(state)
         if not open_deadlines:
-            grid.add_row("window", window_text(state))
+            grid.add_row("window", Text(window_text(state)))
         for deadline in open_deadlines:  # a bar that fills up as the deadline nears
             done = max(0.0, deadline.total - deadline.seconds_left)
             grid.add_row(deadline.name, with_bar(ProgressBar(total=deadline.total or 1.0, completed=done, width=40),
-                                                 f"{deadline.label} in {duration(deadline.seconds_left)}"))
+                                                 Text(f"{deadline.label} in {duration(deadline.seconds_left)}")))
         have_h, need_h, have_r, need_r, met = quorum_counts(state)
         quorum = Text(f"hosts {have_h}/{need_h}" + (f", ranks {have_r}/{need_r}" if need_r else f", {have_r} ranks"))
         quorum.append("  met" if met else "  not met", style="green" if met else "yellow")
@@ -183,22 +207,23 @@ class Watcher:
             grid.add_row("switch", Text.assemble("roster startable, fire it with  ",
                                                  (self.start_cmd, "bold reverse")))
         elif switch:
-            grid.add_row("switch", switch)
+            grid.add_row("switch", Text(switch))
         world = world_text(state)
         if world:
-            grid.add_row("world", world)
+            grid.add_row("world", Text(world))
         parts.append(grid)
 
         hosts, ranks = roster_totals(state)
         shown = max(3, min(ROSTER_SHOWN, height - 16))
-        table = Table(title=f"roster: {hosts} host(s), {ranks} rank(s)", title_justify="left", expand=False,
+        table = Table(title=Text(f"roster: {hosts} host(s), {ranks} rank(s)"), title_justify="left", expand=False,
                       show_edge=False, pad_edge=False, header_style="bold")
         for column in ("HOST", "DEVICES", "RANKS", "HARDWARE", "SIGNATURE", "STATUS", "EXIT", "HEARTBEAT"):
             table.add_column(column, no_wrap=True, justify="right" if column in ("RANKS", "EXIT") else "left")
         for row in roster_rows(state, limit=shown):
             exit_style = "" if row.exit == "-" else ("green" if row.exit == "0" else "bold red")
-            table.add_row(row.host, row.devices, row.ranks, row.hardware, row.signature, row.status,
-                          Text(row.exit, style=exit_style), row.last_seen)
+            table.add_row(Text(row.host), Text(row.devices), Text(row.ranks), Text(row.hardware),
+                          Text(row.signature), Text(row.status), Text(row.exit, style=exit_style),
+                          Text(row.last_seen))
         if hosts:
             parts.append(table)
             if hosts > shown:

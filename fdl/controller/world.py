@@ -10,6 +10,15 @@ LOCAL_RANK indexes into that list (what torchrun does), so a script that
 picks `cuda:LOCAL_RANK` lands on the right device. CPU ranks get an empty
 CUDA_VISIBLE_DEVICES and the gloo backend.
 
+Beyond what `init_process_group` needs, ranks get the rest of the environment
+torchrun (`torch.distributed.run`) documents, with the values that mean the
+same thing here: one role, `default`, spanning the world (ROLE_RANK = RANK,
+ROLE_WORLD_SIZE = WORLD_SIZE), GROUP_WORLD_SIZE the number of hosts, and
+TORCHELASTIC_RUN_ID the run's id (the cohort's, else the launch's). The part
+of that contract only the host running the ranks can know (restart count and
+maximum, OMP_NUM_THREADS, TORCH_NCCL_ASYNC_ERROR_HANDLING) is set by the rank
+supervisor (fdl.agent.supervisor.worker_env).
+
 Building the world is O(members); each member's own share is computed and
 serialized once, on first request, and is O(that member's ranks).
 """
@@ -17,7 +26,14 @@ serialized once, on first request, and is O(that member's ranks).
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass, field
+
+#: The torchrun variables the controller hands every rank on top of the torch.distributed basics
+#: (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK).
+TORCHRUN_ENV = ("GROUP_WORLD_SIZE", "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+#: torchrun's role when none is given (`--role`): fdl runs one role, every rank of the world.
+ROLE_NAME = "default"
 
 
 @dataclass
@@ -44,6 +60,7 @@ class World:
     controller: str
     args: tuple[str, ...]
     seats: dict[str, Seat]
+    rdzv_id: str = ""  # TORCHELASTIC_RUN_ID: run_id, else the launch's id
 
     @property
     def nodes(self) -> int:
@@ -55,14 +72,20 @@ class World:
 
     def rank_env(self, seat: Seat, local_rank: int) -> dict[str, str]:
         """The environment of one rank (all values strings, ready for a child process)."""
+        rank = str(seat.first_rank + local_rank)
         env = {
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
             "WORLD_SIZE": str(self.size),
-            "RANK": str(seat.first_rank + local_rank),
+            "RANK": rank,
             "LOCAL_RANK": str(local_rank),
             "LOCAL_WORLD_SIZE": str(seat.count),
             "GROUP_RANK": str(seat.node_rank),
+            "GROUP_WORLD_SIZE": str(self.nodes),
+            "ROLE_NAME": ROLE_NAME,
+            "ROLE_RANK": rank,
+            "ROLE_WORLD_SIZE": str(self.size),
+            "TORCHELASTIC_RUN_ID": self.rdzv_id or self.run_id or "",
             "CUDA_VISIBLE_DEVICES": "" if seat.devices is None else ",".join(map(str, seat.devices)),
             "FDL_RUN_ID": self.run_id or "",
             "FDL_CONTROLLER": self.controller,
@@ -100,9 +123,12 @@ class World:
 
 
 def build_world(members: list, *, run_id: str | None, master_addr: str | None, master_port: int,
-                controller: str, args: tuple[str, ...]) -> World:
+                controller: str, args: tuple[str, ...], launch_id: str | None = None) -> World:
     """Assign ranks to members, in order. Each member needs .host, .devices, .data_path,
-    .gpu_ram_share and .address (rank 0's address is MASTER_ADDR unless one is given)."""
+    .gpu_ram_share and .address (rank 0's address is MASTER_ADDR unless one is given).
+
+    launch_id names the run when the cohort carries no run id (walk-ins without a published run):
+    TORCHELASTIC_RUN_ID is run_id, else launch_id, else an id made here, the same for every rank."""
     seats: dict[str, Seat] = {}
     rank = 0
     all_gpu = True
@@ -121,4 +147,4 @@ def build_world(members: list, *, run_id: str | None, master_addr: str | None, m
         master_addr = members[0].address if members else "127.0.0.1"
     return World(run_id=run_id, size=rank, master_addr=master_addr, master_port=master_port,
                  backend="nccl" if all_gpu and members else "gloo", controller=controller, args=tuple(args),
-                 seats=seats)
+                 seats=seats, rdzv_id=run_id or launch_id or uuid.uuid4().hex[:16])

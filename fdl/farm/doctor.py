@@ -263,8 +263,11 @@ def diagnose(facts: HostFacts, *, door: str, door_port: int) -> list[CheckResult
 
 
 def _run(argv: list[str], timeout: float = 5) -> subprocess.CompletedProcess | None:
+    # The C locale: the status lines read below (ufw's "Status: active", its ALLOW rules) are translated
+    # in other locales, and a German box must read the same as an English one.
+    env = dict(os.environ, LC_ALL="C", LANG="C", LANGUAGE="")
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
     except (OSError, subprocess.SubprocessError):
         return None
 

@@ -4,8 +4,8 @@ The sshd drop-in template belongs to the fdl_join_door role, and the wizard
 renders that very file, with the same whitespace rules as Ansible's template
 module (trim_blocks, trailing newline kept) and stand-ins for the
 Ansible-only names the templates use (`ansible_managed`, the `comment` and
-`bool` filters). The systemd unit in cloud-init user-data is likewise
-templates/fdl-join.service.j2, the file the fdl_join_worker role installs.
+`bool` filters). The systemd unit in cloud-init user-data is likewise the
+fdl_join_worker role's own templates/fdl-join.service.j2, the file the role installs.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import jinja2
 from fdl.resources import roles_dir, templates_dir
 
 DROPIN_TEMPLATE = ("fdl_join_door", "sshd-door.conf.j2")
-UNIT_TEMPLATE = "fdl-join.service.j2"
+UNIT_TEMPLATE = ("fdl_join_worker", "fdl-join.service.j2")
 MANAGED = "Written by fdl join-config; install it as it is (re-run the wizard to change it)."
 
 
@@ -51,8 +51,9 @@ def render(name: str, **values: object) -> str:
 
 
 def render_unit(managed: str = MANAGED, **values: object) -> str:
-    """The `fdl join --persist` systemd unit, from templates/fdl-join.service.j2 (its variables)."""
-    return _env(str(templates_dir())).get_template(UNIT_TEMPLATE).render(ansible_managed=managed, **values)
+    """The `fdl join --persist` systemd unit, from the fdl_join_worker role's fdl-join.service.j2 (its variables)."""
+    folder = str(roles_dir() / UNIT_TEMPLATE[0] / "templates")
+    return _env(folder).get_template(UNIT_TEMPLATE[1]).render(ansible_managed=managed, **values)
 
 
 def dropin_template_path() -> Path:

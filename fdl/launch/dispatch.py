@@ -34,7 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fdl.agent.supervisor import RESULT_PREFIX, Supervisor
+from fdl.agent.supervisor import NOTE_PREFIX, RESULT_PREFIX, Supervisor
+from fdl.controller.protocol import without_secrets
 from fdl.errors import RemoteError
 from fdl.launch.build import BuildJob
 from fdl.launch.plan import LaunchHost, LaunchPlan
@@ -60,6 +61,9 @@ class Printer:
                 pass
 
     def note(self, text: str) -> None:
+        from fdl.controller.render import printable
+
+        text = printable(text)  # host names and details from walk-ins are data, never terminal controls
         with self._lock:
             try:
                 self.err.write(f"fdl: launch: {text}\n")
@@ -80,14 +84,16 @@ class HostOutcome:
 
 
 def rank_specs(plan: LaunchPlan, host: LaunchHost, assignment: dict) -> list[dict]:
-    """Each rank's entry for the supervisor: the world's rank environment over the worker's env:.
+    """Each rank's entry for the supervisor: the world's rank environment over the worker's env: over the
+    command's env: (a host's own setting is more specific than the job's).
 
     FDL_RUN_ID is the cohort's run id; a discovery cohort without one gets the launch's own, so every process
     of the run carries an id the sweep (roles/fdl_reap) can find.
     """
     out = []
     for rank in assignment.get("ranks") or []:
-        env = {**host.env, **{str(k): str(v) for k, v in (rank.get("env") or {}).items()}}
+        world = {str(k): str(v) for k, v in (rank.get("env") or {}).items()}
+        env = {**plan.command.env_dict, **host.env, **world}
         if not env.get("FDL_RUN_ID"):
             env["FDL_RUN_ID"] = plan.run_id
         out.append({"rank": int(rank["rank"]), "env": env})
@@ -189,8 +195,9 @@ class LocalSession(Session):
                  printer: Printer):
         self.host = host.name
         self.supervisor = Supervisor(argv, ranks, cwd=str(cwd), log_dir=str(log_dir), label=host.name,
-                                     base_env={**os.environ, **host.env}, grace_s=GRACE_S,
-                                     on_line=lambda rank, line: printer.line(f"[{host.name}/{rank}] {line}"))
+                                     base_env=without_secrets({**os.environ, **host.env}), grace_s=GRACE_S,
+                                     on_line=lambda rank, line: printer.line(f"[{host.name}/{rank}] {line}"),
+                                     on_note=lambda text: printer.note(f"{host.name}: {text}"))
         self.log_dir = log_dir
         self._result = None
         self._error: BaseException | None = None
@@ -271,7 +278,9 @@ class RemoteSession(Session):
     def _err(self, stream) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
-            if line.strip():
+            if line.startswith(NOTE_PREFIX):  # the supervisor's own note: the launcher's, about this host
+                self.printer.note(f"{self.host}: {line[len(NOTE_PREFIX):]}")
+            elif line.strip():
                 self.stderr.append(line)
                 del self.stderr[:-20]
                 self.printer.line(f"[{self.host}] {line}")

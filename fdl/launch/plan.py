@@ -78,6 +78,7 @@ class LaunchPlan:
     cluster: ClusterSpec | None = None
     discovery: bool = False
     notes: tuple[str, ...] = field(default=())
+    configured_addr: str | None = None  # the configured controller address (differs when the run moved)
 
     @property
     def remote(self) -> list[LaunchHost]:
@@ -95,7 +96,7 @@ class LaunchPlan:
             assert self.cluster is not None
             # A roster run's cohort is this launch; a discovery window leaves the id to its walk-ins.
             return RunPolicy.from_cluster(self.cluster, run_id=None if self.discovery else self.run_id,
-                                          args=self.args)
+                                          launch_id=self.run_id, args=self.args)
         host = self.hosts[0]
         return RunPolicy(discovery=False, start="auto", roster=(RosterHost(host.name, host.devices, host.address),),
                          run_id=self.run_id, args=self.args, controller_addr=self.controller_addr,
@@ -135,17 +136,63 @@ def _gpu_count() -> int | None:
     return device_count()
 
 
+def port_free(host: str, port: int) -> bool:
+    """Whether a listener could bind host:port right now."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # what the controller's server sets too
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_pair(host: str = "127.0.0.1") -> int:
+    """A port P with P and P + 1 (the rendezvous port ranks use) both free now."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port < 65535 and port_free(host, port + 1):
+            return port
+    raise UsageError("found no free pair of ports on this machine for the run's controller.")
+
+
+def chosen_port(flag: int | None, environ, configured: int) -> tuple[int, str]:
+    """(port, where it came from): --port, else FDL_PORT, else the configuration (or 1337)."""
+    if flag is not None:
+        return flag, "--port"
+    text = (environ.get("FDL_PORT") or "").strip()
+    if text:
+        if not text.isdigit() or not 1 <= int(text) <= 65535:
+            raise UsageError(f"FDL_PORT={text!r} is not a port number from 1 to 65535.",
+                             hint="Set FDL_PORT to a free port, or unset it to use the configured one.")
+        return int(text), "FDL_PORT"
+    return configured, "config"
+
+
 def plan_launch(spec: CommandSpec, args: list[str] | tuple[str, ...], cluster: ClusterSpec | None, root: Path,
-                gpus=None, *, is_local=None, gpu_count=_gpu_count, run_id: str | None = None) -> LaunchPlan | None:
+                gpus=None, *, is_local=None, gpu_count=_gpu_count, run_id: str | None = None,
+                port: int | None = None, environ=None, is_free=port_free) -> LaunchPlan | None:
     """The plan of a `cluster: true` command, or None when it should run as one ordinary process.
 
     gpus: the --gpus selection (fdl.gpus.GpuSelection) or None. is_local(address, port) tells
-    whether a worker is this machine (default: fdl.cluster.probe.is_this_machine).
+    whether a worker is this machine (default: fdl.cluster.probe.is_this_machine). port: --port;
+    else FDL_PORT from environ; else cluster.controller.port (1337 by default). A single-host run
+    whose port came from the configuration and is taken moves to a free one (noted in the plan).
     """
+    import os
+
     if not spec.cluster:
         raise UsageError(f"'{spec.name}' is not a cluster command (cluster: true).")
+    environ = os.environ if environ is None else environ
     all_args = (*spec.args, *args)
     run_id = run_id or new_run_id()
+    configured = cluster.controller.port if cluster is not None else DEFAULT_PORT
+    chosen, source = chosen_port(port, environ, configured)
+    if cluster is not None and chosen != cluster.controller.port:
+        cluster = cluster._replace(controller=cluster.controller._replace(port=chosen))
     if cluster is not None and (cluster.workers or cluster.controller.join.discovery):
         if is_local is None:
             from fdl.cluster.probe import is_this_machine as is_local
@@ -167,10 +214,22 @@ def plan_launch(spec: CommandSpec, args: list[str] | tuple[str, ...], cluster: C
             devices = concrete_gpus(devices, f"commands.{spec.name}.local_devices", gpu_count())
     if devices is None:
         return None
-    port = cluster.controller.port if cluster is not None else DEFAULT_PORT
+    port = chosen
+    notes: list[str] = []
+    if not is_free("127.0.0.1", port) or (port < 65535 and not is_free("127.0.0.1", port + 1)):
+        if source != "config":
+            raise UsageError(f"port {port} ({source}) on 127.0.0.1 is taken (or {port + 1}, the ranks' "
+                             f"rendezvous port, is), so this run's controller cannot listen there.",
+                             hint="Pick another with --port N or FDL_PORT=N, or stop what listens there.")
+        moved = free_port_pair()
+        notes.append(f"127.0.0.1:{port} (the configured controller port) is taken, so this run's controller "
+                     f"listens on 127.0.0.1:{moved} instead; plain `fdl status` still finds it (--port or "
+                     f"FDL_PORT picks one)")
+        port = moved
     host = LaunchHost(name=this_host_name(), address="127.0.0.1", devices=devices, local=True)
     return LaunchPlan(mode=SINGLE, command=spec, args=all_args, hosts=(host,), root=root, run_id=run_id,
-                      bind="127.0.0.1", port=port, controller_addr=f"127.0.0.1:{port}", cluster=cluster)
+                      bind="127.0.0.1", port=port, controller_addr=f"127.0.0.1:{port}", cluster=cluster,
+                      configured_addr=f"127.0.0.1:{configured}", notes=tuple(notes))
 
 
 def _cluster_plan(spec: CommandSpec, args: tuple[str, ...], cluster: ClusterSpec, root: Path, gpus, is_local,

@@ -24,6 +24,7 @@ from fdl import __version__
 from fdl.cluster.runner import Interrupts
 from fdl.controller.machine import DONE, FAILED, FORMING, TERMINAL, TRAINING, Refused
 from fdl.errors import ExitCode, FdlError
+from fdl.launch import live
 from fdl.launch.build import BuildJob, build_jobs, check_artifacts, prebuild
 from fdl.launch.dispatch import (
     GRACE_S,
@@ -141,8 +142,13 @@ class Launcher:
         plan = self.plan
         for text in plan.notes:
             self.printer.note(text)
-        self.server = ControllerServer(plan.policy(), host=plan.bind, port=plan.port).start()
+        from fdl.controller.server import Limits
+
+        limits = Limits(max_per_peer=plan.cluster.controller.peer_connections) if plan.cluster is not None else None
+        self.server = ControllerServer(self._policy(), host=plan.bind, port=plan.port, limits=limits).start()
+        record = None
         try:
+            record = self._record_live()
             self._announce()
             return self._run()
         finally:
@@ -151,6 +157,55 @@ class Launcher:
                 self._beats.join(timeout=5)
             self._keep_state()
             self.server.stop()
+            live.remove_record(record)
+
+    def _record_live(self):
+        """Say where this run's controller listens, for a plain `fdl status` (fdl.launch.live)."""
+        plan = self.plan
+        if plan.mode != SINGLE:
+            return None
+        try:
+            return live.write_record(plan.controller_addr, plan.configured_addr or plan.controller_addr,
+                                     plan.run_id)
+        except OSError as exc:
+            self.printer.note(f"could not record the live run for `fdl status` ({exc}); "
+                              f"use fdl status --addr {plan.controller_addr}")
+            return None
+
+    def _policy(self):
+        """The controller's policy: the plan's, its hosts reserved for the launcher (no hello over the network
+        may take their names, not even during the pre-flight build), and a fresh token for this run when the
+        window listens beyond loopback without one."""
+        from dataclasses import replace
+
+        from fdl.controller.server import is_loopback
+
+        plan = self.plan
+        policy = replace(plan.policy(), reserved=frozenset(h.name for h in plan.hosts))
+        if policy.token is None and not (is_loopback(plan.bind) or plan.bind == "localhost"):
+            if policy.insecure_no_token:
+                self.printer.note(f"WARNING: cluster.controller.join.insecure_no_token is set: the join window on "
+                                  f"{plan.bind}:{plan.port} has no token, so anyone who can reach it may join this "
+                                  f"run, read its arguments and run code as a rank")
+            else:
+                policy = policy.with_token(self._mint_token())
+        return policy
+
+    def _mint_token(self) -> str:
+        """A random token for this run alone, kept 0600 in the run's directory (never printed, never on a command
+        line): walk-ins read it from there; the launcher's own hosts need none (they are admitted in-process)."""
+        import secrets
+
+        from fdl.publish.manifest import atomic_write
+
+        token = secrets.token_hex(32)
+        path = self.run_dir / "token"
+        self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        atomic_write(path, (token + "\n").encode(), mode=0o600)
+        shown = f"~/{path.relative_to(Path.home())}" if path.is_relative_to(Path.home()) else str(path)
+        self.printer.note(f"no join token is configured, so this run made its own (0600, in {shown}); a walk-in "
+                          f"joins with FDL_JOIN_TOKEN=\"$(cat {shown})\" fdl join ...")
+        return token
 
     @property
     def run_dir(self) -> Path:
@@ -176,7 +231,7 @@ class Launcher:
         what = (f"{plan.ranks} rank(s) on this machine" if plan.mode == SINGLE else
                 f"{plan.ranks} rank(s) on {hosts} host(s)" + (" plus walk-ins" if plan.discovery else ""))
         if plan.mode == SINGLE:
-            watch = "fdl status" if plan.port == 1337 else f"fdl status --addr 127.0.0.1:{plan.port}"
+            watch = "fdl status"  # the live record (or the default port) finds it
         else:
             watch = f"fdl @{self.env_name} status" if self.env_name else f"fdl status --addr {plan.controller_addr}"
         self.printer.note(f"run {plan.run_id} of '{plan.command.name}': {what}; controller on "
@@ -233,7 +288,8 @@ class Launcher:
             hello = Hello(host=host.name, devices=host.devices, run_id=None if plan.discovery else plan.run_id,
                           address=host.address, data_path=host.data_path, agent=f"fdl-launch/{__version__}")
             try:
-                member = self.server.call(lambda m, h=hello: m.hello(h, peer="launcher", trusted=True))
+                member = self.server.call(lambda m, h=hello: m.hello(h, peer="launcher", trusted=True,
+                                                                     in_process=True))
             except Refused as exc:
                 raise RunFailed(f"host {host.name} could not join its own run: {exc.message}") from None
             self.tickets[host.name] = member.ticket

@@ -1,4 +1,4 @@
-"""Carry out a BuildPlan through playbooks/nccl-build.yml (role fdl_nccl).
+"""Carry out a BuildPlan through the flodl.fdl.nccl_build playbook (role fdl_nccl).
 
 The plan decides; the role acts on the build host (this one, or a worker
 over ssh). The playbook runs through fdl's one Ansible driver
@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the dry run never loads the Ansible side
     from fdl.cluster.inventory import ClusterInventory
     from fdl.cluster.runner import RunnerEvent
 
-PLAYBOOK = "nccl-build.yml"
+PLAYBOOK = "nccl_build.yml"
 _TAIL_LINES = 25
 
 
@@ -96,7 +96,7 @@ class Progress:
                 self.stream.write(f"\r    still building: {elapsed // 60}m{elapsed % 60:02d}s elapsed")
                 self.stream.flush()
                 self._ticking = True
-        elif kind == "on_ok" and data.get("task_action") == "fdl_nccl_install":
+        elif kind == "on_ok" and data.get("task_action") == "flodl.fdl.fdl_nccl_install":
             self.installed = event.res or {}
         elif kind == "on_ok" and data.get("task_action") in ("ansible.builtin.template", "template"):
             self.context_ready = True

@@ -8,6 +8,7 @@ role `fdl_nccl` receives the result as variables and acts on it.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 import shlex
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 from fdl.errors import FdlError
 
-DEFAULT_JOBS = 6
+DEFAULT_JOBS = max(1, min(os.cpu_count() or 1, 64))  # parallel compile jobs: this box's CPUs
 MAX_JOBS = 256
 # CUDA 12.9 compiles for every arch from 5.0 (Maxwell) to 12.1; CUDA 13 dropped
 # offline compilation below 7.5, and heterogeneous rigs are often exactly a Pascal
@@ -286,5 +287,9 @@ class BuildPlan:
 
 def command_line(argv: list[str]) -> str:
     """A docker argv as a shell line a user can paste."""
-    return " ".join(CONTAINER + shlex.quote(word[len(CONTAINER):]) if word.startswith(CONTAINER)
-                    else shlex.quote(word) for word in argv)
+    return " ".join(_container_word(word) if word.startswith(CONTAINER) else shlex.quote(word) for word in argv)
+
+
+def _container_word(word: str) -> str:
+    rest = word[len(CONTAINER):]
+    return CONTAINER + shlex.quote(rest) if rest else CONTAINER  # quote("") is '', not nothing

@@ -28,7 +28,7 @@ def plan_text(plan: BuildPlan) -> str:
     lines += _row("Dockerfile", plan.dockerfile)
     lines += _row("docker", *commands)
     lines += _row("output", plan.library)
-    lines += _row("runs", f"playbooks/nccl-build.yml (role fdl_nccl) on {plan.host}")
+    lines += _row("runs", f"flodl.fdl.nccl_build (role fdl_nccl) on {plan.host}")
     lines += _row("time", f"{BUILD_MINUTES[0]}-{BUILD_MINUTES[1]} minutes, depending on CPU cores and arch count")
     return "\n".join(lines)
 

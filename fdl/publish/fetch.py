@@ -157,29 +157,31 @@ def materialize(source: SourceSpec, tree: Path, *, identity: str | None = None, 
     return Fetched(kind=source.kind)
 
 
+# rsync's exit statuses (rsync(1), EXIT VALUES) that fdl tells apart. Failures are classified by
+# these and by what was asked, never by the wording of a message: that changes between releases
+# (Debian 12's rrsync 3.2.7 and 3.5.0 answer the same request with different text and statuses).
+RSYNC_PARTIAL = 23  # some files were not transferred: the remote path (or part of it) is not there
+RSYNC_VANISHED = 24  # source files vanished during the copy
+RSYNC_STREAM = 12  # the remote side closed before or during the transfer (a forced command refused it)
+SSH_FAILED = 255  # ssh's own status when it cannot connect or log in; rsync passes it on
+NOT_THERE = (RSYNC_PARTIAL, RSYNC_STREAM)
+
+
 def _rsync_failure(source: SourceSpec, result: subprocess.CompletedProcess) -> str:
     code = result.returncode
-    if code == 24:
+    if code == RSYNC_VANISHED:
         why = "files vanished from the source while it was being copied (it changed under the copy)"
-    elif code == 255 or _ssh_failed(result.stderr):
+    elif code == SSH_FAILED:
         why = "ssh could not connect or log in"
     else:
         why = f"rsync exited {code}"
     return f"fetching {source.spec} failed: {why}:\n    {_tail(result.stderr)}"
 
 
-_SSH_FAILURES = ("Permission denied", "Connection refused", "Connection timed out", "Host key verification failed",
-                 "Could not resolve hostname", "No route to host", "Connection closed by")
-
-
-def _ssh_failed(stderr: str) -> bool:
-    return any(text in stderr for text in _SSH_FAILURES)
-
-
 def _rsync_hint(source: SourceSpec, result: subprocess.CompletedProcess) -> str:
     if isinstance(source, FileSource):
         return "Check that the directory exists and is readable, then publish again."
-    if result.returncode == 255 or _ssh_failed(result.stderr):
+    if result.returncode == SSH_FAILED:
         return ("Check the host, port, user and key (--identity), and that this box knows the host's key "
                 "(ssh once by hand, or pass ssh options through RSYNC_RSH).")
     return ("Check the remote path, and that the key's forced command (if any) permits rsync: a key "
@@ -257,26 +259,52 @@ def _read_remote_manifest(source: FileSource | RsyncSource, identity: str | None
             return None
         except OSError as exc:
             raise FetchError(f"cannot read {source.path}/{MANIFEST_NAME}: {exc.strerror}.") from None
-    target = scratch / "manifest"
-    argv = ["rsync", "-e", ssh_command(source, identity, env), f"{source.remote.rstrip('/')}/{MANIFEST_NAME}",
-            str(target)]
-    result = _run(argv, f"read the run manifest from {source.remote}", env)
+    result = _fetch_remote_manifest(source, source.path, identity, scratch, env)
     if result.returncode == 0:
-        return target.read_bytes()
-    if result.returncode == 23 and ("No such file" in result.stderr or "change_dir" in result.stderr):
-        return None
-    if "Restricted directory does not exist" in result.stderr:  # rrsync: nothing was ever served there
-        return None
-    if "rrsync error" in result.stderr and "No such file" in result.stderr:
-        raise ManifestMissing(
-            f"no run manifest at {source.path}/{MANIFEST_NAME} behind {source.host}'s rrsync key. That key "
-            f"re-roots every path at the controller's served directory, so the tree is {source.at('/tree')} "
-            f"there; an absolute path is rooted twice. If the spelling is "
-            f"right, nothing is published yet.",
-            hint="Use the rrsync spelling fdl publish printed, or wait for the next publish.")
-    if result.returncode == 255 or _ssh_failed(result.stderr):
+        return (scratch / "manifest").read_bytes()
+    if result.returncode == SSH_FAILED:
         raise RemoteError(_rsync_failure(source, result), hint=_rsync_hint(source, result))
-    raise FetchError(_rsync_failure(source, result), hint=_rsync_hint(source, result))
+    if result.returncode not in NOT_THERE:
+        raise FetchError(_rsync_failure(source, result), hint=_rsync_hint(source, result))
+    # The manifest is not where it was asked for. When an absolute path was asked for, a key that
+    # re-roots paths (command="rrsync -ro DIR") would serve it under a shorter spelling: ask for
+    # the manifest under each tail of the path; one that answers names the spelling to use.
+    for tail in rerooted_spellings(source.path):
+        probe = _fetch_remote_manifest(source, tail, identity, scratch, env)
+        if probe.returncode == 0:
+            raise ManifestMissing(
+                f"no run manifest at {source.path}/{MANIFEST_NAME} on {source.host}, but there is one at "
+                f"{tail}/{MANIFEST_NAME}: the key re-roots every path at the served directory (an rrsync key), "
+                f"so the tree is {source.at(tail)} there; an absolute path is rooted twice.",
+                hint=f"Use the spelling fdl publish printed: {source.at(tail)}")
+        if probe.returncode == SSH_FAILED:
+            raise RemoteError(_rsync_failure(source, probe), hint=_rsync_hint(source, probe))
+    return None
+
+
+def rerooted_spellings(path: str) -> list[str]:
+    """The shorter absolute spellings of `path` a re-rooting key could serve it under, longest first.
+
+    `/home/op/.flodl/run/tree` -> `/op/.flodl/run/tree`, ..., `/run/tree`, `/tree`.
+    """
+    parts = [part for part in path.split("/") if part]
+    if not path.startswith("/") or len(parts) < 2:
+        return []
+    return ["/" + "/".join(parts[i:]) for i in range(1, len(parts))]
+
+
+def _fetch_remote_manifest(source: RsyncSource, path: str, identity: str | None, scratch: Path,
+                           env: Mapping[str, str] | None) -> subprocess.CompletedProcess:
+    target = scratch / "manifest"
+    target.unlink(missing_ok=True)
+    argv = ["rsync", "-e", ssh_command(source, identity, env), _remote_at(source, path).rstrip("/") + "/" +
+            MANIFEST_NAME, str(target)]
+    return _run(argv, f"read the run manifest from {source.remote}", env)
+
+
+def _remote_at(source: RsyncSource, path: str) -> str:
+    host = f"[{source.host}]" if ":" in source.host else source.host
+    return f"{source.user + '@' if source.user else ''}{host}:{path}"
 
 
 def pull_run(source: FileSource | RsyncSource, dest: Path, *, identity: str | None = None,
@@ -299,7 +327,8 @@ def pull_run(source: FileSource | RsyncSource, dest: Path, *, identity: str | No
             raise ManifestMissing(
                 f"no run is published at {where} yet ({MANIFEST_NAME} is missing): nothing was published there, "
                 f"a publish is under way, or its build failed.",
-                hint="Wait for the next dial, or run `fdl publish` on the controller.")
+                hint="Wait for the next dial, or run `fdl publish` on the controller. Behind an rrsync key, "
+                     "paths are rooted at the served directory: the tree is HOST:/tree there.")
         first = parse_manifest(before, f"{where}/{MANIFEST_NAME}")
         materialize(source, dest, identity=identity, note=note, env=env, safe_links=True)
         after = _read_remote_manifest(source, identity, Path(scratch), env)

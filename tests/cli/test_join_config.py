@@ -167,7 +167,7 @@ def test_cloud_init_unit_is_the_shipped_template_and_systemd_accepts_it(proj, tm
     body = lambda text: [line for line in text.splitlines() if not line.startswith("#")]  # noqa: E731 - headers differ
     assert body(unit) == body(by_ansible)
     lines = body(unit)
-    for line in ("StartLimitIntervalSec=0", "Restart=always", "RestartPreventExitStatus=2", "FailureAction=poweroff",
+    for line in ("StartLimitIntervalSec=0", "Restart=always", "RestartPreventExitStatus=2",
                  "WorkingDirectory=/etc/fdl/b300", "ExecStart=/usr/bin/env fdl join --persist", "User=flodl"):
         assert line in lines
     assert not any(line.startswith("StateDirectory=") for line in lines)  # /etc/fdl/b300 is not under /var/lib

@@ -66,7 +66,7 @@ def test_local_devices_cpu_n_promotes_to_a_single_host_cluster(tmp_path):
         assert env["FDL_CONTROLLER"] == f"127.0.0.1:{port}" and env["FDL_BACKEND"] == "gloo"
         assert env["FDL_DEVICE"] == "cpu" and env["CUDA_VISIBLE_DEVICES"] == ""
     assert len({env["FDL_RUN_ID"] for env in ranks.values()}) == 1
-    assert f"controller on 127.0.0.1:{port}" in done.stderr and f"fdl status --addr 127.0.0.1:{port}" in done.stderr
+    assert f"controller on 127.0.0.1:{port} (watch with `fdl status`)" in done.stderr  # found from anywhere
     assert "run done: 3 rank(s) on 1 host(s) exited 0" in done.stderr
     state = final_state(tmp_path / "home")
     assert state["phase"] == "done" and state["world"]["size"] == 3
@@ -161,3 +161,97 @@ def test_quickstart_demo_two_cpu_ranks_with_fdl_status_finding_it(tmp_path):
     ranks = checksums(out)
     assert sorted(ranks) == [0, 1] and len({r["sum"] for r in ranks.values()}) == 1
     assert after.returncode == 1 and "no run listening at 127.0.0.1:1337" in after.stderr
+
+
+# --------------------------------------------------------------------------- a busy port
+
+def _listening_on(port: int):
+    import socket
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    return sock
+
+
+def test_a_taken_configured_port_moves_the_run_and_plain_status_finds_it(tmp_path):
+    """Regression: a single-host run whose configured port is taken failed; it now moves to a free port,
+    says so, and records where it listens so `fdl status` with no flags finds it."""
+    port = free_port()
+    home = tmp_path / "home"
+    root = project(tmp_path / "proj", port, local_devices="cpu:2", run="sleep 12")
+    env = fdl_env(python_path_env(home, XDG_RUNTIME_DIR=""))
+    with _listening_on(port):
+        proc = subprocess.Popen([sys.executable, "-m", "fdl", "job"], cwd=root, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            seen = None
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and proc.poll() is None:
+                status = subprocess.run([sys.executable, "-m", "fdl", "status", "--json", "--timeout", "1"], cwd=root, env=env,
+                                        capture_output=True, text=True, timeout=60, check=False)
+                if status.returncode == 0 and json.loads(status.stdout).get("phase") == "training":
+                    seen = status
+                    break
+                time.sleep(0.2)
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, err + out
+    assert f"127.0.0.1:{port} (the configured controller port) is taken" in err
+    moved = int(err.split("listens on 127.0.0.1:", 1)[1].split()[0])
+    assert moved != port
+    assert seen is not None, "plain fdl status never found the moved run"
+    run_id = err.split("launch: run ", 1)[1].split()[0]
+    assert json.loads(seen.stdout)["run_id"] == run_id  # the moved run itself, not whatever holds the port
+    live = home / ".flodl" / "launch" / "live"
+    assert live.is_dir() and not list(live.iterdir())  # the record went with the launcher
+
+
+def test_an_explicit_port_is_used_or_refused_when_taken(tmp_path):
+    configured, wanted = free_port(), free_port()
+    home = tmp_path / "home"
+    root = project(tmp_path / "proj", configured, local_devices="cpu:2", run="true")
+    env = python_path_env(home, XDG_RUNTIME_DIR="")
+    done = run_fdl("job", "--port", str(wanted), cwd=root, env=env)
+    assert done.returncode == 0, done.stderr
+    assert final_state(home)["controller"].endswith(f":{wanted}") or f"127.0.0.1:{wanted}" in done.stderr
+    with _listening_on(wanted):
+        refused = run_fdl("job", "--port", str(wanted), cwd=root, env=env)
+        assert refused.returncode == 2
+        assert f"port {wanted} (--port) on 127.0.0.1 is taken" in refused.stderr and "Traceback" not in refused.stderr
+        from_env = run_fdl("job", cwd=root, env={**env, "FDL_PORT": str(wanted)})
+        assert from_env.returncode == 2 and f"port {wanted} (FDL_PORT)" in from_env.stderr
+    bad = run_fdl("job", cwd=root, env={**env, "FDL_PORT": "http"})
+    assert bad.returncode == 2 and "FDL_PORT='http' is not a port number" in bad.stderr
+
+
+def test_omp_num_threads_one_per_rank_unless_the_commands_env_or_the_user_sets_it(tmp_path):
+    line = "echo OMP=${OMP_NUM_THREADS:-unset} RANK=${RANK:-none}"
+    root = tmp_path / "proj"
+    root.mkdir()
+    (root / "fdl.yml").write_text(yaml.safe_dump({"cluster": {"controller": {"port": free_port()}}, "commands": {
+        "dflt": {"cluster": True, "run": line, "local_devices": "cpu:2"},
+        "pinned": {"cluster": True, "run": line, "local_devices": "cpu:2", "env": {"OMP_NUM_THREADS": "3"}},
+        "solo": {"cluster": True, "run": line, "local_devices": "cpu:1"},
+        "plain": {"run": line, "env": {"OMP_NUM_THREADS": "5"}},
+    }}, sort_keys=False))
+    home = tmp_path / "home"
+
+    def lines(command: str, **env: str) -> tuple[list[str], str]:
+        done = run_fdl(command, cwd=root, env=python_path_env(home, **env))
+        assert done.returncode == 0, done.stderr + done.stdout
+        return sorted(text.split("] ", 1)[-1] for text in done.stdout.splitlines()), done.stderr
+
+    out, err = lines("dflt")  # two ranks share this host: one thread each, as torchrun does, and said so
+    assert out == ["OMP=1 RANK=0", "OMP=1 RANK=1"]
+    assert "OMP_NUM_THREADS=1 for each of this host's 2 ranks, as torchrun does" in err
+    out, err = lines("pinned")  # the command's env: wins
+    assert out == ["OMP=3 RANK=0", "OMP=3 RANK=1"] and "OMP_NUM_THREADS=1" not in err
+    out, err = lines("dflt", OMP_NUM_THREADS="2")  # so does the user's environment
+    assert out == ["OMP=2 RANK=0", "OMP=2 RANK=1"] and "OMP_NUM_THREADS=1" not in err
+    assert lines("solo")[0] == ["OMP=unset RANK=0"]  # a lone rank keeps every core
+    assert lines("plain")[0] == ["OMP=5 RANK=none"]  # an ordinary command gets its env: too

@@ -65,7 +65,8 @@ def test_green_path_prints_one_summary_line(ready) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 1 and result.stderr == ""
-    assert lines[0].endswith(": ready: 2 GPUs (sm_86, sm_90), libtorch 2.10.0 cu128, NCCL 2.27.5, data skipped")
+    assert lines[0].endswith(": ready: 2 GPUs (sm_86, sm_90), libtorch 2.10.0 cu128, NCCL 2.27.5, data skipped "
+                             "(1 more check skipped: `fdl probe --json` says why)")
 
 
 def test_quiet_green_path_prints_nothing(ready) -> None:
@@ -214,7 +215,8 @@ def test_project_libtorch_is_found_from_a_subdirectory(tmp_path: Path, fake_nvml
 
 
 def test_no_libtorch_anywhere(tmp_path: Path, fake_nvml) -> None:
-    result = run_fdl("probe", "--skip-mount", cwd=tmp_path, env=fake_nvml.env(TWO_ARCHS))
+    env = {**fake_nvml.env(TWO_ARCHS), "HOME": str(tmp_path), "FDL_LIBTORCH_FROM_PYTORCH": "0"}
+    result = run_fdl("probe", "--skip-mount", cwd=tmp_path, env=env)
     assert result.returncode == 1
     assert "No libtorch found" in result.stdout and "fdl libtorch download" in result.stdout
 

@@ -166,9 +166,11 @@ def test_start_from_another_host_uses_the_env_token_and_refuses_without_it(peer:
             """))
         fdl = [sys.executable, "-m", "fdl"]
         result = peer.run([*fdl, "start", "--addr", address], env=fdl_env(), cwd=tmp_path)
-        assert result.returncode == 1 and "no token presented" in result.stderr and "[bad_token]" in result.stderr
+        assert result.returncode == 1 and "no proof of the run's token" in result.stderr \
+            and "[bad_token]" in result.stderr
         result = peer.run([*fdl, "start", "--addr", address, "--token", "0" * 32], env=fdl_env(), cwd=tmp_path)
-        assert result.returncode == 1 and "does not match" in result.stderr
+        assert result.returncode == 2 and "could not prove it holds the run's token" in result.stderr
+        assert "does not match" in result.stderr and "0" * 32 not in result.stderr
         result = peer.run([*fdl, "@farm", "start"], env=fdl_env(), cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         assert f"start armed at {address}" in result.stdout
@@ -225,3 +227,50 @@ def test_status_and_start_import_neither_ansible_nor_the_server(tmp_path: Path) 
     result = subprocess.run([sys.executable, "-c", probe], env=fdl_env(), cwd=tmp_path, capture_output=True,
                             text=True, timeout=60)
     assert result.stdout.strip() == "[1, 1] []", (result.stdout, result.stderr)
+
+
+def test_start_proves_the_token_only_to_the_envs_address_never_to_the_loopback_fallback(tmp_path: Path) -> None:
+    """regression: with the env's controller refusing the connection, `fdl start` sent the env's token to
+    whatever listened on 127.0.0.1 at the same port. The env names 127.0.0.2 (nothing listens there); a
+    listener on 127.0.0.1:PORT records every byte it gets."""
+    from fdl.controller import auth
+
+    received = bytearray()
+
+    class Record(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            received.extend(self.requestline.encode() + b"\r\n" + bytes(self.headers) + body)
+            answer = b'{"ok": true, "armed": true, "phase": "forming", "world": null, "message": "armed"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    port = free_port(pairs=False)
+    listener = HTTPServer(("127.0.0.1", port), Record)
+    thread = threading.Thread(target=listener.serve_forever, daemon=True)
+    thread.start()
+    try:
+        (tmp_path / "fdl.yml").write_text("commands:\n  hello: {run: echo hi}\n")
+        (tmp_path / "fdl.farm.yml").write_text(textwrap.dedent(f"""\
+            cluster:
+              controller:
+                host: 127.0.0.2
+                port: {port}
+                join: {{discovery: true, start: manual, token: "{TOKEN}"}}
+            """))
+        result = run_fdl("@farm", "start", cwd=tmp_path)
+    finally:
+        listener.shutdown()
+        listener.server_close()
+    assert result.returncode == 0, result.stderr  # the listener answered (a run on this box needs no proof)
+    assert received.startswith(b"POST /start")
+    assert TOKEN.encode() not in received
+    lowered = bytes(received).lower()
+    assert auth.PROOF_HEADER.lower().encode() not in lowered and auth.NONCE_HEADER.lower().encode() not in lowered
+    assert TOKEN not in result.stdout + result.stderr

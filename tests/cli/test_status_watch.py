@@ -125,7 +125,8 @@ def test_watch_through_a_pipe_prints_a_plain_line_per_look(tmp_path: Path) -> No
             read_lines_until(proc, "run ended", lines)
             assert lines[-1].rstrip().endswith(f"run ended: the controller at 127.0.0.1:{server.port} is gone "
                                                f"(last phase: failed)")
-            assert proc.wait(60) == 0
+            assert proc.stdout.readline() == "fdl: run r-watch failed: host node-b exited 3.\n"  # the outcome
+            assert proc.wait(60) == 1  # and the exit code that matches it
             assert "\x1b[" not in "".join(lines)  # no terminal codes in a log
             assert proc.stderr.read() == ""
         finally:
@@ -150,9 +151,11 @@ def test_watch_json_streams_one_state_per_line(tmp_path: Path) -> None:
             assert [e["host"] for e in states[0]["roster"]] == ["node-a", "node-b"]
             server.stop()
             rest = proc.stdout.read()
-            assert proc.wait(60) == 0
+            assert proc.wait(60) == 1  # the run went away before it finished: not a success
             assert all(json.loads(line)["phase"] == "staging" for line in rest.splitlines())
-            assert f"fdl: run ended: the controller at 127.0.0.1:{server.port} is gone" in proc.stderr.read()
+            err = proc.stderr.read()
+            assert f"fdl: run ended: the controller at 127.0.0.1:{server.port} is gone" in err
+            assert "fdl: run r-watch: outcome unknown: its controller went away while the run was staging" in err
         finally:
             guard.cancel()
             proc.kill()
@@ -202,3 +205,55 @@ def test_plain_status_names_the_start_line_and_imports_no_rich(tmp_path: Path) -
         result = subprocess.run([sys.executable, "-c", probe], env=fdl_env(), cwd=tmp_path, capture_output=True,
                                 text=True, timeout=60)
         assert result.stderr.strip().splitlines()[-1] == "0 []", result.stderr
+
+
+def test_watch_wait_waits_for_a_run_then_ends_with_its_outcome(tmp_path: Path) -> None:
+    """Regression: --watch exited 1 at once when no run was up yet, and never said how the run ended."""
+    from fdl.controller.server import ControllerServer
+
+    port = free_port(span=PORTS)
+    proc = subprocess.Popen([sys.executable, "-m", "fdl", "status", "--watch", "--wait", "--addr",
+                             f"127.0.0.1:{port}", "--interval", "0.2"], cwd=tmp_path, env=fdl_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    guard = threading.Timer(120, proc.kill)
+    guard.start()
+    lines: list[str] = []
+    try:
+        assert f"no run listening yet at 127.0.0.1:{port}; waiting for one" in proc.stderr.readline()
+        assert proc.poll() is None  # still waiting
+        server = ControllerServer(RunPolicy(start="manual", quorum_hosts=2, window_s=600, silence_s=900,
+                                            run_id="r-watch"), port=port).start()
+        try:
+            tickets = two_agents(server)
+            read_lines_until(proc, "phase staging", lines)
+            with ControllerClient(f"127.0.0.1:{port}") as client:
+                client.start()
+            fire_and_finish(server, tickets)
+            read_lines_until(proc, "phase done", lines)
+        finally:
+            server.stop()
+        read_lines_until(proc, "run ended", lines)
+        assert proc.stdout.readline() == "fdl: run r-watch succeeded: every rank exited 0.\n"
+        assert proc.wait(60) == 0
+    finally:
+        guard.cancel()
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert run_fdl("status", "--wait", "--addr", f"127.0.0.1:{port}", cwd=tmp_path).returncode == 2
+
+
+def test_the_outcome_of_a_run_whose_end_was_not_seen_comes_from_its_kept_state(tmp_path: Path) -> None:
+    from fdl.controller.watch import WatchEnd, outcome
+    from fdl.launch.live import kept_state
+
+    end = WatchEnd("ended", {"run_id": "abc123", "phase": "training"}, "run ended")
+    assert outcome(end) == ("run abc123: outcome unknown: its controller went away while the run was training "
+                            "(its launcher's output says how it ended).", 1)
+    kept = tmp_path / ".flodl" / "launch" / "runs" / "abc123"
+    kept.mkdir(parents=True)
+    (kept / "state.json").write_text(json.dumps({"run_id": "abc123", "phase": "failed", "reason": "rank 1 exited 7"}))
+    env = {"HOME": str(tmp_path)}
+    assert outcome(end, lambda run: kept_state(run, env)) == ("run abc123 failed: rank 1 exited 7.", 1)
+    assert kept_state("../../etc", env) is None  # an id from the wire is never a path

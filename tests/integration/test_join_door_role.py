@@ -20,11 +20,12 @@ import yaml
 
 from fdl.farm.doors import dropin_vars
 from fdl.farm.render import render_dropin
-from tests.conftest import REPO, need_root_or_skip
+from fdl import resources
+from tests.conftest import need_root_or_skip
 from tests.integration.loopback_sshd import Listener, LoopbackSshd, free_ports
 
 pytestmark = pytest.mark.slow
-PLAYBOOK = REPO / "playbooks" / "join-door.yml"
+PLAYBOOK = "flodl.fdl.join_door"  # the collection playbook, from the collection fdl runs
 FOREIGN = (b"# operator's keys, by hand\r\n"
            b"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIForeignForeignForeignForeignForeignForeig01 me@laptop\r\n"
            b"   \r\n"
@@ -65,7 +66,7 @@ class Play:
         extra.write_text(json.dumps(variables))
         env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_RETRY_FILES_ENABLED="0",
                    ANSIBLE_HOST_KEY_CHECKING="false", ANSIBLE_STDOUT_CALLBACK="default",
-                   ANSIBLE_ROLES_PATH=str(REPO / "roles"))
+                   ANSIBLE_COLLECTIONS_PATH=str(resources.collections_path()))
         done = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(self.inventory),
                                str(PLAYBOOK), "-e", f"@{extra}"], capture_output=True, text=True, env=env,
                               timeout=300)
@@ -166,7 +167,7 @@ def test_keys_under_etc_ssh_are_refused_before_anything_changes(play, tmp_path):
 
 def _validate_command(candidate: Path, sshd: LoopbackSshd) -> list[str]:
     """The role's validate: line, rendered and split exactly as Ansible's copy module runs it."""
-    text = yaml.safe_load((REPO / "roles/fdl_join_door/vars/main.yml").read_text())["_fdl_join_door_validate"]
+    text = yaml.safe_load((resources.roles_dir() / "fdl_join_door/vars/main.yml").read_text())["_fdl_join_door_validate"]
     text = text.replace("{{ fdl_join_door_sshd_binary }}", "/usr/sbin/sshd") \
         .replace("{{ fdl_join_door_sshd_config }}", str(sshd.config))
     return shlex.split(text % str(candidate))

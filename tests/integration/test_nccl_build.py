@@ -167,14 +167,14 @@ def test_progress_on_a_terminal_and_the_snippet_names_this_hosts_worker(nccl_pro
 
 def ansible(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     bin_dir = Path(sys.executable).parent
-    full = {**os.environ, "ANSIBLE_ROLES_PATH": str(resources.roles_dir()), "ANSIBLE_NOCOLOR": "1",
+    full = {**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(resources.collections_path()), "ANSIBLE_NOCOLOR": "1",
             "ANSIBLE_LOCALHOST_WARNING": "0", **(env or {})}
     return subprocess.run([str(bin_dir / "ansible-playbook"), *args], env=full, capture_output=True, text=True,
                           timeout=300)
 
 
 def test_playbook_and_role_pass_the_syntax_check():
-    result = ansible("--syntax-check", "-i", "localhost,", str(resources.playbook("nccl-build.yml")))
+    result = ansible("--syntax-check", "-i", "localhost,", str(resources.playbook("nccl_build.yml")))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -184,7 +184,7 @@ def test_check_mode_run_changes_nothing(nccl_project, fake_nvml, docker, tmp_pat
     (tmp_path / "vars.json").write_text(json.dumps(plan["role_vars"]))  # what fdl passes the role
     before = tree(nccl_project)
     result = ansible("--check", "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}",
-                     "-e", f"@{tmp_path / 'vars.json'}", str(resources.playbook("nccl-build.yml")),
+                     "-e", f"@{tmp_path / 'vars.json'}", str(resources.playbook("nccl_build.yml")),
                      env=docker["env"])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "failed=0" in result.stdout
@@ -195,7 +195,7 @@ def test_check_mode_run_changes_nothing(nccl_project, fake_nvml, docker, tmp_pat
 def test_the_role_refuses_missing_inputs(tmp_path, docker):
     """Calling the role without the plan's variables fails in preflight, before any docker call."""
     result = ansible("--check", "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}",
-                     str(resources.playbook("nccl-build.yml")), env=docker["env"])
+                     str(resources.playbook("nccl_build.yml")), env=docker["env"])
     assert result.returncode != 0
     assert "fdl_nccl needs fdl_nccl_tag (like v2.27.5-1)" in result.stdout
     assert docker_calls(docker["log"]) == []

@@ -234,3 +234,75 @@ def test_a_pull_refuses_a_tree_copied_across_a_publish(tmp_path: Path) -> None:
     assert not (tmp_path / "worker" / MANIFEST_NAME).exists()
     manifest = pull_run(spec, tmp_path / "worker")
     assert manifest == read_manifest(served_tree)
+
+
+# --------------------------------------------------------------------------- Debian 12's own rrsync doors
+
+BOOKWORM_RSYNC = "3.2.7"  # the rsync bookworm released with; its point releases since ship 3.5.0
+
+
+@pytest.fixture(scope="session")
+def bookworm_rrsync(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Debian 12's release rrsync (3.2.7) with its own rsync, unpacked from the Debian package itself.
+
+    The package comes from apt (`apt-get download`, no root needed); its rrsync is used as
+    shipped, only pointed at the rsync binary of the same package.
+    """
+    where = tmp_path_factory.mktemp("bookworm-rsync")
+    versions = subprocess.run(["apt-cache", "madison", "rsync"], capture_output=True, text=True, check=False)
+    wanted = [line.split("|")[1].strip() for line in versions.stdout.splitlines()
+              if line.count("|") >= 2 and line.split("|")[1].strip().startswith(BOOKWORM_RSYNC + "-")]
+    if not wanted:
+        pytest.fail(f"apt knows no rsync {BOOKWORM_RSYNC} package (apt-cache madison rsync: {versions.stdout!r}); "
+                    "this test needs Debian 12's package sources")
+    got = subprocess.run(["apt-get", "download", f"rsync={wanted[0]}"], cwd=where, capture_output=True, text=True,
+                         check=False)
+    debs = list(where.glob("rsync_*.deb"))
+    assert got.returncode == 0 and debs, f"apt-get download rsync={wanted[0]} failed:\n{got.stderr}"
+    root = where / "root"
+    subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(root)], check=True)
+    rsync = root / "usr" / "bin" / "rsync"
+    version = subprocess.run([rsync, "--version"], capture_output=True, text=True, check=True).stdout
+    assert f"version {BOOKWORM_RSYNC} " in version
+    script = (root / "usr" / "bin" / "rrsync").read_text()
+    assert "\nRSYNC = '/usr/bin/rsync'\n" in script
+    rrsync = where / "rrsync"
+    rrsync.write_text(script.replace("\nRSYNC = '/usr/bin/rsync'\n", f"\nRSYNC = '{rsync}'\n"))
+    rrsync.chmod(0o755)
+    return str(rrsync)
+
+
+@pytest.mark.parametrize("door", ["installed", "bookworm-release"])
+def test_rrsync_door_of_debian_12(door: str, tmp_path: Path, sshd: LoopbackSshd, request) -> None:
+    """Regression: behind Debian 12's release rrsync (3.2.7), an absolute path exits 23 with no
+    "rrsync error" text; the worker must still name the re-rooted spelling, and the installed
+    rrsync (3.5.0 on an updated Debian 12, exit 12) must read the same."""
+    rrsync = "/usr/bin/rrsync" if door == "installed" else request.getfixturevalue("bookworm_rrsync")
+    assert os.path.exists(rrsync), "rsync's rrsync is missing (scripts/apt-test.txt lists rsync)"
+    home, src = tmp_path / "home", tmp_path / "src"
+    home.mkdir()
+    src.mkdir()
+    (src / "a.txt").write_text("served\n")
+    served = home / ".flodl" / "run"
+    sshd.authorize(f'command="{rrsync} -ro {served}",restrict')
+    env = dict(os.environ, RSYNC_RSH=sshd.rsync_rsh)
+    at = f"rsync://{sshd.user}@127.0.0.1:{sshd.port}:"
+    rerooted, absolute = parse_source_spec(f"{at}/tree"), parse_source_spec(f"{at}{served}/tree")
+
+    # Nothing served yet (the directory does not exist): transient, for either spelling.
+    for spec in (rerooted, absolute):
+        with pytest.raises(ManifestMissing, match="no run is published"):
+            pull_run(spec, tmp_path / "w0", identity=str(sshd.client_key), env=env)
+
+    data = json.loads(ok(publish(home, f"file://{src}", "--bin", "out/app", "--build", GIT_BUILD, "--json",
+                                 cwd=tmp_path)).stdout)
+    manifest = pull_run(rerooted, tmp_path / "w1", identity=str(sshd.client_key), env=env)
+    assert manifest.run == data["run"] and (tmp_path / "w1" / "out" / "app").read_text() == "served\n"
+
+    with pytest.raises(ManifestMissing, match=f"the tree is {at}/tree there") as caught:
+        pull_run(absolute, tmp_path / "w2", identity=str(sshd.client_key), env=env)
+    assert caught.value.hint.endswith(f"{at}/tree")
+    # A path that is not there under either spelling: nothing published there, not a spelling problem.
+    with pytest.raises(ManifestMissing, match="no run is published"):
+        pull_run(parse_source_spec(f"{at}/elsewhere/served"), tmp_path / "w3", identity=str(sshd.client_key),
+                 env=env)

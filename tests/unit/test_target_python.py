@@ -1,8 +1,8 @@
 """What fdl sends to target hosts runs there on Python 3.8 (the oldest that ansible-core 2.19 runs modules
 on): the role modules and every module_utils file, the check library and the rank supervisor included.
 
-The file list comes from where fdl ships them from (the module_utils directory it hands Ansible and the
-roles' library/ and module_utils/ directories), not from a copy of it here. vermin checks the syntax and
+The file list comes from where fdl ships them from (the complete collection tree Ansible runs: its
+plugins/modules/ and plugins/module_utils/), not from a copy of it here. vermin checks the syntax and
 standard-library use against 3.8; the check library and the supervisor then run under a real 3.8.
 """
 
@@ -14,35 +14,26 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fdl.cluster.modutils import module_utils_dir
-from fdl.resources import roles_dir
+from fdl.resources import collection_root
 from tests.platforms import require_python
 
 OLDEST_TARGET = "3.8"
 
 
 def shipped_to_targets() -> list[Path]:
-    """Every Python file a target host receives, links followed (the files of the fdl package itself)."""
-    sources = [module_utils_dir(), *roles_dir().glob("*/library"), *roles_dir().glob("*/module_utils")]
-    files = set()
-    for source in sources:
-        for path in source.rglob("*.py") if source.is_dir() else ():
-            files.add(path.resolve())
-        for link in source.iterdir():  # module_utils_dir() holds links to packages: rglob does not enter them
-            if link.is_symlink() and link.is_dir():
-                files.update(p.resolve() for p in link.resolve().rglob("*.py"))
+    """Every Python file a target host receives: the collection's modules and module_utils (real files)."""
+    plugins = collection_root() / "plugins"
+    files = {p.resolve() for source in (plugins / "modules", plugins / "module_utils") for p in source.rglob("*.py")}
     return sorted(f for f in files if "__pycache__" not in f.parts)
 
 
-def test_the_shipped_list_holds_the_check_library_supervisor_and_modules(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_the_shipped_list_holds_the_check_library_supervisor_and_modules():
     names = {str(p.relative_to(p.parents[1])) for p in shipped_to_targets()}
-    assert {"checks/probe.py", "checks/nvml.py", "agent/supervisor.py", "farm/authorized_keys.py",
-            "library/fdl_probe.py", "library/fdl_dispatch_stage.py"} <= names, names
+    assert {"checks/probe.py", "checks/nvml.py", "module_utils/supervisor.py", "farm/authorized_keys.py",
+            "modules/fdl_probe.py", "modules/fdl_dispatch_stage.py", "module_utils/pynvml.py"} <= names, names
 
 
-def test_everything_shipped_to_targets_is_python_3_8_compatible(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_everything_shipped_to_targets_is_python_3_8_compatible():
     files = shipped_to_targets()
     vermin = shutil.which("vermin", path=str(Path(sys.executable).parent)) or shutil.which("vermin")
     assert vermin, "vermin is missing: it is in fdl's test extras (pip install -e '.[test]')"
@@ -52,14 +43,9 @@ def test_everything_shipped_to_targets_is_python_3_8_compatible(tmp_path, monkey
 
 
 def module_utils_layout(dest: Path) -> Path:
-    """The module_utils trees as AnsiballZ bundles them (links followed), side by side under dest."""
-    for source in [module_utils_dir(), *roles_dir().glob("*/module_utils")]:
-        for entry in source.iterdir():
-            if entry.is_dir():
-                shutil.copytree(entry, dest / entry.name, ignore=shutil.ignore_patterns("__pycache__"),
-                                dirs_exist_ok=True)
-            else:
-                shutil.copy(entry, dest / entry.name)
+    """The collection's module_utils tree, copied under dest (a plain import path for a bare interpreter)."""
+    shutil.copytree(collection_root() / "plugins" / "module_utils", dest,
+                    ignore=shutil.ignore_patterns("__pycache__"))
     return dest
 
 
@@ -70,12 +56,12 @@ def test_every_module_util_imports_and_the_checks_run_under_python_3_8(tmp_path,
     layout = module_utils_layout(tmp_path / "mu")
     names = sorted(".".join(p.relative_to(layout).with_suffix("").parts).removesuffix(".__init__")
                    for p in layout.rglob("*.py"))
-    assert {"fdl_checks.probe", "fdl_dispatch_utils.supervisor", "fdl_farm.doors", "pynvml"} <= set(names)
-    modules = [p for p in shipped_to_targets() if p.parent.name == "library"]
+    assert {"checks.probe", "supervisor", "farm.doors", "pynvml"} <= set(names)
+    modules = [p for p in shipped_to_targets() if p.parent.name == "modules"]
     code = ("import importlib, json, sys\n"
             "for name in json.loads(sys.argv[1]): importlib.import_module(name)\n"
             "for path in json.loads(sys.argv[2]): compile(open(path).read(), path, 'exec')\n"
-            "from fdl_checks.probe import ProbeOptions, run_probe\n"
+            "from checks.probe import ProbeOptions, run_probe\n"
             "report = run_probe(ProbeOptions(skip_mount=True), host='old')\n"
             "print(json.dumps({'python': list(sys.version_info[:2]), 'report': report.to_dict()}))\n")
     env = {**fake_nvml.env("H100:9.0:80G"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}

@@ -162,26 +162,29 @@ def test_this_machine_in_the_roster_is_probed_without_ssh(kit, short_tmp, testbe
     assert ctl["gpu"]["data"]["devices"][0]["name"] == "RTX3060"  # the worker's env: applied natively
 
 
-def test_ansible_users_get_the_same_inventory_and_probe_without_fdl(kit, short_tmp, testbed_home):
-    """ansible-inventory and ansible-playbook from the project directory with the shipped ansible.cfg."""
+def test_ansible_users_get_the_same_inventory_and_probe_without_fdl(kit, short_tmp, testbed_home,
+                                                                    installed_collection):
+    """ansible-inventory and ansible-playbook from the project directory: the collection installed from its
+    tarball, a hosts.fdl.yml source, the shipped ansible.cfg for its SSH settings."""
     from tests.conftest import REPO
 
     stranger = kit.bed.new_key("ansible-user-wrong")
     project = kit.project(short_tmp / "proj", kit.workers(h4={"identity": str(stranger)}))
+    (project / "hosts.fdl.yml").write_text("plugin: flodl.fdl.cluster\n")
     bin_dir = Path(sys.executable).parent
-    env = {**os.environ, **testbed_home, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PYTHONPATH": str(REPO)}
-    env.pop("ANSIBLE_MODULE_UTILS", None)
-    graph = subprocess.run([str(bin_dir / "ansible-inventory"), "-i", "fdl.cluster.yml", "--graph"], cwd=project,
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update({**testbed_home, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PYTHONPATH": str(REPO),
+                "ANSIBLE_COLLECTIONS_PATH": str(installed_collection)})
+    graph = subprocess.run([str(bin_dir / "ansible-inventory"), "-i", "hosts.fdl.yml", "--graph"], cwd=project,
                            env=env, capture_output=True, text=True, timeout=120)
     assert graph.returncode == 0, graph.stderr
     assert "@fdl_workers:" in graph.stdout and "|--h4" in graph.stdout
     assert "@arch_" not in graph.stdout  # these workers name no arch
 
-    play = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", "fdl.cluster.yml",
-                           str(REPO / "playbooks" / "probe.yml")], cwd=project, env=env, capture_output=True,
-                          text=True, timeout=180)
+    play = subprocess.run([str(bin_dir / "ansible-playbook"), "-i", "hosts.fdl.yml", "flodl.fdl.probe"], cwd=project,
+                          env=env, capture_output=True, text=True, timeout=180)
     assert play.returncode == 4, play.stdout + play.stderr  # 4: some host unreachable
     recap = play.stdout[play.stdout.index("PLAY RECAP"):]
-    for host in ("h1", "h2", "h3"):
-        assert any(line.startswith(host) and "ok=1" in line and "failed=0" in line for line in recap.splitlines())
+    for host in ("h1", "h2", "h3"):  # ok=2: the role's argument validation, then the probe
+        assert any(line.startswith(host) and "ok=2" in line and "failed=0" in line for line in recap.splitlines())
     assert any(line.startswith("h4") and "unreachable=1" in line for line in recap.splitlines())

@@ -114,10 +114,13 @@ def test_controller_combination(combo, wheel, kit, fake_nvml, short_tmp, testbed
     project = kit.project(short_tmp / "proj")
     assert_probe_green(run(venv, ["fdl", "@cluster", "probe", "--json"], project, testbed_home), ["h1", "h2"])
 
-    share = run(venv, ["python", "-m", "fdl.resources"], project, testbed_home).stdout.strip()
-    assert share.startswith(str(venv))
-    listed = run(venv, ["ansible-inventory", "-i", "fdl.cluster.yml", "--list"], project,
-                 {**testbed_home, "ANSIBLE_CONFIG": f"{share}/ansible.cfg"})
+    collections = run(venv, ["python", "-m", "fdl.resources"], project, testbed_home).stdout.strip()
+    assert collections.startswith(str(venv))
+    cfg = run(venv, ["python", "-c", "from fdl.resources import ansible_cfg; print(ansible_cfg())"], project,
+              testbed_home).stdout.strip()
+    ansible_env = {**testbed_home, "ANSIBLE_CONFIG": cfg, "ANSIBLE_COLLECTIONS_PATH": collections}
+    (project / "hosts.fdl.yml").write_text("plugin: flodl.fdl.cluster\n")  # read through Ansible's auto plugin
+    listed = run(venv, ["ansible-inventory", "-i", "hosts.fdl.yml", "--list"], project, ansible_env)
     assert listed.returncode == 0, listed.stderr
     assert "__ansible_unsafe" not in listed.stdout and "[DEPRECATION WARNING]" not in listed.stderr, listed.stderr
     inventory = json.loads(listed.stdout)
@@ -127,8 +130,7 @@ def test_controller_combination(combo, wheel, kit, fake_nvml, short_tmp, testbed
     assert inventory["_meta"]["hostvars"]["h2"]["ansible_user"] == h2.user
 
     # the shipped playbook straight from ansible-playbook, as Ansible users run it: green, nothing deprecated
-    played = run(venv, ["ansible-playbook", "-i", "fdl.cluster.yml", f"{share}/playbooks/probe.yml"], project,
-                 {**testbed_home, "ANSIBLE_CONFIG": f"{share}/ansible.cfg"})
+    played = run(venv, ["ansible-playbook", "-i", "hosts.fdl.yml", "flodl.fdl.probe"], project, ansible_env)
     assert played.returncode == 0, played.stdout[-3000:] + played.stderr
     assert "DEPRECATION WARNING" not in played.stdout + played.stderr, played.stdout + played.stderr
     assert "[WARNING]" not in played.stdout + played.stderr, played.stdout + played.stderr

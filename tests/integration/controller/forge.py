@@ -23,14 +23,30 @@ import socket
 import sys
 
 
-def request(method: str, path: str, body: bytes, *, close: bool = True) -> bytes:
+def request(method: str, path: str, body: bytes, *, close: bool = True, headers: str = "") -> bytes:
     head = f"{method} {path} HTTP/1.1\r\nHost: fdl\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    head += headers
     return (head + ("Connection: close\r\n" if close else "") + "\r\n").encode() + body
+
+
+def forged_proof(rng: random.Random) -> str:
+    """Proof headers that are not a token's: random, truncated, or missing parts (token mode)."""
+    import time
+
+    stamp = rng.choice([str(int(time.time())), "0", "x", str(int(time.time()) + 10 ** 6)])
+    nonce = f"{rng.getrandbits(128):032x}"
+    proof = rng.choice([f"{rng.getrandbits(256):064x}", "", "0" * 63, "g" * 64])
+    lines = [f"X-Fdl-Time: {stamp}", f"X-Fdl-Nonce: {nonce}", f"X-Fdl-Proof: {proof}"]
+    return "".join(line + "\r\n" for line in lines if rng.random() < 0.9)
 
 
 def forged(rng: random.Random, i: int, mode: str) -> bytes:
     """One request that must never admit a host nor fire the switch."""
     kind = rng.randrange(9)
+    if mode == "token" and kind in (0, 1, 3):  # well-formed requests with forged proofs (the token is never sent)
+        path = "/start" if kind == 3 else "/join"
+        body = {} if kind == 3 else {"host": f"walkin-{i}", "devices": "cpu:1", "run_id": "pinned"}
+        return request("POST", path, json.dumps(body).encode(), headers=forged_proof(rng))
     ticket = f"m{rng.randrange(5)}.{rng.getrandbits(128):032x}"
     token = rng.choice([None, "", f"{rng.getrandbits(128):032x}", "s3cret-but-not-quite", "x" * rng.randrange(1, 600)])
     devices = rng.choice(["0", "0,1", "cpu:2", [0, 1, 2]])

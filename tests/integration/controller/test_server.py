@@ -265,7 +265,7 @@ def test_slowloris_connections_are_cut_and_others_are_served() -> None:
 
 
 def test_connections_over_the_limit_get_503_and_the_server_recovers() -> None:
-    with serving(RunPolicy(window_s=60), limits=Limits(max_connections=8)) as server:
+    with serving(RunPolicy(window_s=60), limits=Limits(max_connections=8, member_reserve=0)) as server:
         idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(8)]
         try:
             time.sleep(0.2)
@@ -291,7 +291,8 @@ def test_ten_thousand_forged_requests_admit_nobody() -> None:
     from fdl.controller.policy import RosterHost
 
     policy = RunPolicy(discovery=False, start="manual", run_id="pinned", window_s=600,
-                       roster=(RosterHost("node-a", parse_devices("cpu:1")), RosterHost("node-b", parse_devices("0"))))
+                       roster=(RosterHost("node-a", parse_devices("cpu:1"), "127.0.0.1"),
+                               RosterHost("node-b", parse_devices("0"))))
     with serving(policy) as server:
         statuses = send_all("127.0.0.1", server.port, 10_000, 20_260_505, "roster")
         assert sum(statuses.values()) == 10_000
@@ -354,3 +355,21 @@ def test_for_cluster_binds_loopback_when_tunnel_only(tmp_path) -> None:
         with client(server) as c:
             assert c.hello(hello("a", run_id="r1"))["admitted"]
             assert c.state()["controller"] == f"10.0.0.1:{port}"
+
+
+def test_a_body_labelled_gzip_is_a_json_400_without_a_traceback(caplog) -> None:
+    """regression: `Content-Encoding: gzip` with a body that is not gzip gave a 500 and a logged traceback per
+    request."""
+    import gzip
+    import logging
+
+    body = json.dumps(hello("a")).encode()
+    caplog.set_level(logging.DEBUG)
+    with serving(RunPolicy(window_s=60)) as server:
+        for data in (body, gzip.compress(body)):
+            status, answer = raw(server, b"POST /join HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+                                         b"Content-Length: %d\r\n\r\n" % len(data) + data)
+            assert (status, answer["reason"]) == (400, "bad_request") and "uncompressed" in answer["message"]
+        time.sleep(1.5)  # past aiohttp's lingering read of the unread body
+        assert server.state()["roster"] == []
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]

@@ -1,4 +1,4 @@
-"""playbooks/join-worker.yml straight from ansible-playbook against a testbed host: the index install path,
+"""The flodl.fdl.join_worker playbook straight from ansible-playbook against a testbed host: the index install path,
 and the refusals a user meets (each names what was wrong, and nothing is written)."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fdl import resources
 from tests.conftest import REPO
 from tests.integration.images.conftest import BIN, tool_env
 
 pytestmark = [pytest.mark.testbed(hosts=1), pytest.mark.slow]
-PLAYBOOK = REPO / "playbooks" / "join-worker.yml"
+PLAYBOOK = "flodl.fdl.join_worker"  # the collection playbook, from the collection fdl runs
 
 
 class Play:
@@ -43,7 +44,8 @@ class Play:
         variables = {k: v for k, v in {**self.base, **changes}.items() if v is not None}
         extra = self.tmp / "vars.json"
         extra.write_text(json.dumps(variables))
-        env = tool_env(self.tmp / "home", {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg")})
+        env = tool_env(self.tmp / "home", {"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+                                           "ANSIBLE_COLLECTIONS_PATH": str(resources.collections_path())})
         done = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(self.inventory), str(PLAYBOOK),
                                "-e", f"@{extra}"], capture_output=True, text=True, env=env, timeout=600)
         return done.returncode, done.stdout + done.stderr
@@ -70,6 +72,9 @@ def test_refusals_name_the_problem_and_write_nothing(play):
     assert rc == 2 and "fdl_join_worker_wheel is empty" in out, out
     rc, out = play.run(fdl_join_worker_config_dir="var/lib/fdl-join")
     assert rc == 2 and "must be absolute: var/lib/fdl-join" in out, out
+    # regression: a Python without venv (Debian's python3 lacks python3-venv) failed later, inside pip's task
+    rc, out = play.run(fdl_join_worker_python="/bin/false")
+    assert rc == 2 and "/bin/false on w1 cannot create fdl's virtualenv" in out and "python3-venv" in out, out
     rc, out = play.run(fdl_join_worker_install_from="tarball")
     assert rc == 2 and "fdl_join_worker_install_from" in out and "wheel, index" in out, out  # argument specs
     assert not play.exists("")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,15 +27,18 @@ def host_vars(host, **extra) -> dict:
             "ansible_ssh_common_args": f"-o UserKnownHostsFile={host.bed.known_hosts}", **extra}
 
 
+@pytest.fixture(autouse=True)
+def _collection(installed_collection, monkeypatch):
+    """Every scenario runs the roles by FQCN from the collection installed out of its built tarball."""
+    monkeypatch.setenv("FDL_MOLECULE_COLLECTIONS", str(installed_collection))
+
+
 def molecule(scenario: str, inventory: dict, tmp: Path,
              steps: tuple[str, ...] = ("converge", "idempotence", "verify")) -> str:
     path = tmp / "inventory.yml"
     path.write_text(yaml.safe_dump(inventory))
     env = tool_env(tmp / "home", {"FDL_MOLECULE_INVENTORY": str(path)})
-    modutils = subprocess.run([sys.executable, "-m", "fdl.cluster.modutils"], env=env, cwd=REPO,
-                              capture_output=True, text=True, timeout=60)
-    assert modutils.returncode == 0, modutils.stderr
-    env["FDL_MOLECULE_MODULE_UTILS"] = modutils.stdout.strip()
+    assert env["FDL_MOLECULE_COLLECTIONS"]
     done = subprocess.run([str(BIN / "molecule"), "test", "-s", scenario], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=900)
     out = ANSI.sub("", done.stdout + done.stderr)
@@ -69,7 +71,7 @@ def test_join_door_opens_a_door_sshd_confines(testbed, short_tmp):
         fdl_molecule_controller_port=27137,
         fdl_molecule_public_key=(short_tmp / "farm.pub").read_text().strip())}}}}}
     out = molecule("fdl_join_door", inventory, short_tmp)
-    assert "RUNNING HANDLER [fdl_join_door : Reload sshd with the configured command]" in out
+    assert "RUNNING HANDLER [flodl.fdl.fdl_join_door : Reload sshd with the configured command]" in out
     assert not Path(f"{host.home}/door").exists()
     left = host.ssh(f"pgrep -u {host.user} -f '[s]shd -f {host.home}/door/'", check=False)
     assert left.returncode == 1, f"destroy left the scenario's sshd running: {left.stdout}"

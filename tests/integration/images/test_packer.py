@@ -1,6 +1,6 @@
 """packer/worker.pkr.hcl: `packer validate`, and a real bake with the null builder against a testbed host.
 
-Debian's packer 1.6 carries the ansible provisioner built in; the provisioner runs playbooks/join-worker.yml
+Debian's packer 1.6 carries the ansible provisioner built in; the provisioner runs flodl.fdl's join_worker playbook
 with this checkout's roles over real SSH, and the test then reads what landed on the host.
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fdl import resources
 from tests.conftest import REPO
 from tests.integration.images.conftest import fdl_wheel, tool_env
 
@@ -34,11 +35,12 @@ def test_packer_validates_the_template_and_names_missing_variables(tmp_path):
     join_vars = tmp_path / "join.yml"
     join_vars.write_text("fdl_join_worker_controller: 10.0.0.1:1337\n")
     done = packer("validate", "-var", "ssh_host=10.0.0.5", "-var", f"ssh_private_key_file={key}",
-                  "-var", f"join_vars={join_vars}", str(TEMPLATE), home=tmp_path / "home")
+                  "-var", f"join_vars={join_vars}", "-var", f"collections={resources.collections_path()}",
+                  str(TEMPLATE), home=tmp_path / "home")
     assert done.returncode == 0, done.stdout + done.stderr
     bare = packer("validate", str(TEMPLATE), home=tmp_path / "home")
     assert bare.returncode == 1
-    for name in ("ssh_host", "ssh_private_key_file", "join_vars"):
+    for name in ("ssh_host", "ssh_private_key_file", "join_vars", "collections"):
         assert f'Unset variable "{name}"' in bare.stdout + bare.stderr
 
 
@@ -63,7 +65,7 @@ def test_null_builder_bakes_the_worker_onto_a_testbed_host(testbed, wheelhouse, 
     done = packer("build", "-color=false", "-var", f"ssh_host={host.address}", "-var", f"ssh_port={host.port}",
                   "-var", f"ssh_username={host.user}", "-var", f"ssh_private_key_file={host.key}",
                   "-var", f"ssh_known_hosts={testbed.known_hosts}", "-var", "become=false",
-                  "-var", f"join_vars={join_vars}",
+                  "-var", f"join_vars={join_vars}", "-var", f"collections={resources.collections_path()}",
                   "-var", f"fdl_wheel={fdl_wheel(wheelhouse)}", str(TEMPLATE), home=short_tmp / "home")
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-6000:]
@@ -78,7 +80,7 @@ def test_null_builder_bakes_the_worker_onto_a_testbed_host(testbed, wheelhouse, 
     assert modes.split("\n")[:3] == [f"600 {host.user}", f"600 {host.user}", f"644 {host.user}"]
     text = host.ssh(f"cat {unit}").stdout
     assert f"ExecStart={root}/opt/fdl/bin/fdl join --persist\n" in text
-    assert "RestartPreventExitStatus=2\n" in text and "FailureAction=poweroff\n" in text
+    assert "RestartPreventExitStatus=2\n" in text and "systemctl --no-block poweroff; fi'\n" in text
     verify = host.ssh(f"systemd-analyze verify {unit}", check=False)
     assert verify.returncode == 0 and "flodl-join.service" not in verify.stderr, verify.stderr
     enabled = host.ssh(f"systemctl --root={root} is-enabled flodl-join.service", check=False)

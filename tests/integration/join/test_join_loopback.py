@@ -24,7 +24,7 @@ from tests.integration.join.helpers import (
     train_binary,
     wait_for,
 )
-from tests.join_util import free_port
+from tests.join_util import free_port, write_program
 
 pytestmark = pytest.mark.slow
 
@@ -96,6 +96,36 @@ def test_a_different_signature_is_refused_and_a_stopped_agent_leaves_the_window(
         state = server.state()
     assert state["roster"] == []  # it reported its exit before the world formed: the roster stays true
     assert state["departed"][0]["host"] == "h1"
+
+
+def test_sigterm_while_ranks_run_stops_them_reports_and_dies_of_the_signal(tmp_path):
+    """Regression: a SIGTERM landing while the agent waited on its rank thread marked that thread finished
+    (CPython's Thread.join, interrupted by a signal handler's exception, releases a lock the running thread
+    holds), so the agent crashed with an IndexError and exited 1: under systemd, `systemctl stop` then
+    counted as a failure."""
+    holder = write_program(tmp_path / "hold", """
+import os, sys, time
+if os.environ.get("FDL_SIGNATURE_PROBE") == "1":
+    sys.exit(0)
+print("holding", flush=True)
+while True:
+    time.sleep(0.2)
+""")
+    with controller(policy(max_hosts=1, window_s=60)) as server:
+        proc = spawn_join(server.address, "--persist", "--bin", str(holder), "--host", "h1", "--devices", "cpu:1",
+                          home=tmp_path / "h1")
+        try:
+            wait_for(lambda: server.state()["phase"] == "training", timeout=60, what="the rank to run")
+            wait_for(lambda: list((tmp_path / "h1").rglob("rank-0.log"))
+                     and "holding" in next((tmp_path / "h1").rglob("rank-0.log")).read_text(), what="its output")
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+        code, _, err = finish(proc)
+        state = server.state()
+    assert code == -signal.SIGTERM, err  # it dies of the signal it got: a clean stop to systemd
+    assert "internal error" not in err and "stopped by SIGTERM" in err, err
+    assert "ranks finished: exit 143 (the agent was stopped (signal 15))" in err, err
+    assert state["roster"][0]["exit_code"] == 143  # the controller heard of it
 
 
 def test_a_closed_window_is_refused_transiently(tmp_path):
@@ -208,3 +238,41 @@ def test_a_join_block_that_does_not_parse_is_permanent(tmp_path):
     (project / "fdl.yml").write_text("join:\n  controller: 10.0.0.1:1337\n  persist: sometimes\n")
     code, _, err = finish(spawn_join(home=tmp_path / "h", cwd=project), timeout=60)
     assert code == 2 and "join.persist" in err and "true or false" in err
+
+
+RESTART_PROBE = r'''
+import os, sys
+if os.environ.get("FDL_SIGNATURE_PROBE") == "1":
+    print("fdl-signature: ab12cd34ef56ab12", flush=True)
+    sys.exit(0)
+with open(os.environ["TEST_RESTART_LOG"], "a") as log:
+    log.write(" ".join(os.environ.get(k, "-") for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                                                         "TORCHELASTIC_MAX_RESTARTS")) + "\n")
+'''
+
+
+def test_torchruns_restart_pair_counts_persist_redials_into_the_same_run(tmp_path):
+    from tests.join_util import write_program
+
+    program = write_program(tmp_path / "probe", RESTART_PROBE)
+    log = tmp_path / "restarts.log"
+    env = {"TEST_RESTART_LOG": str(log)}
+    port = free_port()
+    one_shot = spawn_join(f"127.0.0.1:{port}", "--bin", str(program), "--host", "h1", "--devices", "cpu:1",
+                          home=tmp_path / "one", env=env)
+    with controller(policy(max_hosts=1, window_s=60, launch_id="job-0"), port=port):
+        assert finish(one_shot)[0] == 0
+    persist = spawn_join(f"127.0.0.1:{port}", "--persist", "--bin", str(program), "--host", "h1", "--devices",
+                         "cpu:1", home=tmp_path / "persist", env=env)
+    lines = Lines(persist)
+    try:
+        for n, run in enumerate(("job-a", "job-a", "job-b"), start=1):  # the same run twice, then another
+            with controller(policy(max_hosts=1, window_s=60, launch_id=run), port=port) as server:
+                wait_for(lambda: server.state()["phase"] == "done", timeout=90, what=f"run {n} to finish")
+            wait_for(lambda n=n: lines.count("the agent exited 0; re-dialing") >= n, timeout=30,
+                     what=f"the re-dial after run {n}")
+    finally:
+        terminate(persist, lines)
+    unbounded = str(2**31 - 1)  # --persist never stops re-dialing; torchrun's maximum is an integer
+    assert log.read_text().splitlines() == ["job-0 0 0", f"job-a 0 {unbounded}", f"job-a 1 {unbounded}",
+                                            f"job-b 0 {unbounded}"]

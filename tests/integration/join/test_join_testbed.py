@@ -138,9 +138,10 @@ def test_a_wrong_token_from_another_host_is_permanent(bed, tmp_path):
         missing, _, err_missing = finish(join_on(h1, f"{bed.gateway}:{port}", "--bin", str(binary), "--host", "h1",
                                                  "--devices", "cpu:1", bed=bed))
         state = server.state()
-    assert code == 2 and "refused this box (bad_token)" in err and "does not match" in err
+    assert code == 2 and "could not prove it holds the run's token" in err and "does not match" in err
     assert "wrong-token" not in err  # the secret is never echoed
-    assert missing == 2 and "no token presented" in err_missing
+    assert missing == 2 and "refused this box (bad_token)" in err_missing \
+        and "no proof of the run's token" in err_missing
     assert state["refusals"] == {"bad_token": 2} and state["roster"] == []
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fdl.agent import supervisor as sup_module
-from fdl.agent.supervisor import RESULT_PREFIX, Supervisor
+from fdl.agent.supervisor import RESULT_PREFIX, WORKER_ENV, Supervisor
 
 SUPERVISOR_FILE = Path(sup_module.__file__)
 
@@ -146,3 +146,57 @@ def test_no_orphans_when_the_supervisor_goes_away(tmp_path: Path, how: str) -> N
     while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.05)
     assert not any(alive(p) for p in pids)
+
+
+# --------------------------------------------------------------------------- torchrun's worker-side environment
+
+ENV_PROBE = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in {WORKER_ENV!r}}}))"
+
+
+def rank_envs(ranks: int, base: dict, spec_env: dict | None = None, **kwargs) -> tuple[dict, list[str]]:
+    lines: list[tuple[int, str]] = []
+    notes: list[str] = []
+    sup = Supervisor(py(ENV_PROBE), [{"rank": r, "env": dict(spec_env or {})} for r in range(ranks)],
+                     base_env=base, on_line=lambda r, l: lines.append((r, l)), on_note=notes.append, **kwargs)
+    assert sup.run().exit_code == 0
+    return {r: json.loads(line) for r, line in lines}, notes
+
+
+def test_more_than_one_rank_on_a_host_gets_one_omp_thread_each_as_under_torchrun() -> None:
+    envs, notes = rank_envs(2, {"PATH": os.environ["PATH"]})
+    assert [envs[r]["OMP_NUM_THREADS"] for r in (0, 1)] == ["1", "1"]
+    assert {envs[r]["TORCHELASTIC_RESTART_COUNT"] for r in (0, 1)} == {"0"}
+    assert {envs[r]["TORCHELASTIC_MAX_RESTARTS"] for r in (0, 1)} == {"0"}
+    assert {envs[r]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] for r in (0, 1)} == {"1"}
+    assert all(None not in envs[r].values() for r in (0, 1))  # every name the worker side owns is set
+    assert len(notes) == 1 and notes[0].startswith("OMP_NUM_THREADS=1 for each of this host's 2 ranks")
+
+
+def test_a_lone_rank_keeps_every_core_and_nothing_set_is_overridden() -> None:
+    envs, notes = rank_envs(1, {"PATH": os.environ["PATH"]})
+    assert envs[0]["OMP_NUM_THREADS"] is None and not notes  # torchrun leaves one process per node alone
+    base = {"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "3", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
+    envs, notes = rank_envs(2, base)  # the user's environment
+    assert {envs[r]["OMP_NUM_THREADS"] for r in (0, 1)} == {"3"} and not notes
+    assert {envs[r]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] for r in (0, 1)} == {"0"}
+    envs, notes = rank_envs(2, {"PATH": os.environ["PATH"]}, {"OMP_NUM_THREADS": "2"})  # a worker's env:
+    assert {envs[r]["OMP_NUM_THREADS"] for r in (0, 1)} == {"2"} and not notes
+
+
+def test_the_restart_pair_is_the_supervisors_own_not_the_specs() -> None:
+    envs, _ = rank_envs(1, {"PATH": os.environ["PATH"]}, {"TORCHELASTIC_RESTART_COUNT": "9"}, restart_count=2,
+                        max_restarts=5)
+    assert envs[0]["TORCHELASTIC_RESTART_COUNT"] == "2" and envs[0]["TORCHELASTIC_MAX_RESTARTS"] == "5"
+
+
+def test_a_standalone_supervisor_reads_the_restart_pair_from_its_spec(tmp_path: Path) -> None:
+    spec = {"argv": py(ENV_PROBE), "label": "hx", "restart_count": 1, "max_restarts": 4, "watch_stdin": False,
+            "ranks": [{"rank": 0, "env": {}}, {"rank": 1, "env": {}}]}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    done = subprocess.run([sys.executable, str(SUPERVISOR_FILE), str(tmp_path / "spec.json")], capture_output=True,
+                          text=True, timeout=60, env={"PATH": os.environ["PATH"]})
+    assert done.returncode == 0, done.stderr
+    seen = [json.loads(line.split("] ", 1)[1]) for line in done.stdout.splitlines() if line.startswith("[hx/")]
+    assert seen == [{"OMP_NUM_THREADS": "1", "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "4",
+                     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}] * 2
+    assert done.stderr.startswith("fdl supervisor: OMP_NUM_THREADS=1 for each of this host's 2 ranks")

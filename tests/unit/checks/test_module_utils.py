@@ -13,7 +13,8 @@ from pathlib import Path
 from tests.conftest import REPO
 
 CHECKS = REPO / "fdl" / "checks"
-ALLOWED_THIRD_PARTY = {"pynvml", "ansible"}  # ansible only as the module_utils fallback for pynvml
+ALLOWED_THIRD_PARTY = {"pynvml", "ansible_collections"}  # the collection's vendored pynvml, on a host
+VENDORED_PYNVML = "ansible_collections.flodl.fdl.plugins.module_utils"
 
 
 def test_checks_import_only_stdlib_pynvml_and_siblings() -> None:
@@ -32,7 +33,7 @@ def test_checks_import_only_stdlib_pynvml_and_siblings() -> None:
                 top = name.split(".")[0]
                 if top in sys.stdlib_module_names or top == "__future__":
                     continue
-                if top in ALLOWED_THIRD_PARTY and (top != "ansible" or name == "ansible.module_utils"):
+                if top in ALLOWED_THIRD_PARTY and (top != "ansible_collections" or name == VENDORED_PYNVML):
                     continue
                 offenders.append(f"{source.name}:{node.lineno} imports {name}")
     assert offenders == []

@@ -1,11 +1,17 @@
-"""The fdl_cluster inventory plugin, driven the way Ansible drives it, into a real InventoryData."""
+"""The flodl.fdl.cluster inventory plugin as users run it: ansible-inventory, no ansible.cfg, the source file
+enabled by Ansible's stock `auto` plugin, the collection found on ANSIBLE_COLLECTIONS_PATH."""
 
 from __future__ import annotations
 
-import pytest
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
-from fdl.resources import inventory_plugins_dir
+from tests.conftest import REPO
 
+BIN = Path(sys.executable).parent
 CLUSTER = """\
 cluster:
   controller: {host: 10.0.0.1}
@@ -17,85 +23,114 @@ cluster:
 """
 
 
-@pytest.fixture
-def plugin():
-    from ansible.plugins.loader import inventory_loader
-
-    inventory_loader.add_directory(str(inventory_plugins_dir()))
-    found = inventory_loader.get("fdl_cluster")
-    assert found is not None, "the fdl_cluster plugin did not load"
-    return found
+def inventory(source: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(ANSIBLE_COLLECTIONS_PATH=str(REPO), PYTHONPATH=str(REPO), HOME=str(source.parent / ".home"),
+               ANSIBLE_NOCOLOR="1")
+    return subprocess.run([str(BIN / "ansible-inventory"), "-i", str(source), "--list", *extra], cwd=source.parent,
+                          env=env, capture_output=True, text=True, timeout=120)
 
 
-def parse(plugin, path):
-    from ansible.inventory.data import InventoryData
-    from ansible.parsing.dataloader import DataLoader
-
-    data = InventoryData()
-    plugin.parse(data, DataLoader(), str(path))
-    return data
+def listed(source: Path) -> dict:
+    done = inventory(source)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
-def test_groups_and_hostvars(plugin, project):
-    data = parse(plugin, project("fdl.cluster.yml", CLUSTER))
-    members = {name: sorted(h.name for h in group.get_hosts()) for name, group in data.groups.items()}
-    assert members["fdl_workers"] == ["node-a", "node-b", "node-c"]
-    assert members["fdl_controller"] == ["node-a"]
-    assert members["arch_precompiled_cu128"] == ["node-a", "node-c"]
-    assert members["arch_builds_sm61_sm120"] == ["node-b"]
-    b = data.get_host("node-b").get_vars()
+def members(data: dict, group: str) -> list[str]:
+    return sorted(data.get(group, {}).get("hosts", []))
+
+
+def test_groups_and_hostvars_with_no_ansible_cfg(project):
+    project("fdl.cluster.yml", CLUSTER)
+    data = listed(project("hosts.fdl.yml", "plugin: flodl.fdl.cluster\n"))
+    assert members(data, "fdl_workers") == ["node-a", "node-b", "node-c"]
+    assert members(data, "fdl_controller") == ["node-a"]
+    assert members(data, "arch_precompiled_cu128") == ["node-a", "node-c"]
+    assert members(data, "arch_builds_sm61_sm120") == ["node-b"]
+    hostvars = data["_meta"]["hostvars"]
+    b = hostvars["node-b"]
     assert b["ansible_host"] == "10.0.0.12" and b["ansible_user"] == "op" and b["ansible_port"] == 22
     assert b["ansible_ssh_private_key_file"] == "/keys/id"
-    assert b["fdl_env"] == {"LD_PRELOAD": "/x/libnccl.so.2"}
-    assert b["fdl_arch"] == "builds/sm61-sm120"
-    assert data.get_host("node-c").get_vars()["ansible_python_interpreter"] == "/usr/bin/python3.11"
-    assert data.get_host("node-a").get_vars()["fdl_local_devices"] == "0,1"
-    assert data.groups["all"].get_vars()["fdl_controller_port"] == 1337
+    assert b["fdl_env"] == {"LD_PRELOAD": "/x/libnccl.so.2"} and b["fdl_arch"] == "builds/sm61-sm120"
+    assert hostvars["node-c"]["ansible_python_interpreter"] == "/usr/bin/python3.11"
+    assert hostvars["node-a"]["fdl_local_devices"] == "0,1"
+    assert b["fdl_controller_port"] == 1337  # all-hosts variables reach every host
 
 
-@pytest.mark.parametrize("name, text, wanted", [
-    ("fdl.cluster.yml", CLUSTER, True),
-    ("fdl.yml", CLUSTER, True),
-    ("fdl.farm.yaml", CLUSTER, True),
-    ("fdl.cluster.yml", "plugin: aws_ec2\n", False),  # someone else's plugin file with our name
-    ("cluster.yml", CLUSTER, False),
-    ("hosts.ini", "[web]\nhost1\n", False),
-    ("prod.fdl_cluster.yml", "plugin: fdl_cluster\nproject_dir: .\n", True),
-])
-def test_verify_file_claims_fdl_files_only(plugin, project, name, text, wanted):
-    assert plugin.verify_file(str(project(name, text))) is wanted
-
-
-def test_config_file_form_points_at_a_project_elsewhere(plugin, project, tmp_path):
+def test_compose_groups_and_keyed_groups_like_constructed(project):
     project("fdl.cluster.yml", CLUSTER)
-    elsewhere = tmp_path / "ops"
-    elsewhere.mkdir()
-    config = elsewhere / "prod.fdl_cluster.yml"
-    config.write_text(f"plugin: fdl_cluster\nproject_dir: {project.root}\nenv: cluster\n")
-    data = parse(plugin, config)
-    assert sorted(h.name for h in data.groups["fdl_workers"].get_hosts()) == ["node-a", "node-b", "node-c"]
+    data = listed(project("hosts.fdl.yml", """\
+        plugin: flodl.fdl.cluster
+        compose:
+          gpu_count: fdl_local_devices.split(',') | length
+          reach: ansible_host ~ ':' ~ ansible_port
+        groups:
+          source_built: fdl_arch.startswith('builds/')
+        keyed_groups:
+          - key: fdl_arch.split('/')[0]
+            prefix: kind
+        """))
+    hostvars = data["_meta"]["hostvars"]
+    assert hostvars["node-a"]["gpu_count"] == 2 and hostvars["node-a"]["reach"] == "10.0.0.1:22"
+    assert members(data, "source_built") == ["node-b"]
+    assert members(data, "kind_precompiled") == ["node-a", "node-c"] and members(data, "kind_builds") == ["node-b"]
 
 
-def test_broken_config_stops_ansible_with_fdls_message(plugin, project, capsys):
-    path = project("fdl.cluster.yml", "cluster:\n  workers:\n    - {host: a, port: 70000}\n")
-    with pytest.raises(SystemExit) as exc:
-        parse(plugin, path)
-    assert exc.value.code == 1
-    err = capsys.readouterr().err
-    assert "fdl.cluster.yml:3" in err and "cluster.workers[0].port" in err and "TCP port" in err
+def test_strict_makes_a_broken_expression_an_error(project):
+    project("fdl.cluster.yml", CLUSTER)
+    source = project("hosts.fdl.yml", "plugin: flodl.fdl.cluster\nstrict: true\ncompose:\n  x: no_such_var.y\n")
+    done = inventory(source)
+    assert "no_such_var" in done.stderr, done.stderr  # strict: the broken expression fails the source
+    assert "node-a" not in done.stdout
+    lax = project("lax.fdl.yml", "plugin: flodl.fdl.cluster\ncompose:\n  x: no_such_var.y\n")
+    assert "x" not in listed(lax)["_meta"]["hostvars"]["node-a"]
 
 
-def test_broken_config_file_form_is_a_parser_error(plugin, project, tmp_path):
-    from ansible.errors import AnsibleParserError
+def test_a_source_elsewhere_names_the_project_and_env(project, tmp_path):
+    project("fdl.farm.yml", CLUSTER)
+    ops = tmp_path / "ops"
+    ops.mkdir()
+    source = ops / "prod.fdl.yml"
+    source.write_text(f"plugin: flodl.fdl.cluster\nproject_dir: ../{project.root.name}\nenv: farm\n")
+    assert members(listed(source), "fdl_workers") == ["node-a", "node-b", "node-c"]
 
-    project("fdl.cluster.yml", "cluster:\n  workers:\n    - {host: 'a b'}\n")
-    config = tmp_path / "x.fdl_cluster.yml"
-    config.write_text(f"plugin: fdl_cluster\nproject_dir: {project.root}\nenv: cluster\n")
-    with pytest.raises(AnsibleParserError, match=r"cluster\.workers\[0\]\.host"):
-        parse(plugin, config)
+
+def test_an_empty_env_reads_the_base_file_alone(project):
+    project("fdl.yml", "commands:\n  test: echo hi\n" + CLUSTER)
+    project("fdl.cluster.yml", "cluster:\n  workers:\n    - {host: other}\n")
+    data = listed(project("base.fdl.yml", "plugin: flodl.fdl.cluster\nenv: ''\n"))
+    assert members(data, "fdl_workers") == ["node-a", "node-b", "node-c"]
 
 
-def test_no_workers_is_a_warning_and_an_empty_inventory(plugin, project, capsys):
-    data = parse(plugin, project.root / "fdl.yml")
-    assert [h.name for h in data.groups["all"].get_hosts()] == []
-    assert "defines no cluster hosts" in capsys.readouterr().err
+def test_a_file_not_named_for_the_plugin_is_not_claimed(project):
+    project("fdl.cluster.yml", CLUSTER)
+    done = inventory(project("hosts.yml", "plugin: flodl.fdl.cluster\n"))
+    assert "node-a" not in done.stdout
+    assert "flodl.fdl.cluster" in done.stderr or "Unable to parse" in done.stderr
+
+
+def test_broken_config_stops_ansible_with_fdls_message(project):
+    project("fdl.cluster.yml", "cluster:\n  workers:\n    - {host: a, port: 70000}\n")
+    done = inventory(project("hosts.fdl.yml", "plugin: flodl.fdl.cluster\n"))
+    assert done.returncode == 1, done.stdout
+    assert "fdl.cluster.yml:3" in done.stderr and "cluster.workers[0].port" in done.stderr, done.stderr
+    assert "TCP port" in done.stderr
+
+
+def test_no_workers_is_a_warning_and_an_empty_inventory(project):
+    done = inventory(project("hosts.fdl.yml", "plugin: flodl.fdl.cluster\nenv: ''\n"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["_meta"]["hostvars"] == {}
+    assert "defines no cluster hosts" in done.stderr
+
+
+def test_the_plugin_documents_its_options():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    done = subprocess.run([str(BIN / "ansible-doc"), "-t", "inventory", "flodl.fdl.cluster", "--json"],
+                          env={**env, "ANSIBLE_COLLECTIONS_PATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    options = json.loads(done.stdout)["flodl.fdl.cluster"]["doc"]["options"]
+    for field in ("plugin", "project_dir", "env", "compose", "groups", "keyed_groups", "strict"):
+        assert field in options, field

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
@@ -21,7 +22,7 @@ from fdl.cluster.runner import (
 )
 from fdl.cluster.ssh import ssh_options
 from fdl.errors import FdlError
-from fdl.resources import share_dir
+from fdl.resources import collection_root, share_dir
 from tests.conftest import REPO, need_root_or_skip
 
 
@@ -42,7 +43,10 @@ def test_settings_come_from_the_shipped_config_and_beat_stray_environment(monkey
     assert env["ANSIBLE_FORKS"] == "7"
     assert env["PATH"].split(os.pathsep)[0] == str(ansible_bin_dir())
     assert (ansible_bin_dir() / "ansible-playbook").exists()
-    assert env["ANSIBLE_MODULE_UTILS"].startswith(str(tmp_path / "fdl" / "module_utils"))
+    assert "ANSIBLE_MODULE_UTILS" not in env and "ANSIBLE_ROLES_PATH" not in env  # the collection holds it all
+    assert env["ANSIBLE_COLLECTIONS_SCAN_SYS_PATH"] == "False"
+    tree = Path(env["ANSIBLE_COLLECTIONS_PATH"]) / "ansible_collections" / "flodl" / "fdl"
+    assert (tree / "plugins" / "module_utils" / "checks" / "probe.py").is_file()
 
 
 def test_control_sockets_move_to_a_short_path_when_the_cache_is_deep(monkeypatch, tmp_path):
@@ -98,19 +102,35 @@ def test_xdg_runtime_dir_is_preferred_when_private(monkeypatch, short_tmp):
     assert control_path_dir() == short_tmp / "cache" / "fdl" / "cp"
 
 
-def test_module_utils_dir_links_the_check_library_and_pynvml(monkeypatch, tmp_path):
-    from fdl.cluster.modutils import module_utils_dir
+def test_a_clone_runs_the_collection_built_into_the_cache_once_per_content(monkeypatch, tmp_path):
+    from fdl import collection
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    first = module_utils_dir()
-    assert (first / "fdl_checks" / "probe.py").resolve() == (REPO / "fdl" / "checks" / "probe.py").resolve()
-    assert (first / "pynvml.py").is_symlink()
-    assert module_utils_dir() == first  # made once, then reused
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    source = tmp_path / "src"
+    import shutil
+
+    shutil.copytree(collection.SOURCE_IN_REPO, source, ignore=shutil.ignore_patterns("__pycache__"))
+    first = collection.built_in_cache(source)
+    tree = first / "ansible_collections" / "flodl" / "fdl"
+    utils = tree / "plugins" / "module_utils"
+    assert first.parent == tmp_path / "cache" / "fdl" / "collections"
+    assert first.name.startswith(collection.version() + "-")
+    # real files, the very bytes of the package: no links, nothing assembled on the hosts' side
+    assert not (utils / "checks" / "probe.py").is_symlink()
+    assert (utils / "checks" / "probe.py").read_bytes() == (REPO / "fdl" / "checks" / "probe.py").read_bytes()
+    assert (utils / "supervisor.py").read_bytes() == (REPO / "fdl" / "agent" / "supervisor.py").read_bytes()
+    assert (utils / "farm" / "doors.py").read_bytes() == (REPO / "fdl" / "farm" / "doors.py").read_bytes()
+    assert "Redistribution and use" in (utils / "pynvml.LICENSE.txt").read_text()
+    assert collection.built_in_cache(source) == first  # made once, then reused
+    (source / "playbooks" / "probe.yml").write_text((source / "playbooks" / "probe.yml").read_text() + "# edit\n")
+    second = collection.built_in_cache(source)
+    assert second != first and (second / "ansible_collections/flodl/fdl/playbooks/probe.yml").read_text().endswith(
+        "# edit\n")
 
 
 def test_every_shipped_playbook_marks_its_processes_with_the_run_id():
     """The Ctrl-C sweep finds a run's remote processes by FDL_RUN_ID: every play must export it."""
-    for path in sorted((share_dir() / "playbooks").glob("*.yml")):
+    for path in sorted((collection_root() / "playbooks").glob("*.yml")):
         for play in yaml.safe_load(path.read_text()):
             environment = play.get("environment") or {}
             assert "FDL_RUN_ID" in environment and RUN_ID_VAR in environment["FDL_RUN_ID"], (path.name, play["name"])
@@ -144,3 +164,15 @@ def test_progress_table_shows_each_hosts_state_and_task():
     assert "probe: 2/3 hosts done" in text
     assert "node-b" in text and "running" in text and "Probe this host" in text
     assert "unreachable" in text and "Permission denied (publickey)" in text
+
+
+def test_an_unwritable_cache_is_a_clear_fdl_error(monkeypatch, tmp_path):
+    from fdl import collection
+    from fdl.errors import FdlError
+
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    with pytest.raises(FdlError, match="could not write the flodl.fdl collection") as caught:
+        collection.built_in_cache()
+    assert caught.value.hint and "XDG_CACHE_HOME" in caught.value.hint

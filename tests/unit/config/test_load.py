@@ -147,6 +147,8 @@ def test_env_precedence_flag_sigil_variable() -> None:
         ("commands: {test: {cluster: false}}", r"commands.test: expected run:"),
         ("commands: {train: {cluster: true, bin: x, args: --epochs}}", r"commands.train.args: expected a list"),
         ("commands: [a, b]", r"commands: expected a mapping of command names"),
+        ("commands: {train: {run: x, env: {'OMP NUM': '2'}}}", r"commands.train.env.OMP NUM: expected an environment"),
+        ("commands: {train: {run: x, env: [OMP_NUM_THREADS=2]}}", r"commands.train.env: expected a mapping of env"),
         ("join: {gpu_ram_share: 3}", r"join.gpu_ram_share: expected a number from 0 to 1, found 3"),
         ("join: {controller: 'a b:1'}", r"join.controller: expected host\[:port\]"),
         ("publish: {args: 7}", r"publish.args: expected a list of arguments"),

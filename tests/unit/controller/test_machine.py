@@ -103,7 +103,7 @@ def test_quorum_in_ranks() -> None:
     m = machine(start="manual", quorum_hosts=1, quorum_ranks=4)
     join(m, "a", "0,1")
     assert m.phase == "waiting"
-    err = refused(m.fire, token=None, peer="127.0.0.1", trusted=True)
+    err = refused(m.fire, peer="127.0.0.1", trusted=True)
     assert err.reason == "quorum_not_met"
     assert err.extra == {"have": {"hosts": 1, "ranks": 2}, "need": {"hosts": 1, "ranks": 4}}
     assert "1 of 1 hosts, 2 of 4 ranks" in err.message
@@ -122,15 +122,20 @@ def roster_policy(**kw) -> dict:
     return kw
 
 
+def rjoin(m: RunMachine, host: str, devices: str):
+    """A roster host's hello, from its roster address."""
+    return join(m, host, devices, peer=m.policy.roster[m.policy.roster_names.index(host)].address, trusted=False)
+
+
 def test_roster_run_admits_only_its_hosts_and_forms_in_roster_order() -> None:
     m = machine(**roster_policy())
     err = refused(join, m, "stranger")
     assert err.reason == "not_in_roster" and "node-a, node-b, node-c" in err.message
-    join(m, "node-c", "0")
-    join(m, "node-a", "0,1")
+    rjoin(m, "node-c", "0")
+    rjoin(m, "node-a", "0,1")
     assert m.phase == "waiting"  # a roster run's default quorum is the whole roster
     assert m.state()["expected"] == ["node-b"]
-    join(m, "node-b", "cpu:2")
+    rjoin(m, "node-b", "cpu:2")
     assert m.phase == "forming" and m.formed_by == "roster complete"
     seats = m.world.seats
     assert [seats[h].first_rank for h in ("node-a", "node-b", "node-c")] == [0, 2, 4]
@@ -142,7 +147,7 @@ def test_roster_run_admits_only_its_hosts_and_forms_in_roster_order() -> None:
 def test_roster_run_missing_a_host_fails_at_the_deadline_naming_the_count() -> None:
     clock = FakeClock()
     m = machine(clock, **roster_policy(window_s=10))
-    join(m, "node-a", "0,1")
+    rjoin(m, "node-a", "0,1")
     clock.advance(11)
     m.tick()
     assert m.phase == "failed" and "1 of 3 hosts" in m.reason
@@ -162,7 +167,7 @@ def test_manual_holds_at_quorum_until_the_switch_is_fired() -> None:
     clock = FakeClock()
     m = machine(clock, start="manual", quorum_hosts=2, max_hosts=2, window_s=60)
     join(m, "a")
-    err = refused(m.fire, token=None, peer="127.0.0.1", trusted=True)
+    err = refused(m.fire, peer="127.0.0.1", trusted=True)
     assert err.reason == "quorum_not_met" and "1 of 2 hosts" in err.message
     join(m, "b")
     assert m.phase == "staging"  # complete roster, but manual never forms by itself
@@ -170,11 +175,11 @@ def test_manual_holds_at_quorum_until_the_switch_is_fired() -> None:
     clock.advance(10)
     m.tick()
     assert m.phase == "staging"
-    m.fire(token=None, peer="127.0.0.1", trusted=True)
+    m.fire(peer="127.0.0.1", trusted=True)
     state = m.state()
     assert state["phase"] == "forming" and state["world"]["formed_by"] == "start switch"
     assert state["start"]["switch"] == "fired" and state["start"]["fired_by"] == "127.0.0.1"
-    err = refused(m.fire, token=None, peer="127.0.0.1", trusted=True)
+    err = refused(m.fire, peer="127.0.0.1", trusted=True)
     assert err.reason == "window_closed"
 
 
@@ -185,7 +190,7 @@ def test_manual_window_closing_unfired_fails_and_the_switch_then_says_window_clo
     clock.advance(5)
     m.tick()
     assert m.phase == "failed" and "before the start switch was fired" in m.reason
-    assert refused(m.fire, token=None, peer="127.0.0.1", trusted=True).reason == "window_closed"
+    assert refused(m.fire, peer="127.0.0.1", trusted=True).reason == "window_closed"
 
 
 def test_hybrid_forms_on_whichever_comes_first() -> None:
@@ -197,21 +202,21 @@ def test_hybrid_forms_on_whichever_comes_first() -> None:
     assert m.phase == "forming" and m.formed_by == "window deadline"
     m2 = machine(FakeClock(), start="hybrid", quorum_hosts=1, window_s=5)
     join(m2, "a")
-    m2.fire(token=None, peer="127.0.0.1", trusted=True)
+    m2.fire(peer="127.0.0.1", trusted=True)
     assert m2.phase == "forming" and m2.formed_by == "start switch"
 
 
 def test_auto_mode_has_no_switch() -> None:
     m = machine(quorum_hosts=1)
     join(m, "a")
-    err = refused(m.fire, token=None, peer="127.0.0.1", trusted=True)
+    err = refused(m.fire, peer="127.0.0.1", trusted=True)
     assert err.reason == "auto_mode" and m.phase == "staging"
 
 
 def test_refused_fire_is_not_queued() -> None:
     m = machine(start="manual", quorum_hosts=2)
     join(m, "a")
-    refused(m.fire, token=None, peer="127.0.0.1", trusted=True)
+    refused(m.fire, peer="127.0.0.1", trusted=True)
     join(m, "b")
     assert m.phase == "staging" and m.switch == "unarmed"
 
@@ -219,38 +224,67 @@ def test_refused_fire_is_not_queued() -> None:
 # ---------------------------------------------------------------- tokens
 
 
-def test_start_token_rules() -> None:
+def test_start_needs_loopback_or_a_proof_of_the_token() -> None:
     m = machine(start="manual", quorum_hosts=1, token="f00d" * 8)
     join(m, "a")
-    for token, needle in ((None, "no token presented"), ("beef" * 8, "does not match"), ("", "does not match")):
-        err = refused(m.fire, token=token, peer=PEER, trusted=False)
-        assert err.reason == "bad_token" and err.status == 403 and needle in err.message
+    err = refused(m.fire, peer=PEER, trusted=False)
+    assert err.reason == "bad_token" and err.status == 403 and "must be signed" in err.message
     assert m.phase == "staging"
-    m.fire(token="f00d" * 8, peer=PEER, trusted=False)
+    m.fire(peer=PEER, trusted=True)  # the server passes trusted=True once the request's proof matched
     assert m.phase == "forming" and m.fired_by == PEER
 
 
 def test_loopback_fires_without_a_token_and_tokenless_runs_refuse_remote_fire() -> None:
     m = machine(start="manual", quorum_hosts=1)
     join(m, "a")
-    err = refused(m.fire, token="anything", peer=PEER, trusted=False)
+    err = refused(m.fire, peer=PEER, trusted=False)
     assert err.reason == "bad_token" and "controller box" in err.message
-    m.fire(token=None, peer="127.0.0.1", trusted=True)
+    m.fire(peer="127.0.0.1", trusted=True)
     assert m.phase == "forming"
 
 
-def test_join_token_rules() -> None:
+def test_join_needs_a_proof_from_another_host() -> None:
     m = machine(token="s3cret")
     assert refused(join, m, "a", trusted=False, peer=PEER).reason == "bad_token"
-    assert refused(join, m, "a", trusted=False, peer=PEER, token="wrong").reason == "bad_token"
-    join(m, "a", trusted=False, peer=PEER, token="s3cret")
+    m.hello(hello("a"), peer=PEER, trusted=False, authed=True)
     join(m, "b", trusted=True)  # loopback: reachability (the controller box or its ssh tunnel) is the credential
     assert set(m.members) == {"a", "b"}
     assert m.members["a"].address == PEER
-    assert m.refusals == {"bad_token": 2}
+    assert m.refusals == {"bad_token": 1}
     open_run = machine()
     join(open_run, "a", trusted=False, peer=PEER)  # no token configured: open admission
     assert "a" in open_run.members
+
+
+# ---------------------------------------------------------------- roster-bound admission
+# regression: a hello naming a roster host from another address was admitted, its address became
+# MASTER_ADDR and the real host was refused; a token holder could override the roster's address and devices.
+
+
+def test_a_roster_host_joins_only_from_its_roster_address_and_the_roster_wins() -> None:
+    roster = (RosterHost("node-a", parse_devices("cpu:2"), "10.213.5.7"), RosterHost("node-b", address="10.213.5.8"))
+    m = machine(discovery=False, roster=roster, token="t" * 8)
+    for peer, authed in (("10.213.5.99", True), ("127.0.0.1", True), ("10.213.5.99", False)):
+        err = refused(m.hello, hello("node-a", "0,1,2,3", address="10.9.9.9"), peer=peer, trusted=peer == "127.0.0.1",
+                      authed=authed)
+        assert err.reason in ("wrong_address", "bad_token") and err.status == 403
+    assert m.members == {}
+    member = m.hello(hello("node-a", "0,1,2,3", address="10.9.9.9"), peer="::ffff:10.213.5.7", trusted=False,
+                     authed=True)
+    assert (member.address, str(member.devices), member.ranks) == ("10.213.5.7", "cpu:2", 2)
+    m.hello(hello("node-b", "cpu:1"), peer="10.213.5.8", trusted=False, authed=True)
+    assert m.world is not None and m.world.master_addr == "10.213.5.7"
+
+
+def test_hosts_the_launcher_reserves_are_refused_over_the_network_for_the_whole_run() -> None:
+    m = machine(discovery=True, reserved=frozenset({"node-a"}), token="t" * 8, quorum_hosts=2)
+    for trusted, authed in ((False, True), (True, False), (False, False)):
+        err = refused(m.hello, hello("node-a"), peer=PEER, trusted=trusted, authed=authed)
+        assert err.reason in ("reserved_host", "bad_token") and err.status == 403
+    assert m.refusals.get("reserved_host") == 2 and m.members == {}  # nothing admitted before the launcher joins it
+    m.hello(hello("node-a"), peer="launcher", trusted=True, in_process=True)
+    m.hello(hello("walkin"), peer=PEER, trusted=False, authed=True)
+    assert set(m.members) == {"node-a", "walkin"}
 
 
 # ---------------------------------------------------------------- cohort refusals
@@ -410,7 +444,7 @@ def test_state_json_reflects_every_change_and_is_valid_json() -> None:
     assert entry["gpu_names"] == ["NVIDIA H100", "NVIDIA H100"] and entry["status"] == "joined"
     assert entry["admitted_at"] == pytest.approx(1_700_000_000.0, abs=1)
     assert state["run_id"] == "r1" and state["phase"] == "staging" and seen
-    m.fire(token=None, peer="127.0.0.1", trusted=True)
+    m.fire(peer="127.0.0.1", trusted=True)
     m.world_reply(m.poll_begin(a.ticket))
     entry = json.loads(m.state_json())["roster"][0]
     assert entry["status"] == "assigned" and entry["first_rank"] == 0
@@ -435,7 +469,7 @@ def test_admissions_and_exit_reports_are_counted_once_each() -> None:
     left = join(m, "gone")
     m.report_exit(left.ticket, 7)  # leaves before forming: an exit report all the same
     b = join(m, "b")
-    m.fire(token=None, peer="127.0.0.1", trusted=True)
+    m.fire(peer="127.0.0.1", trusted=True)
     m.report_exit(a.ticket, 0)
     m.report_exit(b.ticket, 1)
     m.report_exit(b.ticket, 1)  # a repeated report is not counted again

@@ -21,7 +21,7 @@ from fdl.config.schema import parse_devices
 
 
 def test_hello_round_trip() -> None:
-    hello = Hello(host="node-b", devices=parse_devices("0,1"), run_id="r-1", signature="ab12", token="t",
+    hello = Hello(host="node-b", devices=parse_devices("0,1"), run_id="r-1", signature="ab12",
                   address="10.0.0.12", data_path="/flodl/data", gpu_ram_share=0.5, gpu_names=("A", "B"),
                   agent="fdl 0.1.0")
     assert parse_hello(json.loads(json.dumps(hello_body(hello)))) == hello
@@ -42,7 +42,8 @@ def test_hello_round_trip() -> None:
     ({"host": "h", "devices": "0", "run_id": 5}, "'run_id' must be"),
     ({"host": "h", "devices": "0", "run_id": "a b"}, "'run_id' must be"),
     ({"host": "h", "devices": "0", "signature": "x" * 200}, "1 to 128"),
-    ({"host": "h", "devices": "0", "token": "a\nb"}, "control characters"),
+    ({"host": "h", "devices": "0", "token": "a"}, "never carries the token"),  # regression: it went in clear
+    ({"host": "h", "devices": "0", "agent": "a\nb"}, "control characters"),
     ({"host": "h", "devices": "0", "data_path": "rel/path"}, "absolute"),
     ({"host": "h", "devices": "0", "gpu_ram_share": 1.5}, "fraction"),
     ({"host": "h", "devices": "0", "gpu_ram_share": float("nan")}, "fraction"),
@@ -74,7 +75,9 @@ def test_ticketed_messages() -> None:
                                ({"ticket": "t", "code": True}, "exit", "'code'")):
         with pytest.raises(BadRequest, match=needle):
             parse_ticketed(body, kind=kind)
-    assert parse_start({}) is None and parse_start({"token": "abc"}) == "abc"
+    assert parse_start({}) is None
+    with pytest.raises(BadRequest, match="never carries the token"):
+        parse_start({"token": "abc"})
 
 
 json_values = st.recursive(

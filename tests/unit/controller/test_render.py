@@ -44,7 +44,7 @@ def test_failed_run_names_its_reason_and_big_rosters_are_cut() -> None:
 
 def test_formed_world_line() -> None:
     m, _ = state_of(FakeClock(), 2, window_s=600, start="manual", quorum_hosts=2)
-    m.fire(token=None, peer="127.0.0.1", trusted=True)
+    m.fire(peer="127.0.0.1", trusted=True)
     text = render_state(m.state(), "x:1")
     assert "world: 2 rank(s) on 2 host(s), backend gloo, rendezvous 127.0.0.1:1338; formed by start switch" in text
     assert "switch: fired by 127.0.0.1" in text
@@ -79,3 +79,44 @@ def test_deadlines_and_the_plain_watch_line_follow_the_window() -> None:
     assert deadlines(state) == [] and status_line(state) == (
         "phase failed; quorum 2/2 hosts, 3 ranks met; switch not fired; reason: the window closed before the "
         "start switch was fired (2 of 2 hosts)")
+
+
+# regression: a detail or GPU name with rich markup rendered as markup ([link=...]); a lone surrogate
+# crashed `fdl status` with UnicodeEncodeError; escape sequences reached the terminal.
+HOSTILE = "[link=https://evil.example]click[/link][bold red]x\x1b[2J\x1b]8;;https://evil\x07\ud800\u2028"
+
+
+def hostile_state() -> dict:
+    clock = FakeClock()
+    m, _ = state_of(clock, 1, window_s=600, start="manual", quorum_hosts=1)
+    member = next(iter(m.members.values()))
+    member.gpu_names = (HOSTILE,)
+    m.fire(peer="127.0.0.1", trusted=True)
+    m.report_exit(member.ticket, 3, HOSTILE)
+    return m.state()
+
+
+def test_what_a_peer_sent_is_printed_as_data() -> None:
+    state = hostile_state()
+    for text in (render_state(state, "127.0.0.1:1337"), status_line(state)):
+        assert text.replace("\n", "").isprintable()  # no escape, no surrogate, no separator
+        text.encode("utf-8")  # and it encodes
+        assert "[link=https://evil.example]click[/link]" in text  # shown literally
+
+
+def test_the_live_view_never_parses_peer_text_as_markup() -> None:
+    import io
+
+    from rich.console import Console
+
+    from fdl.controller.watch import Watcher
+
+    state = hostile_state()
+    out = io.StringIO()
+    console = Console(file=out, width=400, color_system="truecolor", force_terminal=True)
+    from fdl.controller.client import ControllerClient
+
+    console.print(Watcher(ControllerClient("127.0.0.1:9"), start_cmd="fdl start").view(state, HOSTILE, 60))
+    text = out.getvalue()
+    assert "\x1b]8;" not in text  # no hyperlink was made
+    assert "[link=https://evil.example]click[/link]" in text and "\x1b[2J" not in text and "\ud800" not in text

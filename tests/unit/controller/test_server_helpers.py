@@ -14,3 +14,71 @@ from fdl.controller.server import is_loopback
 ])
 def test_is_loopback(remote, expected) -> None:
     assert is_loopback(remote) is expected
+
+
+# regression: one peer could hold every connection the controller allows, and members' requests got 503.
+
+
+def test_the_gate_holds_a_stranger_to_its_share_and_keeps_a_reserve_for_members() -> None:
+    from fdl.controller.server import _Gate
+
+    members = {"10.0.0.2"}
+    shed: list = []
+    gate = _Gate(lambda: None, max_connections=10, per_peer=4, reserve=3,
+                 priority=lambda peer: peer in members, shed=shed.append)
+    assert [gate.admit("10.0.0.9") for _ in range(6)] == [True] * 4 + [False] * 2  # one stranger: 4 of 10
+    for i in range(6):
+        assert gate.admit(f"10.0.1.{i}")  # other strangers fill the total ...
+    assert not gate.admit("10.0.1.99") and gate.total == 10
+    assert [gate.admit("10.0.0.2") for _ in range(4)] == [True, True, True, False]  # ... a member still gets in
+    assert gate.overloaded == 4 and shed == ["10.0.0.9", "10.0.0.9", "10.0.1.99", "10.0.0.2"]
+    gate.release("10.0.0.9")
+    assert gate.by_peer["10.0.0.9"] == 3 and gate.admit("10.0.0.9") is False  # the total is still full
+    for _ in range(3):
+        gate.release("10.0.0.2")
+    assert gate.admit("10.0.0.9") and "10.0.0.2" not in gate.by_peer
+
+
+def test_a_member_whose_address_was_shed_for_load_is_not_silent() -> None:
+    from fdl.config.schema import parse_devices
+    from fdl.controller.machine import RunMachine
+    from fdl.controller.policy import RunPolicy
+    from fdl.controller.protocol import Hello
+    from tests.controller_util import FakeClock
+
+    clock = FakeClock()
+    m = RunMachine(RunPolicy(window_s=600, quorum_hosts=2, silence_s=10), clock=clock)
+    for host, peer in (("a", "10.0.0.2"), ("b", "10.0.0.3")):
+        m.hello(Hello(host=host, devices=parse_devices("cpu:1")), peer=peer, trusted=False, authed=True)
+    assert m.peers == {"10.0.0.2": 1, "10.0.0.3": 1}
+    for _ in range(3):
+        clock.advance(6)
+        m.shed("10.0.0.2")  # a's heartbeats are refused for load; b simply stops
+        m.shed("10.9.9.9")  # a stranger's shed connections count for nobody
+        m.tick()
+    assert set(m.members) == {"a"} and m.departed[0]["host"] == "b"
+    clock.advance(11)
+    m.tick()
+    assert m.members == {} and m.peers == {}  # once the shedding stops, silence counts again
+
+
+def test_the_server_uses_aiohttps_public_api_and_enums() -> None:
+    """regression: server.py subclassed aiohttp's private RequestHandler import and read `_connections`,
+    `_kwargs` and `_loop` of web.Server; phases and switch states were bare strings."""
+    import ast
+    import importlib.util
+    import json
+
+    from fdl.controller.machine import PHASES, Phase, Switch
+
+    source = importlib.util.find_spec("fdl.controller.server").origin
+    from pathlib import Path
+
+    tree = ast.parse(Path(source).read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            assert node.module in (None, "aiohttp") or not node.module.startswith("aiohttp."), node.module
+        if isinstance(node, ast.Attribute) and node.attr in ("_connections", "_kwargs"):
+            raise AssertionError(f"private aiohttp attribute {node.attr} read at line {node.lineno}")
+    assert [p.value for p in PHASES] == ["waiting", "staging", "forming", "training", "done", "failed"]
+    assert json.dumps({"phase": Phase.FAILED, "switch": Switch.FIRED}) == '{"phase": "failed", "switch": "fired"}'

@@ -6,7 +6,7 @@ import json
 from types import SimpleNamespace
 
 from fdl.config.schema import parse_devices
-from fdl.controller.world import build_world
+from fdl.controller.world import TORCHRUN_ENV, build_world
 
 
 def member(host: str, devices: str, address: str, data_path: str = "/flodl/data", share: float | None = None):
@@ -50,3 +50,30 @@ def test_member_reply_is_serialized_once() -> None:
     first = world.assignment_json("a", {"ok": True})
     assert world.assignment_json("a", {"ok": False}) is first
     assert json.loads(first)["ok"] is True
+
+
+def test_ranks_get_torchruns_role_group_and_run_id_variables() -> None:
+    world = build_world([member("a", "cpu:2", "10.0.0.11"), member("b", "cpu:3", "10.0.0.12")], run_id="r9",
+                        master_addr=None, master_port=1338, controller="c", args=(), launch_id="launch")
+    envs = [r["env"] for host in ("a", "b") for r in world.assignment(host)["ranks"]]
+    # one role, "default", spanning the world: ROLE_RANK is RANK, ROLE_WORLD_SIZE is WORLD_SIZE (torchrun --role)
+    assert [e["ROLE_RANK"] for e in envs] == [e["RANK"] for e in envs] == ["0", "1", "2", "3", "4"]
+    assert {e["ROLE_NAME"] for e in envs} == {"default"} and {e["ROLE_WORLD_SIZE"] for e in envs} == {"5"}
+    assert {e["GROUP_WORLD_SIZE"] for e in envs} == {"2"}
+    assert [e["GROUP_RANK"] for e in envs] == ["0", "0", "1", "1", "1"]
+    assert {e["TORCHELASTIC_RUN_ID"] for e in envs} == {"r9"}  # the cohort's id wins over the launch's
+    assert all(set(TORCHRUN_ENV) <= set(e) for e in envs)  # the names the controller sends, all of them
+    # only torchrun's own agent has an agent store; the restart pair and thread defaults are the worker's
+    assert not {"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "OMP_NUM_THREADS"} & set(envs[0])
+
+
+def test_a_cohort_without_run_id_is_named_after_the_launch_or_one_id_for_all() -> None:
+    def run_ids(**kwargs) -> set[str]:
+        world = build_world([member("a", "cpu:1", "h1"), member("b", "cpu:2", "h2")], run_id=None,
+                            master_addr=None, master_port=1, controller="c", args=(), **kwargs)
+        return {r["env"]["TORCHELASTIC_RUN_ID"] for h in ("a", "b") for r in world.assignment(h)["ranks"]}
+
+    assert run_ids(launch_id="5c0f00aa11bb22cc") == {"5c0f00aa11bb22cc"}
+    made = run_ids()
+    assert len(made) == 1 and len(next(iter(made))) == 16  # set (torch reads it as "launched by an agent")
+    assert run_ids() != made  # each world its own

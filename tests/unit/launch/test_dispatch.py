@@ -31,6 +31,15 @@ def test_rank_env_is_the_worlds_over_the_workers_env():
     assert entry["env"]["FDL_RUN_ID"] == "abc"
 
 
+def test_the_commands_env_is_under_the_workers_and_the_worlds():
+    command = schema.CommandSpec(name="t", cluster=True, run="true", env=(("OMP_NUM_THREADS", "4"),
+                                                                          ("LD_PRELOAD", "/job/lib.so")))
+    plan = plan_launch(command, [], spec(), Path("/p"), is_local=lambda a, p: False)
+    (entry,) = rank_specs(plan, plan.hosts[0], {"ranks": [{"rank": 0, "env": {"RANK": "0"}}]})
+    assert entry["env"]["OMP_NUM_THREADS"] == "4"  # the job's, where neither host nor world says otherwise
+    assert entry["env"]["LD_PRELOAD"] == "/x/libnccl.so.2" and entry["env"]["RANK"] == "0"
+
+
 def test_a_cohort_without_run_id_gets_the_launchs_own():
     plan = plan_launch(schema.CommandSpec(name="t", cluster=True, run="true"), [], spec(discovery=True), Path("/p"),
                        is_local=lambda a, p: False)
@@ -80,6 +89,9 @@ def session(tmp_path: Path, argv: list[str], lines: list[str]):
         def line(self, text: str) -> None:
             lines.append(text)
 
+        def note(self, text: str) -> None:
+            lines.append("note: " + text)
+
     host = LaunchHost(name="hx", address="x", devices=CPU2, local=False,
                       worker=schema.WorkerSpec(host="hx", address="x", python=sys.executable))
     return RemoteSession(host, ["sh", "-c"], staged_run(tmp_path, argv), Collect(), "abc123")
@@ -102,7 +114,9 @@ def test_a_remote_session_streams_prefixed_lines_and_reports_each_rank(tmp_path)
     outcome = s.outcome()
     assert outcome.code == 1 and outcome.codes == {0: 0, 1: 1} and outcome.first_rank == 1
     assert outcome.detail == "rank 1 exited 1"
-    assert sorted(lines) == ["[hx/0] hello from 0 abc123", "[hx/1] hello from 1 abc123"]
+    assert sorted(lines) == ["[hx/0] hello from 0 abc123", "[hx/1] hello from 1 abc123",
+                             "note: hx: OMP_NUM_THREADS=1 for each of this host's 2 ranks, as torchrun does when "
+                             "ranks share a host; set OMP_NUM_THREADS (environment, command or worker env:) to tune it"]
     assert (tmp_path / "runs/r1/logs/rank-1.log").read_text() == "hello from 1 abc123\n"
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import REPO
 
-TEMPLATE = REPO / "templates" / "fdl-join.service.j2"
+TEMPLATE = REPO / "ansible_collections/flodl/fdl/roles/fdl_join_worker/templates/fdl-join.service.j2"
 PLAY = """
 - hosts: localhost
   connection: local
@@ -24,6 +24,9 @@ PLAY = """
         dest: {dest}
         mode: "0644"
 """
+
+POWEROFF = ('+/bin/sh -c \'if [ "$$SERVICE_RESULT" = exit-code ] && [ "$$EXIT_STATUS" = 2 ]; then exec systemctl '
+            '--no-block poweroff; fi\'')
 
 
 def render(tmp_path: Path, **variables) -> dict[str, list[str]]:
@@ -56,7 +59,9 @@ def test_the_persist_recipe_lines(tmp_path):
     unit = keys(render(tmp_path, fdl_join_exec="/usr/local/bin/fdl", fdl_join_user="daemon"))
     assert unit["Restart"] == "always"
     assert unit["RestartPreventExitStatus"] == "2"
-    assert unit["FailureAction"] == "poweroff"
+    # exit 2 alone powers off: FailureAction= would fire on a restarted crash too (systemd < 254)
+    assert "FailureAction" not in unit
+    assert unit["ExecStopPost"] == POWEROFF
     assert unit["After"] == "network-online.target" and unit["Wants"] == "network-online.target"
     assert unit["ExecStart"].split() == ["/usr/local/bin/fdl", "join", "--persist"]
     assert "SuccessExitStatus" not in unit  # fdl dies of the SIGTERM a stop sends: clean to systemd as it is
@@ -68,7 +73,7 @@ def test_the_persist_recipe_lines(tmp_path):
 
 def test_strict_mode_and_no_poweroff(tmp_path):
     unit = keys(render(tmp_path, fdl_join_strict=True, fdl_join_poweroff=False, fdl_join_args="--devices cpu:2"))
-    assert "FailureAction" not in unit
+    assert "FailureAction" not in unit and "ExecStopPost" not in unit
     assert unit["RestrictAddressFamilies"] == "AF_INET AF_INET6 AF_UNIX AF_NETLINK"
     assert unit["ExecStart"].endswith("join --persist --devices cpu:2")
 

@@ -1,0 +1,178 @@
+"""The Ansible collection flodl.fdl, and the one way a complete tree of it is made.
+
+The collection's source is the directory `ansible_collections/flodl/fdl/` of
+the repository (roles, playbooks, modules, the inventory plugin, galaxy.yml,
+meta/runtime.yml). Its modules import code that lives in the fdl package (the
+probe's check library, the rank supervisor, the farm's sshd and
+authorized_keys helpers) as the collection's module_utils, and pynvml, which a
+target cannot be assumed to have. `assemble()` writes the complete tree: the
+source copied, and those files copied in as real files under
+`plugins/module_utils/`:
+
+    plugins/module_utils/checks/            fdl/checks/ (the package)
+    plugins/module_utils/farm/              fdl/farm/{authorized_keys,doors,sshd_config}.py
+    plugins/module_utils/supervisor.py      fdl/agent/supervisor.py
+    plugins/module_utils/pynvml.py          nvidia-ml-py's pynvml.py, and its licence beside it
+
+Three callers, one tree: `scripts/build-collection` (then `ansible-galaxy
+collection build` makes the tarball), the wheel build (hatch_build.py puts
+the tree inside the wheel), and fdl run from a clone (`runtime_root()` builds
+it once into the cache, under a key of fdl's version and a hash of every
+input, so an edit in the clone gets a fresh tree and a finished one is never
+rewritten). Standard library and fdl.errors only: the wheel build imports this file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from fdl.errors import FdlError
+
+NAMESPACE, NAME = "flodl", "fdl"
+FQCN = f"{NAMESPACE}.{NAME}"
+PACKAGE_DIR = Path(__file__).resolve().parent
+SOURCE_IN_REPO = PACKAGE_DIR.parent / "ansible_collections" / NAMESPACE / NAME
+RELATIVE = Path("ansible_collections") / NAMESPACE / NAME
+
+# plugins/module_utils/<name> <- fdl/<path>: a directory is copied as a package (its *.py files)
+MODULE_UTILS = {
+    "checks": ("checks",),
+    "farm": ("farm/authorized_keys.py", "farm/doors.py", "farm/sshd_config.py"),
+    "supervisor.py": ("agent/supervisor.py",),
+}
+PYNVML_LICENSE = "pynvml.LICENSE.txt"
+_SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+
+
+class CollectionError(FdlError):
+    """The collection's source or one of its inputs is missing (a broken install or checkout), or its tree
+    could not be written."""
+
+
+def version() -> str:
+    """fdl's version (fdl/__init__.py), read as text so the wheel build need not import the package."""
+    text = (PACKAGE_DIR / "__init__.py").read_text()
+    match = re.search(r'^__version__\s*=\s*"([^"]+)"', text, re.MULTILINE)
+    if not match:
+        raise CollectionError(f"no __version__ in {PACKAGE_DIR / '__init__.py'}")
+    return match.group(1)
+
+
+def pynvml_file() -> Path:
+    """The pynvml.py of the running environment (found, not imported)."""
+    spec = importlib.util.find_spec("pynvml")
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        raise CollectionError("pynvml (the nvidia-ml-py package) is not installed in this Python; the collection "
+                              "vendors it for the hosts. Install it: pip install nvidia-ml-py")
+    return Path(spec.origin).resolve()
+
+
+def pynvml_license(source: str) -> str:
+    """The licence block at the head of pynvml.py (its only copy: the distribution ships no licence file)."""
+    lines = []
+    for line in source.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip() if line.strip("#") else "")
+    text = "\n".join(lines).strip()
+    if "Redistribution and use" not in text:
+        raise CollectionError("pynvml.py does not start with its licence block; refusing to vendor it without one")
+    return "pynvml.py is vendored from NVIDIA's nvidia-ml-py distribution under this licence:\n\n" + text + "\n"
+
+
+def _inputs(source: Path) -> list[tuple[str, Path]]:
+    """(path in the tree, file it comes from) for every file of the complete collection."""
+    files = []
+    for path in sorted(source.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            files.append((path.relative_to(source).as_posix(), path))
+    for name, parts in MODULE_UTILS.items():
+        for part in parts:
+            origin = PACKAGE_DIR / part
+            if origin.is_dir():
+                for path in sorted(origin.glob("*.py")):
+                    files.append((f"plugins/module_utils/{name}/{path.name}", path))
+            elif len(parts) == 1 and name.endswith(".py"):
+                files.append((f"plugins/module_utils/{name}", origin))
+            else:
+                files.append((f"plugins/module_utils/{name}/{origin.name}", origin))
+    files.append(("plugins/module_utils/pynvml.py", pynvml_file()))
+    return files
+
+
+def assemble(dest: Path, source: Path | None = None) -> Path:
+    """Write the complete collection under dest/ansible_collections/flodl/fdl and return that directory."""
+    source = source or SOURCE_IN_REPO
+    if not (source / "galaxy.yml").is_file():
+        raise CollectionError(f"the collection's source {source} is missing (no galaxy.yml there)")
+    root = dest / RELATIVE
+    if root.exists():
+        raise CollectionError(f"{root} already exists; give an empty directory")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(source, root, ignore=_SKIP)
+    for rel, origin in _inputs(source):
+        target = root / rel
+        if target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(origin, target)
+    farm_init = root / "plugins" / "module_utils" / "farm" / "__init__.py"
+    farm_init.touch()
+    nvml = (root / "plugins" / "module_utils" / "pynvml.py").read_text()
+    (root / "plugins" / "module_utils" / PYNVML_LICENSE).write_text(pynvml_license(nvml))
+    return root
+
+
+def content_key(source: Path | None = None) -> str:
+    """fdl's version and a hash of every input of the tree (names and contents)."""
+    digest = hashlib.sha256()
+    for rel, origin in _inputs(source or SOURCE_IN_REPO):
+        digest.update(rel.encode() + b"\0" + origin.read_bytes() + b"\0")
+    return f"{version()}-{digest.hexdigest()[:16]}"
+
+
+def cache_dir() -> Path:
+    """fdl's cache directory: $XDG_CACHE_HOME/fdl, else ~/.cache/fdl."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fdl"
+
+
+def built_in_cache(source: Path | None = None) -> Path:
+    """A collections path holding the complete tree for this clone's content, built on first use.
+
+    Returns the directory to give Ansible as ANSIBLE_COLLECTIONS_PATH (it holds ansible_collections/).
+    """
+    target = cache_dir() / "collections" / content_key(source)
+    if (target / RELATIVE / "galaxy.yml").is_file():
+        return target
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
+    except OSError as exc:
+        raise CollectionError(f"could not write the {FQCN} collection into fdl's cache ({exc})",
+                              hint="free space or fix the permissions of that directory, or set XDG_CACHE_HOME "
+                                   "to a writable one") from exc
+    try:
+        assemble(staging, source)
+        os.rename(staging, target)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (target / RELATIVE / "galaxy.yml").is_file():  # not another fdl that finished it first
+            raise CollectionError(f"could not write the {FQCN} collection into {target} ({exc})",
+                                  hint="free space or fix the permissions of that directory") from exc
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+if __name__ == "__main__":  # `python -m fdl.collection DEST`: write the complete tree under DEST
+    import sys
+
+    print(assemble(Path(sys.argv[1])))

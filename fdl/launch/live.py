@@ -1,0 +1,126 @@
+"""Where a live launcher run can be found: one small record per running launcher.
+
+A launcher writes `<state dir>/live-<pid>.json` (mode 0600: temp file, fsync,
+rename) once its controller listens, and removes it when it exits. `fdl
+status` and `fdl start` with no `--addr` read these records, so a run whose
+controller had to move off its configured port is still found without flags.
+A record whose launcher process is gone (killed, crashed) is stale: ignored,
+and removed when it is seen.
+
+The state dir is `$XDG_RUNTIME_DIR/fdl` when that directory exists (the
+per-login runtime directory, cleared at logout), else `~/.flodl/launch/live`.
+A record holds only the address, the configured address it stands in for,
+the run id and the launcher's pid: nothing secret.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+MAX_RECORD_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class LiveRun:
+    """A launcher that is running now."""
+
+    address: str  # where its controller listens, host:port
+    configured: str  # the address the configuration gave (differs when the run moved off a taken port)
+    run_id: str
+    pid: int
+    started: float
+
+
+def state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    environ = os.environ if environ is None else environ
+    runtime = (environ.get("XDG_RUNTIME_DIR") or "").strip()
+    if runtime and os.path.isdir(runtime):
+        return Path(runtime) / "fdl"
+    home = environ.get("HOME") or str(Path.home())
+    return Path(home) / ".flodl" / "launch" / "live"
+
+
+def write_record(address: str, configured: str, run_id: str, environ: Mapping[str, str] | None = None) -> Path:
+    """Record this process's live run; returns the record's path (remove it with remove_record)."""
+    directory = state_dir(environ)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = directory / f"live-{os.getpid()}.json"
+    body = json.dumps({"address": address, "configured": configured, "run_id": run_id, "pid": os.getpid(),
+                       "started": time.time()}).encode()
+    tmp = directory / f".live-{os.getpid()}.json.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, body)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+    return path
+
+
+def remove_record(path: Path | None) -> None:
+    if path is not None:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process holds that pid: not our launcher
+        return False
+    return True
+
+
+def live_runs(environ: Mapping[str, str] | None = None) -> list[LiveRun]:
+    """The live runs of this user, newest first; stale records are removed."""
+    directory = state_dir(environ)
+    try:
+        names = [p for p in directory.iterdir() if p.name.startswith("live-") and p.name.endswith(".json")]
+    except OSError:
+        return []
+    runs = []
+    for path in names:
+        try:
+            if path.stat().st_size > MAX_RECORD_BYTES:
+                continue
+            doc = json.loads(path.read_text())
+            run = LiveRun(address=str(doc["address"]), configured=str(doc["configured"]), run_id=str(doc["run_id"]),
+                          pid=int(doc["pid"]), started=float(doc["started"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if path.name != f"live-{run.pid}.json" or not _alive(run.pid):
+            with contextlib.suppress(OSError):
+                path.unlink()
+            continue
+        runs.append(run)
+    return sorted(runs, key=lambda r: r.started, reverse=True)
+
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def kept_state(run_id: str | None, environ: Mapping[str, str] | None = None) -> dict | None:
+    """The final state.json a launcher on this machine kept for run_id (~/.flodl/launch/runs/ID/), or None."""
+    if not run_id or not _RUN_ID.match(run_id):  # the id came over the wire: never a path
+        return None
+    environ = os.environ if environ is None else environ
+    home = environ.get("HOME") or str(Path.home())
+    path = Path(home) / ".flodl" / "launch" / "runs" / run_id / "state.json"
+    try:
+        if path.stat().st_size > 16 << 20:
+            return None
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None

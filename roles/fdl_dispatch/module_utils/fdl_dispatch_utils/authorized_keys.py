@@ -1,1 +1,0 @@
-../../../../fdl/farm/authorized_keys.py

@@ -1,1 +1,0 @@
-../../../../fdl/agent/supervisor.py

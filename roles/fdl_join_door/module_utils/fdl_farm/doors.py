@@ -1,1 +1,0 @@
-../../../../fdl/farm/doors.py

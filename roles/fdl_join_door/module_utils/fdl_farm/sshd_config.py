@@ -1,1 +1,0 @@
-../../../../fdl/farm/sshd_config.py

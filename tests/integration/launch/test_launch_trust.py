@@ -1,0 +1,99 @@
+"""regression: while a default `fdl @cluster train` ran its pre-flight build, its controller listened with no
+token and admitted a hello claiming a roster host's name from anywhere (the impostor became MASTER_ADDR and
+got the run's args; the real host then "could not join its own run"). Now the launcher's hosts are reserved
+for the whole run: impostor hellos, unsigned or signed with the run's token, from another host or from
+loopback, are refused, and the run completes with the real host."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import fdl_env, need_root_or_skip
+from tests.controller_util import PeerNamespace
+from tests.integration.join.helpers import agent_env, results, train_binary, wait_for
+from tests.integration.launch.helpers import final_state, free_port, write_project
+
+pytestmark = pytest.mark.slow
+TOKEN = "b0a7" * 16
+IMPOSTOR = r"""
+import json, sys, urllib.request, urllib.error
+sys.path.insert(0, sys.argv[4])
+from fdl.controller import auth
+url, path, token = sys.argv[1], sys.argv[2], sys.argv[3]
+body = json.dumps({"protocol": 2, "host": "here", "devices": "cpu:4", "address": "10.66.66.66"}).encode()
+headers = {"Content-Type": "application/json"}
+if token != "-":
+    headers.update(auth.sign_request(auth.derive(token), "POST", path, body))
+req = urllib.request.Request(url + path, data=body, headers=headers, method="POST")
+try:
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        print(json.dumps({"status": resp.status, "body": json.loads(resp.read())}))
+except urllib.error.HTTPError as err:
+    print(json.dumps({"status": err.code, "body": json.loads(err.read())}))
+"""
+
+
+@pytest.fixture(scope="module")
+def peer():
+    need_root_or_skip("creates a network namespace and a veth pair for a non-loopback impostor")
+    import os
+
+    ns = PeerNamespace(f"l{os.getpid() % 100000:x}").create()
+    try:
+        yield ns
+    finally:
+        ns.destroy()
+
+
+def impostor(argv_prefix: list[str], url: str, token: str | None) -> tuple[int, dict]:
+    from tests.conftest import REPO
+
+    result = subprocess.run([*argv_prefix, sys.executable, "-c", IMPOSTOR, url, "/join", token or "-", str(REPO)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    return answer["status"], answer["body"]
+
+
+def test_impostor_hellos_during_the_prebuild_are_refused_and_the_run_completes(tmp_path, peer):
+    binary = train_binary(tmp_path / "bin")
+    port = free_port("0.0.0.0")
+    marker = tmp_path / "building"
+    cluster = {"cluster": {"controller": {"host": peer.HOST_ADDR, "port": port, "bind": "0.0.0.0",
+                                          "join": {"start": "auto", "window_s": 120, "token": TOKEN}},
+                           "workers": [{"host": "here", "address": "127.0.0.1", "local_devices": "cpu:1"}]}}
+    build = f"touch {marker} && sleep 8 && rm {marker}"
+    project = write_project(tmp_path / "proj", {"train": {"cluster": True, "build": build, "bin": str(binary),
+                                                          "args": ["--epochs", "1"]}}, cluster)
+    home = tmp_path / "home"
+    launcher = subprocess.Popen([sys.executable, "-m", "fdl", "@cluster", "train"], cwd=project,
+                                env=fdl_env(agent_env(home)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    answers = []
+    try:
+        wait_for(lambda: marker.exists() or launcher.poll() is not None, timeout=60, what="the pre-flight build")
+        remote, local = f"http://{peer.HOST_ADDR}:{port}", f"http://127.0.0.1:{port}"
+        for prefix, url in ((["ip", "netns", "exec", peer.name], remote), ([], local)):
+            for token in (None, TOKEN):
+                answers.append(impostor(prefix, url, token))
+        assert marker.exists(), "the impostors must have knocked while the build was still running"
+        out, err = launcher.communicate(timeout=180)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    statuses = [(status, body.get("reason")) for status, body in answers]
+    assert statuses[0] == (403, "bad_token")  # from another host without a proof
+    assert statuses[1:] == [(403, "reserved_host")] * 3, statuses
+    assert launcher.returncode == 0, err + out
+    state = final_state(home)
+    assert state["phase"] == "done" and [m["host"] for m in state["roster"]] == ["here"]
+    assert state["world"]["master_addr"] == "127.0.0.1" and state["roster"][0]["address"] == "127.0.0.1"
+    assert state["refusals"].get("reserved_host") == 3
+    assert [r["args"] for r in results(out)] == ["--epochs,1"]
+    assert TOKEN not in out + err

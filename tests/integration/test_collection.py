@@ -1,0 +1,248 @@
+"""The flodl.fdl collection the way Ansible users get it: the built tarball installed with ansible-galaxy, no
+ansible.cfg, everything by fully qualified name, on a real testbed host over real SSH.
+
+- A new user: only the tarball in an empty collections path and fdl installed from its wheel, in an empty
+  directory holding an fdl project and a hosts.fdl.yml: ansible-doc lists every role and module,
+  ansible-inventory shows the workers with composed variables, and a play using the probe role probes a host.
+- Every ansible-core line that runs on Python 3.11 (2.17, 2.18, 2.19), each in its own virtual environment:
+  install, `ansible-inventory --graph` through the auto plugin, and the probe role converging on a host.
+- `ansible-test sanity` on the installed collection.
+
+The ansible-core virtual environments (and ansible-test's own, under their home) are cached outside the
+repository, in $FDL_TEST_CACHE or ~/.cache/fdl-test/, one per ansible-core line and Python, so only the
+first run needs the package index.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, install_collection
+
+pytestmark = [pytest.mark.testbed(hosts=1), pytest.mark.slow]
+
+ROLES = ("fdl_dispatch", "fdl_join_door", "fdl_join_worker", "fdl_nccl", "fdl_prebuild", "fdl_probe", "fdl_reap")
+MODULES = ("fdl_authorized_key", "fdl_dispatch_stage", "fdl_join_door_plan", "fdl_nccl_install", "fdl_probe",
+           "fdl_reap")
+CORE_LINES = ("2.17", "2.18", "2.19")
+PY = f"{sys.version_info.major}.{sys.version_info.minor}"
+SOURCE = """\
+plugin: flodl.fdl.cluster
+compose:
+  fdl_reach: ansible_host ~ ':' ~ ansible_port
+  fdl_probe_skip_mount: "true"
+keyed_groups:
+  - key: ansible_user
+    prefix: login
+"""
+PLAY = """\
+- name: Probe the workers with the collection's role
+  hosts: fdl_workers
+  gather_facts: false
+  roles:
+    - role: flodl.fdl.fdl_probe
+      vars:
+        fdl_probe_fail_on_error: false
+        fdl_probe_devices: cpu:1
+  post_tasks:
+    - name: Show the report
+      ansible.builtin.debug:
+        msg: "REPORT {{ __fdl_probe_report.report | to_json }}"
+"""
+
+
+def cache_root() -> Path:
+    root = Path(os.environ.get("FDL_TEST_CACHE") or Path.home() / ".cache" / "fdl-test")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def core_venv(line: str) -> Path:
+    """A virtual environment holding ansible-core `line` (cached); returns its python."""
+    venv = cache_root() / f"ansible-core-{line}-py{PY}"
+    python = venv / "bin" / "python"
+    if (venv / ".complete").is_file():
+        return python
+    shutil.rmtree(venv, ignore_errors=True)
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+    major, minor = (int(part) for part in line.split("."))
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", f"ansible-core>={line},<{major}.{minor + 1}"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"installing ansible-core {line}: {done.stderr[-3000:]}"
+    (venv / ".complete").write_text(line + "\n")
+    return python
+
+
+GET_PIP = """\
+\"\"\"Stand-in for pip's get-pip.py, which ansible-test downloads from ci-files.testing.ansible.com to put pip into
+its sanity venvs: ensurepip's bundled pip installs the pip ansible-test asks for from wheels/ beside this file.\"\"\"
+import ensurepip
+import os
+import subprocess
+import sys
+
+ensurepip.bootstrap()
+wheels = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wheels")
+args = [arg for arg in sys.argv[1:] if arg not in ("--no-setuptools", "--no-wheel")]
+sys.exit(subprocess.call([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", wheels, *args]))
+"""
+
+
+def offline_pip_bootstrap(python: Path, home: Path) -> None:
+    """Put pip's bootstrap where ansible-test looks before it downloads one (its documented manual step)."""
+    import re
+
+    source = python.parent.parent / "lib" / f"python{PY}" / "site-packages" / "ansible_test" / "_internal"
+    versions = set(re.findall(r"pip='([0-9.]+)'", (source / "python_requirements.py").read_text()))
+    assert versions, "ansible-test names no pip version"
+    cache = home / ".ansible" / "test" / "cache"
+    (cache / "wheels").mkdir(parents=True, exist_ok=True)
+    for version in versions:
+        script = cache / f"get_pip_{version.replace('.', '_')}.py"
+        if not script.exists():
+            script.write_text(GET_PIP)
+        if not list((cache / "wheels").glob(f"pip-{version}-*.whl")):
+            done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d",
+                                   str(cache / "wheels"), f"pip=={version}"], capture_output=True, text=True,
+                                  timeout=600)
+            assert done.returncode == 0, done.stderr
+
+
+def user_env(home: Path, bin_dir: Path, pythonpath: Path, **extra: str) -> dict:
+    """A user's shell: a fresh home, no ANSIBLE_* setting at all, the venv's tools first."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "PYTHON", "FDL_", "XDG_"))}
+    env.update(HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(pythonpath),
+               NO_COLOR="1", **extra)
+    return env
+
+
+def project(path: Path, testbed) -> Path:
+    """An fdl project naming the testbed's first host as its only worker, and its hosts.fdl.yml."""
+    path.mkdir(parents=True)
+    (path / "fdl.yml").write_text("commands:\n  test: {run: 'true'}\n")
+    (path / "fdl.cluster.yml").write_text(yaml.safe_dump(testbed.cluster(testbed.workers()[:1]), sort_keys=False))
+    (path / "hosts.fdl.yml").write_text(SOURCE)
+    (path / "play.yml").write_text(PLAY)
+    return path
+
+
+def run(argv: list[str], cwd: Path, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def probed_report(play: subprocess.CompletedProcess, host: str) -> dict:
+    out = play.stdout + play.stderr
+    assert play.returncode == 0, out[-4000:]
+    line = next(line for line in play.stdout.splitlines() if '"msg": "REPORT ' in line)
+    report = json.loads(json.loads("{" + line.strip().rstrip(",") + "}")["msg"][len("REPORT "):])
+    assert report["host"] == host, report
+    return report
+
+
+@pytest.fixture(scope="module")
+def wheel_site(tmp_path_factory) -> Path:
+    """fdl installed from its own wheel into a directory of its own (its dependencies come from this venv)."""
+    base = tmp_path_factory.mktemp("fdl-wheel")
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(base / "w"), str(REPO)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    (wheel,) = (base / "w").glob("fdl-*.whl")
+    site = base / "site"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
+                           str(wheel)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return site
+
+
+def test_a_new_user_installs_the_tarball_and_probes_a_host(testbed, short_tmp, collection_tarball, wheel_site):
+    host = testbed.hosts[0]
+    home = short_tmp / "home"
+    bin_dir = Path(sys.executable).parent
+    env = user_env(home, bin_dir, wheel_site)
+    # the default collections path of a fresh home: empty until the tarball goes in
+    collections = home / ".ansible" / "collections"
+    assert not collections.exists()
+    install_collection(collection_tarball, collections)
+    assert sorted(p.name for p in (collections / "ansible_collections").iterdir()) == ["flodl"]
+    # self-contained: the check library, the supervisor and pynvml (with its licence) are real files in it
+    utils = collections / "ansible_collections" / "flodl" / "fdl" / "plugins" / "module_utils"
+    assert (utils / "checks" / "probe.py").read_bytes() == (REPO / "fdl" / "checks" / "probe.py").read_bytes()
+    assert (utils / "supervisor.py").read_bytes() == (REPO / "fdl" / "agent" / "supervisor.py").read_bytes()
+    assert "def nvmlInit" in (utils / "pynvml.py").read_text()
+    assert "NVIDIA Corporation" in (utils / "pynvml.LICENSE.txt").read_text()
+    assert not any(path.is_symlink() for path in utils.rglob("*"))
+    work = project(short_tmp / "work", testbed)
+    assert not (work / "ansible.cfg").exists() and not (home / ".ansible.cfg").exists()
+    where = run([sys.executable, "-c", "import fdl; print(fdl.__file__)"], work, env)
+    assert Path(where.stdout.strip()).is_relative_to(wheel_site), where.stdout + where.stderr
+
+    roles = run([str(bin_dir / "ansible-doc"), "-t", "role", "-l", "flodl.fdl"], work, env)
+    assert roles.returncode == 0, roles.stderr
+    for role in ROLES:
+        assert f"flodl.fdl.{role}" in roles.stdout, roles.stdout
+    modules = run([str(bin_dir / "ansible-doc"), "-t", "module", "-l", "flodl.fdl"], work, env)
+    assert modules.returncode == 0, modules.stderr
+    for module in MODULES:
+        assert f"flodl.fdl.{module}" in modules.stdout, modules.stdout
+
+    listed = run([str(bin_dir / "ansible-inventory"), "-i", "hosts.fdl.yml", "--list"], work, env)
+    assert listed.returncode == 0, listed.stderr
+    data = json.loads(listed.stdout)
+    assert data["fdl_workers"]["hosts"] == [host.name]
+    hostvars = data["_meta"]["hostvars"][host.name]
+    assert hostvars["fdl_reach"] == f"{host.address}:{host.port}"  # composed from the plugin's own variables
+    assert hostvars["fdl_probe_skip_mount"] is True
+    assert data[f"login_{host.user}"]["hosts"] == [host.name]  # keyed_groups
+
+    play = run([str(bin_dir / "ansible-playbook"), "-i", "hosts.fdl.yml", "play.yml"], work, env)
+    report = probed_report(play, host.name)
+    checks = {check["name"]: check for check in report["checks"]}
+    assert checks["gpu"]["status"] == "error" and "NVML" in checks["gpu"]["message"]  # a GPU-less host, probed
+    assert "data" not in checks or checks["data"]["status"] == "skipped"  # the composed skip reached the role
+    # the role's entry point validated its arguments first (the task name is shortened in the display)
+    assert "TASK [flodl.fdl.fdl_probe : Validating arguments against arg spec" in play.stdout, play.stdout
+
+
+@pytest.mark.parametrize("line", CORE_LINES)
+def test_the_collection_under_each_ansible_core_line(line, testbed, short_tmp, collection_tarball):
+    host = testbed.hosts[0]
+    python = core_venv(line)
+    bin_dir = python.parent
+    version = run([str(bin_dir / "ansible"), "--version"], short_tmp, user_env(short_tmp / "v", bin_dir, REPO))
+    assert f"[core {line}." in version.stdout, version.stdout
+    collections = install_collection(collection_tarball, short_tmp / "collections", python=str(python))
+    env = user_env(short_tmp / "home", bin_dir, REPO, ANSIBLE_COLLECTIONS_PATH=str(collections))
+    work = project(short_tmp / "work", testbed)
+
+    graph = run([str(bin_dir / "ansible-inventory"), "-i", "hosts.fdl.yml", "--graph"], work, env)
+    assert graph.returncode == 0, graph.stderr
+    assert "@fdl_workers:" in graph.stdout and f"|--{host.name}" in graph.stdout, graph.stdout
+
+    play = run([str(bin_dir / "ansible-playbook"), "-i", "hosts.fdl.yml", "play.yml"], work, env)
+    probed_report(play, host.name)
+
+
+def test_ansible_test_sanity_passes(short_tmp, collection_tarball):
+    python = core_venv("2.19")
+    bin_dir = python.parent
+    collections = install_collection(collection_tarball, short_tmp / "c", python=str(python))
+    root = collections / "ansible_collections" / "flodl" / "fdl"
+    home = cache_root() / f"ansible-test-home-py{PY}"  # ansible-test keeps its sanity venvs here: cached
+    env = user_env(home, bin_dir, Path(os.devnull))
+    offline_pip_bootstrap(python, home)
+    done = run([str(bin_dir / "ansible-test"), "sanity", "--python", PY, "--requirements", "--color", "no"],
+               root, env, timeout=1800)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-6000:]
+    for test in ("validate-modules", "pylint", "pep8", "import", "compile", "ansible-doc", "yamllint", "changelog"):
+        assert f'Running sanity test "{test}"' in out, out[-3000:]

@@ -1,0 +1,66 @@
+"""Proof of the token: the MAC, request proofs (tamper, replay, clock window) and answer proofs."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+import pytest
+
+from fdl.controller import auth
+
+TOKEN = "5f0c" * 16
+BODY = b'{"host":"a","devices":"cpu:1"}'
+
+
+@pytest.mark.parametrize("key", [b"k" * 32, b"x" * 70, b""])
+@pytest.mark.parametrize("message", [b"", b"abc", b"y" * 5000])
+def test_the_mac_is_hmac_sha256(key: bytes, message: bytes) -> None:
+    assert auth.Mac(key).hexdigest(message[:1], message[1:]) == hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def test_each_direction_has_its_own_key_and_the_token_is_in_neither_header() -> None:
+    keys = auth.derive(TOKEN)
+    headers = auth.sign_request(keys, "POST", "/join", BODY)
+    assert TOKEN not in "".join(headers.values())
+    proof = headers[auth.PROOF_HEADER]
+    assert proof != auth.answer_proof(keys.answer, headers[auth.NONCE_HEADER], 200, BODY)
+    assert auth.derive(TOKEN + "x").request.hexdigest(b"m") != keys.request.hexdigest(b"m")
+
+
+def test_a_proof_is_checked_once_within_the_window() -> None:
+    now = [1_700_000_000.0]
+    verifier = auth.Verifier(TOKEN, wall=lambda: now[0])
+    keys = auth.derive(TOKEN)
+    headers = auth.sign_request(keys, "POST", "/join", BODY, wall=lambda: now[0])
+    nonce = verifier.verify("POST", "/join", headers, BODY)
+    with pytest.raises(auth.BadProof, match="seen before") as replay:
+        verifier.verify("POST", "/join", headers, BODY)
+    assert replay.value.reason == "stale_request"
+    for method, path, body in (("POST", "/join", BODY + b" "), ("POST", "/start", BODY), ("GET", "/join", BODY)):
+        with pytest.raises(auth.BadProof, match="does not match"):
+            verifier.verify(method, path, auth.sign_request(keys, "POST", "/join", BODY, wall=lambda: now[0]), body)
+    stranger = auth.sign_request(auth.derive("other"), "POST", "/join", BODY, wall=lambda: now[0])
+    with pytest.raises(auth.BadProof, match="does not match"):
+        verifier.verify("POST", "/join", stranger, BODY)
+    late = auth.sign_request(keys, "POST", "/join", BODY, wall=lambda: now[0] - 61)
+    with pytest.raises(auth.BadProof, match="behind"):
+        verifier.verify("POST", "/join", late, BODY)
+    with pytest.raises(auth.BadProof, match="malformed"):
+        verifier.verify("POST", "/join", {**headers, auth.NONCE_HEADER: "zz"}, BODY)
+    answer = verifier.sign_answer(nonce, 200, b"{}")
+    assert auth.answer_ok(keys, nonce, 200, b"{}", {auth.ANSWER_HEADER: answer})
+    assert not auth.answer_ok(keys, nonce, 403, b"{}", {auth.ANSWER_HEADER: answer})  # bound to the status ...
+    assert not auth.answer_ok(keys, "0" * 32, 200, b"{}", {auth.ANSWER_HEADER: answer})  # ... and the nonce
+    now[0] += 200
+    assert verifier.verify("POST", "/join", auth.sign_request(keys, "POST", "/join", BODY, wall=lambda: now[0]), BODY)
+    assert len(verifier._seen) == 1  # the old nonce was forgotten once its window passed
+
+
+def test_a_full_nonce_cache_sheds_load_instead_of_forgetting_early() -> None:
+    verifier = auth.Verifier(TOKEN, max_nonces=2)
+    keys = auth.derive(TOKEN)
+    for _ in range(2):
+        verifier.verify("POST", "/join", auth.sign_request(keys, "POST", "/join", BODY), BODY)
+    with pytest.raises(auth.Overloaded):
+        verifier.verify("POST", "/join", auth.sign_request(keys, "POST", "/join", BODY), BODY)

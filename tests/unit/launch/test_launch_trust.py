@@ -1,0 +1,79 @@
+"""A listening join window always has a secret, and the launcher's hosts are reserved for it.
+
+regression: a default `fdl @cluster CMD` listened on 0.0.0.0 with no token while the pre-flight build ran, and
+any peer could claim a roster host's name."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from fdl.config import schema
+from fdl.controller.policy import RunPolicy
+from fdl.controller.server import ControllerServer
+from fdl.errors import FdlError
+from fdl.launch.plan import plan_launch
+from fdl.launch.run import Launcher
+from tests.controller_util import free_port
+
+CPU1 = schema.Devices(kind="cpu", count=1)
+
+
+def plan(bind: str = "0.0.0.0", token: str | None = None, insecure: bool = False, discovery: bool = False):
+    worker = schema.WorkerSpec(host="b", address="10.0.0.12", local_devices=CPU1)
+    join = schema.JoinPolicy(discovery=discovery, token=token, insecure_no_token=insecure)
+    cluster = schema.ClusterSpec(controller=schema.ControllerSpec(bind=bind, join=join), ssh=schema.SshDefaults(),
+                                 workers=(worker,))
+    return plan_launch(schema.CommandSpec(name="t", cluster=True, run="true"), [], cluster, Path("/p"),
+                       is_local=lambda a, p: False)
+
+
+class Notes:
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def line(self, text: str) -> None:
+        pass
+
+
+def test_a_launcher_window_beyond_loopback_gets_a_fresh_token_kept_0600(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    printer = Notes()
+    launcher = Launcher(plan(discovery=True), printer=printer)
+    policy = launcher._policy()
+    token_file = launcher.run_dir / "token"
+    assert policy.token and len(policy.token) == 64 and token_file.read_text().strip() == policy.token
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    assert policy.reserved == frozenset({"b"})
+    assert not any(policy.token in note for note in printer.notes)  # never printed
+    assert any("made its own" in note for note in printer.notes)
+    again = Launcher(plan(discovery=True), printer=Notes())._policy()
+    assert again.token != policy.token  # one per run
+
+
+def test_a_configured_token_is_kept_and_loopback_needs_none(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert Launcher(plan(token="abc" * 11), printer=Notes())._policy().token == "abc" * 11
+    assert Launcher(plan(bind="127.0.0.1"), printer=Notes())._policy().token is None
+
+
+def test_the_explicit_opt_out_is_warned_about_at_every_start(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    printer = Notes()
+    assert Launcher(plan(insecure=True), printer=printer)._policy().token is None
+    assert any(note.startswith("WARNING: cluster.controller.join.insecure_no_token") for note in printer.notes)
+
+
+def test_the_controller_refuses_a_tokenless_window_beyond_loopback() -> None:
+    with pytest.raises(FdlError, match="without a token") as info:
+        ControllerServer(RunPolicy(window_s=60), host="0.0.0.0", port=free_port()).start()
+    assert "insecure_no_token" in (info.value.hint or "")
+    with ControllerServer(RunPolicy(window_s=60, insecure_no_token=True), host="0.0.0.0", port=free_port()):
+        pass
+    with ControllerServer(RunPolicy(window_s=60, token="t" * 32), host="0.0.0.0", port=free_port()):
+        pass
