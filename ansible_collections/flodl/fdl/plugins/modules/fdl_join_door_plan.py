@@ -40,6 +40,10 @@ options:
     description: The training port of the one permitted forward.
     type: int
     default: 1337
+  jail_base:
+    description: Door a, where the jailed account's home (BASE/LABEL) and chroot (BASE/LABEL/jail) go.
+    type: str
+    default: /var/lib/fdl-doors
 author:
   - The fdl authors (@flodl)
 """
