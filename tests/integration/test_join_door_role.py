@@ -13,6 +13,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -229,7 +230,13 @@ def test_role_builds_a_working_jailed_door_a_and_removes_an_unjailed_key(play, t
         assert oct(keys.stat().st_mode & 0o777) == "0o600" and keys.stat().st_uid != 0
 
         play.sshd.wait_listening([play.door_port])
-        read = _sftp(play.sshd, key, play.door_port, "fdl-lab", f"pwd\nget tree/train.rs {tmp_path / 'got'}\n")
+        # The handler's SIGHUP makes sshd re-execute itself; until it has, the port may still answer with the
+        # configuration from before the drop-in: try the first read a few times before judging.
+        for _attempt in range(20):
+            read = _sftp(play.sshd, key, play.door_port, "fdl-lab", f"pwd\nget tree/train.rs {tmp_path / 'got'}\n")
+            if read.returncode == 0:
+                break
+            time.sleep(0.5)
         assert read.returncode == 0 and (tmp_path / "got").read_text() == "fn main() {}\n", read.stderr
         assert "Remote working directory: /data" in read.stdout
         for escape in ("/etc/hostname", "../../../../etc/hostname", "tree/out/hostname",
