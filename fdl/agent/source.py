@@ -79,7 +79,8 @@ def fetch(spec_text: str, tree: Path, *, identity: str | None, source_bin: str |
         if source_bin is None:
             raise
         note(f"source: no run manifest at {spec.spec}; building it as a plain tree (--source-bin {source_bin})")
-        materialize(spec, tree, identity=identity, note=note)
+        # a plain tree is pulled like a published one: no link that points outside it comes along
+        materialize(spec, tree, identity=identity, note=note, safe_links=True)
         return None
 
 

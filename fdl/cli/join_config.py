@@ -78,6 +78,11 @@ def join_config(
         "--sshd-config", metavar="PATH",
         help="The sshd configuration the doctor reads (read only; the drop-in goes to its sshd_config.d/).")]
         = "/etc/ssh/sshd_config",
+    jail_dir: Annotated[str | None, typer.Option(
+        "--jail-dir", metavar="DIR",
+        help="Door a: where the jailed account's home and chroot go, DIR/LABEL (default /var/lib/fdl-doors). "
+             "Every directory up to the chroot must be root-owned and not writable by others.",
+        show_default=False)] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Accept the default of every ordinary question.")] = False,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the report as JSON on stdout (secrets as file paths, never their contents); "
@@ -97,7 +102,8 @@ def join_config(
         label=label, env_label=env.name if env else None, env_source=env.source if env else None,
         door=door.value if door else None, controller=controller, port=port, served=served,
         inherit_from=inherit_from, regen=regen, install_key=install_key, authorized_keys=authorized_keys,
-        cloud_init=cloud_init, sshd_config=sshd_config, assume_yes=yes, interactive=interactive, cwd=Path.cwd(),
+        cloud_init=cloud_init, sshd_config=sshd_config, jail_base=jail_dir, assume_yes=yes, interactive=interactive,
+        cwd=Path.cwd(),
     )
     prompter = TtyPrompter() if interactive else None
     plan = wizard.prepare(request, prompter)
@@ -161,7 +167,13 @@ def render_rest(report, cwd: Path) -> str:
     if report.overlay.get("snippet_text"):
         lines += ["  " + line for line in report.overlay["snippet_text"].rstrip("\n").splitlines()]
     ak = report.authorized_keys
-    if ak["installed"]:
+    if ak["action"] == "jailed":
+        lines.append(f"authorized_keys: door a's key goes into {ak['path']}, the jailed account's own file "
+                     f"(setup step below)")
+        if ak.get("removed_unconfined"):
+            gone = ak["removed_unconfined"]
+            lines.append(f"  removed the unconfined door-a line {gone['line']} from {gone['path']}")
+    elif ak["installed"]:
         lines.append(f"authorized_keys: {ak['action']} in {ak['path']} (line {ak['line']})")
     else:
         lines.append(f"authorized_keys: not installed into {ak['path']}")

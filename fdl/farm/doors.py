@@ -6,9 +6,17 @@ module_utils): standard library only, siblings imported relatively.
 Every door refuses a shell and permits exactly one forward, to the
 controller's training port on the controller box's loopback. On top of that:
 
-- door a ("mount"): the key runs sshd's built-in sftp server read-only
-  (`internal-sftp -R`), starting in the served directory: what sshfs needs to
-  mount a dataset, and nothing that writes;
+- door a ("mount"): a jail. The key belongs to an account of the door's own
+  (`fdl-<label>`: no shell, no password), never to the controller's account,
+  and the drop-in's `Match User fdl-<label>` block chroots it into a
+  root-owned directory holding only a read-only bind mount of the served
+  directory, where sshd's built-in sftp server runs read-only
+  (`ForceCommand internal-sftp -R`): what sshfs needs to mount a dataset, and
+  no path (`..`, absolute, or a link planted in the served tree) that reaches
+  anything else. sftp cannot be confined any other way: `-d` only picks the
+  starting directory, and a `Match LocalPort` block does not tie a key to a
+  port (the same key logs in on port 22), so the confinement hangs on the
+  account, on every port;
 - door b ("source"): the key runs `rrsync -ro -munge <served>`, so rsync can
   pull the published run tree and nothing else (rrsync re-roots every path
   under <served> and refuses writes; -munge makes the server rewrite every
@@ -17,9 +25,10 @@ controller's training port on the controller box's loopback. On top of that:
 - tunnel-only: the forward and nothing more; the drop-in adds a ForceCommand
   that ends any session at once.
 
-Only the tunnel-only door uses ForceCommand: a daemon-level forced command
-would override the command the a and b keys carry, leaving the tunnel up
-while the mount or the pull failed.
+On the door port, only the tunnel-only door uses ForceCommand: a daemon-level
+forced command would override the command the b key carries, leaving the
+tunnel up while the pull failed. Door a's ForceCommand sits in the block of
+its own account, which runs nothing else.
 """
 
 from __future__ import annotations
@@ -41,6 +50,12 @@ CONTROLLER_LOOPBACK = "127.0.0.1"
 # double-quoted string: keep served paths to characters that need no quoting.
 _SAFE_PATH_RE = re.compile(r"/[A-Za-z0-9._/@+-]*")
 _LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+# Door a's jail: <JAIL_BASE>/<label> is the account's home (its key file in .ssh), <home>/jail the root-owned
+# directory sshd chroots into, <home>/jail/data the mount point of the served directory (bound read-only).
+JAIL_BASE = "/var/lib/fdl-doors"
+JAIL_DATA = "/data"  # the served tree as the jailed account sees it
+_ACCOUNT_PREFIX = "fdl-"
+_MAX_ACCOUNT = 32  # useradd's limit on Linux
 
 
 class DoorError(ValueError):
@@ -61,13 +76,42 @@ def check_label(label: str) -> str:
     return label
 
 
+def door_account(label: str) -> str:
+    """Door a's own account: the key logs in as it, and sshd jails it."""
+    account = _ACCOUNT_PREFIX + check_label(label)
+    if len(account) > _MAX_ACCOUNT or label.lower() != label:
+        raise DoorError(f"door a needs an account named {account!r}, which must be lower case and at most "
+                        f"{_MAX_ACCOUNT} characters: pick a shorter, lower-case farm label")
+    return account
+
+
+@dataclass(frozen=True)
+class Jail:
+    """Where door a's account lives and what sshd chroots it into."""
+
+    account: str
+    home: str  # root-owned; holds .ssh/authorized_keys (owned by the account)
+    root: str  # the ChrootDirectory: root-owned, 0755, like every directory above it
+    data: str  # mount point inside root; the served directory is bound here read-only
+
+    @property
+    def authorized_keys(self) -> str:
+        return f"{self.home}/.ssh/authorized_keys"
+
+
+def jail(label: str, base: str = JAIL_BASE) -> Jail:
+    home = f"{check_served(base)}/{check_label(label)}"
+    return Jail(account=door_account(label), home=home, root=f"{home}/jail", data=f"{home}/jail{JAIL_DATA}")
+
+
 def key_options(door: str, *, controller_port: int, served: str | None = None, rrsync: str = "rrsync") -> str:
     """The option list that confines a farm key to its door."""
     permit = f'restrict,port-forwarding,permitopen="{CONTROLLER_LOOPBACK}:{int(controller_port)}"'
     if door == DOOR_A:
         if served is None:
             raise DoorError("door a needs the served directory")
-        return f'{permit},command="internal-sftp -R -d {check_served(served)}"'
+        # The key sits in the jailed account's file; sshd's ForceCommand says the same and wins anyway.
+        return f'{permit},command="internal-sftp -R -d {JAIL_DATA}"'
     if door == DOOR_B:
         if served is None:
             raise DoorError("door b needs the served directory")
@@ -111,11 +155,15 @@ def port_lines(door_port: int, explicit_ports: list[int], default_port: int = 22
 
 
 def dropin_vars(door: str, *, label: str, door_port: int, controller_port: int,
-                explicit_ports: list[int]) -> dict:
+                explicit_ports: list[int], jail_base: str = JAIL_BASE) -> dict:
     """Everything the sshd drop-in template needs, computed once for both callers."""
     if door not in DOORS:
         raise DoorError(f"unknown door {door!r}: choose one of {', '.join(DOORS)}")
+    cell = jail(label, jail_base) if door == DOOR_A else None
     return {
+        "jail": None if cell is None else {"account": cell.account, "home": cell.home, "root": cell.root,
+                                           "mountpoint": cell.data, "data": JAIL_DATA,
+                                           "authorized_keys": cell.authorized_keys},
         "label": check_label(label),
         "door": door,
         "door_title": TITLES[door],

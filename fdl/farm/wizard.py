@@ -46,6 +46,7 @@ from fdl.farm.authorized_keys import (
     find_key,
     fix_permissions,
     install_line,
+    remove_keys,
     under_forbidden_root,
 )
 from fdl.farm.doctor import DEFAULT_SSHD_CONFIG, HostFacts, Spelling, diagnose, gather_facts, probe_banner
@@ -56,12 +57,15 @@ from fdl.farm.doors import (
     DOOR_B,
     DOOR_TUNNEL,
     DOORS,
+    JAIL_BASE,
+    JAIL_DATA,
     TITLES,
     DoorError,
     check_label,
     check_served,
     dropin_name,
     dropin_vars,
+    jail,
     key_line,
 )
 from fdl.farm.overlay import OverlayEditError, current_token, has_token, read_crate, rewrite_token
@@ -116,6 +120,7 @@ class Request:
     authorized_keys: str | None = None
     cloud_init: bool = False
     sshd_config: str = DEFAULT_SSHD_CONFIG
+    jail_base: str | None = None  # door a: where the jailed account's home and chroot go (default JAIL_BASE)
     assume_yes: bool = False
     interactive: bool = False
     cwd: Path = field(default_factory=Path.cwd)
@@ -131,6 +136,7 @@ class Shape:
     door_port: int
     controller_port: int
     served: str | None
+    jail_base: str = JAIL_BASE  # door a only
 
     @property
     def controller(self) -> str:
@@ -163,6 +169,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     cred_modes: list[creds_mod.ModeIssue] = field(default_factory=list)  # reused files wider than 0600
     fix_cred_modes: bool = False
+    unconfined_at: int | None = None  # door a: line of ak_path where the farm key logs in unjailed (to remove)
 
 
 @dataclass
@@ -232,7 +239,7 @@ def recover_shape(worker_yml: Path) -> dict:
     if marker:
         for item in marker.group(1).split():
             key, _, value = item.partition("=")
-            if key in ("door", "served") and value:
+            if key in ("door", "served", "jail") and value:
                 out[key] = value
     try:
         doc = yaml.safe_load(text) or {}
@@ -290,7 +297,8 @@ def _resolve_label(req: Request) -> str:
         raise refusal(str(exc) + ".") from None
 
 
-def _settle_shape(req: Request, prompter: Prompter | None, recovered: dict) -> tuple[Shape, dict[str, str]]:
+def _settle_shape(req: Request, prompter: Prompter | None, recovered: dict,
+                  label: str) -> tuple[Shape, dict[str, str]]:
     origin: dict[str, str] = {}
     me = getpass.getuser()
 
@@ -352,6 +360,23 @@ def _settle_shape(req: Request, prompter: Prompter | None, recovered: dict) -> t
         raise refusal("--served names what doors a and b serve; the tunnel-only door serves nothing. "
                       "Drop --served or pick door a or b.")
 
+    jail_base = JAIL_BASE
+    if door == DOOR_A:
+        # Door a's key logs in as an account of its own, jailed; never as the controller's account.
+        jail_base = req.jail_base or (recovered.get("jail") if recovered.get("door") == DOOR_A else None) or JAIL_BASE
+        try:
+            cell = jail(label, jail_base)
+        except DoorError as exc:
+            raise refusal(str(exc) + ".") from None
+        named = (req.controller if origin.get("controller") == "flag" else "") or ""
+        if user != cell.account and "@" in named:
+            raise refusal(f"door a's workers log in as the door's own jailed account {cell.account}, not {user}: "
+                          f"a key in {user}'s own key file could read everything {user} can.",
+                          hint=f"name --controller {cell.account}@{host}:{door_port}")
+        user = cell.account
+    elif req.jail_base is not None:
+        raise refusal("--jail-dir places door a's jail; this farm's door is not a. Drop --jail-dir.")
+
     if door_port == 22:
         raise refusal(
             "the door cannot be port 22: the drop-in confines every connection arriving on the door port, "
@@ -361,7 +386,7 @@ def _settle_shape(req: Request, prompter: Prompter | None, recovered: dict) -> t
         raise refusal(f"the door port and the training port are both {door_port}; they must differ.")
     if not 1 <= controller_port <= 65535:
         raise refusal(f"--port {controller_port}: expected a TCP port from 1 to 65535.")
-    return Shape(door, user, host, door_port, controller_port, served), origin
+    return Shape(door, user, host, door_port, controller_port, served, jail_base), origin
 
 
 # --------------------------------------------------------------------------- drop-in check
@@ -422,7 +447,7 @@ def prepare(req: Request, prompter: Prompter | None = None,
     overlay = overlay_file(root, label) or root / f"fdl.{label}.yml"
 
     recovered = recover_shape(farm_dir / WORKER_YML)
-    shape, shape_from = _settle_shape(req, prompter, recovered)
+    shape, shape_from = _settle_shape(req, prompter, recovered, label)
     if recovered and req.controller is None and req.door is None:
         notes.append(f"farm shape recovered from {farm_dir / WORKER_YML}: door {shape.door}, {shape.controller} "
                      f"(name --door or --controller to change it).")
@@ -453,15 +478,19 @@ def prepare(req: Request, prompter: Prompter | None = None,
     dropin_target = os.path.join(target_dir, dropin_name(label))
     explicit = scan(req.sshd_config).ports(exclude=(dropin_target,)) if os.path.exists(req.sshd_config) else []
     dropin_text = render_dropin(dropin_vars(shape.door, label=label, door_port=shape.door_port,
-                                            controller_port=shape.controller_port, explicit_ports=explicit))
+                                            controller_port=shape.controller_port, explicit_ports=explicit,
+                                            jail_base=shape.jail_base))
     facts = observe(door_port=shape.door_port, served=shape.served, sshd_config=req.sshd_config,
                     dropin_target=dropin_target, dropin_lines=dropin_text.splitlines(), probe_host=shape.host)
+    if shape.door == DOOR_A and facts.macos:
+        raise refusal("door a jails its account with a read-only bind mount, which this fdl builds on Linux only.",
+                      hint="serve the data from a Linux box, or use door b (rrsync) for what it can carry")
     findings = diagnose(facts, door=shape.door, door_port=shape.door_port)
     if facts.sshd_path is not None:
         findings.append(validate_dropin(facts.sshd_path, req.sshd_config, dropin_text))
     scan_ = facts.sshd_config
     ak_files = scan_.authorized_keys_files() if scan_ is not None else None
-    if not ak_explicit and ak_files is not None and not any(
+    if shape.door != DOOR_A and not ak_explicit and ak_files is not None and not any(
             f in (".ssh/authorized_keys", "%h/.ssh/authorized_keys", "~/.ssh/authorized_keys") for f in ak_files):
         findings.append(CheckResult(
             "authorized-keys-file", WARNING,
@@ -493,6 +522,8 @@ def decide(plan: Plan, req: Request, prompter: Prompter | None = None) -> Plan:
                           f"token only once they are 0600.",
                           hint=f"run `{commands}` (or add --yes to let the wizard do it), or --regen to mint new "
                                f"ones if others may have read them")
+    if plan.shape.door == DOOR_A:
+        return _decide_jailed(plan, req)
     # the authorized_keys decisions
     uid = os.getuid()
     if ak_explicit:
@@ -567,6 +598,34 @@ def decide(plan: Plan, req: Request, prompter: Prompter | None = None) -> Plan:
                      f"sshd workers dial reads it. Install it where that sshd lives (or name its key file with "
                      f"--authorized-keys, e.g. a bind-mounted directory).")
     plan.install, plan.fix_perms, plan.perm_issues, plan.old_line_at = install, fix_perms, perm_issues, old_line_at
+    return plan
+
+
+def _decide_jailed(plan: Plan, req: Request) -> Plan:
+    """Door a: the key goes to the jailed account's file (a privileged step), never to ak_path.
+
+    A farm key found in ak_path is an unconfined door a from before the jail: whoever holds it can read
+    every file this account can. It is removed with consent (--install-key or a yes), else refused.
+    """
+    cell = jail(plan.label, plan.shape.jail_base)
+    at = None
+    if plan.existing is not None:
+        try:
+            at = find_key(Path(plan.ak_path).read_bytes(), plan.existing.identity)
+        except OSError:
+            at = None
+    if at is not None:
+        if not req.install_key:
+            raise refusal(
+                f"{plan.ak_path} line {at} lets the farm key of {plan.label} log in as this account, with an sftp "
+                f"that is not confined to the served directory: any worker key holder can read every file this "
+                f"account can (~/.ssh included). Door a now logs in as the jailed account {cell.account}; that "
+                f"line must go.",
+                hint=f"run again with --install-key to remove it (or delete line {at} of {plan.ak_path} yourself), "
+                     f"then follow the setup steps; workers need the new worker.yml (user {cell.account}, path "
+                     f"{JAIL_DATA})")
+        plan.unconfined_at = at
+    plan.install = False
     return plan
 
 
@@ -689,7 +748,8 @@ def apply(plan: Plan, cwd: Path | None = None) -> FarmReport:
     worker_key = WORKER_DIR.format(label=label) + "/key"
     worker_values = dict(label=label, door=shape.door, door_title=TITLES[shape.door], worker_key=worker_key,
                          served=shape.served, user=shape.user, host=shape.host, door_port=shape.door_port,
-                         controller_port=shape.controller_port, token=token)
+                         controller_port=shape.controller_port, token=token, jail_data=JAIL_DATA,
+                         jail_base=shape.jail_base if shape.door == DOOR_A else None)
     worker_yml = render("worker.yml.j2", **worker_values)
     files = {
         "farm_dir": str(farm),
@@ -738,6 +798,8 @@ def apply(plan: Plan, cwd: Path | None = None) -> FarmReport:
 
 
 def _install(plan: Plan, cred: creds_mod.Credentials, line: str, notes: list[str]) -> dict:
+    if plan.shape.door == DOOR_A:
+        return _install_jailed(plan, cred, notes)
     out: dict = {"path": plan.ak_path, "installed": False, "action": "not-installed", "line": None,
                  "permissions": [i.to_dict() for i in plan.perm_issues], "permissions_fixed": False,
                  "listening": None}
@@ -787,6 +849,49 @@ def _install(plan: Plan, cred: creds_mod.Credentials, line: str, notes: list[str
     return out
 
 
+def _install_jailed(plan: Plan, cred: creds_mod.Credentials, notes: list[str]) -> dict:
+    cell = jail(plan.label, plan.shape.jail_base)
+    out: dict = {"path": cell.authorized_keys, "installed": False, "action": "jailed", "line": None,
+                 "permissions": [], "permissions_fixed": False, "listening": None, "removed_unconfined": None}
+    if plan.unconfined_at is not None:
+        try:
+            result = remove_keys(plan.ak_path, (plan.existing.identity,) if plan.existing else ())
+        except AuthorizedKeysError as exc:
+            raise refusal(str(exc)) from None
+        except PermissionError as exc:
+            raise refusal(f"cannot write {plan.ak_path}: {exc.strerror}; the unconfined door-a line "
+                          f"{plan.unconfined_at} is still there.", hint="remove that line yourself") from None
+        out["removed_unconfined"] = {"path": plan.ak_path, "line": plan.unconfined_at, "removed": result.removed}
+        notes.append(f"removed the farm key from {plan.ak_path} (line {plan.unconfined_at}): it let door-a workers "
+                     f"log in as this account unconfined. Workers now log in as {cell.account}: give them the new "
+                     f"worker.yml.")
+    notes.append(f"door a's key line goes into {cell.authorized_keys}, the jailed account's own file (the setup "
+                 f"steps install it; that needs root).")
+    return out
+
+
+def _jail_steps(plan: Plan, step: Callable[..., None], rel: Callable[[str], str]) -> None:
+    """The privileged steps that build door a's jail (the wizard itself writes nothing outside the project)."""
+    cell = jail(plan.label, plan.shape.jail_base)
+    a = cell.account
+    step(f"Create the door's own account {a} (no shell, no usable password; '*' rather than '!', which sshd "
+         f"treats as a locked account when PAM is off)",
+         f"{{ id -u {a} >/dev/null 2>&1 || sudo useradd --system --user-group --no-create-home --home-dir "
+         f"{cell.home} --shell /usr/sbin/nologin {a}; }} && sudo usermod -p '*' {a}")
+    step(f"Build the jail: {cell.root} and every directory above it root-owned and not writable by others "
+         f"(sshd refuses a chroot otherwise), the key line in {a}'s own file",
+         f"sudo install -d -o root -g root -m 0755 {cell.home} {cell.root} {cell.data} && "
+         f"sudo install -d -o {a} -g {a} -m 0700 {cell.home}/.ssh && "
+         f"sudo install -o {a} -g {a} -m 0600 {rel(KEY_LINE)} {cell.authorized_keys}")
+    step(f"Bind the served directory {plan.shape.served} read-only into the jail (if you later replace that "
+         f"directory by renaming another into its place, run this again)",
+         f"mountpoint -q {cell.data} || {{ sudo mount --bind {plan.shape.served} {cell.data} && "
+         f"sudo mount -o remount,bind,ro {cell.data}; }}")
+    step("Keep the read-only bind across reboots",
+         f"grep -qs ' {cell.data} ' /etc/fstab || echo '{plan.shape.served} {cell.data} none bind,ro 0 0' | "
+         f"sudo tee -a /etc/fstab >/dev/null")
+
+
 def _steps(plan: Plan, cred: creds_mod.Credentials, ak: dict, cwd: Path) -> tuple[list[dict], list[str]]:
     say = Spelling(plan.facts)
     farm = plan.farm_dir
@@ -801,9 +906,13 @@ def _steps(plan: Plan, cred: creds_mod.Credentials, ak: dict, cwd: Path) -> tupl
     for finding in plan.findings:
         if finding.status == ERROR and finding.hint and finding.name not in ("listener", "sshd -t"):
             step(f"Fix: {finding.message}", finding.hint)
+    if plan.shape.door == DOOR_A:
+        _jail_steps(plan, step, rel)
     step("Install the sshd drop-in", f"sudo install -m 0644 {rel(DROPIN)} {plan.dropin_target}")
     step("Check sshd's configuration, then reload it", f"{say.sshd_test()} && {say.reload()}")
-    if ak["installed"] and ak["action"] != "not-installed":
+    if plan.shape.door == DOOR_A:
+        pass  # the key line went into the jailed account's file with the jail
+    elif ak["installed"] and ak["action"] != "not-installed":
         step(f"Key line installed in {plan.ak_path} (line {ak['line']})", None, done=True)
     else:
         extra = f" --authorized-keys {plan.ak_path}" if plan.ak_explicit else ""

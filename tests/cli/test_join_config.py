@@ -121,8 +121,8 @@ def test_without_a_crate_the_command_is_a_commented_placeholder_and_other_comman
 
 
 def test_json_twin_names_secrets_by_path_only(proj):
-    doc, done = proj.json("join-config", "b300", "--controller", DOOR, "--door", "a", "--served", "/flodl/data",
-                          "--cloud-init", "--yes")
+    doc, done = proj.json("join-config", "b300", "--controller", "fdl-b300@" + DOOR.split("@")[1], "--door", "a",
+                          "--served", "/flodl/data", "--cloud-init", "--yes")
     farm = proj.farm / "b300"
     assert doc["door"] == "a" and doc["controller"]["door_port"] == 22990
     assert doc["files"]["token"] == str(farm / "token") and doc["files"]["key"] == str(farm / "key")
@@ -488,3 +488,42 @@ def test_regen_makes_the_overlay_holding_the_token_0600_and_says_so(proj):
     os.chmod(overlay, 0o640)
     human = proj.run("join-config", "b300", "--yes")
     assert "its mode changed from 0640 to 0600 (it holds the token)" in human.stdout and mode(overlay) == 0o600
+
+
+def test_door_a_logs_workers_in_as_its_jailed_account_never_the_operators(proj):
+    """regression: door a's key went into the operator's own key file, where its sftp read anything."""
+    refused = proj.run("join-config", "b300", "--controller", DOOR, "--door", "a", "--yes")
+    assert refused.returncode == 1 and "jailed account fdl-b300" in refused.stderr
+    assert "--controller fdl-b300@" in refused.stderr
+    doc, _ = proj.json("join-config", "b300", "--controller", DOOR.split("@")[1], "--door", "a", "--yes",
+                       "--jail-dir", "/srv/fdl")
+    assert doc["controller"]["user"] == "fdl-b300"
+    assert doc["authorized_keys"]["action"] == "jailed"
+    assert doc["authorized_keys"]["path"] == "/srv/fdl/b300/.ssh/authorized_keys"
+    commands = " ; ".join(s["command"] or "" for s in doc["steps"])
+    assert "useradd --system" in commands and "--shell /usr/sbin/nologin fdl-b300" in commands
+    assert "mount --bind /flodl/data /srv/fdl/b300/jail/data" in commands and "remount,bind,ro" in commands
+    assert "install --install-key" not in commands and "fdl join-config b300 --install-key" not in commands
+    worker = yaml.safe_load((proj.farm / "b300" / "worker.yml").read_text())["join"]
+    assert worker["data_source"] == "sshfs://fdl-b300@127.0.0.1:22990:/data" and worker["data_path"] == "/flodl/data"
+    dropin = (proj.farm / "b300" / "sshd-door.conf").read_text()
+    assert "Match User fdl-b300" in dropin and "ChrootDirectory /srv/fdl/b300/jail" in dropin
+    again, _ = proj.json("join-config", "b300", "--yes")  # the re-run recovers the jail from worker.yml
+    assert again["authorized_keys"]["path"] == "/srv/fdl/b300/.ssh/authorized_keys"
+
+
+def test_a_farm_key_left_in_the_operators_file_is_refused_for_door_a_until_removed(proj):
+    """regression: an unconfined door-a line (the farm key in the operator's own file) must not silently stay."""
+    assert proj.run("join-config", "b300", "--controller", DOOR, "--door", "b", "--install-key").returncode == 0
+    assert "fdl-farm-b300" in proj.ak().read_text()
+    stale = proj.ak().read_text().splitlines().index(
+        next(ln for ln in proj.ak().read_text().splitlines() if "fdl-farm-b300" in ln)) + 1
+    refused = proj.run("join-config", "b300", "--controller", DOOR.split("@")[1], "--door", "a", "--yes")
+    assert refused.returncode == 1, refused.stderr
+    assert f"line {stale} lets the farm key" in refused.stderr and "--install-key to remove it" in refused.stderr
+    assert "fdl-farm-b300" in proj.ak().read_text()  # refused: nothing changed
+    doc, done = proj.json("join-config", "b300", "--controller", DOOR.split("@")[1], "--door", "a", "--yes",
+                          "--install-key")
+    assert doc["authorized_keys"]["removed_unconfined"]["line"] == stale
+    assert "fdl-farm-b300" not in proj.ak().read_text()
+    assert "removed the farm key" in done.stderr

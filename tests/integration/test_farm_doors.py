@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,8 +45,18 @@ class Door:
     def key(self) -> Path:
         return self.farm / "key"
 
-    def ssh(self, *args: str, key: Path | None = None, port: int | None = None, input: str | None = None):
-        return self.sshd.ssh(key or self.key, port or self.door_port, *args, input=input)
+    @property
+    def user(self) -> str:
+        """Who the farm key logs in as: door a's jailed account, else the operator's own."""
+        return self.report["controller"]["user"]
+
+    @property
+    def jail(self) -> Path:
+        return _jail_base(self.sshd) / "lab"
+
+    def ssh(self, *args: str, key: Path | None = None, port: int | None = None, input: str | None = None,
+            user: str | None = None):
+        return self.sshd.ssh(key or self.key, port or self.door_port, "-l", user or self.user, *args, input=input)
 
     def wizard(self, *args: str):
         return run_fdl("join-config", "lab", "--sshd-config", str(self.sshd.config), "--authorized-keys",
@@ -77,15 +88,30 @@ def open_door(door: str) -> Door:
             (served / "tree" / "train.rs").write_text("fn main() {}\n")
             (served / ".fdl-run.yml").write_text("bin: target/release/train\n")
             extra = ["--served", str(served)]
+        user = sshd.user
+        if door == "a":
+            # the chroot's chain must be root-owned and not writable by others, and the jailed account must
+            # reach its key file: not below the 0700 home this sshd lives in, nor below /tmp (1777)
+            base = Path(tempfile.mkdtemp(prefix="fdl-doors-test-", dir="/var/lib"))
+            os.chmod(base, 0o755)
+            _JAIL_BASES[sshd.base] = base
+            extra += ["--jail-dir", str(base)]
+            user = JAILED
+            _drop_account(JAILED)
         sshd.authorized_keys.write_text("# the operator's own file\n")
         os.chmod(sshd.authorized_keys, 0o600)
-        done = run_fdl("join-config", "lab", "--door", door, "--controller", f"{sshd.user}@127.0.0.1:{door_port}",
+        done = run_fdl("join-config", "lab", "--door", door, "--controller", f"{user}@127.0.0.1:{door_port}",
                        "--port", str(controller_port), *extra, "--install-key", "--authorized-keys",
                        str(sshd.authorized_keys), "--sshd-config", str(sshd.config), "--json",
                        cwd=project, env={"HOME": str(home)})
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
-        steps = {s["title"]: s["command"] for s in report["steps"]}
+        steps = {s["title"].split(":")[0].split(" (")[0]: s["command"] for s in report["steps"]}
+        if door == "a":  # every privileged step but the /etc/fstab line (this machine's boot is not the test's)
+            _run_step(project, steps[f"Create the door's own account {JAILED}"])
+            _run_step(project, steps["Build the jail"])
+            _run_step(project, steps[f"Bind the served directory {served} read-only into the jail"])
+            assert "Keep the read-only bind across reboots" in steps
         _run_step(project, steps["Install the sshd drop-in"])
         _run_step(project, steps["Check sshd's configuration, then reload it"])
         sshd.wait_listening([sshd.port, door_port])
@@ -93,8 +119,32 @@ def open_door(door: str) -> Door:
         return Door(door, sshd, project, home, project / ".fdl" / "lab", door_port, controller_port, served,
                     report, listener)
     except BaseException:
-        sshd.stop()
+        _close(door, sshd)
         raise
+
+
+JAILED = "fdl-lab"
+_JAIL_BASES: dict[Path, Path] = {}
+
+
+def _jail_base(sshd: LoopbackSshd) -> Path:
+    return _JAIL_BASES[sshd.base]
+
+
+def _drop_account(name: str) -> None:
+    subprocess.run(["userdel", name], capture_output=True, timeout=30)
+    subprocess.run(["groupdel", name], capture_output=True, timeout=30)
+
+
+def _close(door: str, sshd: LoopbackSshd) -> None:
+    base = _JAIL_BASES.pop(sshd.base, None)
+    if base is not None:
+        data = base / "lab" / "jail" / "data"
+        subprocess.run(["umount", str(data)], capture_output=True, timeout=30)
+        if not os.path.ismount(data):
+            shutil.rmtree(base, ignore_errors=True)
+        _drop_account(JAILED)
+    sshd.stop()
 
 
 @pytest.fixture(scope="module", params=["a", "b", "tunnel-only"])
@@ -105,7 +155,7 @@ def door(request):
     opened = open_door(request.param)
     yield opened
     opened.listener.close()
-    opened.sshd.stop()
+    _close(opened.door, opened.sshd)
 
 
 # --------------------------------------------------------------------------- every door
@@ -115,8 +165,10 @@ def test_the_installed_dropin_passes_sshd_t(door):
     assert (door.sshd.dropins / "01-fdl-lab.conf").read_bytes() == (door.farm / "sshd-door.conf").read_bytes()
     checked = door.sshd.check()
     assert checked.returncode == 0, checked.stderr
-    assert door.report["authorized_keys"]["action"] == "added"
+    assert door.report["authorized_keys"]["action"] == ("jailed" if door.door == "a" else "added")
     assert door.sshd.authorized_keys.read_text().startswith("# the operator's own file\n")
+    if door.door == "a":  # the farm key never lets anyone in as the operator
+        assert "fdl-farm-lab" not in door.sshd.authorized_keys.read_text()
 
 
 def test_a_command_and_a_shell_are_refused(door):
@@ -158,14 +210,14 @@ def test_the_wizards_own_self_test_passes(door):
     assert "FAIL" not in done.stdout
 
 
-def _sftp(door: Door, script: str):
-    return subprocess.run(["sftp", "-b", "-", *door.sshd.ssh_opts(door.key, door.door_port)[:-2], "-P",
-                           str(door.door_port), "127.0.0.1"], input=script, capture_output=True, text=True,
-                          timeout=30)
+def _sftp(door: Door, script: str, port: int | None = None):
+    return subprocess.run(["sftp", "-b", "-", *door.sshd.ssh_opts(door.key, door.door_port)[:-2], "-o",
+                           f"User={door.user}", "-P", str(port or door.door_port), "127.0.0.1"], input=script,
+                          capture_output=True, text=True, timeout=30)
 
 
 def _rsync(door: Door, *args: str):
-    opts = " ".join(door.sshd.ssh_opts(door.key, door.door_port))
+    opts = " ".join(door.sshd.ssh_opts(door.key, door.door_port) + ["-l", door.user])
     return subprocess.run(["rsync", "-e", f"ssh {opts}", *args], capture_output=True, text=True, timeout=30)
 
 
@@ -260,9 +312,90 @@ def test_no_door_gives_what_a_link_out_of_the_tree_points_at(door, tmp_path, cli
         _unplant(door)
 
 
+def _operator_secret(door: Door) -> Path:
+    """A private file of the operator's account, in a 0700 directory beside the served tree."""
+    return door.sshd.base / "secret" / "id"
+
+
+@pytest.mark.parametrize("path", ["/etc/hostname", "../secret/id", "../../secret/id", "ABS-SECRET", "ABS-KEYS",
+                                  "ABS-HOME-SSH", "tree/keys/id", "tree/up", "tree/abs"])
+def test_door_a_reads_nothing_outside_the_served_tree(door, tmp_path, path):
+    """regression: door a's key ran `internal-sftp -R -d <served>` as the operator's account, and -d only picks
+    the starting directory, so any farm key holder could `get` every file that account can read."""
+    if door.door != "a":
+        return
+    _plant_links(door)
+    (door.served / "tree" / "abs").symlink_to(_operator_secret(door))
+    wanted = {"ABS-SECRET": str(_operator_secret(door)), "ABS-KEYS": str(door.sshd.authorized_keys),
+              "ABS-HOME-SSH": str(Path.home() / ".ssh")}.get(path, path)
+    got = tmp_path / "got"
+    try:
+        done = _sftp(door, f"get -r {wanted} {got}\n")
+        assert done.returncode != 0, done.stdout
+        assert not got.exists() or _holding_the_secret(got if got.is_dir() else tmp_path) == []
+        inside = _sftp(door, f"get tree/train.rs {tmp_path / 'ok.rs'}\n")  # the served tree itself still reads
+        assert inside.returncode == 0 and (tmp_path / "ok.rs").read_text() == "fn main() {}\n", inside.stderr
+    finally:
+        (door.served / "tree" / "abs").unlink()
+        _unplant(door)
+
+
+def test_door_a_sees_only_the_served_tree_at_its_root(door):
+    if door.door != "a":
+        return
+    done = _sftp(door, "pwd\nls -1a /\nls -1a /data\n")
+    assert done.returncode == 0, done.stderr
+    assert "Remote working directory: /data" in done.stdout
+    listed = [ln.strip() for ln in done.stdout.splitlines() if ln.startswith("/")]
+    assert sorted(e for e in listed if e.count("/") == 1) == ["/.", "/..", "/data"]  # nothing but the mount
+    assert "/data/tree" in listed
+
+
+def test_the_door_a_key_is_jailed_on_the_base_port_too(door, tmp_path):
+    """A Match LocalPort block does not tie a key to a port: the jail must hold on sshd's other ports."""
+    if door.door != "a":
+        return
+    done = _sftp(door, f"get /etc/hostname {tmp_path / 'h'}\n", port=door.sshd.port)
+    assert not (tmp_path / "h").exists()
+    listing = _sftp(door, "ls -1 /data/tree\n", port=door.sshd.port)
+    assert listing.returncode == 0 and "train.rs" in listing.stdout, done.stderr + listing.stderr
+
+
+def test_sshfs_through_door_a_mounts_the_served_tree_and_nothing_else(door, tmp_path):
+    if door.door != "a":
+        return
+    if shutil.which("sshfs") is None:
+        pytest.fail("sshfs is required (scripts/apt-test.txt)")
+    _plant_links(door)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    opts = door.sshd.ssh_opts(door.key, door.door_port)
+    ssh_cmd = "ssh " + " ".join(opts[:-2])
+    try:
+        # follow_symlinks: the server resolves every link (an attacker's choice); without it the client's own
+        # kernel would resolve them against the client's files, which is no read through the door
+        mounted = subprocess.run(["sshfs", "-o", f"ssh_command={ssh_cmd},port={door.door_port},ro,follow_symlinks",
+                                  f"{door.user}@127.0.0.1:/data", str(mnt)], capture_output=True, text=True,
+                                 timeout=60)
+        assert mounted.returncode == 0, mounted.stderr
+        try:
+            assert (mnt / "tree" / "train.rs").read_text() == "fn main() {}\n"
+            for link in ("keys/id", "up"):
+                try:
+                    text = (mnt / "tree" / link).read_text(errors="replace")
+                except OSError:
+                    continue
+                assert "PRIVATE-KEY-MATERIAL" not in text, link
+        finally:
+            subprocess.run(["fusermount", "-u", str(mnt)], capture_output=True, timeout=30)
+    finally:
+        _unplant(door)
+
+
 def test_door_b_key_line_munges_links(door):
     """regression: door b's forced command lacked -munge."""
-    line = [ln for ln in door.sshd.authorized_keys.read_text().splitlines() if "fdl-farm-lab" in ln][0]
+    keys = door.jail / ".ssh" / "authorized_keys" if door.door == "a" else door.sshd.authorized_keys
+    line = [ln for ln in keys.read_text().splitlines() if "fdl-farm-lab" in ln][0]
     if door.door == "b":
         assert f" -ro -munge {door.served}\"" in line
     else:
@@ -303,14 +436,15 @@ def test_the_door_confines_any_key_that_arrives_on_its_port(door, tmp_path):
     before = keys.read_bytes()
     keys.write_bytes(before + (tmp_path / "own.pub").read_bytes())
     try:
-        base = door.ssh("127.0.0.1", f"echo {MARKER}", key=own, port=door.sshd.port)
+        me = door.sshd.user
+        base = door.ssh("127.0.0.1", f"echo {MARKER}", key=own, port=door.sshd.port, user=me)
         assert base.stdout.strip() == MARKER
-        other = door.ssh("-W", f"127.0.0.1:{door.sshd.port}", "127.0.0.1", key=own)
+        other = door.ssh("-W", f"127.0.0.1:{door.sshd.port}", "127.0.0.1", key=own, user=me)
         assert "administratively prohibited" in other.stderr
-        tty = door.ssh("-tt", "127.0.0.1", "true", key=own)
+        tty = door.ssh("-tt", "127.0.0.1", "true", key=own, user=me)
         assert "PTY allocation request failed" in tty.stderr
         if door.door == "tunnel-only":
-            forced = door.ssh("127.0.0.1", f"echo {MARKER}", key=own)
+            forced = door.ssh("127.0.0.1", f"echo {MARKER}", key=own, user=me)
             assert MARKER not in forced.stdout and "this door only forwards" in forced.stderr
     finally:
         keys.write_bytes(before)

@@ -13,6 +13,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,72 @@ def test_the_validate_command_judges_the_candidate_inside_the_whole_configuratio
             assert done.returncode != 0, candidate.read_text()
     finally:
         sshd.stop()
+
+
+def _sftp(sshd: LoopbackSshd, key: Path, port: int, user: str, script: str):
+    return subprocess.run(["sftp", "-b", "-", *sshd.ssh_opts(key, port)[:-2], "-o", f"User={user}", "-P", str(port),
+                           "127.0.0.1"], input=script, capture_output=True, text=True, timeout=30)
+
+
+def test_role_builds_a_working_jailed_door_a_and_removes_an_unjailed_key(play, tmp_path):
+    """regression: door a's key went into the operator's own file, where its sftp could read anything."""
+    import shutil
+    import tempfile
+
+    key = tmp_path / "key"
+    public = _keygen(key)
+    served = play.sshd.base / "data"
+    (served / "tree").mkdir(parents=True)
+    (served / "tree" / "train.rs").write_text("fn main() {}\n")
+    (served / "tree" / "out").symlink_to("/etc")
+    # what an earlier fdl installed for door a: the farm key in the operator's file, unjailed
+    old = f'restrict,port-forwarding,permitopen="127.0.0.1:1",command="internal-sftp -R -d {served}" {public}'
+    play.sshd.authorized_keys.write_bytes(FOREIGN + b"\r\n" + old.encode() + b"\r\n")
+    base = Path(tempfile.mkdtemp(prefix="fdl-doors-test-", dir="/var/lib"))  # root-owned chain, reachable
+    os.chmod(base, 0o755)
+    fstab = tmp_path / "fstab"
+    mountpoint = base / "lab" / "jail" / "data"
+    subprocess.run(["userdel", "fdl-lab"], capture_output=True)
+    try:
+        variables = play.vars(public, fdl_join_door_door="a", fdl_join_door_served=str(served),
+                              fdl_join_door_jail_base=str(base), fdl_join_door_fstab=str(fstab))
+        rc, counts, out = play.run(variables)
+        assert rc == 0 and counts["failed"] == 0, out
+        assert "Removed the farm key from" in out
+        assert play.sshd.authorized_keys.read_bytes() == FOREIGN + b"\r\n"  # only the unjailed line went
+        assert fstab.read_text() == f"{served} {mountpoint} none bind,ro 0 0\n"
+        keys = base / "lab" / ".ssh" / "authorized_keys"
+        assert keys.read_text().endswith(" fdl-farm-lab\n") and public.split()[1] in keys.read_text()
+        assert oct(keys.stat().st_mode & 0o777) == "0o600" and keys.stat().st_uid != 0
+
+        play.sshd.wait_listening([play.door_port])
+        # The handler's SIGHUP makes sshd re-execute itself; until it has, the port may still answer with the
+        # configuration from before the drop-in: try the first read a few times before judging.
+        for _attempt in range(20):
+            read = _sftp(play.sshd, key, play.door_port, "fdl-lab", f"pwd\nget tree/train.rs {tmp_path / 'got'}\n")
+            if read.returncode == 0:
+                break
+            time.sleep(0.5)
+        assert read.returncode == 0 and (tmp_path / "got").read_text() == "fn main() {}\n", read.stderr
+        assert "Remote working directory: /data" in read.stdout
+        for escape in ("/etc/hostname", "../../../../etc/hostname", "tree/out/hostname",
+                       str(play.sshd.authorized_keys)):
+            done = _sftp(play.sshd, key, play.door_port, "fdl-lab", f"get {escape} {tmp_path / 'x'}\n")
+            assert done.returncode != 0 and not (tmp_path / "x").exists(), escape
+        write = _sftp(play.sshd, key, play.door_port, "fdl-lab", "mkdir tree/new\n")
+        assert write.returncode != 0 and not (served / "tree" / "new").exists()
+        fwd = play.sshd.ssh(key, play.door_port, "-l", "fdl-lab", "-W", f"127.0.0.1:{play.controller_port}",
+                            "127.0.0.1")
+        assert fwd.returncode == 0 and fwd.stdout == "fdl-controller-hello\n", fwd.stderr
+        # the same key as the operator's account: nothing left to let it in
+        refused = play.sshd.ssh(key, play.door_port, "127.0.0.1", "true")
+        assert refused.returncode == 255 and "Permission denied" in refused.stderr
+
+        rc, counts, out = play.run(variables)  # converged: nothing changes
+        assert rc == 0 and counts["changed"] == 0, out
+    finally:
+        subprocess.run(["umount", str(mountpoint)], capture_output=True)
+        subprocess.run(["userdel", "fdl-lab"], capture_output=True)
+        subprocess.run(["groupdel", "fdl-lab"], capture_output=True)
+        if not os.path.ismount(mountpoint):
+            shutil.rmtree(base, ignore_errors=True)

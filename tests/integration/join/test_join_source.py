@@ -193,3 +193,23 @@ def test_a_box_holding_another_publish_is_refused(tmp_path):
             os.killpg(first.pid, signal.SIGTERM)
             finish(first)
     assert code == 1 and "refused this box (run_id_differs)" in err
+
+
+def test_a_plain_tree_is_fetched_without_links_that_leave_it(tmp_path):
+    """regression: an unpublished tree (--source-bin) was copied with its links as they were, so a link
+    pointing out of the source reached the worker's build tree; with --safe-links it stays behind."""
+    from fdl.agent.source import fetch
+
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "id").write_text("PRIVATE-KEY-MATERIAL\n")
+    tree = source_tree(tmp_path / "src")
+    (tree / "keys").symlink_to(secret)
+    (tree / "up").symlink_to("../secret/id")
+    (tree / "inside").symlink_to("train.py")
+    notes: list[str] = []
+    got = tmp_path / "worker"
+    assert fetch(f"file://{tree}", got, identity=None, source_bin="out/train", note=notes.append) is None
+    assert any("plain tree" in n for n in notes)
+    assert (got / "train.py").exists() and os.readlink(got / "inside") == "train.py"
+    assert not os.path.lexists(got / "keys") and not os.path.lexists(got / "up")

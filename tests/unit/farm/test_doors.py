@@ -5,18 +5,41 @@ from __future__ import annotations
 import pytest
 
 from fdl.farm.authorized_keys import line_identity, parse_public_key
-from fdl.farm.doors import DoorError, dropin_name, dropin_vars, key_line, port_lines
+from fdl.farm.doors import DoorError, door_account, dropin_name, dropin_vars, jail, key_line, port_lines
 from fdl.farm.render import render_dropin
 
 PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOursOursOursOursOursOursOursOursOursOurs01 fdl-farm-b300"
 
 
-def test_door_a_runs_the_builtin_sftp_server_read_only_and_permits_one_forward():
+def test_door_a_key_runs_the_builtin_sftp_server_read_only_in_the_jail_and_permits_one_forward():
+    """regression: the key ran `internal-sftp -R -d <served>` unjailed; now the path is the one inside the chroot."""
     line = key_line("a", PUB, label="b300", controller_port=1337, served="/flodl/data")
     assert line.startswith('restrict,port-forwarding,permitopen="127.0.0.1:1337",'
-                           'command="internal-sftp -R -d /flodl/data" ssh-ed25519 ')
+                           'command="internal-sftp -R -d /data" ssh-ed25519 ')
     assert line.endswith(" fdl-farm-b300")
     assert line_identity(line.encode()) == parse_public_key(PUB)
+
+
+def test_door_a_jail_is_a_root_owned_chain_for_an_account_of_its_own():
+    cell = jail("b300")
+    assert cell.account == "fdl-b300"
+    assert (cell.home, cell.root, cell.data) == ("/var/lib/fdl-doors/b300", "/var/lib/fdl-doors/b300/jail",
+                                                 "/var/lib/fdl-doors/b300/jail/data")
+    assert cell.authorized_keys == "/var/lib/fdl-doors/b300/.ssh/authorized_keys"
+    for bad in ("B300", "x" * 29):
+        with pytest.raises(DoorError, match="account"):
+            door_account(bad)
+
+
+def test_door_a_dropin_jails_its_account_on_every_port():
+    text = render_dropin(dropin_vars("a", label="b300", door_port=2222, controller_port=1337, explicit_ports=[22]))
+    block = text.split("Match User fdl-b300\n", 1)[1]
+    directives = [ln.strip() for ln in block.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    assert "ChrootDirectory /var/lib/fdl-doors/b300/jail" in directives
+    assert "ForceCommand internal-sftp -R -d /data" in directives
+    assert "AuthorizedKeysFile /var/lib/fdl-doors/b300/.ssh/authorized_keys" in directives
+    assert "PermitOpen 127.0.0.1:1337" in directives and "PermitTTY no" in directives
+    assert not any(d.startswith("Match") for d in directives)  # no LocalPort: the jail holds on port 22 too
 
 
 def test_door_b_runs_rrsync_read_only_on_the_served_directory():
@@ -57,7 +80,8 @@ def test_dropin_scopes_with_match_localport_and_forces_a_command_only_for_tunnel
                                      explicit_ports=[22]))
     directives = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
     assert directives[:2] == ["Port 2222", "Match LocalPort 2222"]
-    assert "Match User" not in text
+    assert ("Match User fdl-b300" in text) is (door == "a")
+    directives = directives[:directives.index("Match User fdl-b300")] if door == "a" else directives
     assert "PermitOpen 127.0.0.1:1337" in directives and "AllowTcpForwarding local" in directives
     assert "PermitTTY no" in directives
     assert any(d.startswith("ForceCommand ") for d in directives) is forced

@@ -62,6 +62,11 @@ options:
   owner:
     description: Owner for a file (and directory) this module creates; an existing file keeps its owner.
     type: str
+  state:
+    description: C(present) puts the line in; C(absent) takes every line of the key (and I(retired_keys)) out.
+    type: str
+    choices: [present, absent]
+    default: present
 author:
   - The fdl authors (@flodl)
 """
@@ -101,7 +106,7 @@ import pwd
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.flodl.fdl.plugins.module_utils.farm.authorized_keys import (
-    AuthorizedKeysError, install_line, parse_public_key)
+    AuthorizedKeysError, install_line, parse_public_key, remove_keys)
 from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import DoorError, key_line
 
 
@@ -119,6 +124,7 @@ def main() -> None:
             create_parent=dict(type="bool", default=True),
             mode=dict(type="str", default="0600"),
             owner=dict(type="str"),
+            state=dict(type="str", default="present", choices=["present", "absent"]),
         ),
         supports_check_mode=True,
     )
@@ -126,12 +132,16 @@ def main() -> None:
     path = p["path"]  # type=path: ~ and ~user already expanded
     try:
         line = key_line(p["door"], p["public_key"], label=p["label"], controller_port=p["controller_port"],
-                        served=p["served"], rrsync=p["rrsync"])
+                        served=p["served"], rrsync=p["rrsync"]) if p["state"] == "present" else ""
         key = parse_public_key(p["public_key"])
         retire = tuple(parse_public_key(k) for k in p["retired_keys"])
         existed = os.path.exists(path)
         parent_existed = os.path.isdir(os.path.dirname(os.path.abspath(path)))
         mode = int(p["mode"], 8) if p["mode"] else None
+        if p["state"] == "absent":
+            result = remove_keys(path, (key, *retire), check=module.check_mode)
+            module.exit_json(changed=result.changed, action=result.action, line_number=0, removed=result.removed,
+                             line=None, path=path)
         result = install_line(path, line, key, retire=retire, mode=mode, create_parent=p["create_parent"],
                               check=module.check_mode)
     except (AuthorizedKeysError, DoorError, ValueError) as exc:

@@ -40,6 +40,10 @@ options:
     description: The training port of the one permitted forward.
     type: int
     default: 1337
+  jail_base:
+    description: Door a, where the jailed account's home (BASE/LABEL) and chroot (BASE/LABEL/jail) go.
+    type: str
+    default: /var/lib/fdl-doors
 author:
   - The fdl authors (@flodl)
 """
@@ -95,6 +99,7 @@ def main() -> None:
             door=dict(type="str", required=True, choices=["a", "b", "tunnel-only"]),
             door_port=dict(type="int", required=True),
             controller_port=dict(type="int", default=1337),
+            jail_base=dict(type="str", default="/var/lib/fdl-doors"),
         ),
         supports_check_mode=True,
     )
@@ -105,7 +110,8 @@ def main() -> None:
         path = os.path.join(os.path.abspath(p["dropin_dir"]), dropin_name(p["label"]))
         explicit = scan(p["sshd_config"]).ports(exclude=(path,))
         values = dropin_vars(p["door"], label=p["label"], door_port=p["door_port"],
-                             controller_port=p["controller_port"], explicit_ports=explicit)
+                             controller_port=p["controller_port"], explicit_ports=explicit,
+                             jail_base=p["jail_base"])
     except DoorError as exc:
         module.fail_json(msg=str(exc))
     lines = [f"Port {item['port']}" for item in values["ports"]] + [f"Match LocalPort {p['door_port']}"]
