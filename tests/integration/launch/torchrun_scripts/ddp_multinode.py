@@ -110,6 +110,9 @@ def main(save_every, total_epochs, batch_size, snapshot_path="snapshot.pt"):
     train_data = prepare_dataloader(dataset, batch_size)
     trainer = Trainer(model, train_data, optimizer, save_every, snapshot_path)
     trainer.train(total_epochs)
+    # Every rank reaches this point before any tears the group down: with gloo, a rank that destroys its group
+    # while a peer is still in its last step can make that peer abort (exit 134), under torchrun as under fdl.
+    torch.distributed.barrier()
     destroy_process_group()
 
 
