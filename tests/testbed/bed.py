@@ -63,6 +63,22 @@ def _sh(*argv: str, check: bool = True, timeout: float = 30, input: str | None =
     return proc
 
 
+def flock_waiting(path: Path, timeout: float, poll: float = 0.2) -> int | None:
+    """Open `path` (made 0600 if missing) and take an exclusive flock on it, waiting up to `timeout` seconds.
+    Returns the open descriptor holding the lock (close it to release), or None, closed, on timeout."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                return None
+            time.sleep(poll)
+
+
 def missing_tools() -> list[str]:
     """What the testbed needs and this machine lacks (empty when it can be built)."""
     missing = []
@@ -208,18 +224,10 @@ class Testbed:
 
     def _lock(self) -> None:
         lock_dir = Path("/run/lock") if Path("/run/lock").is_dir() else Path("/tmp")
-        fd = os.open(lock_dir / f"{self.prefix}-testbed.lock", os.O_CREAT | os.O_RDWR, 0o600)
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    os.close(fd)
-                    raise TestbedError(f"another testbed with prefix {self.prefix!r} held the lock for 10 "
-                                       f"minutes; set FDL_TESTBED_PREFIX to run beside it") from None
-                time.sleep(0.2)
+        fd = flock_waiting(lock_dir / f"{self.prefix}-testbed.lock", 600)
+        if fd is None:
+            raise TestbedError(f"another testbed with prefix {self.prefix!r} held the lock for 10 "
+                               f"minutes; set FDL_TESTBED_PREFIX to run beside it")
         self._lock_fd = fd
 
     def _unlock(self) -> None:

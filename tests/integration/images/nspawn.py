@@ -16,7 +16,6 @@ systemd. Needs root, debootstrap and systemd-container (scripts/apt-test.txt). S
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -26,6 +25,8 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+
+from tests.testbed.bed import flock_waiting
 
 CACHE = Path(os.environ.get("FDL_TEST_CACHE", "/var/cache/fdl-tests"))
 SUITE = "bookworm"  # Debian 12: the container's Python is 3.11
@@ -110,17 +111,10 @@ def digest(*parts: object) -> str:
 def cache_lock(name: str, timeout: float = 1800):
     """An exclusive lock on CACHE/<name>.lock (a second builder waits for the first one's result)."""
     CACHE.mkdir(parents=True, exist_ok=True)
-    fd = os.open(CACHE / f"{name}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    fd = flock_waiting(CACHE / f"{name}.lock", timeout, poll=0.5)
+    if fd is None:
+        raise MachineError(f"{CACHE / name}.lock was held for {timeout:.0f} s")
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise MachineError(f"{CACHE / name}.lock was held for {timeout:.0f} s") from None
-                time.sleep(0.5)
         yield
     finally:
         os.close(fd)
