@@ -42,9 +42,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
-from _timing import PY, compile_package, env_for_fdl, fdl_command  # noqa: E402
-
 import yaml  # noqa: E402
+from _timing import PY, compile_package, env_for_fdl, fdl_command  # noqa: E402
 
 from fdl.collection import PACKAGE_DIR, pynvml_file  # noqa: E402
 from fdl.resources import collections_path  # noqa: E402

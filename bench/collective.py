@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from fdl.collective.results import human_size  # noqa: E402
-from fdl.collective.run import CollectiveOptions, parse_size, run_local  # noqa: E402
+from fdl.collective.results import human_size
+from fdl.collective.run import CollectiveOptions, parse_size, run_local
 
 
 def main() -> int:

@@ -33,7 +33,7 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import PY, REPO, compile_package, env_for_fdl  # noqa: E402
+from _timing import PY, REPO, compile_package, env_for_fdl
 
 sys.path.insert(0, str(REPO))
 

@@ -22,21 +22,20 @@ import argparse
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._timing import env_for_fdl, median_wall  # noqa: E402
-from fdl.config.schema import parse_devices  # noqa: E402
-from fdl.controller.client import ControllerClient  # noqa: E402
-from fdl.controller.machine import RunMachine  # noqa: E402
-from fdl.controller.metrics import new_registry, render  # noqa: E402
-from fdl.controller.policy import RunPolicy  # noqa: E402
-from fdl.controller.protocol import Hello  # noqa: E402
-from fdl.controller.server import ControllerServer  # noqa: E402
+from bench._timing import env_for_fdl, median_wall
+from fdl.config.schema import parse_devices
+from fdl.controller.client import ControllerClient
+from fdl.controller.machine import RunMachine
+from fdl.controller.metrics import new_registry, render
+from fdl.controller.policy import RunPolicy
+from fdl.controller.protocol import Hello
+from fdl.controller.server import ControllerServer
 
 
 def filled(hosts: int) -> RunMachine:

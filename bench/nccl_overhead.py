@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._timing import PY, compile_package, env_for_fdl, median_wall  # noqa: E402
-from tests.fakes.nccl import clean_path, install_docker_standin  # noqa: E402
+from bench._timing import PY, compile_package, env_for_fdl, median_wall
+from tests.fakes.nccl import clean_path, install_docker_standin
 
 RUNS = 3
 

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import PY, compile_package, env_for_fdl  # noqa: E402
+from _timing import PY, compile_package, env_for_fdl
 
 
 def make_crate(root: Path, files: int) -> None:

@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import PY, compile_package, env_for_fdl, fdl_command, interleaved  # noqa: E402
+from _timing import PY, compile_package, env_for_fdl, fdl_command, interleaved
 
 TARGET = 8.0
 

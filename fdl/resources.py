@@ -11,7 +11,7 @@ root and has fdl build the complete tree into its cache on first use
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from fdl import collection
@@ -24,7 +24,7 @@ def _installed() -> bool:
     return (_WHEEL_SHARE / "collections" / collection.RELATIVE / "galaxy.yml").is_file()
 
 
-@lru_cache(maxsize=None)
+@cache
 def share_dir() -> Path:
     """The directory holding templates/ (fdl's own), packer/ and ansible.cfg."""
     for candidate in (_WHEEL_SHARE, PACKAGE_DIR.parent):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 import socket
-from typing import Iterator
+from collections.abc import Iterator
 
 FIRST_PORT, LAST_PORT = 21000, 21999
 
@@ -86,7 +86,7 @@ class PeerNamespace:
         cmd = (["ip", "netns", "exec", self.name] if ns else []) + ["ip", *args]
         subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=30)
 
-    def create(self) -> "PeerNamespace":
+    def create(self) -> PeerNamespace:
         import subprocess
 
         self.destroy()

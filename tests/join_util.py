@@ -60,7 +60,7 @@ class LoopbackSshd:
     def ssh_command(self) -> str:
         return f"ssh -F /dev/null -o UserKnownHostsFile={self.known_hosts} -o StrictHostKeyChecking=yes"
 
-    def __enter__(self) -> "LoopbackSshd":
+    def __enter__(self) -> LoopbackSshd:
         self.dir.mkdir(parents=True, exist_ok=True)
         host_key = self.dir / "host_key"
         for key in (host_key, self.key):

@@ -207,7 +207,6 @@ class JoinAgent:
 
     def _run_world(self, client, ticket: str, world: dict, prep: Prepared, admitted: dict) -> int:
         from fdl.controller.client import ControllerError, ControllerRefused, UnverifiedController
-
         from fdl.controller.protocol import refused_rank_env, without_secrets
 
         shape = world.get("world") or {}

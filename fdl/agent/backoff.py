@@ -34,7 +34,7 @@ class Backoff:
         self.rng = rng or random.Random()
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Backoff":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Backoff:
         environ = os.environ if environ is None else environ
 
         def number(name: str, default: float) -> float:

@@ -115,7 +115,7 @@ class Tunnel:
             argv += ["-i", self.identity, "-o", "IdentitiesOnly=yes"]
         return argv + ["--", self.hop.destination]
 
-    def __enter__(self) -> "Tunnel":
+    def __enter__(self) -> Tunnel:
         self.open()
         return self
 

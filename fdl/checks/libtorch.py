@@ -131,9 +131,7 @@ def arch_covers(archs: list[str], major: int, minor: int) -> bool:
         if suffix:
             if (a_major, a_minor) == (major, minor):
                 return True
-        elif ptx and (a_major, a_minor) <= (major, minor):
-            return True
-        elif a_major == major and a_minor <= minor:
+        elif (ptx and (a_major, a_minor) <= (major, minor)) or (a_major == major and a_minor <= minor):
             return True
     return False
 

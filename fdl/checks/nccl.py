@@ -56,7 +56,7 @@ def decode_version(code: int) -> str:
 def library_version(path: str) -> tuple[str | None, str | None]:
     """(version, how it was learnt): ncclGetVersion through ctypes, else the resolved file name."""
     try:
-        import ctypes  # noqa: PLC0415 - only when there is a library to ask
+        import ctypes
 
         library = ctypes.CDLL(path)
         code = ctypes.c_int(0)

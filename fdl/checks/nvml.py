@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 def load_pynvml():
     """Import pynvml, locally or from the module_utils fdl ships to a remote host; None if absent."""
     try:
-        import pynvml  # noqa: PLC0415 - loaded only when a command needs NVML
+        import pynvml
     except ImportError:
         try:
-            from ansible_collections.flodl.fdl.plugins.module_utils import pynvml  # noqa: PLC0415
+            from ansible_collections.flodl.fdl.plugins.module_utils import pynvml
         except ImportError:
             return None
     return pynvml

@@ -24,7 +24,7 @@ class CheckResult:
     data: dict = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, doc: dict) -> "CheckResult":
+    def from_dict(cls, doc: dict) -> CheckResult:
         return cls(name=str(doc["name"]), status=str(doc["status"]), message=str(doc.get("message", "")),
                    hint=doc.get("hint"), data=dict(doc.get("data") or {}))
 
@@ -55,7 +55,7 @@ class HostReport:
                 "checks": [asdict(c) for c in self.checks]}
 
     @classmethod
-    def from_dict(cls, doc: dict) -> "HostReport":
+    def from_dict(cls, doc: dict) -> HostReport:
         when = doc.get("time")
         return cls(host=str(doc["host"]), checks=[CheckResult.from_dict(c) for c in doc.get("checks", [])],
                    schema_version=int(doc.get("schema_version", SCHEMA_VERSION)),

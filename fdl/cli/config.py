@@ -27,7 +27,8 @@ def show(
 ) -> None:
     """Print the merged fdl.yml (+ overlays) with the file and line of every value; secrets masked."""
     from fdl.config import EnvSelection
-    from fdl.config.show import annotated_yaml, as_json as render_json
+    from fdl.config.show import annotated_yaml
+    from fdl.config.show import as_json as render_json
 
     g: Globals = ctx.find_object(Globals)
     if env is not None:  # a positional env is as explicit as --env

@@ -132,7 +132,7 @@ def download(
         return
     typer.echo(f"libtorch {installed.label} is installed in {installed.path}.")
     if activated:
-        typer.echo(f"It is now the active variant (nothing was active before).")
+        typer.echo("It is now the active variant (nothing was active before).")
     else:
         typer.echo(f"To use it: fdl libtorch activate {installed.variant}")
 

@@ -12,8 +12,8 @@ import os
 import sys
 from typing import Annotated, Any
 
-import typer
 import click
+import typer
 from typer.core import TyperGroup
 
 from fdl import __version__
@@ -47,7 +47,7 @@ def split_sigil(argv: list[str]) -> tuple[list[str], str | None]:
         if word in GLOBAL_VALUE_OPTIONS:
             i += 2
             continue
-        if word.startswith("--") and "=" in word or word in GLOBAL_FLAGS:
+        if (word.startswith("--") and "=" in word) or word in GLOBAL_FLAGS:
             i += 1
             continue
         if word.startswith("@"):
@@ -72,7 +72,7 @@ def argument_help(command: Any) -> Any:
         return command
     try:
         hints = typing.get_type_hints(inspect.unwrap(callback), include_extras=True)
-    except Exception:  # noqa: BLE001 - help text is cosmetic; never let it break a command
+    except Exception:
         return command
     for param in command.params:
         if param.param_type_name != "argument" or getattr(param, "help", None):

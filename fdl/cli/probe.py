@@ -68,7 +68,7 @@ def probe(
     plan = collective_plan(collective_devices, collective_max_size, collective_timeout) if collective else None
     if workers:  # a cluster env: every worker, over Ansible (imported only on this path)
         if plan is not None and plan[0] is not None:
-            from fdl.errors import UsageError  # noqa: PLC0415
+            from fdl.errors import UsageError
 
             raise UsageError("--collective-devices sets the ranks of a single-host smoke test; across a cluster "
                              "every worker offers its own local_devices (fdl.cluster.yml). Drop the flag, or run "
@@ -86,7 +86,7 @@ def probe(
         if not as_json and not quiet:
             typer.echo(f"fdl: note: running the all-reduce smoke test (up to {collective_timeout:.0f} s)...",
                        err=True)
-        from fdl.collective.results import format_rows  # noqa: PLC0415 - only with --collective
+        from fdl.collective.results import format_rows
 
         result = run_collective(plan, reports[0])
         tables = format_rows(result)
@@ -99,9 +99,9 @@ def probe(
 
 def collective_plan(devices: str | None, max_size: str, timeout: float):
     """(devices or None, CollectiveOptions) from the flags; bad values are usage errors (exit 2)."""
-    from fdl.collective.run import CollectiveOptions, parse_size  # noqa: PLC0415 - only with --collective
-    from fdl.config.schema import parse_devices  # noqa: PLC0415
-    from fdl.errors import UsageError  # noqa: PLC0415
+    from fdl.collective.run import CollectiveOptions, parse_size
+    from fdl.config.schema import parse_devices
+    from fdl.errors import UsageError
 
     parsed = None
     if devices is not None:
@@ -119,8 +119,8 @@ def collective_plan(devices: str | None, max_size: str, timeout: float):
 def run_collective(plan, report: HostReport):
     """Run the local smoke test on the planned devices (default: the selected GPUs, else cpu:2) and add its
     `collective` check to this host's report."""
-    from fdl.collective.results import to_check  # noqa: PLC0415
-    from fdl.collective.run import DEFAULT_CPU_RANKS, run_local, selected_gpus  # noqa: PLC0415
+    from fdl.collective.results import to_check
+    from fdl.collective.run import DEFAULT_CPU_RANKS, run_local, selected_gpus
 
     devices, options = plan
     if devices is None:

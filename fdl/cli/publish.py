@@ -59,7 +59,8 @@ def publish(
                                                             "directory, instead of waiting for it.")] = False,
 ) -> None:
     from fdl.errors import ExitCode, FdlError
-    from fdl.publish.run import PublishFlags, publish as do_publish, render_human, report_data, resolve_request
+    from fdl.publish.run import PublishFlags, render_human, report_data, resolve_request
+    from fdl.publish.run import publish as do_publish
 
     g: Globals = ctx.find_object(Globals)
     run_args = tail(ctx)

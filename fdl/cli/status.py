@@ -114,5 +114,5 @@ def _rediscover(g: Globals, addr: str | None, target):
 
     try:
         return resolve(None, lambda: g.config(required=False).cluster)
-    except Exception:  # noqa: BLE001 - keep waiting on what we had
+    except Exception:
         return target

@@ -24,7 +24,7 @@ CLOCK_SKEW_LIMIT_S = 5.0
 
 def _usable_gpu(report: HostReport):
     check = report.check("gpu")
-    if check is None or check.status == ERROR and not check.data.get("devices"):
+    if check is None or (check.status == ERROR and not check.data.get("devices")):
         return None
     return check
 

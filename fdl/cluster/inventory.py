@@ -66,7 +66,7 @@ class ClusterInventory:
     def workers(self) -> list[InventoryHost]:
         return [self.hosts[name] for name in self.groups.get(WORKERS_GROUP, [])]
 
-    def subset(self, names: list[str]) -> "ClusterInventory":
+    def subset(self, names: list[str]) -> ClusterInventory:
         """The same inventory restricted to `names` (unknown names raise KeyError)."""
         for name in names:
             if name not in self.hosts:

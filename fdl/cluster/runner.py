@@ -46,15 +46,15 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 from fdl.cluster.inventory import ClusterInventory
 from fdl.collection import cache_dir
 from fdl.errors import FdlError, RemoteError
-from fdl.resources import playbook as shipped_playbook
 from fdl.resources import ansible_cfg, collections_path
+from fdl.resources import playbook as shipped_playbook
 
 RUN_ID_VAR = "fdl_run_id"  # extra variable every playbook exports as FDL_RUN_ID (play-level environment:)
 KEEP_ARTIFACTS = 5
@@ -415,7 +415,7 @@ def run_playbook(
     (a playbook or inventory it cannot read), and KeyboardInterrupt after a
     Ctrl-C, once the hosts have been swept.
     """
-    import ansible_runner  # noqa: PLC0415 - ansible is imported only by commands that cross hosts
+    import ansible_runner
 
     path = Path(playbook)
     if not path.is_absolute() and not path.exists():
@@ -505,7 +505,7 @@ def _sweep(inventory: ClusterInventory, hosts: list[str], run_id: str) -> None:
     """After a cancel: stop every process of this run left on the hosts (best effort, bounded)."""
     if not hosts:
         return
-    import ansible_runner  # noqa: PLC0415
+    import ansible_runner
 
     sub = inventory.subset(hosts)
     pdd = private_data_dir(sub)
@@ -543,8 +543,8 @@ class _Progress:
         self._state: dict[str, HostResult] = {}
 
     def start(self) -> None:
-        from rich.console import Console  # noqa: PLC0415
-        from rich.live import Live  # noqa: PLC0415
+        from rich.console import Console
+        from rich.live import Live
 
         # Live re-renders this object (its __rich__) on every refresh, so the clock ticks between events.
         self._live = Live(self, console=Console(stderr=True), refresh_per_second=8, transient=True)
@@ -562,7 +562,7 @@ class _Progress:
         return self._render()
 
     def _render(self):
-        from rich.table import Table  # noqa: PLC0415
+        from rich.table import Table
 
         state = dict(self._state)  # a C-level copy: the event handler may add hosts while this renders
         done = sum(1 for h in state.values() if h.status not in (PENDING, RUNNING))

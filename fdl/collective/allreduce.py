@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     emit("done", rank=rank, host=host, truncated=truncated, elapsed_s=time.monotonic() - started)
     try:
         dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 - teardown only
+    except Exception:
         pass
     return 0
 

@@ -41,7 +41,7 @@ class EnvSelection(NamedTuple):
     source: str | None = None  # "--env", "@sigil", "FDL_ENV"
 
     @staticmethod
-    def choose(flag: str | None, sigil: str | None, environ: dict | None = None) -> "EnvSelection":
+    def choose(flag: str | None, sigil: str | None, environ: dict | None = None) -> EnvSelection:
         """Precedence: --env flag, then the @NAME sigil, then FDL_ENV."""
         environ = os.environ if environ is None else environ
         for name, source in ((flag, "--env"), (sigil, "@sigil"), (environ.get("FDL_ENV") or None, "FDL_ENV")):

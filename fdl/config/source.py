@@ -54,7 +54,7 @@ class Origin(NamedTuple):
 class Layer:
     """One parsed document: its data and the origin of every key path in it."""
 
-    __slots__ = ("path", "data", "origins")
+    __slots__ = ("data", "origins", "path")
 
     def __init__(self, path: Path, data: dict, origins: dict | None = None):
         self.path = path

@@ -8,7 +8,8 @@ tunnels is found from the controller box); the convention default
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, TypeVar
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 from fdl.config.schema import DEFAULT_PORT
 from fdl.controller.client import ControllerClient, ControllerError, NoRunListening, normalize_address

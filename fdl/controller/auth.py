@@ -35,7 +35,8 @@ import hmac
 import re
 import secrets
 import time
-from typing import Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 TIME_HEADER = "X-Fdl-Time"
 NONCE_HEADER = "X-Fdl-Nonce"

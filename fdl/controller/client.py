@@ -107,7 +107,7 @@ class ControllerClient:
         """Whether this client proves a token (and so checks every answer's proof)."""
         return self._keys is not None
 
-    def __enter__(self) -> "ControllerClient":
+    def __enter__(self) -> ControllerClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:

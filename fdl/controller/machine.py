@@ -23,14 +23,15 @@ import json
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Callable
 
 from fdl.config.schema import Devices
 from fdl.controller.policy import RunPolicy, addresses_of, normalize_ip
 from fdl.controller.protocol import Hello
 from fdl.controller.world import World, build_world
+
 
 class Phase(StrEnum):
     """Where a run is (state.json `phase`); members compare equal to their names as plain strings."""

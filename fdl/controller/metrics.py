@@ -13,7 +13,8 @@ ever rendered on the server's event loop.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -32,7 +33,7 @@ __all__ = ["RunCollector", "new_registry", "render"]
 class RunCollector:
     """Metric families for one controller, built from a snapshot at each scrape."""
 
-    def __init__(self, server: "ControllerServer"):
+    def __init__(self, server: ControllerServer):
         self._server = server
 
     def collect(self) -> Iterator[Metric]:
@@ -112,7 +113,7 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=value)
 
 
-def new_registry(server: "ControllerServer") -> CollectorRegistry:
+def new_registry(server: ControllerServer) -> CollectorRegistry:
     """A registry of its own for one controller: the run's metrics and this process's (process_*)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunCollector(server))

@@ -113,7 +113,7 @@ class RunPolicy:
     def roster_names(self) -> tuple[str, ...]:
         return tuple(entry.host for entry in self.roster)
 
-    def with_token(self, token: str) -> "RunPolicy":
+    def with_token(self, token: str) -> RunPolicy:
         from dataclasses import replace
 
         return replace(self, token=token)
@@ -121,7 +121,7 @@ class RunPolicy:
     @classmethod
     def from_cluster(cls, cluster: ClusterSpec, *, run_id: str | None = None, launch_id: str | None = None,
                      args: tuple[str, ...] = (), heartbeat_s: float = 3.0, silence_s: float = 15.0,
-                     poll_s: float = 25.0) -> "RunPolicy":
+                     poll_s: float = 25.0) -> RunPolicy:
         """The policy a `cluster:` block describes (controller.join + workers)."""
         ctl = cluster.controller
         join = ctl.join

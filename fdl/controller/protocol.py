@@ -123,8 +123,8 @@ def parse_hello(obj: dict) -> Hello:
         raise BadRequest("field 'devices' is required: GPU ids like \"0,1\" or [0, 1], or \"cpu:N\".")
     if isinstance(raw_devices, str) and raw_devices.strip() == "all":
         raise BadRequest("field 'devices' must name the devices offered (\"0,1\" or \"cpu:N\"), not 'all'.")
-    if isinstance(raw_devices, str) and len(raw_devices) > 4096 or isinstance(raw_devices, list) \
-            and len(raw_devices) > 1024:
+    if (isinstance(raw_devices, str) and len(raw_devices) > 4096) or (isinstance(raw_devices, list) \
+            and len(raw_devices) > 1024):
         raise BadRequest("field 'devices' is too long.")
     if not isinstance(raw_devices, (str, list, int)) or isinstance(raw_devices, bool):
         raise BadRequest("field 'devices' must be GPU ids like \"0,1\" or [0, 1], or \"cpu:N\".")

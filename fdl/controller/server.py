@@ -39,8 +39,9 @@ import json
 import logging
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
@@ -292,7 +293,7 @@ class ControllerServer:
 
     @classmethod
     def for_cluster(cls, cluster: Any, *, run_id: str | None = None, args: tuple[str, ...] = (),
-                    limits: Limits | None = None) -> "ControllerServer":
+                    limits: Limits | None = None) -> ControllerServer:
         """The controller a `cluster:` block describes: its policy, on its bind address and port
         (loopback when tunnel_only)."""
         ctl = cluster.controller
@@ -383,7 +384,7 @@ class ControllerServer:
             await self._runner.cleanup()
             self._runner = None
 
-    def start(self) -> "ControllerServer":
+    def start(self) -> ControllerServer:
         """Serve from a background thread; returns once listening (or raises why it could not)."""
         if self._thread is not None:
             raise RuntimeError("controller already started")
@@ -426,7 +427,7 @@ class ControllerServer:
         thread.join(timeout)
         self._thread = None
 
-    def __enter__(self) -> "ControllerServer":
+    def __enter__(self) -> ControllerServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -751,7 +752,7 @@ def status_page() -> StatusPage:
     return StatusPage(body, csp)
 
 
-def _new_registry(server: "ControllerServer") -> Any:
+def _new_registry(server: ControllerServer) -> Any:
     from fdl.controller.metrics import new_registry
 
     return new_registry(server)

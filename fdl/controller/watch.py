@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from fdl.controller.client import ControllerClient, ControllerError, NoRunListening
 from fdl.controller.render import (
     ROSTER_SHOWN,
     clean_state,
-    printable,
     deadlines,
     duration,
     headline,
+    printable,
     quorum_counts,
     roster_rows,
     roster_totals,

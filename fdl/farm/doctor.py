@@ -400,4 +400,4 @@ def with_listener(facts: HostFacts, listening: bool, banner: str | None) -> Host
     return replace(facts, door_listening=listening, door_banner=banner)
 
 
-__all__ = ["HostFacts", "Spelling", "diagnose", "gather_facts", "probe_banner", "OK", "WARNING", "ERROR", "SKIPPED"]
+__all__ = ["ERROR", "OK", "SKIPPED", "WARNING", "HostFacts", "Spelling", "diagnose", "gather_facts", "probe_banner"]

@@ -10,7 +10,7 @@ fdl_join_worker role's own templates/fdl-join.service.j2, the file the role inst
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import jinja2
@@ -35,7 +35,7 @@ def to_bool(value: object) -> bool:
     return str(value).strip().lower() in ("yes", "on", "1", "true", "y", "t")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _env(folder: str) -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(folder), trim_blocks=True, keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined, autoescape=False)

@@ -206,7 +206,7 @@ class LocalSession(Session):
     def _run(self) -> None:
         try:  # the supervisor forks from this thread: its ranks' PR_SET_PDEATHSIG is tied to it
             self._result = self.supervisor.run()
-        except BaseException as exc:  # noqa: BLE001 - reported through outcome(), as the host's failure
+        except BaseException as exc:
             self._error = exc
 
     def start(self) -> None:

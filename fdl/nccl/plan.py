@@ -52,7 +52,7 @@ class NcclVersion:
     release: int = 1
 
     @classmethod
-    def parse(cls, text: str, *, what: str = "--tag") -> "NcclVersion":
+    def parse(cls, text: str, *, what: str = "--tag") -> NcclVersion:
         match = _TAG_RE.match(text.strip())
         if not match:
             raise PlanError(

@@ -30,14 +30,14 @@ def test_config_show_is_yaml_whose_values_are_the_configuration(tmp_path: Path) 
     assert yaml.safe_load(result.stdout)["commands"]["train"]["run"] == long_value
 
 
-def test_the_nccl_plan_prints_docker_lines_without_stray_quotes(nccl_project, fake_nvml) -> None:  # noqa: F811
+def test_the_nccl_plan_prints_docker_lines_without_stray_quotes(nccl_project, fake_nvml) -> None:
     result = run_fdl("nccl", "build", "--dry-run", cwd=nccl_project, env=fake_nvml.env(MIXED))
     assert result.returncode == 0, result.stderr
     assert "docker rm <container>\n" in result.stdout + "\n" or "docker rm <container> " in result.stdout
     assert "<container>''" not in result.stdout
 
 
-def test_nccl_jobs_default_to_this_machines_cpus(nccl_project, fake_nvml) -> None:  # noqa: F811
+def test_nccl_jobs_default_to_this_machines_cpus(nccl_project, fake_nvml) -> None:
     plan = json.loads(run_fdl("nccl", "build", "--dry-run", "--json", cwd=nccl_project,
                               env=fake_nvml.env(MIXED)).stdout)
     assert plan["jobs"] == max(1, min(os.cpu_count() or 1, 64))

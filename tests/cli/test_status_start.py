@@ -83,7 +83,7 @@ def test_status_refuses_a_bad_address_and_names_a_foreign_server(tmp_path: Path)
     assert result.returncode == 2 and "controller address 'node b:99' is not host[:port]" in result.stderr
 
     class Html(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/html")
             self.end_headers()
@@ -238,7 +238,7 @@ def test_start_proves_the_token_only_to_the_envs_address_never_to_the_loopback_f
     received = bytearray()
 
     class Record(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             received.extend(self.requestline.encode() + b"\r\n" + bytes(self.headers) + body)
             answer = b'{"ok": true, "armed": true, "phase": "forming", "world": null, "message": "armed"}'

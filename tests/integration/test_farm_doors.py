@@ -407,7 +407,7 @@ def test_a_worker_pull_through_door_b_keeps_no_link_out_of_its_tree(door, tmp_pa
     if door.door != "b":
         return
     from fdl.publish.fetch import pull_run
-    from fdl.publish.manifest import Manifest, MANIFEST_NAME, write_manifest
+    from fdl.publish.manifest import MANIFEST_NAME, Manifest, write_manifest
     from fdl.publish.spec import parse_source_spec
 
     _plant_links(door)

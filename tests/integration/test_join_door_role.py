@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fdl import resources
 from fdl.farm.doors import dropin_vars
 from fdl.farm.render import render_dropin
-from fdl import resources
 from tests.conftest import need_root_or_skip
 from tests.integration.loopback_sshd import Listener, LoopbackSshd, free_ports
 

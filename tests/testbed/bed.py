@@ -37,9 +37,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
@@ -95,7 +95,7 @@ def missing_tools() -> list[str]:
 class Host:
     """One testbed host: a namespace with an sshd, reached as its own user."""
 
-    bed: "Testbed" = field(repr=False)
+    bed: Testbed = field(repr=False)
     index: int
     name: str  # short logical name: h1, h2, ...
     namespace: str
@@ -208,7 +208,7 @@ class Testbed:
 
     @classmethod
     @contextlib.contextmanager
-    def up(cls, size: int, **kwargs) -> Iterator["Testbed"]:
+    def up(cls, size: int, **kwargs) -> Iterator[Testbed]:
         """Build a testbed of `size` hosts, yield it, and always tear it down."""
         bed = cls(size, **kwargs)
         bed._lock()

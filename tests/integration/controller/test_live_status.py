@@ -140,7 +140,7 @@ def test_status_page_says_run_ended_when_polling_fails(tmp_path: Path) -> None:
     polls = []
 
     class Gone(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:
             if self.path == "/":
                 body, kind = page.body, "text/html; charset=utf-8"
             elif self.path == "/state.json" and not polls:
@@ -237,9 +237,8 @@ def test_metrics_pass_promtool_and_match_state_json() -> None:
         tickets = [agent_hello(server, "node-a", "0,1")["ticket"], agent_hello(server, "node-b", "cpu:2")["ticket"]]
         for hello in ({"host": "node-a", "devices": "cpu:1", "run_id": "r-live"},  # host_joined
                       {"host": "node-c", "devices": "cpu:1", "run_id": "r-live", "signature": "beef"}):
-            with pytest.raises(ControllerRefused):
-                with ControllerClient(f"127.0.0.1:{server.port}") as client:
-                    client.hello(hello)
+            with pytest.raises(ControllerRefused), ControllerClient(f"127.0.0.1:{server.port}") as client:
+                client.hello(hello)
 
         values, state, text = consistent(server)
         promtool_accepts(text)

@@ -211,7 +211,7 @@ class Machine:
         self.mounted = False
 
     # the overlay ------------------------------------------------------------------------------------
-    def mount(self) -> "Machine":
+    def mount(self) -> Machine:
         for sub in ("root", "upper", "ovlwork"):
             (self.work / sub).mkdir(parents=True, exist_ok=True)
         lower = ":".join(str(p) for p in self.layers)
@@ -249,7 +249,7 @@ class Machine:
                    f"IPv6AcceptRA=no\n")
 
     # the nspawn process -------------------------------------------------------------------------------
-    def boot(self, *, binds: tuple[str, ...] = (), command: tuple[str, ...] | None = None) -> "Machine":
+    def boot(self, *, binds: tuple[str, ...] = (), command: tuple[str, ...] | None = None) -> Machine:
         """Start systemd-nspawn: `-b` (systemd as PID 1) unless a command is given (then a stub init runs it)."""
         argv = ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet", "-D", str(self.root),
                 f"--machine={self.name}", f"--network-bridge={self.bridge}", "--console=read-only"]
@@ -371,7 +371,7 @@ class Machine:
                 _run(["umount", "-l", str(self.root)], check=False)
             self.mounted = False
 
-    def __enter__(self) -> "Machine":
+    def __enter__(self) -> Machine:
         return self.mount()
 
     def __exit__(self, *exc: object) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.join.helpers import controller, finish, policy, spawn_join, train_binary
+from tests.integration.join.helpers import controller, finish, policy, spawn_join
 from tests.join_util import free_port, write_program
 
 pytestmark = pytest.mark.slow
@@ -77,7 +77,7 @@ class StandIn:
         return resp
 
     @contextlib.contextmanager
-    def serving(self) -> Iterator["StandIn"]:
+    def serving(self) -> Iterator[StandIn]:
         from aiohttp import web
 
         loop = asyncio.new_event_loop()

@@ -116,7 +116,7 @@ class Capture:
             self.frames += frame
             self.count += 1
 
-    def __enter__(self) -> "Capture":
+    def __enter__(self) -> Capture:
         for thread in self._threads:
             thread.start()
         return self

@@ -20,7 +20,6 @@ from tests.conftest import run_fdl
 from tests.integration.launch.helpers import final_state, free_port, torch_python, write_project
 from tests.integration.launch.torchrun_compare import (
     OUT_VAR,
-    SCRIPTS,
     base_env,
     collect,
     compare,

@@ -7,8 +7,8 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -192,7 +192,7 @@ def test_a_declared_gpu_that_is_missing_is_an_error(probe) -> None:
     checks = probe("H100:9.0:80G,H100:9.0:80G", local_devices=[0, 1, 2])
     count = checks["gpu_count"]
     assert count["status"] == "error"
-    assert "local_devices declares GPU 2, but NVML sees 2 usable GPUs (0, 1)." == count["message"]
+    assert count["message"] == "local_devices declares GPU 2, but NVML sees 2 usable GPUs (0, 1)."
     assert "nvidia-smi" in count["hint"]
     assert checks["gpu"]["data"]["selection"]["source"] == "local_devices"
     assert status(checks, "gpu") == "ok"  # the present GPUs are fine; the missing one is gpu_count's finding

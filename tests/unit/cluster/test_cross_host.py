@@ -6,9 +6,15 @@ import pytest
 
 from fdl.checks.report import CheckResult, HostReport
 from fdl.cluster.inventory import InventoryHost
-from fdl.cluster.probe import ClusterReport, cross_host_checks, host_options, is_this_machine, unreachable_check
+from fdl.cluster.probe import (
+    ClusterProbeOptions,
+    ClusterReport,
+    cross_host_checks,
+    host_options,
+    is_this_machine,
+    unreachable_check,
+)
 from fdl.config.schema import Devices, WorkerSpec
-from fdl.cluster.probe import ClusterProbeOptions
 
 
 def host(name: str, nccl: str | None = "2.27.5", torch: str | None = "2.10.0", data: str = "ok",

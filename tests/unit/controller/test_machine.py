@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fdl.config.schema import parse_devices
-from fdl.controller.machine import RunMachine, Refused
+from fdl.controller.machine import Refused, RunMachine
 from fdl.controller.policy import RosterHost, RunPolicy
 from fdl.controller.protocol import Hello
 from fdl.errors import ConfigError

@@ -14,7 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fdl.farm import authorized_keys as ak
-from tests.conftest import need_root_or_skip
 from fdl.farm.authorized_keys import (
     AuthorizedKeysError,
     KeyIdentity,
@@ -27,6 +26,7 @@ from fdl.farm.authorized_keys import (
     remove_keys,
     split_lines,
 )
+from tests.conftest import need_root_or_skip
 
 REPO = Path(__file__).resolve().parents[3]
 OURS = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOursOursOursOursOursOursOursOursOursOurs01"

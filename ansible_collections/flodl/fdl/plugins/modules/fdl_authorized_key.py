@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: put an fdl farm door's key line into an authorized_keys file."""
 
 from __future__ import annotations
@@ -106,7 +105,11 @@ import pwd
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.flodl.fdl.plugins.module_utils.farm.authorized_keys import (
-    AuthorizedKeysError, install_line, parse_public_key, remove_keys)
+    AuthorizedKeysError,
+    install_line,
+    parse_public_key,
+    remove_keys,
+)
 from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import DoorError, key_line
 
 

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: read a host's sshd configuration and plan a farm door's drop-in (changes nothing)."""
 
 from __future__ import annotations
