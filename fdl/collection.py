@@ -11,6 +11,7 @@ source copied, and those files copied in as real files under
 
     plugins/module_utils/checks/            fdl/checks/ (the package)
     plugins/module_utils/farm/              fdl/farm/{authorized_keys,doors,sshd_config}.py
+    plugins/module_utils/fsio.py            fdl/fsio.py (atomic writes; farm/ imports it as ..fsio)
     plugins/module_utils/supervisor.py      fdl/agent/supervisor.py
     plugins/module_utils/pynvml.py          nvidia-ml-py's pynvml.py, and its licence beside it
 
@@ -45,6 +46,7 @@ RELATIVE = Path("ansible_collections") / NAMESPACE / NAME
 MODULE_UTILS = {
     "checks": ("checks",),
     "farm": ("farm/authorized_keys.py", "farm/doors.py", "farm/sshd_config.py"),
+    "fsio.py": ("fsio.py",),  # farm/authorized_keys.py writes through it (imported as ..fsio)
     "supervisor.py": ("agent/supervisor.py",),
 }
 PYNVML_LICENSE = "pynvml.LICENSE.txt"

@@ -1,8 +1,8 @@
 """Edit one line of an authorized_keys file and leave every other byte alone.
 
 Shared by `fdl join-config` and the `fdl_authorized_key` Ansible module (shipped
-to hosts as module_utils), so it imports only the standard library and its
-siblings, relatively.
+to hosts as module_utils), so it imports only the standard library and fdl's
+fsio (shipped beside it), relatively.
 
 The rules:
 
@@ -13,9 +13,10 @@ The rules:
   endings, odd whitespace, lines fdl cannot parse, a missing final newline.
 - Our line is replaced where it stands; a new one is appended (after adding
   the file's own line ending to a last line that lacks one).
-- The file is rewritten atomically: a temp file in the same directory,
-  written, mode (and owner) set, fsynced, renamed over the old one, and the
-  directory fsynced. A crash leaves the old file or the new one, never a mix.
+- The file is rewritten atomically (fdl.fsio.atomic_write): a temp file in
+  the same directory, written, mode (and owner) set, fsynced, renamed over
+  the old one, and the directory fsynced. A crash leaves the old file or the
+  new one, never a mix.
 - Nothing under /etc/ssh is edited, by name or through a symlink.
 """
 
@@ -24,13 +25,16 @@ from __future__ import annotations
 import os
 import re
 import stat
-import tempfile
 from dataclasses import dataclass, field
+
+try:
+    from ..fsio import atomic_write  # fdl.fsio; in the collection, module_utils/fsio.py beside farm/
+except ImportError:  # module_utils' contents laid out as top-level modules (farm/ and fsio.py on sys.path)
+    from fsio import atomic_write  # type: ignore[import-not-found,no-redef]
 
 FORBIDDEN_ROOT = "/etc/ssh"
 _KEY_TYPE_RE = re.compile(rb"(?:ssh|ecdsa|sk)-[A-Za-z0-9@._-]+")
 _BLOB_RE = re.compile(rb"[A-Za-z0-9+/]+={0,3}")
-_TEMP_SUFFIX = ".fdl-tmp"
 
 
 class AuthorizedKeysError(Exception):
@@ -217,7 +221,7 @@ class PermissionIssue:
     fixable: bool  # this process can fix it
     command: str  # the exact fix a person would type
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return {"path": self.path, "mode": f"{self.mode:04o}", "want": None if self.want is None else
                 f"{self.want:04o}", "problem": self.problem, "blocking": self.blocking, "fixable": self.fixable,
                 "command": self.command}
@@ -274,48 +278,6 @@ def fix_permissions(issues: list[PermissionIssue]) -> None:
 
 
 # --------------------------------------------------------------------------- writing
-
-
-def _step(name: str) -> None:
-    """Crash-test seam: a no-op between the steps of a rewrite (tests replace it to kill the process)."""
-
-
-def atomic_write(path: str, data: bytes, mode: int, owner: tuple[int, int] | None = None) -> None:
-    """Replace path with data: temp file in the same directory, mode set, fsync, rename, fsync the dir."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=_TEMP_SUFFIX, dir=directory)
-    renamed = False
-    try:
-        _step("created")
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        _step("written")
-        os.fchmod(fd, mode)
-        if owner is not None and os.geteuid() == 0:
-            os.fchown(fd, owner[0], owner[1])
-        _step("mode-set")
-        os.fsync(fd)
-        _step("synced")
-        os.close(fd)
-        fd = -1
-        os.replace(tmp, path)
-        renamed = True
-        _step("renamed")
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-        if not renamed:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
 
 
 @dataclass

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fdl.errors import FdlError
-from fdl.farm.authorized_keys import AuthorizedKeysError, KeyIdentity, atomic_write, parse_public_key
+from fdl.farm.authorized_keys import AuthorizedKeysError, KeyIdentity, parse_public_key
+from fdl.fsio import atomic_write, fsync_dir
 
 KEY_NAME, PUB_NAME, TOKEN_NAME = "key", "key.pub", "token"
 TOKEN_BYTES = 32
@@ -216,6 +217,7 @@ def mint(farm_dir: Path, label: str) -> Credentials:
         os.replace(tmp_key, farm_dir / KEY_NAME)
         os.replace(tmp_key.with_suffix(".pub"), farm_dir / PUB_NAME)
         os.chmod(farm_dir / PUB_NAME, 0o600)
+        fsync_dir(farm_dir)  # the renames themselves survive a crash
     creds = load(farm_dir)
     assert creds is not None
     return creds

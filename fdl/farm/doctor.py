@@ -262,7 +262,7 @@ def diagnose(facts: HostFacts, *, door: str, door_port: int) -> list[CheckResult
 # --------------------------------------------------------------------------- observation
 
 
-def _run(argv: list[str], timeout: float = 5) -> subprocess.CompletedProcess | None:
+def _run(argv: list[str], timeout: float = 5) -> subprocess.CompletedProcess[str] | None:
     # The C locale: the status lines read below (ufw's "Status: active", its ALLOW rules) are translated
     # in other locales, and a German box must read the same as an English one.
     env = dict(os.environ, LC_ALL="C", LANG="C", LANGUAGE="")
@@ -314,8 +314,8 @@ def _selinux() -> tuple[str | None, tuple[int, ...] | None, str | None]:
             found: list[int] = []
             for line in done.stdout.splitlines():
                 if line.startswith("ssh_port_t"):
-                    for item in line.split()[2:]:
-                        item = item.strip(",")
+                    for field_ in line.split()[2:]:
+                        item = field_.strip(",")
                         if "-" in item:
                             lo, _, hi = item.partition("-")
                             if lo.isdigit() and hi.isdigit():
@@ -389,7 +389,7 @@ def gather_facts(*, door_port: int, served: str | None, sshd_config: str = DEFAU
         ssh_socket_active=socket_active, sshd_path=sshd, sshd_config=config_scan, dropin_target=dropin_target,
         door_listening=listening, door_banner=banner, rrsync_path=shutil.which("rrsync"),
         rrsync_doc_copy=os.path.exists(RRSYNC_DOC_COPY), served=served,
-        served_is_dir=bool(served) and os.path.isdir(served), selinux=selinux, selinux_ssh_ports=selinux_ports,
+        served_is_dir=os.path.isdir(served) if served else False, selinux=selinux, selinux_ssh_ports=selinux_ports,
         semanage_path=semanage, firewall=firewall, firewall_active=fw_active, firewall_port_open=fw_open,
         remote_login=remote_login, is_root=os.geteuid() == 0, existing_files=frozenset(existing),
         in_container=os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv"),

@@ -155,7 +155,7 @@ def port_lines(door_port: int, explicit_ports: list[int], default_port: int = 22
 
 
 def dropin_vars(door: str, *, label: str, door_port: int, controller_port: int,
-                explicit_ports: list[int], jail_base: str = JAIL_BASE) -> dict:
+                explicit_ports: list[int], jail_base: str = JAIL_BASE) -> dict[str, object]:
     """Everything the sshd drop-in template needs, computed once for both callers."""
     if door not in DOORS:
         raise DoorError(f"unknown door {door!r}: choose one of {', '.join(DOORS)}")

@@ -67,7 +67,8 @@ def token_spans(text: str) -> list[tuple[int, int, str]]:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
-        raise OverlayEditError(f"it does not parse as YAML ({exc.problem or exc})") from None
+        problem = exc.problem if isinstance(exc, yaml.MarkedYAMLError) else None
+        raise OverlayEditError(f"it does not parse as YAML ({problem or exc})") from None
     if root is None:
         return []
     spans = []

@@ -10,6 +10,7 @@ fdl_join_worker role's own templates/fdl-join.service.j2, the file the role inst
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
@@ -60,7 +61,7 @@ def dropin_template_path() -> Path:
     return roles_dir() / DROPIN_TEMPLATE[0] / "templates" / DROPIN_TEMPLATE[1]
 
 
-def render_dropin(values: dict, managed: str = MANAGED) -> str:
+def render_dropin(values: Mapping[str, object], managed: str = MANAGED) -> str:
     """The sshd drop-in, from the role's own template."""
     folder = str(dropin_template_path().parent)
     return _env(folder).get_template(DROPIN_TEMPLATE[1]).render(ansible_managed=managed, **values)

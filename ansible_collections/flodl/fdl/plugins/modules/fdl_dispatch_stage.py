@@ -103,7 +103,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.flodl.fdl.plugins.module_utils import supervisor
-from ansible_collections.flodl.fdl.plugins.module_utils.farm.authorized_keys import atomic_write
+from ansible_collections.flodl.fdl.plugins.module_utils.fsio import atomic_write
 
 
 def supervisor_source():

@@ -1,0 +1,41 @@
+"""`fdl join-config`: everything a farm needs, in one pass on the controller box.
+
+Four parts, each doing one thing, so that nothing is written before every question is answered and the
+host doctor has spoken:
+
+- shape.py: the command line, the farm's own worker yml and a person's answers turned into the farm's
+  checked shape (door, controller address, ports, what it serves);
+- plan.py: `prepare()` settles the farm's place and credentials, renders and checks the sshd drop-in,
+  observes the host and reads the key file, into a frozen `Plan`; decide.py: `decide()` takes the key
+  file's decisions (consent, permissions) into a frozen `Decisions`. A decision needed without a
+  terminal is a refusal;
+- apply.py: `apply()` writes the farm directory, credentials, worker yml, drop-in, key line,
+  cloud-init, self-test, the overlay (created, or only its token rewritten) and, with consent, the key
+  line into the key file; steps.py composes the setup steps;
+- report.py: what was done, as typed records (`FarmReport`), with their JSON twin.
+
+The library never prints: questions go through a `Prompter` the caller supplies, results come back as
+records the CLI renders (fdl/cli/join_config.py).
+"""
+
+from fdl.farm.wizard.apply import apply
+from fdl.farm.wizard.decide import Decisions, decide
+from fdl.farm.wizard.plan import Observe, Plan, prepare
+from fdl.farm.wizard.report import FarmReport, report_json, spell_path
+from fdl.farm.wizard.shape import Prompter, Request, Shape, refusal
+
+__all__ = [
+    "Decisions",
+    "FarmReport",
+    "Observe",
+    "Plan",
+    "Prompter",
+    "Request",
+    "Shape",
+    "apply",
+    "decide",
+    "prepare",
+    "refusal",
+    "report_json",
+    "spell_path",
+]
