@@ -32,6 +32,15 @@ class _Steps:
         return any(s.command == command for s in self.items)
 
 
+def _in_farm(plan: Plan, cwd: Path) -> Callable[[str], str]:
+    """How a file of the farm directory is spelled in the steps."""
+
+    def rel(name: str) -> str:
+        return spell_path(plan.farm_dir / name, cwd)
+
+    return rel
+
+
 def _jail_steps(plan: Plan, steps: _Steps, rel: Callable[[str], str]) -> None:
     """The privileged steps that build door a's jail."""
     cell = jail(plan.label, plan.shape.jail_base)
@@ -69,7 +78,7 @@ def _key_step(plan: Plan, ak: AuthorizedKeysReport, steps: _Steps) -> None:
 def setup_steps(plan: Plan, ak: AuthorizedKeysReport, cwd: Path) -> tuple[Step, ...]:
     """The steps on the controller box, in the order to run them."""
     say = Spelling(plan.facts)
-    rel = lambda name: spell_path(plan.farm_dir / name, cwd)  # noqa: E731 - a local spelling helper
+    rel = _in_farm(plan, cwd)
     steps = _Steps()
     steps.add("Review what the wizard wrote (nothing below repeats it: every command reads these files)",
               f"ls -l {spell_path(plan.farm_dir, cwd)} && cat {rel(DROPIN)} {rel(KEY_LINE)}")
@@ -92,7 +101,7 @@ def setup_steps(plan: Plan, ak: AuthorizedKeysReport, cwd: Path) -> tuple[Step, 
 
 def worker_steps(plan: Plan, cwd: Path) -> tuple[str, ...]:
     """What to do on each worker."""
-    rel = lambda name: spell_path(plan.farm_dir / name, cwd)  # noqa: E731 - a local spelling helper
+    rel = _in_farm(plan, cwd)
     worker_dir = WORKER_DIR.format(label=plan.label)
     first = (f"copy {rel(WORKER_YML)} to {worker_dir}/fdl.yml and {rel('key')} to {worker_dir}/key (mode 0600) "
              f"on the worker, then run `fdl join` in {worker_dir}")

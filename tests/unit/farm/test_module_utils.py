@@ -4,6 +4,7 @@ library only, and no second copy in the repository."""
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,23 +15,47 @@ from fdl import collection
 REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.parametrize("name", ["authorized_keys.py", "doors.py", "sshd_config.py"])
-def test_shared_modules_come_from_the_package_and_import_only_the_standard_library(name, tmp_path):
-    assert not list(collection.SOURCE_IN_REPO.rglob(name)), "a copy of fdl code is committed in the collection"
-    built = collection.assemble(tmp_path) / "plugins" / "module_utils" / "farm" / name
-    assert built.read_bytes() == (REPO / "fdl" / "farm" / name).read_bytes() and not built.is_symlink()
-    tree = ast.parse(built.read_text())
-    for node in ast.walk(tree):
+# module_utils shipped beside the farm's (plugins/module_utils/<name>): importable as top-level names in a
+# layout that puts module_utils itself on sys.path
+SIBLINGS = {name.removesuffix(".py") for name in collection.MODULE_UTILS}
+
+
+def _foreign_imports(source: str) -> list[str]:
+    """Top-level names a file imports that are neither the standard library nor shipped module_utils."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             names = [alias.name.split(".")[0] for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: a sibling, bundled alongside
+            if node.level:  # relative: a module shipped alongside
                 continue
             names = [(node.module or "").split(".")[0]]
         else:
             continue
-        for top in names:
-            assert top in sys.stdlib_module_names or top == "__future__", f"{name} imports {top}"
+        out += [top for top in names if top not in sys.stdlib_module_names and top not in ("__future__", *SIBLINGS)]
+    return out
+
+
+@pytest.mark.parametrize("name", ["farm/authorized_keys.py", "farm/doors.py", "farm/sshd_config.py", "fsio.py"])
+def test_shared_modules_come_from_the_package_and_import_only_the_standard_library(name, tmp_path):
+    assert not list(collection.SOURCE_IN_REPO.rglob(Path(name).name)), "a copy of fdl code is committed"
+    built = collection.assemble(tmp_path) / "plugins" / "module_utils" / name
+    assert built.read_bytes() == (REPO / "fdl" / name).read_bytes() and not built.is_symlink()
+    assert _foreign_imports(built.read_text()) == []
+
+
+def test_the_key_file_writes_through_the_shipped_fsio_in_the_collection(tmp_path):
+    """farm/authorized_keys.py imports ..fsio: in the collection that is module_utils/fsio.py, its only copy."""
+    root = collection.assemble(tmp_path / "c")
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+            "from ansible_collections.flodl.fdl.plugins.module_utils.farm import authorized_keys as ak\n"
+            "from ansible_collections.flodl.fdl.plugins.module_utils import fsio\n"
+            "assert ak.atomic_write is fsio.atomic_write, ak.atomic_write.__module__\n"
+            "print(fsio.__file__)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c")], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()) == root / "plugins" / "module_utils" / "fsio.py"
 
 
 def test_the_collection_version_is_fdls(tmp_path):
