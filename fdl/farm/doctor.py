@@ -128,54 +128,50 @@ class Spelling:
 # --------------------------------------------------------------------------- diagnosis (pure)
 
 
-def diagnose(facts: HostFacts, *, door: str, door_port: int) -> list[CheckResult]:
-    """The findings for one door on the host the facts describe."""
-    say = Spelling(facts)
-    out: list[CheckResult] = []
-
-    # -- the daemon
+def _daemon(facts: HostFacts, say: Spelling) -> CheckResult:
+    """Is there an ssh daemon at all?"""
     if facts.sshd_path is None:
         if facts.macos:
-            fix = say.enable()
-            out.append(CheckResult("sshd", ERROR, "no ssh daemon is available: on macOS sshd is Remote Login, "
-                                   "and it is off or missing", hint=fix))
-        else:
-            fix = say.install(apt="openssh-server", dnf="openssh-server", brew=None) or \
-                "install the OpenSSH server with your package manager"
-            out.append(CheckResult("sshd", ERROR, "no ssh daemon (sshd) is installed", hint=f"{fix} && {say.enable()}"))
-    elif facts.macos and facts.remote_login is False:
-        out.append(CheckResult("sshd", ERROR, "Remote Login (macOS's sshd) is off", hint=say.enable()))
-    else:
-        out.append(CheckResult("sshd", OK, f"ssh daemon present ({facts.sshd_path})", data={"path": facts.sshd_path}))
+            return CheckResult("sshd", ERROR, "no ssh daemon is available: on macOS sshd is Remote Login, and it is "
+                               "off or missing", hint=say.enable())
+        fix = say.install(apt="openssh-server", dnf="openssh-server", brew=None) or \
+            "install the OpenSSH server with your package manager"
+        return CheckResult("sshd", ERROR, "no ssh daemon (sshd) is installed", hint=f"{fix} && {say.enable()}")
+    if facts.macos and facts.remote_login is False:
+        return CheckResult("sshd", ERROR, "Remote Login (macOS's sshd) is off", hint=say.enable())
+    return CheckResult("sshd", OK, f"ssh daemon present ({facts.sshd_path})", data={"path": facts.sshd_path})
 
-    # -- does sshd read sshd_config.d at all, and does anything read earlier beat the door's settings?
+
+def _config(facts: HostFacts, say: Spelling) -> CheckResult | None:
+    """Does sshd read sshd_config.d at all, and does anything read earlier beat the door's settings?"""
     scan_ = facts.sshd_config
-    if facts.sshd_path is not None and scan_ is not None and facts.dropin_target:
-        if scan_.main in scan_.unreadable:
-            out.append(CheckResult("sshd-config", WARNING, f"could not read {scan_.main}; the drop-in and the ports "
-                                   "it keeps could not be checked against it", hint="run the wizard as a user who "
-                                   "can read it, or check by hand with " + say.sshd_test()))
-        elif not scan_.virtual_read:
-            target_dir = os.path.dirname(facts.dropin_target)
-            out.append(CheckResult(
-                "sshd-config", ERROR,
-                f"{scan_.main} never reads {target_dir}/*.conf, so the drop-in would have no effect",
-                hint=f"add the line 'Include {target_dir}/*.conf' at the top of {scan_.main} (before any Match "
-                     f"block), then {say.sshd_test()}"))
-        else:
-            shadow = scan_.shadowing(os.path.abspath(facts.dropin_target))
-            if shadow:
-                named = "; ".join(f"{d.keyword} {d.value} ({d.file}:{d.line})" for d in shadow[:5])
-                out.append(CheckResult(
-                    "sshd-config", WARNING,
-                    f"settings read before the drop-in win over its Match block (sshd keeps the first value): {named}",
-                    hint="move those lines after the Include line, or into a Match block of their own",
-                    data={"shadowing": [f"{d.file}:{d.line}" for d in shadow]}))
-            else:
-                out.append(CheckResult("sshd-config", OK, f"sshd reads {facts.dropin_target} and nothing read "
-                                       "before it overrides the door's settings"))
+    if facts.sshd_path is None or scan_ is None or not facts.dropin_target:
+        return None
+    if scan_.main in scan_.unreadable:
+        return CheckResult("sshd-config", WARNING, f"could not read {scan_.main}; the drop-in and the ports it keeps "
+                           "could not be checked against it", hint="run the wizard as a user who can read it, or "
+                           "check by hand with " + say.sshd_test())
+    if not scan_.virtual_read:
+        target_dir = os.path.dirname(facts.dropin_target)
+        return CheckResult(
+            "sshd-config", ERROR, f"{scan_.main} never reads {target_dir}/*.conf, so the drop-in would have no effect",
+            hint=f"add the line 'Include {target_dir}/*.conf' at the top of {scan_.main} (before any Match block), "
+                 f"then {say.sshd_test()}")
+    shadow = scan_.shadowing(os.path.abspath(facts.dropin_target))
+    if not shadow:
+        return CheckResult("sshd-config", OK, f"sshd reads {facts.dropin_target} and nothing read before it "
+                           "overrides the door's settings")
+    named = "; ".join(f"{d.keyword} {d.value} ({d.file}:{d.line})" for d in shadow[:5])
+    return CheckResult(
+        "sshd-config", WARNING,
+        f"settings read before the drop-in win over its Match block (sshd keeps the first value): {named}",
+        hint="move those lines after the Include line, or into a Match block of their own",
+        data={"shadowing": [f"{d.file}:{d.line}" for d in shadow]})
 
-    # -- the listener on the door port
+
+def _listener(facts: HostFacts, say: Spelling, door_port: int) -> list[CheckResult]:
+    """The listener on the door port, and systemd's socket that would keep it from opening."""
+    out = []
     if facts.ssh_socket_active:
         out.append(CheckResult(
             "ssh.socket", ERROR,
@@ -184,79 +180,103 @@ def diagnose(facts: HostFacts, *, door: str, door_port: int) -> list[CheckResult
             hint="sudo systemctl disable --now ssh.socket && sudo systemctl enable --now ssh.service "
                  "(or, where your release generates the socket from sshd_config, sudo systemctl daemon-reload "
                  "&& sudo systemctl restart ssh.socket after installing the drop-in)"))
-    if facts.door_listening:
-        if facts.door_banner and facts.door_banner.startswith("SSH-"):
-            out.append(CheckResult("listener", OK, f"an ssh daemon answers on port {door_port} ({facts.door_banner})"))
-        else:
-            out.append(CheckResult("listener", ERROR, f"port {door_port} is taken by something that is not an ssh "
-                                   "daemon", hint=f"pick another door port (--controller USER@HOST:PORT) or stop "
-                                   f"what listens there (sudo ss -ltnp 'sport = :{door_port}')"))
-    else:
+    if not facts.door_listening:
         hint = f"install the drop-in (it carries 'Port {door_port}'), then {say.reload()}"
         if facts.macos:
             hint += " (Remote Login must be on)"
         out.append(CheckResult("listener", WARNING, f"nothing listens on port {door_port} yet", hint=hint))
-
-    # -- SELinux and the firewall: the two that fail without saying why
-    if facts.selinux == "enforcing" and door_port != 22:
-        if facts.selinux_ssh_ports is not None and door_port in facts.selinux_ssh_ports:
-            out.append(CheckResult("selinux", OK, f"SELinux allows sshd on port {door_port}"))
-        else:
-            fix = f"sudo semanage port -a -t ssh_port_t -p tcp {door_port}"
-            if facts.semanage_path is None:
-                pkg = say.install(apt="policycoreutils-python-utils", dnf="policycoreutils-python-utils", brew=None)
-                fix = (pkg + " && " if pkg else "install semanage (policycoreutils-python-utils), then ") + fix
-            known = "" if facts.selinux_ssh_ports is None else " (it is not labelled ssh_port_t)"
-            out.append(CheckResult(
-                "selinux", ERROR if facts.selinux_ssh_ports is not None else WARNING,
-                f"SELinux is enforcing and refuses sshd a non-standard port{known}; sshd's own error will not "
-                f"mention SELinux", hint=fix))
-    if facts.firewall and facts.firewall_active:
-        if facts.firewall_port_open:
-            out.append(CheckResult("firewall", OK, f"{facts.firewall} lets port {door_port} in"))
-        else:
-            out.append(CheckResult("firewall", WARNING,
-                                   f"{facts.firewall} is active and port {door_port} is not known to be open",
-                                   hint=say.open_port(door_port)))
-
-    # -- what the door itself runs
-    if door == DOOR_B:
-        if facts.rrsync_path:
-            out.append(CheckResult("rrsync", OK, f"rrsync present ({facts.rrsync_path})"))
-        elif facts.rrsync_doc_copy:
-            out.append(CheckResult("rrsync", ERROR, "rrsync is only shipped as documentation on this release",
-                                   hint=f"sudo sh -c 'gunzip -c {RRSYNC_DOC_COPY} > /usr/local/bin/rrsync && "
-                                        f"chmod 755 /usr/local/bin/rrsync'"))
-        else:
-            fix = say.install(apt="rsync", dnf="rsync rsync-rrsync", brew="rsync") or \
-                "install rsync 3.2.4 or newer, which ships rrsync"
-            out.append(CheckResult("rrsync", ERROR, "rrsync is missing, and door b's key runs it", hint=fix))
-    if door == DOOR_A and scan_ is not None and scan_.main not in scan_.unreadable:
-        server = scan_.subsystem("sftp")
-        program = server.split()[0] if server else None
-        if program is None:
-            out.append(CheckResult("sftp", ERROR, "sshd has no 'Subsystem sftp' line, so sshfs cannot start an "
-                                   "sftp session (door a's key then runs sshd's built-in server)",
-                                   hint=f"add 'Subsystem sftp internal-sftp' to {scan_.main}, then {say.reload()}"))
-        elif program == "internal-sftp" or program in facts.existing_files:
-            out.append(CheckResult("sftp", OK, f"sftp subsystem configured ({server})"))
-        else:
-            fix = say.install(apt="openssh-sftp-server", dnf="openssh-server", brew=None) or \
-                f"install the program {program} names, or set 'Subsystem sftp internal-sftp'"
-            out.append(CheckResult("sftp", ERROR, f"the sftp subsystem names {program}, which is not installed: "
-                                   "sshd refuses the session before door a's key can run", hint=fix))
-
-    # -- the served directory
-    if door in (DOOR_A, DOOR_B) and facts.served:
-        if facts.served_is_dir:
-            out.append(CheckResult("served", OK, f"served directory {facts.served} exists"))
-        else:
-            what = "the dataset to mount" if door == DOOR_A else "the run tree `fdl publish --to` writes"
-            fix = (f"fdl publish SOURCE --bin BIN --to {facts.served}" if door == DOOR_B
-                   else f"mkdir -p {facts.served} and put the data there")
-            out.append(CheckResult("served", WARNING, f"served directory {facts.served} does not exist yet ({what})",
-                                   hint=fix))
+    elif facts.door_banner and facts.door_banner.startswith("SSH-"):
+        out.append(CheckResult("listener", OK, f"an ssh daemon answers on port {door_port} ({facts.door_banner})"))
+    else:
+        out.append(CheckResult("listener", ERROR, f"port {door_port} is taken by something that is not an ssh "
+                               "daemon", hint=f"pick another door port (--controller USER@HOST:PORT) or stop "
+                               f"what listens there (sudo ss -ltnp 'sport = :{door_port}')"))
     return out
+
+
+def _selinux_port(facts: HostFacts, say: Spelling, door_port: int) -> CheckResult | None:
+    """SELinux refuses sshd a port not labelled ssh_port_t, and sshd's error does not say so."""
+    if facts.selinux != "enforcing" or door_port == 22:
+        return None
+    if facts.selinux_ssh_ports is not None and door_port in facts.selinux_ssh_ports:
+        return CheckResult("selinux", OK, f"SELinux allows sshd on port {door_port}")
+    fix = f"sudo semanage port -a -t ssh_port_t -p tcp {door_port}"
+    if facts.semanage_path is None:
+        pkg = say.install(apt="policycoreutils-python-utils", dnf="policycoreutils-python-utils", brew=None)
+        fix = (pkg + " && " if pkg else "install semanage (policycoreutils-python-utils), then ") + fix
+    known = "" if facts.selinux_ssh_ports is None else " (it is not labelled ssh_port_t)"
+    return CheckResult(
+        "selinux", ERROR if facts.selinux_ssh_ports is not None else WARNING,
+        f"SELinux is enforcing and refuses sshd a non-standard port{known}; sshd's own error will not mention "
+        f"SELinux", hint=fix)
+
+
+def _firewall_port(facts: HostFacts, say: Spelling, door_port: int) -> CheckResult | None:
+    if not (facts.firewall and facts.firewall_active):
+        return None
+    if facts.firewall_port_open:
+        return CheckResult("firewall", OK, f"{facts.firewall} lets port {door_port} in")
+    return CheckResult("firewall", WARNING, f"{facts.firewall} is active and port {door_port} is not known to be open",
+                       hint=say.open_port(door_port))
+
+
+def _rrsync(facts: HostFacts, say: Spelling) -> CheckResult:
+    """Door b's key runs rrsync."""
+    if facts.rrsync_path:
+        return CheckResult("rrsync", OK, f"rrsync present ({facts.rrsync_path})")
+    if facts.rrsync_doc_copy:
+        return CheckResult("rrsync", ERROR, "rrsync is only shipped as documentation on this release",
+                           hint=f"sudo sh -c 'gunzip -c {RRSYNC_DOC_COPY} > /usr/local/bin/rrsync && "
+                                f"chmod 755 /usr/local/bin/rrsync'")
+    fix = say.install(apt="rsync", dnf="rsync rsync-rrsync", brew="rsync") or \
+        "install rsync 3.2.4 or newer, which ships rrsync"
+    return CheckResult("rrsync", ERROR, "rrsync is missing, and door b's key runs it", hint=fix)
+
+
+def _sftp(facts: HostFacts, say: Spelling) -> CheckResult | None:
+    """Door a's sshfs needs an sftp subsystem sshd can start."""
+    scan_ = facts.sshd_config
+    if scan_ is None or scan_.main in scan_.unreadable:
+        return None
+    server = scan_.subsystem("sftp")
+    program = server.split()[0] if server else None
+    if program is None:
+        return CheckResult("sftp", ERROR, "sshd has no 'Subsystem sftp' line, so sshfs cannot start an sftp session "
+                           "(door a's key then runs sshd's built-in server)",
+                           hint=f"add 'Subsystem sftp internal-sftp' to {scan_.main}, then {say.reload()}")
+    if program == "internal-sftp" or program in facts.existing_files:
+        return CheckResult("sftp", OK, f"sftp subsystem configured ({server})")
+    fix = say.install(apt="openssh-sftp-server", dnf="openssh-server", brew=None) or \
+        f"install the program {program} names, or set 'Subsystem sftp internal-sftp'"
+    return CheckResult("sftp", ERROR, f"the sftp subsystem names {program}, which is not installed: sshd refuses "
+                       "the session before door a's key can run", hint=fix)
+
+
+def _served(facts: HostFacts, door: str) -> CheckResult | None:
+    if door not in (DOOR_A, DOOR_B) or not facts.served:
+        return None
+    if facts.served_is_dir:
+        return CheckResult("served", OK, f"served directory {facts.served} exists")
+    what = "the dataset to mount" if door == DOOR_A else "the run tree `fdl publish --to` writes"
+    fix = (f"fdl publish SOURCE --bin BIN --to {facts.served}" if door == DOOR_B
+           else f"mkdir -p {facts.served} and put the data there")
+    return CheckResult("served", WARNING, f"served directory {facts.served} does not exist yet ({what})", hint=fix)
+
+
+def diagnose(facts: HostFacts, *, door: str, door_port: int) -> list[CheckResult]:
+    """The findings for one door on the host the facts describe: the daemon and its configuration, the
+    listener, the two that fail without saying why (SELinux, the firewall), what the door runs, what it
+    serves."""
+    say = Spelling(facts)
+    found: list[CheckResult | None] = [_daemon(facts, say), _config(facts, say)]
+    found += _listener(facts, say, door_port)
+    found += [_selinux_port(facts, say, door_port), _firewall_port(facts, say, door_port)]
+    if door == DOOR_B:
+        found.append(_rrsync(facts, say))
+    if door == DOOR_A:
+        found.append(_sftp(facts, say))
+    found.append(_served(facts, door))
+    return [f for f in found if f is not None]
 
 
 # --------------------------------------------------------------------------- observation
