@@ -82,7 +82,7 @@ class Box:
 
     def request(self, **flags: object) -> wizard.Request:
         base: dict[str, object] = dict(label="lab", sshd_config=str(self.sshd_config), cwd=self.root)
-        return wizard.Request(**{**base, **flags})  # type: ignore[arg-type]
+        return wizard.Request(**{**base, **flags})
 
     def prepare(self, prompter: Scripted | None = None, **flags: object) -> tuple[wizard.Request, wizard.Plan]:
         req = self.request(**flags)
@@ -134,7 +134,7 @@ def test_a_fresh_scripted_farm_plans_from_flags_and_defaults_and_asks_nothing(bo
     assert {f.name for f in plan.findings} >= {"sshd", "listener"}
     assert not box.farm.exists(), "prepare wrote something"
     with pytest.raises(FrozenInstanceError):
-        plan.rotate = True  # type: ignore[misc]
+        plan.rotate = True
 
     decisions = wizard.decide(plan, req)
     assert decisions.install is False and decisions.perm_issues == ()
