@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 
 try:
     from ..fsio import atomic_write  # fdl.fsio; in the collection, module_utils/fsio.py beside farm/
-except ImportError:  # module_utils' contents laid out as top-level modules (farm/ and fsio.py on sys.path)
+except (ImportError, ValueError):  # module_utils' contents as top-level modules (farm/ and fsio.py on sys.path);
+    # a relative import above the top package is a ValueError before Python 3.9
     from fsio import atomic_write  # type: ignore[import-not-found,no-redef]
 
 FORBIDDEN_ROOT = "/etc/ssh"
