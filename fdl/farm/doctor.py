@@ -358,7 +358,7 @@ def _firewall(port: int) -> tuple[str | None, bool | None, bool | None]:
             conf = Path("/etc/ufw/ufw.conf").read_text(encoding="utf-8")
             active = "ENABLED=yes" in conf.replace(" ", "")
         except OSError:
-            pass
+            pass  # unreadable: whether ufw is on stays unknown (None), and the finding says "not known to be open"
         status = _run(["ufw", "status"]) if os.geteuid() == 0 and shutil.which("ufw") else None
         open_ = None
         if status is not None and status.returncode == 0:
