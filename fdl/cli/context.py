@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from fdl.gpus import GpuSelection, parse_gpus
 
@@ -68,3 +69,11 @@ class Globals:
             if find_base(Path.cwd()) is None:
                 return {}
         return self.config().commands
+
+
+def globals_of(ctx: Any) -> Globals:
+    """The invocation's Globals, which fdl.cli.main sets on the root context before any command runs."""
+    found = ctx.find_object(Globals)
+    if found is None:
+        raise RuntimeError("fdl commands run through fdl.cli.main, which sets up their Globals")
+    return found

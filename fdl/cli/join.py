@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from fdl.cli.context import Globals
+from fdl.cli.context import globals_of
 from fdl.cli.tail import TailCommand, tail
 from fdl.errors import ConfigError, ExitCode
 
@@ -90,7 +90,7 @@ def join(
     from fdl.agent.agent import JoinAgent, Stopped, print_note
     from fdl.agent.options import resolve_options
 
-    g: Globals = ctx.find_object(Globals)
+    g = globals_of(ctx)
     if address is not None and controller is not None and address != controller:
         from fdl.errors import UsageError
 

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from fdl.cli.context import Globals
+from fdl.cli.context import globals_of
 
 app = typer.Typer(help="List, download and activate libtorch variants.", rich_markup_mode=None,
                   no_args_is_help=True)
@@ -23,7 +23,7 @@ def libtorch() -> None:
 def _project_root(ctx: typer.Context) -> str:
     from fdl.cli.probe import project_context
 
-    return project_context(ctx.find_object(Globals))[0]
+    return project_context(globals_of(ctx))[0]
 
 
 def _describe(data: dict) -> str:
@@ -115,7 +115,7 @@ def download(
     name = "cpu" if cpu else variant
     if name is None:
         raise typer.BadParameter("name a variant (cpu, cu126, cu128, rocm7.0, rocm7.1, auto) or pass --cpu.")
-    g: Globals = ctx.find_object(Globals)
+    g = globals_of(ctx)
     join = getattr(g.config(required=False), "join", None)
     chosen = lt.choose_variant(name)
     if name == "auto":

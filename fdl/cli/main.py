@@ -205,7 +205,7 @@ def report_error(exc: FdlError, debug: bool) -> None:
         import traceback
 
         traceback.print_exception(exc)
-    message = f"fdl: error: {exc.message}"
+    message = f"fdl: {exc.label}: {exc.message}" if exc.label else f"fdl: {exc.message}"
     if exc.hint:
         message += f"\n  hint: {exc.hint}"
     print(message, file=sys.stderr)

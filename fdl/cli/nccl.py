@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from fdl.cli.context import Globals
+from fdl.cli.context import globals_of
 
 app = typer.Typer(help="Build NVIDIA's NCCL from source for heterogeneous rigs.", rich_markup_mode=None,
                   no_args_is_help=True)
@@ -48,7 +48,7 @@ def build(
     from fdl.nccl.plan import DEFAULT_BASE_IMAGE
     from fdl.nccl.planner import make_plan
 
-    g: Globals = ctx.find_object(Globals)
+    g = globals_of(ctx)
     cfg = g.config(required=host is not None)
     from fdl.nccl.plan import DEFAULT_JOBS
 

@@ -18,7 +18,7 @@ import typer
 from fdl.checks.data import DEFAULT_DATA_PATH
 from fdl.checks.probe import CORE_CHECKS, ProbeOptions, run_probe
 from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, HostReport
-from fdl.cli.context import Globals
+from fdl.cli.context import Globals, globals_of
 from fdl.config.discover import find_base
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
@@ -62,7 +62,7 @@ def probe(
     Exit 0 when no check found an error (warnings inform), 1 otherwise: usable
     as a CI gate before a long run.
     """
-    g: Globals = ctx.find_object(Globals)
+    g = globals_of(ctx)
     project_root, workers = project_context(g)
     gpus = None if g.gpus is None or g.gpus.ids is None else list(g.gpus.ids)
     plan = collective_plan(collective_devices, collective_max_size, collective_timeout) if collective else None

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from fdl.cli.context import Globals
+from fdl.cli.context import globals_of
 from fdl.cli.tail import TailCommand, tail
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
@@ -62,7 +62,7 @@ def publish(
     from fdl.publish.run import PublishFlags, render_human, report_data, resolve_request
     from fdl.publish.run import publish as do_publish
 
-    g: Globals = ctx.find_object(Globals)
+    g = globals_of(ctx)
     run_args = tail(ctx)
     flags = PublishFlags(source=source, bin=bin_, cwd=cwd, build=build, to=to, identity=identity,
                          gates=tuple(gate or ()), args=None if run_args is None else tuple(run_args),

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from fdl.cli.context import Globals
+from fdl.cli.context import globals_of
 from fdl.config import CommandSpec
 
 
@@ -23,7 +23,7 @@ def make_command(spec: CommandSpec) -> Any:
     def body(ctx: typer.Context, args: list[str] | None, no_prebuild: bool, port: int | None = None) -> None:
         from fdl.runcmd import run_project_command
 
-        g: Globals = ctx.find_object(Globals)
+        g = globals_of(ctx)
         config = g.config(required=True)
         if not spec.cluster and config.is_discovery_window:
             print(
