@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -26,7 +26,7 @@ def _project_root(ctx: typer.Context) -> str:
     return project_context(globals_of(ctx))[0]
 
 
-def _describe(data: dict) -> str:
+def _describe(data: dict[str, Any]) -> str:
     bits = [data.get("version") or "(version unrecorded)", data.get("variant") or "(variant unrecorded)"]
     if data.get("cuda"):
         bits.append(f"CUDA {data['cuda']}")
@@ -73,8 +73,8 @@ def info(
     libtorch_path: Annotated[str | None, typer.Option("--libtorch-path", metavar="DIR",
                                                       help="Resolve as if fdl probe had this option.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
-) -> None:
-    """What fdl probe would resolve, and the order it looked in."""
+) -> int:
+    """What fdl probe would resolve, and the order it looked in (exit 1 when it resolves nothing)."""
     from fdl import libtorch as lt
 
     resolution = lt.resolve(_project_root(ctx), explicit=libtorch_path)
@@ -90,8 +90,7 @@ def info(
         else:
             typer.echo(f"Resolved: nothing. {resolution.error}")
             typer.echo(f"  hint: {resolution.hint}")
-    if resolution.libtorch is None:
-        raise typer.Exit(1)
+    return 1 if resolution.libtorch is None else 0
 
 
 @app.command("download")

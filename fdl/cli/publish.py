@@ -58,8 +58,10 @@ def publish(
     no_wait: Annotated[bool, typer.Option("--no-wait", help="Fail at once when another publish holds the served "
                                                             "directory, instead of waiting for it.")] = False,
 ) -> None:
-    from fdl.errors import ExitCode, FdlError
-    from fdl.publish.run import PublishFlags, render_human, report_data, resolve_request
+    from fdl.cli.render.publish import render_publish
+    from fdl.errors import FdlError
+    from fdl.publish.report import report_data
+    from fdl.publish.run import PublishFlags, resolve_request
     from fdl.publish.run import publish as do_publish
 
     g = globals_of(ctx)
@@ -78,13 +80,13 @@ def publish(
         origin = origins.get(("publish", key))
         return f"publish: block ({origin})" if origin is not None else "publish: block"
 
+    # Every refusal and failure of publish is exit 1 (docs/publish.md): its library raises only such errors.
     try:
         request = resolve_request(flags, config.publish, cwd=Path.cwd(), block_root=config.root, block_where=where)
         result = do_publish(request, project_root=config.root, note=note)
     except FdlError as exc:
-        if as_json:
+        if as_json:  # the JSON twin of a failure; the message itself is the boundary's to print
             print(json.dumps({"published": False, "error": exc.message, "hint": exc.hint}, indent=2))
-        exc.exit_code = ExitCode.FAILURE  # publish documents 1 for every refusal and failure
         raise
     data = report_data(result, host=socket.gethostname(), user=_user())
     if not result.manifest.built:
@@ -92,7 +94,7 @@ def publish(
     if as_json:
         print(json.dumps(data, indent=2))
     else:
-        sys.stdout.write(render_human(data))
+        sys.stdout.write(render_publish(data))
 
 
 def _user() -> str | None:

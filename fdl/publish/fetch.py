@@ -25,18 +25,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fdl.errors import FdlError, RemoteError
+from fdl.fsio import atomic_write
 from fdl.publish.manifest import (
     MANIFEST_NAME,
+    TEMP_PATTERNS,
     Manifest,
     ManifestMissing,
-    atomic_write,
     parse_manifest,
     read_manifest,
     remove_manifest,
 )
 from fdl.publish.spec import FileSource, GitSource, RsyncSource, SourceSpec
 
-EXCLUDES = ("target/", ".git/", "/libtorch/", f"/{MANIFEST_NAME}", f"/{MANIFEST_NAME}.*.tmp")
+EXCLUDES = ("target/", ".git/", "/libtorch/", f"/{MANIFEST_NAME}", *(f"/{pattern}" for pattern in TEMP_PATTERNS))
 # A publish copies a source's own manifest too, so that it can say so and remove it
 # before the build (the run manifest is fdl's alone).
 PUBLISH_EXCLUDES = ("target/", ".git/", "/libtorch/")
