@@ -13,6 +13,7 @@ import posixpath
 import re
 import shlex
 from dataclasses import dataclass, field
+from typing import Any
 
 from fdl.errors import FdlError
 
@@ -242,7 +243,7 @@ class BuildPlan:
             "remove": [docker, "rm", CONTAINER],
         }
 
-    def role_vars(self) -> dict:
+    def role_vars(self) -> dict[str, Any]:
         """The role's public variables (roles/fdl_nccl/defaults/main.yml) for this plan."""
         return {
             "fdl_nccl_tag": self.nccl.git_ref,
@@ -258,7 +259,7 @@ class BuildPlan:
             "fdl_nccl_output_dir": self.output_dir,
         }
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "host": self.host,
             "remote": self.remote,

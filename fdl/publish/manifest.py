@@ -190,22 +190,23 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
         if data.get(key) is None:
             raise bad(f"'{key}' is missing")
 
-    def text_field(key: str, *, optional: bool = False) -> str | None:
+    def text_field(key: str) -> str:
         value = data.get(key)
-        if value is None and optional:
-            return None
         if not isinstance(value, str) or not value.strip():
             raise bad(f"'{key}' must be non-empty text")
         return value
 
-    cwd = text_field("cwd", optional=True) or "."
+    def optional_text(key: str) -> str | None:
+        return None if data.get(key) is None else text_field(key)
+
+    cwd = optional_text("cwd") or "."
     binary = text_field("bin")
     try:
         cwd = check_tree_path(cwd, "cwd")
         check_tree_path(binary, "bin", base=cwd)
     except ValueError as exc:
         raise bad(str(exc)) from None
-    build = text_field("build", optional=True) or DEFAULT_BUILD
+    build = optional_text("build") or DEFAULT_BUILD
     run = text_field("run")
     if not _RUN_RE.fullmatch(run):
         raise bad("'run' must be a hex nonce")
@@ -221,5 +222,4 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise bad("'args' must be a list of text arguments")
     return Manifest(bin=binary, run=run, published_epoch=epoch, built=built, cwd=cwd, build=build,
-                    args=tuple(args), origin=text_field("origin", optional=True),
-                    rustc=text_field("rustc", optional=True))
+                    args=tuple(args), origin=optional_text("origin"), rustc=optional_text("rustc"))

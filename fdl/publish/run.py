@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from fdl.config.schema import PublishDefaults
 from fdl.errors import FdlError
@@ -94,7 +94,7 @@ class PublishRequest:
     gates: tuple[str, ...]
     no_build: bool
     wait: bool = True
-    origins: dict = field(default_factory=dict)  # field -> "flag" | "fdl.yml:LINE" | "default"
+    origins: dict[str, str] = field(default_factory=dict)  # field -> "flag" | "fdl.yml:LINE" | "default"
 
     @property
     def tree(self) -> Path:
@@ -134,7 +134,7 @@ def resolve_request(flags: PublishFlags, block: PublishDefaults | None, *, cwd: 
     where = block_where or (lambda key: "fdl.yml")
     origins: dict[str, str] = {}
 
-    def pick(name: str, flag_value, block_value, default=None):
+    def pick(name: str, flag_value: Any, block_value: Any, default: Any = None) -> Any:
         if flag_value is not None:
             origins[name] = "flag"
             return flag_value
@@ -463,7 +463,7 @@ def carry_build_output(live: Path, stage: Path) -> int:
 
 
 def publish(request: PublishRequest, *, project_root: Path | None = None, note: Note = lambda _: None,
-            output: IO | None = None) -> PublishResult:
+            output: IO[Any] | None = None) -> PublishResult:
     """Publish a run. Raises an FdlError (exit 1) when nothing new was published.
 
     The run is fetched and built in the release slot that is not live, and
