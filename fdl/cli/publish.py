@@ -58,9 +58,9 @@ def publish(
     no_wait: Annotated[bool, typer.Option("--no-wait", help="Fail at once when another publish holds the served "
                                                             "directory, instead of waiting for it.")] = False,
 ) -> None:
-    from fdl.cli.render.publish import render_publish
+    from fdl.cli.render.publish import failure_json, publish_json, render_publish
     from fdl.errors import FdlError
-    from fdl.publish.report import report_data
+    from fdl.publish.report import worker_sources
     from fdl.publish.run import PublishFlags, resolve_request
     from fdl.publish.run import publish as do_publish
 
@@ -86,15 +86,15 @@ def publish(
         result = do_publish(request, project_root=config.root, note=note)
     except FdlError as exc:
         if as_json:  # the JSON twin of a failure; the message itself is the boundary's to print
-            print(json.dumps({"published": False, "error": exc.message, "hint": exc.hint}, indent=2))
+            print(json.dumps(failure_json(exc.message, exc.hint), indent=2))
         raise
-    data = report_data(result, host=socket.gethostname(), user=_user())
+    sources = worker_sources(result.request.served, socket.gethostname(), _user())
     if not result.manifest.built:
         note("WARNING: published with --no-build: NOTHING HAS COMPILED THIS TREE (manifest built: false)")
     if as_json:
-        print(json.dumps(data, indent=2))
+        print(json.dumps(publish_json(result, sources), indent=2))
     else:
-        sys.stdout.write(render_publish(data))
+        sys.stdout.write(render_publish(result, sources))
 
 
 def _user() -> str | None:

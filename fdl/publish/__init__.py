@@ -7,7 +7,7 @@ Modules:
     libtorch  the controller's libtorch and the environment a build recipe gets
     gate      the build gate and --gate check-builds, vendor header checks
     run       fdl publish itself: resolve_request(), publish() -> PublishResult
-    report    report_data(): the report as data (the JSON twin; fdl.cli.render.publish renders it)
+    report    worker_sources(): how workers pull a published run (fdl.cli.render.publish renders the report)
 
 Nothing here imports ansible, requests or pynvml.
 """

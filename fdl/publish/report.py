@@ -1,50 +1,36 @@
-"""What `fdl publish` reports, as data: the JSON twin, and what the human text (fdl.cli.render.publish) is
-rendered from, so the two never disagree."""
+"""How workers reach a published run: the two source spellings, each with the ssh key it pairs with.
+
+`fdl publish` reports them (fdl.cli.render.publish renders the report, human and JSON, from the
+PublishResult and these records).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from fdl.publish.manifest import MANIFEST_NAME
-from fdl.publish.run import TREE_NAME, PublishResult
+from fdl.publish.run import TREE_NAME
 
 
-def worker_sources(served: Path, host: str, user: str | None) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class WorkerSource:
+    """One `--source` spelling a worker can pull the served tree with."""
+
+    source: str  # rsync://[user@]host:PATH
+    key: str  # "rrsync" (a key forced to rrsync -ro on the served directory) | "plain"
+    authorized_keys_options: str | None  # the options line that restricts the key, for "rrsync"
+    pairs_with: str  # the key it pairs with, in words
+
+
+def worker_sources(served: Path, host: str, user: str | None) -> list[WorkerSource]:
     """The two source spellings a worker can use, each with the key it pairs with."""
     login = f"{user}@" if user else ""
     restricted = f'command="rrsync -ro -munge {served}",restrict'
     return [
-        {"source": f"rsync://{login}{host}:/{TREE_NAME}", "key": "rrsync",
-         "authorized_keys_options": restricted,
-         "pairs_with": f"a key restricted to the served directory: {restricted} in authorized_keys (rrsync "
-                       f"re-roots every path at {served})"},
-        {"source": f"rsync://{login}{host}:{served / TREE_NAME}", "key": "plain",
-         "authorized_keys_options": None,
-         "pairs_with": "an ordinary ssh key without a forced command (the absolute path; behind an rrsync key "
-                       "it would be rooted twice and fail)"},
+        WorkerSource(source=f"rsync://{login}{host}:/{TREE_NAME}", key="rrsync", authorized_keys_options=restricted,
+                     pairs_with=f"a key restricted to the served directory: {restricted} in authorized_keys "
+                                f"(rrsync re-roots every path at {served})"),
+        WorkerSource(source=f"rsync://{login}{host}:{served / TREE_NAME}", key="plain", authorized_keys_options=None,
+                     pairs_with="an ordinary ssh key without a forced command (the absolute path; behind an rrsync "
+                                "key it would be rooted twice and fail)"),
     ]
-
-
-def report_data(result: PublishResult, *, host: str, user: str | None) -> dict[str, Any]:
-    """The report as data: the JSON twin, and what the human text is rendered from."""
-    request, manifest = result.request, result.manifest
-    return {
-        "published": True,
-        "run": manifest.run,
-        "served": str(request.served),
-        "tree": str(request.tree),
-        "release": None if result.release is None else str(result.release),
-        "manifest_path": str(request.tree / MANIFEST_NAME),
-        "manifest": manifest.to_dict(),
-        "source": {"kind": request.source.kind, "spec": request.source.spec, "commit": result.commit},
-        "libtorch": None if result.libtorch is None else {
-            "path": str(result.libtorch.path), "label": result.libtorch.label,
-            "found_by": result.libtorch.found_by, "feature": result.libtorch.feature},
-        "gates": [{"name": g.name, "libtorch": g.libtorch, "target_dir": g.target_dir, "recipe": g.recipe,
-                   "passed": True} for g in result.gates],
-        "built": manifest.built,
-        "from": dict(request.origins),
-        "worker_sources": worker_sources(request.served, host, user),
-        "notes": list(result.notes),
-    }
