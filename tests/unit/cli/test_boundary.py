@@ -90,3 +90,16 @@ def test_libraries_render_nothing(package: str) -> None:
                 offenders += [f"{path.relative_to(FDL)}: imports {m}" for m in modules
                               if m.split(".")[0] in ("typer", "rich", "click")]
     assert offenders == []
+
+
+def test_a_config_that_does_not_parse_is_permanent_for_join_and_a_failure_for_publish(tmp_path: Path) -> None:
+    """join's contract: a spec that does not parse is permanent (2, so systemd stops re-dialing); publish's:
+    every refusal is 1. Both come out of the one boundary, message first, no traceback."""
+    (tmp_path / "fdl.yml").write_text("join:\n  controller: [10.0.0.1\n")
+    joined = run_fdl("join", cwd=tmp_path)
+    assert joined.returncode == ExitCode.PERMANENT, joined.stderr
+    assert joined.stderr.startswith("fdl: error: ") and "fdl.yml" in joined.stderr
+    published = run_fdl("publish", "file:///nowhere", "--bin", "x", cwd=tmp_path)
+    assert published.returncode == ExitCode.FAILURE, published.stderr
+    assert published.stderr.startswith("fdl: error: ") and "fdl.yml" in published.stderr
+    assert "Traceback" not in joined.stderr + published.stderr
