@@ -81,5 +81,5 @@ def globals_of(ctx: click.Context) -> Globals:
     """The invocation's Globals, which fdl.cli.main sets on the root context before any command runs."""
     found = ctx.find_object(Globals)
     if found is None:
-        raise RuntimeError("fdl commands run through fdl.cli.main, which sets up their Globals")
+        raise RuntimeError("a command ran outside fdl.cli.main, which sets up the Globals every command reads")
     return found
