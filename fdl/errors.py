@@ -23,6 +23,8 @@ class FdlError(Exception):
     """Base of every error fdl reports to a user."""
 
     exit_code: int = ExitCode.FAILURE
+    #: the word the boundary puts after "fdl:" (None: the message stands alone, see Outcome)
+    label: str | None = "error"
 
     def __init__(self, message: str, *, hint: str | None = None, exit_code: int | None = None):
         super().__init__(message)
@@ -53,3 +55,9 @@ class PermanentError(FdlError):
 
 class RemoteError(FdlError):
     """A remote host or endpoint failed or could not be reached."""
+
+
+class Outcome(FdlError):
+    """A documented answer of no that is nobody's fault (no run listening, a start refused): exit 1, no "error:"."""
+
+    label = None

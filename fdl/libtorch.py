@@ -16,11 +16,15 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fdl.agent.libtorch import Installed, Progress, ensure_variant, libtorch_root, route_auto, write_active
 from fdl.agent.options import LIBTORCH_CHOICES, LIBTORCH_VARIANTS
 from fdl.checks import libtorch as checks
 from fdl.errors import FdlError, PermanentError
+
+if TYPE_CHECKING:
+    from fdl.agent.gpu import Offer
 
 Note = Callable[[str], None]
 
@@ -39,7 +43,7 @@ class Variant:
     active: bool  # the root's .active names it
     info: checks.Libtorch
 
-    def to_data(self) -> dict:
+    def to_data(self) -> dict[str, Any]:
         data = self.info.to_data()
         data.update(scope=self.scope, root=self.root, label=self.label, active_in_root=self.active)
         return data
@@ -86,7 +90,7 @@ class Resolution:
     hint: str | None
     order: list[str]  # the resolution order, one sentence per step
 
-    def to_data(self) -> dict:
+    def to_data(self) -> dict[str, Any]:
         return {"libtorch": self.libtorch.to_data() if self.libtorch else None, "error": self.error,
                 "hint": self.hint, "order": self.order}
 
@@ -112,7 +116,7 @@ def resolve(project_root: str | None, environ: Mapping[str, str] | None = None,
     return Resolution(found, None, None, order)
 
 
-def choose_variant(name: str, offer_fn: Callable[[], object] | None = None) -> str:
+def choose_variant(name: str, offer_fn: Callable[[], Offer] | None = None) -> str:
     """A download name (cpu, cu126, cu128, rocm7.0, rocm7.1, auto) as the variant to fetch."""
     if name not in LIBTORCH_CHOICES:
         raise LibtorchUsageError(f"fdl downloads the libtorch variants {', '.join(LIBTORCH_CHOICES)}; "
@@ -121,10 +125,10 @@ def choose_variant(name: str, offer_fn: Callable[[], object] | None = None) -> s
     if name != "auto":
         return name
     offer = offer_fn() if offer_fn is not None else this_box_offer()
-    return route_auto(offer)  # type: ignore[arg-type]
+    return route_auto(offer)
 
 
-def this_box_offer():
+def this_box_offer() -> Offer:
     """What this box offers for `auto`: every GPU present, else CPU ranks."""
     from fdl.agent.gpu import Offer, check_gpu_stack
     from fdl.config.schema import Devices

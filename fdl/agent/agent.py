@@ -316,7 +316,7 @@ def print_note(stream: IO | None = None) -> Note:
     out = sys.stderr if stream is None else stream
 
     def note(text: str) -> None:
-        from fdl.controller.render import printable
+        from fdl.controller.view import printable
 
         print(f"fdl: join: {printable(text)}", file=out, flush=True)  # a controller's words are data
 

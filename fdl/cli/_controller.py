@@ -4,24 +4,27 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
 
 from fdl.cli.context import Globals
 
+if TYPE_CHECKING:
+    from fdl.controller.address import Target
+
 Timeout = Annotated[float, typer.Option("--timeout", min=0.1, max=300, metavar="SECONDS",
                                         help="How long to wait for an answer.")]
 
 
-def addr_option(verb: str):
-    """The --addr option type; `verb` says what the command does to the controller ("ask", "fire")."""
-    return Annotated[str | None, typer.Option("--addr", metavar="HOST[:PORT]",
-                                              help=f"Controller to {verb} (default port 1337). Default: the "
-                                                   f"active env's cluster.controller, else 127.0.0.1:1337.")]
+def addr_option(verb: str) -> Any:
+    """The --addr option; `verb` says what the command does to the controller ("ask", "fire")."""
+    return typer.Option("--addr", metavar="HOST[:PORT]",
+                        help=f"Controller to {verb} (default port 1337). Default: the active env's "
+                             f"cluster.controller, else 127.0.0.1:1337.")
 
 
-def resolve_target(g: Globals, addr: str | None):
+def resolve_target(g: Globals, addr: str | None) -> Target:
     """The controller to dial (--addr, else the active env's, else loopback); its note goes to stderr."""
     from fdl.controller.address import resolve
 
@@ -31,6 +34,8 @@ def resolve_target(g: Globals, addr: str | None):
     return target
 
 
-def print_json(value) -> None:
-    json.dump(value, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+def print_json(value: Any, out: TextIO | None = None) -> None:
+    """The JSON twin of a report (or a refusal): indented, on stdout."""
+    out = sys.stdout if out is None else out
+    json.dump(value, out, indent=2)
+    out.write("\n")

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from fdl.cli.context import Globals
+from fdl.cli.context import globals_of
 
 app = typer.Typer(help="Inspect the resolved configuration.", rich_markup_mode=None, no_args_is_help=True)
 
@@ -30,7 +30,7 @@ def show(
     from fdl.config.show import annotated_yaml
     from fdl.config.show import as_json as render_json
 
-    g: Globals = ctx.find_object(Globals)
+    g = globals_of(ctx)
     if env is not None:  # a positional env is as explicit as --env
         from fdl.config import load_config
 

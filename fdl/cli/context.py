@@ -5,8 +5,15 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fdl.gpus import GpuSelection, parse_gpus
+
+if TYPE_CHECKING:
+    import click
+
+    from fdl.config.project import Config, EnvSelection
+    from fdl.config.schema import CommandSpec
 
 
 class Invocation:
@@ -28,12 +35,12 @@ class Globals:
         self.debug = debug
         self.verbose = verbose
         self.gpus: GpuSelection | None = None
-        self._configs: dict = {}
+        self._configs: dict[bool, Config] = {}
         self._warned = False
 
     @property
-    def env(self):
-        from fdl.config import EnvSelection
+    def env(self) -> EnvSelection:
+        from fdl.config.project import EnvSelection
 
         return EnvSelection.choose(self.env_flag, self.invocation.sigil)
 
@@ -45,7 +52,7 @@ class Globals:
         if self.gpus.ids is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpus.ids))
 
-    def config(self, *, required: bool = False):
+    def config(self, *, required: bool = False) -> Config:
         """The resolved configuration for the selected env (warnings printed once)."""
         from fdl.config import load_config
 
@@ -60,11 +67,19 @@ class Globals:
                     print(f"fdl: warning: {warning}", file=sys.stderr)
         return self._configs[key]
 
-    def user_commands(self) -> dict:
+    def user_commands(self) -> dict[str, CommandSpec]:
         """commands: from fdl.yml, or {} when there is no project here."""
         from fdl.config.discover import find_base
 
-        if self.invocation.sigil is None and self.env_flag is None and not os.environ.get("FDL_ENV"):
-            if find_base(Path.cwd()) is None:
-                return {}
+        no_env = self.invocation.sigil is None and self.env_flag is None and not os.environ.get("FDL_ENV")
+        if no_env and find_base(Path.cwd()) is None:
+            return {}
         return self.config().commands
+
+
+def globals_of(ctx: click.Context) -> Globals:
+    """The invocation's Globals, which fdl.cli.main sets on the root context before any command runs."""
+    found = ctx.find_object(Globals)
+    if found is None:
+        raise RuntimeError("a command ran outside fdl.cli.main, which sets up the Globals every command reads")
+    return found

@@ -9,9 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
-from fdl.cli.context import Globals
+from fdl.cli.context import globals_of
 from fdl.cli.tail import TailCommand, tail
-from fdl.errors import ConfigError, ExitCode
+from fdl.errors import ConfigError, PermanentError
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
@@ -86,11 +86,11 @@ def join(
         help="APU boxes: the share of host RAM the integrated GPU may use, e.g. 0.5; shipped to the ranks.")] = None,
     no_sig_probe: Annotated[bool | None, typer.Option(
         "--no-sig-probe/--sig-probe", help="Skip the pre-dial model-signature probe.", show_default=False)] = None,
-) -> None:
+) -> int:
     from fdl.agent.agent import JoinAgent, Stopped, print_note
     from fdl.agent.options import resolve_options
 
-    g: Globals = ctx.find_object(Globals)
+    g = globals_of(ctx)
     if address is not None and controller is not None and address != controller:
         from fdl.errors import UsageError
 
@@ -100,8 +100,7 @@ def join(
     try:
         defaults = g.config(required=False).join
     except ConfigError as exc:  # a worker's config that does not parse will not parse on the next dial either
-        exc.exit_code = ExitCode.PERMANENT
-        raise
+        raise PermanentError(exc.message, hint=exc.hint) from None
     flags: dict[str, Any] = {
         "controller": address or controller, "ssh": ssh, "identity": identity, "token": token, "bin": bin_,
         "source": source, "source_cwd": source_cwd, "source_build": source_build, "source_bin": source_bin,
@@ -122,14 +121,14 @@ def join(
         sys.stdout.flush()
         signal.signal(stopped.signum, signal.SIG_DFL)
         os.kill(os.getpid(), stopped.signum)
-        raise typer.Exit(128 + stopped.signum) from None  # only reached when the signal is blocked
+        return 128 + stopped.signum  # only reached when the signal is blocked
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    raise typer.Exit(code)
+    return code
 
 
-def _install_stop_handlers() -> dict:
+def _install_stop_handlers() -> dict[signal.Signals, Any]:
     """SIGTERM/SIGINT/SIGHUP stop the agent cleanly once; a second signal gets the default action."""
     from fdl.agent.agent import Stopped
 

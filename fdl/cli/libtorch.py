@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from fdl.cli.context import Globals
+from fdl.cli.context import globals_of
 
 app = typer.Typer(help="List, download and activate libtorch variants.", rich_markup_mode=None,
                   no_args_is_help=True)
@@ -23,10 +23,10 @@ def libtorch() -> None:
 def _project_root(ctx: typer.Context) -> str:
     from fdl.cli.probe import project_context
 
-    return project_context(ctx.find_object(Globals))[0]
+    return project_context(globals_of(ctx))[0]
 
 
-def _describe(data: dict) -> str:
+def _describe(data: dict[str, Any]) -> str:
     bits = [data.get("version") or "(version unrecorded)", data.get("variant") or "(variant unrecorded)"]
     if data.get("cuda"):
         bits.append(f"CUDA {data['cuda']}")
@@ -73,8 +73,8 @@ def info(
     libtorch_path: Annotated[str | None, typer.Option("--libtorch-path", metavar="DIR",
                                                       help="Resolve as if fdl probe had this option.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
-) -> None:
-    """What fdl probe would resolve, and the order it looked in."""
+) -> int:
+    """What fdl probe would resolve, and the order it looked in (exit 1 when it resolves nothing)."""
     from fdl import libtorch as lt
 
     resolution = lt.resolve(_project_root(ctx), explicit=libtorch_path)
@@ -90,8 +90,7 @@ def info(
         else:
             typer.echo(f"Resolved: nothing. {resolution.error}")
             typer.echo(f"  hint: {resolution.hint}")
-    if resolution.libtorch is None:
-        raise typer.Exit(1)
+    return 1 if resolution.libtorch is None else 0
 
 
 @app.command("download")
@@ -115,7 +114,7 @@ def download(
     name = "cpu" if cpu else variant
     if name is None:
         raise typer.BadParameter("name a variant (cpu, cu126, cu128, rocm7.0, rocm7.1, auto) or pass --cpu.")
-    g: Globals = ctx.find_object(Globals)
+    g = globals_of(ctx)
     join = getattr(g.config(required=False), "join", None)
     chosen = lt.choose_variant(name)
     if name == "auto":

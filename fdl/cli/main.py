@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import click
 import typer
@@ -19,6 +19,9 @@ from typer.core import TyperGroup
 from fdl import __version__
 from fdl.cli.context import Globals, Invocation
 from fdl.errors import ExitCode, FdlError
+
+if TYPE_CHECKING:
+    from fdl.config.schema import CommandSpec
 
 # name -> (module, one-line help). Modules are imported on use only.
 BUILTINS: dict[str, tuple[str, str]] = {
@@ -106,7 +109,7 @@ class FdlGroup(TyperGroup):
             return argument_help(make_command(spec))
         return None
 
-    def _user_commands(self, ctx: Any) -> dict:
+    def _user_commands(self, ctx: Any) -> dict[str, CommandSpec]:
         if ctx is None or not isinstance(ctx.obj, (Globals, Invocation)):
             return {}
         return ensure_globals(ctx).user_commands()
@@ -197,7 +200,8 @@ def ensure_globals(ctx: Any) -> Globals:
     root_ctx.obj = Globals(invocation=invocation, env_flag=params.get("env"), gpus_spec=params.get("gpus"),
                            debug=bool(params.get("debug")) or invocation.debug,
                            verbose=bool(params.get("verbose")))
-    return root_ctx.obj
+    made: Globals = root_ctx.obj
+    return made
 
 
 def report_error(exc: FdlError, debug: bool) -> None:
@@ -205,7 +209,7 @@ def report_error(exc: FdlError, debug: bool) -> None:
         import traceback
 
         traceback.print_exception(exc)
-    message = f"fdl: error: {exc.message}"
+    message = f"fdl: {exc.label}: {exc.message}" if exc.label else f"fdl: {exc.message}"
     if exc.hint:
         message += f"\n  hint: {exc.hint}"
     print(message, file=sys.stderr)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from fdl.cli.context import Globals
+from fdl.cli.context import globals_of
 
 app = typer.Typer(help="Build NVIDIA's NCCL from source for heterogeneous rigs.", rich_markup_mode=None,
                   no_args_is_help=True)
@@ -23,9 +23,11 @@ def nccl() -> None:
 def build(
     ctx: typer.Context,
     tag: Annotated[str | None, typer.Option("--tag", metavar="vX.Y.Z",
-                                            help="NCCL release to build (default: the version the fleet runs).")] = None,
+                                            help="NCCL release to build (default: the version the fleet "
+                                                 "runs).")] = None,
     archs: Annotated[str | None, typer.Option("--archs", metavar="'6.1;12.0'",
-                                              help="Compute capabilities to build for (default: this host's GPUs).")] = None,
+                                              help="Compute capabilities to build for (default: this host's "
+                                                   "GPUs).")] = None,
     jobs: Annotated[int | None, typer.Option("--jobs", metavar="N",
                                              help="Parallel compile jobs (default: this machine's CPU "
                                                   "count).")] = None,
@@ -43,12 +45,12 @@ def build(
 
     Output: libtorch/nccl/builds/v<version>-<archs>/lib/libnccl.so.2. Takes 5-15 minutes.
     """
-    from fdl.nccl import render
+    from fdl.cli.render import nccl as render
     from fdl.nccl.build import run_build, this_host_name
     from fdl.nccl.plan import DEFAULT_BASE_IMAGE
     from fdl.nccl.planner import make_plan
 
-    g: Globals = ctx.find_object(Globals)
+    g = globals_of(ctx)
     cfg = g.config(required=host is not None)
     from fdl.nccl.plan import DEFAULT_JOBS
 
@@ -63,7 +65,7 @@ def build(
 
     from fdl.cluster.inventory import build_inventory, local_inventory
 
-    if plan.remote:  # the planner checked that plan.host is one of the cluster's workers
+    if plan.remote and cfg.cluster is not None:  # the planner checked that plan.host is a cluster worker
         inventory = build_inventory(cfg.cluster, cfg.root)
         snippet_host = plan.host
     else:

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from fdl.cli.context import Globals
+from fdl.cli.context import globals_of
 from fdl.cli.tail import TailCommand, tail
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
@@ -58,11 +58,13 @@ def publish(
     no_wait: Annotated[bool, typer.Option("--no-wait", help="Fail at once when another publish holds the served "
                                                             "directory, instead of waiting for it.")] = False,
 ) -> None:
-    from fdl.errors import ExitCode, FdlError
-    from fdl.publish.run import PublishFlags, render_human, report_data, resolve_request
+    from fdl.cli.render.publish import failure_json, publish_json, render_publish
+    from fdl.errors import FdlError
+    from fdl.publish.report import worker_sources
+    from fdl.publish.run import PublishFlags, resolve_request
     from fdl.publish.run import publish as do_publish
 
-    g: Globals = ctx.find_object(Globals)
+    g = globals_of(ctx)
     run_args = tail(ctx)
     flags = PublishFlags(source=source, bin=bin_, cwd=cwd, build=build, to=to, identity=identity,
                          gates=tuple(gate or ()), args=None if run_args is None else tuple(run_args),
@@ -78,21 +80,21 @@ def publish(
         origin = origins.get(("publish", key))
         return f"publish: block ({origin})" if origin is not None else "publish: block"
 
+    # Every refusal and failure of publish is exit 1 (docs/publish.md): its library raises only such errors.
     try:
         request = resolve_request(flags, config.publish, cwd=Path.cwd(), block_root=config.root, block_where=where)
         result = do_publish(request, project_root=config.root, note=note)
     except FdlError as exc:
-        if as_json:
-            print(json.dumps({"published": False, "error": exc.message, "hint": exc.hint}, indent=2))
-        exc.exit_code = ExitCode.FAILURE  # publish documents 1 for every refusal and failure
+        if as_json:  # the JSON twin of a failure; the message itself is the boundary's to print
+            print(json.dumps(failure_json(exc.message, exc.hint), indent=2))
         raise
-    data = report_data(result, host=socket.gethostname(), user=_user())
+    sources = worker_sources(result.request.served, socket.gethostname(), _user())
     if not result.manifest.built:
         note("WARNING: published with --no-build: NOTHING HAS COMPILED THIS TREE (manifest built: false)")
     if as_json:
-        print(json.dumps(data, indent=2))
+        print(json.dumps(publish_json(result, sources), indent=2))
     else:
-        sys.stdout.write(render_human(data))
+        sys.stdout.write(render_publish(result, sources))
 
 
 def _user() -> str | None:

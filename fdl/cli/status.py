@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from fdl.cli._controller import Timeout, addr_option, print_json, resolve_target
-from fdl.cli.context import Globals
+from fdl.cli.context import Globals, globals_of
+
+if TYPE_CHECKING:
+    from fdl.controller.address import Target
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
-Addr = addr_option("ask")
 
 
 @app.command()
 def status(
     ctx: typer.Context,
-    addr: Addr = None,
+    addr: Annotated[str | None, addr_option("ask")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw state.json on stdout.")] = False,
     timeout: Timeout = 5.0,
     watch: Annotated[bool, typer.Option("--watch", "-w",
@@ -29,7 +31,7 @@ def status(
                                                    help="With --watch: seconds between looks (default 1).")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="With --watch: when no run is listening yet, wait for one "
                                                       "to appear (Ctrl-C stops) instead of exiting 1.")] = False,
-) -> None:
+) -> int:
     """Show a run's phase, who joined with what hardware, the window countdowns and the start switch.
 
     Exit 0 when the state was fetched and printed; 1 when no controller answered (connection refused
@@ -37,17 +39,17 @@ def status(
     when the run ends and succeeded, or on Ctrl-C; 1 when it failed or its outcome is unknown, no run was there
     to watch (without --wait), or the controller stopped answering for 30 s. The last line says the outcome.
     """
+    from fdl.cli.render.status import render_state, start_line
     from fdl.controller.address import ask
     from fdl.controller.client import NoRunListening
-    from fdl.controller.render import render_state, start_line
-    from fdl.errors import UsageError
+    from fdl.errors import Outcome, UsageError
 
     if interval is not None and not watch:
         raise UsageError("--interval only applies with --watch.")
     if wait and not watch:
         raise UsageError("--wait only applies with --watch.")
 
-    g: Globals = ctx.find_object(Globals)
+    g = globals_of(ctx)
     target = resolve_target(g, addr)
     waiting = False
     while True:
@@ -56,9 +58,8 @@ def status(
             break
         except NoRunListening as exc:
             if not wait:
-                typer.echo(f"fdl: {exc.message}: the controller lives only as long as its launcher, so no run is "
-                           f"in progress there.", err=True)
-                raise typer.Exit(1) from None
+                raise Outcome(f"{exc.message}: the controller lives only as long as its launcher, so no run is "
+                              f"in progress there.") from None
             if not waiting:
                 waiting = True
                 typer.echo(f"fdl: no run listening yet at {', '.join(target.addresses)}; waiting for one "
@@ -66,47 +67,50 @@ def status(
             try:
                 time.sleep(1.0 if interval is None else interval)
             except KeyboardInterrupt:
-                typer.echo("fdl: stopped waiting; no run appeared", err=True)
-                raise typer.Exit(1) from None
+                raise Outcome("stopped waiting; no run appeared") from None
             target = _rediscover(g, addr, target)
     if address != target.primary:
         typer.echo(f"fdl: note: {target.primary} did not answer; found the run on {address}", err=True)
     from_env = target.source == "cluster.controller"
     fire = start_line(address, env=g.env.name if from_env else None, from_env=from_env)
     if watch:
-        _watch(address, fire, interval=1.0 if interval is None else interval, timeout=timeout, as_json=as_json)
-        return
+        return _watch(address, fire, interval=1.0 if interval is None else interval, timeout=timeout,
+                      as_json=as_json)
     if as_json:
         print_json(state)
-        return
-    typer.echo(render_state(state, address, fire), nl=False)
+    else:
+        typer.echo(render_state(state, address, fire), nl=False)
+    return 0
 
 
-def _watch(address: str, fire: str, *, interval: float, timeout: float, as_json: bool) -> None:
+def _watch(address: str, fire: str, *, interval: float, timeout: float, as_json: bool) -> int:
+    """Follow the run to its end; the exit code says how it ended (0 succeeded or Ctrl-C, 1 otherwise)."""
+    from fdl.cli.render.status import watch_json, watch_live, watch_plain
     from fdl.controller.client import ControllerClient
     from fdl.controller.watch import Watcher
 
     with ControllerClient(address, timeout=min(timeout, max(interval, 2.0))) as client:
-        watcher = Watcher(client, interval=interval, start_cmd=fire)
+        watcher = Watcher(client, interval=interval)
         if as_json:
-            end = watcher.run_json(sys.stdout)
+            end = watch_json(watcher, sys.stdout)
             typer.echo(f"fdl: {end.message}", err=True)
         elif sys.stdout.isatty():
-            end = watcher.run_live(sys.stdout)
+            end = watch_live(watcher, sys.stdout, start_cmd=fire)
         else:
-            end = watcher.run_plain(sys.stdout)
+            end = watch_plain(watcher, sys.stdout, start_cmd=fire)
     if end.how == "lost":
-        raise typer.Exit(1)
+        return 1
     if end.how == "ended":
         from fdl.controller.watch import outcome
         from fdl.launch.live import kept_state
 
         line, code = outcome(end, kept_state)
         typer.echo(f"fdl: {line}", err=as_json)
-        raise typer.Exit(code)
+        return code
+    return 0
 
 
-def _rediscover(g: Globals, addr: str | None, target):
+def _rediscover(g: Globals, addr: str | None, target: Target) -> Target:
     """Ask again where to look (a launcher that started meanwhile records its address); quietly."""
     if addr:
         return target

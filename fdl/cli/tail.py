@@ -33,4 +33,5 @@ class TailCommand(TyperCommand):
 
 def tail(ctx: Any) -> list[str] | None:
     """The words after `--`: None when there was no `--`, [] for an explicitly empty tail."""
-    return ctx.meta.get(TAIL_KEY)
+    words: list[str] | None = ctx.meta.get(TAIL_KEY)
+    return words

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from fdl.cli.context import Globals
+from fdl.cli.context import globals_of
 from fdl.config import CommandSpec
 
 
@@ -20,10 +20,10 @@ def make_command(spec: CommandSpec) -> Any:
                 "help_option_names": ["-h", "--help"]}
     more = "\n\nArguments after -- are passed on, shell-quoted."
 
-    def body(ctx: typer.Context, args: list[str] | None, no_prebuild: bool, port: int | None = None) -> None:
+    def body(ctx: typer.Context, args: list[str] | None, no_prebuild: bool, port: int | None = None) -> int:
         from fdl.runcmd import run_project_command
 
-        g: Globals = ctx.find_object(Globals)
+        g = globals_of(ctx)
         config = g.config(required=True)
         if not spec.cluster and config.is_discovery_window:
             print(
@@ -32,8 +32,7 @@ def make_command(spec: CommandSpec) -> Any:
                 f"admitted. Mark it cluster: true in fdl.yml to run it as a launcher.",
                 file=sys.stderr,
             )
-        raise typer.Exit(run_project_command(spec, list(args or []), config, g, no_prebuild=no_prebuild,
-                                             port=port))
+        return run_project_command(spec, list(args or []), config, g, no_prebuild=no_prebuild, port=port)
 
     if spec.cluster:
         @app.command(name=spec.name, help=help_text + "\n\nA launcher run: see docs/launcher.md." + more,
@@ -46,12 +45,12 @@ def make_command(spec: CommandSpec) -> Any:
                    port: Annotated[int | None, typer.Option(
                        "--port", min=1, max=65535, metavar="N",
                        help="The controller's port for this run (default: FDL_PORT, else "
-                            "cluster.controller.port, else 1337).")] = None) -> None:
-            body(ctx, args, no_prebuild, port)
+                            "cluster.controller.port, else 1337).")] = None) -> int:
+            return body(ctx, args, no_prebuild, port)
     else:
         @app.command(name=spec.name, help=help_text + more, context_settings=settings)
         def run(ctx: typer.Context,
-                args: Annotated[list[str] | None, typer.Argument(help="Arguments for the command.")] = None) -> None:
-            body(ctx, args, False)
+                args: Annotated[list[str] | None, typer.Argument(help="Arguments for the command.")] = None) -> int:
+            return body(ctx, args, False)
 
     return typer.main.get_command(app)

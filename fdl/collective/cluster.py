@@ -33,7 +33,7 @@ from fdl.collective.run import (
     DEFAULT_CPU_RANKS,
     SCRIPT,
     CollectiveOptions,
-    _Collector,
+    Collector,
     script_argv,
     selected_gpus,
 )
@@ -50,9 +50,9 @@ RANK_LINE = re.compile(r"^\[[^/\]]+/(\d+)\] (.*)$")  # "[host/rank] line", as th
 
 
 class _RankSink(io.TextIOBase):
-    """The launcher Printer's stdout: rank lines to a _Collector (events and failure tails), the rest dropped."""
+    """The launcher Printer's stdout: rank lines to a Collector (events and failure tails), the rest dropped."""
 
-    def __init__(self, collector: _Collector):
+    def __init__(self, collector: Collector):
         self.collector = collector
 
     def write(self, text: str) -> int:
@@ -92,8 +92,8 @@ def check_torch(worker: WorkerSpec, ssh: list[str] | None, timeout: float) -> tu
     else:
         argv, env = [*ssh, shlex.join(["env", *env_words, *command] if env_words else command)], None
     try:
-        done = subprocess.run(argv, input=SCRIPT.read_text(), capture_output=True, text=True, timeout=timeout, check=False,
-                              env=env)
+        done = subprocess.run(argv, input=SCRIPT.read_text(), capture_output=True, text=True, timeout=timeout,
+                              check=False, env=env)
     except subprocess.TimeoutExpired:
         raise FdlError(f"{worker.host} did not answer the PyTorch check within {timeout:.0f} s") from None
     except OSError as exc:
@@ -186,7 +186,7 @@ def run_cluster(config, options: CollectiveOptions, reports: dict[str, dict] | N
     spec = CommandSpec(name=COMMAND, cluster=True, bin=str(SCRIPT), args=tuple(args))
     plan = plan_launch(spec, (), cluster, root)
     assert plan is not None
-    collector = _Collector()
+    collector = Collector()
     launcher = _CollectiveLauncher(plan, collector, notes=notes, progress=progress)
     timer = threading.Timer(max(0.0, limit - (time.monotonic() - started)), launcher.abandon)
     timer.daemon = True
@@ -206,14 +206,15 @@ def run_cluster(config, options: CollectiveOptions, reports: dict[str, dict] | N
     if failure and not result.finished and not result.errors and not result.abandoned:
         named = re.search(r"rank (\d+)", failure)
         lines = collector.tails.get(int(named[1])) if named else None
-        result.failure = failure.split(". Controller state")[0].rstrip(".") + (f" (it said: {lines[-1]})" if lines else "")
+        said = f" (it said: {lines[-1]})" if lines else ""
+        result.failure = failure.split(". Controller state")[0].rstrip(".") + said
     return result
 
 
 class _CollectiveLauncher(Launcher):
     """The launcher with the rank script as every host's program (nothing to build) and a time limit."""
 
-    def __init__(self, plan, collector: _Collector, *, notes: bool, progress: bool | None):
+    def __init__(self, plan, collector: Collector, *, notes: bool, progress: bool | None):
         super().__init__(plan, printer=Printer(out=_RankSink(collector), err=None if notes else _Null()),
                          progress=progress)
         self.abandoned = threading.Event()

@@ -69,7 +69,7 @@ def local_ranks(gpus: list[int] | None, cpu_ranks: int, *, host: str, port: int)
     return ranks
 
 
-class _Collector:
+class Collector:
     """Supervisor line sink: events parsed, other output kept (the last lines per rank) for failure reports."""
 
     def __init__(self, echo=None) -> None:
@@ -95,7 +95,7 @@ def run_ranks(ranks: list[dict], options: CollectiveOptions, *, script: str | No
               echo=None) -> CollectiveResult:
     """Run the given ranks of one host under the supervisor, within options.time_limit_s; aggregate."""
     started = time.monotonic()
-    collector = _Collector(echo)
+    collector = Collector(echo)
     # the supervisor's notes (OMP_NUM_THREADS defaulted) are not the smoke test's: its report says what counts
     supervisor = Supervisor(script_argv(options, script), ranks, grace_s=2.0, on_line=collector,
                             on_note=lambda _text: None)

@@ -22,7 +22,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
 from fdl.controller.machine import PHASES
-from fdl.controller.render import deadlines
+from fdl.controller.view import deadlines
 
 if TYPE_CHECKING:
     from fdl.controller.server import ControllerServer

@@ -61,7 +61,7 @@ class Printer:
                 pass
 
     def note(self, text: str) -> None:
-        from fdl.controller.render import printable
+        from fdl.controller.view import printable
 
         text = printable(text)  # host names and details from walk-ins are data, never terminal controls
         with self._lock:

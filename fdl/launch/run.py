@@ -196,7 +196,7 @@ class Launcher:
         line): walk-ins read it from there; the launcher's own hosts need none (they are admitted in-process)."""
         import secrets
 
-        from fdl.publish.manifest import atomic_write
+        from fdl.fsio import atomic_write
 
         token = secrets.token_hex(32)
         path = self.run_dir / "token"
@@ -216,7 +216,7 @@ class Launcher:
         """The final state.json outlives the controller (it goes with the launcher): kept in the run's directory."""
         import json
 
-        from fdl.publish.manifest import atomic_write
+        from fdl.fsio import atomic_write
 
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)

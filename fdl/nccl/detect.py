@@ -111,5 +111,5 @@ def choose_archs(explicit: str | None, *, detect: Callable[[], list[tuple[int, i
         return parse_archs(explicit), "--archs"
     capabilities = detect()
     archs = archs_from_capabilities(capabilities, where=where)
-    listing = ", ".join(f"GPU{i} {major}.{minor}" for i, (major, minor) in enumerate(capabilities))
+    listing = ", ".join(f"GPU{i} {major}.{minor}" for i, (major, minor) in enumerate(capabilities or []))
     return archs, f"detected on {where} through NVML ({listing})"

@@ -13,6 +13,7 @@ import posixpath
 import re
 import shlex
 from dataclasses import dataclass, field
+from typing import Any
 
 from fdl.errors import FdlError
 
@@ -132,7 +133,8 @@ def parse_archs(text: str) -> tuple[Arch, ...]:
     return tuple(sorted(archs))
 
 
-def archs_from_capabilities(capabilities: list[tuple[int, int]] | None, *, where: str = "this host") -> tuple[Arch, ...]:
+def archs_from_capabilities(capabilities: list[tuple[int, int]] | None, *,
+                            where: str = "this host") -> tuple[Arch, ...]:
     """The archs of the GPUs NVML reported (None: NVML unavailable); refuses when there are none."""
     if capabilities is None:
         raise PlanError(
@@ -241,7 +243,7 @@ class BuildPlan:
             "remove": [docker, "rm", CONTAINER],
         }
 
-    def role_vars(self) -> dict:
+    def role_vars(self) -> dict[str, Any]:
         """The role's public variables (roles/fdl_nccl/defaults/main.yml) for this plan."""
         return {
             "fdl_nccl_tag": self.nccl.git_ref,
@@ -257,7 +259,7 @@ class BuildPlan:
             "fdl_nccl_output_dir": self.output_dir,
         }
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "host": self.host,
             "remote": self.remote,

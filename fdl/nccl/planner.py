@@ -44,7 +44,7 @@ def make_plan(*, project_root: Path | None, cluster: ClusterSpec | None, tag: st
     nccl, tag_source = choose_tag(tag, root=local_root, fleet=fleet_versions)
 
     if worker is not None:
-        def detect():
+        def detect() -> list[tuple[int, int]]:
             found = fleet.worker_capabilities(worker)
             if found is None:
                 raise PlanError(

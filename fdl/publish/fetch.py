@@ -25,18 +25,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fdl.errors import FdlError, RemoteError
+from fdl.fsio import atomic_write
 from fdl.publish.manifest import (
     MANIFEST_NAME,
+    TEMP_PATTERNS,
     Manifest,
     ManifestMissing,
-    atomic_write,
     parse_manifest,
     read_manifest,
     remove_manifest,
 )
 from fdl.publish.spec import FileSource, GitSource, RsyncSource, SourceSpec
 
-EXCLUDES = ("target/", ".git/", "/libtorch/", f"/{MANIFEST_NAME}", f"/{MANIFEST_NAME}.*.tmp")
+EXCLUDES = ("target/", ".git/", "/libtorch/", f"/{MANIFEST_NAME}", *(f"/{pattern}" for pattern in TEMP_PATTERNS))
 # A publish copies a source's own manifest too, so that it can say so and remove it
 # before the build (the run manifest is fdl's alone).
 PUBLISH_EXCLUDES = ("target/", ".git/", "/libtorch/")
@@ -120,7 +121,7 @@ def rsync_argv(src: str, dest: Path, *, rsh: str | None = None, excludes: tuple[
     return argv + [src, f"{dest}/"]
 
 
-def _run(argv: list[str], what: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+def _run(argv: list[str], what: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(argv, capture_output=True, text=True, env=None if env is None else dict(env),
                               stdin=subprocess.DEVNULL)
@@ -167,7 +168,7 @@ SSH_FAILED = 255  # ssh's own status when it cannot connect or log in; rsync pas
 NOT_THERE = (RSYNC_PARTIAL, RSYNC_STREAM)
 
 
-def _rsync_failure(source: SourceSpec, result: subprocess.CompletedProcess) -> str:
+def _rsync_failure(source: SourceSpec, result: subprocess.CompletedProcess[str]) -> str:
     code = result.returncode
     if code == RSYNC_VANISHED:
         why = "files vanished from the source while it was being copied (it changed under the copy)"
@@ -178,7 +179,7 @@ def _rsync_failure(source: SourceSpec, result: subprocess.CompletedProcess) -> s
     return f"fetching {source.spec} failed: {why}:\n    {_tail(result.stderr)}"
 
 
-def _rsync_hint(source: SourceSpec, result: subprocess.CompletedProcess) -> str:
+def _rsync_hint(source: SourceSpec, result: subprocess.CompletedProcess[str]) -> str:
     if isinstance(source, FileSource):
         return "Check that the directory exists and is readable, then publish again."
     if result.returncode == SSH_FAILED:
@@ -188,7 +189,7 @@ def _rsync_hint(source: SourceSpec, result: subprocess.CompletedProcess) -> str:
             "restricted with command=\"rrsync -ro DIR\" sees paths re-rooted at DIR.")
 
 
-def _git_env(source: GitSource, identity: str | None, env: Mapping[str, str] | None) -> dict:
+def _git_env(source: GitSource, identity: str | None, env: Mapping[str, str] | None) -> dict[str, str]:
     out = dict(os.environ if env is None else env)
     out["GIT_TERMINAL_PROMPT"] = "0"  # never wait on a credential prompt
     out.setdefault("GIT_ASKPASS", "true")
@@ -205,10 +206,10 @@ def _git(source: GitSource, tree: Path, identity: str | None, note: Note,
          env: Mapping[str, str] | None) -> Fetched:
     genv = _git_env(source, identity, env)
 
-    def git(*args: str, what: str) -> subprocess.CompletedProcess:
+    def git(*args: str, what: str) -> subprocess.CompletedProcess[str]:
         return _run(["git", "-C", str(tree), *args], what, genv)
 
-    def must(result: subprocess.CompletedProcess, what: str) -> None:
+    def must(result: subprocess.CompletedProcess[str], what: str) -> None:
         if result.returncode != 0:
             raise FetchError(f"git failed to {what} in {tree}:\n    {_tail(result.stderr)}")
 
@@ -294,7 +295,7 @@ def rerooted_spellings(path: str) -> list[str]:
 
 
 def _fetch_remote_manifest(source: RsyncSource, path: str, identity: str | None, scratch: Path,
-                           env: Mapping[str, str] | None) -> subprocess.CompletedProcess:
+                           env: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
     target = scratch / "manifest"
     target.unlink(missing_ok=True)
     argv = ["rsync", "-e", ssh_command(source, identity, env), _remote_at(source, path).rstrip("/") + "/" +

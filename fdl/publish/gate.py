@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from fdl.errors import FdlError
 from fdl.publish.libtorch import Libtorch, build_env
@@ -121,7 +121,7 @@ def check_gate_headers(libtorch: Libtorch, env: Mapping[str, str] | None = None)
 # --------------------------------------------------------------------------- running a recipe
 
 
-def run_recipe(recipe: str, directory: Path, env: Mapping[str, str], output: IO | None = None) -> int:
+def run_recipe(recipe: str, directory: Path, env: Mapping[str, str], output: IO[Any] | None = None) -> int:
     """Run a shell recipe in directory; its output goes to `output` (default: stderr). Returns the exit code."""
     out = sys.stderr if output is None else output
     try:
@@ -137,7 +137,7 @@ def run_recipe(recipe: str, directory: Path, env: Mapping[str, str], output: IO 
 
 
 def primary_gate(tree: Path, cwd: str, recipe: str, binary: str, libtorch: Libtorch | None,
-                 output: IO | None = None) -> GateResult:
+                 output: IO[Any] | None = None) -> GateResult:
     """Build the tree in cwd against this box's libtorch; the artifact must exist afterwards."""
     directory = tree / cwd
     if not directory.is_dir():
@@ -164,7 +164,7 @@ def primary_gate(tree: Path, cwd: str, recipe: str, binary: str, libtorch: Libto
                       target_dir=None, recipe=recipe)
 
 
-def variant_gate(tree: Path, cwd: str, recipe: str, libtorch: Libtorch, output: IO | None = None) -> GateResult:
+def variant_gate(tree: Path, cwd: str, recipe: str, libtorch: Libtorch, output: IO[Any] | None = None) -> GateResult:
     """Check-build against another variant under its own CARGO_TARGET_DIR; success is the verdict."""
     directory = tree / cwd
     target_dir = directory / "target" / "gate" / libtorch.label

@@ -24,8 +24,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fdl.errors import FdlError
+
+if TYPE_CHECKING:
+    from fdl.checks import libtorch as checks
 
 VARIANT_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
 ROCM_ENV = ("ROCM_PATH", "HIP_PATH", "HSA_PATH")
@@ -83,7 +87,7 @@ def libtorch_roots(project_root: Path | None, home: Path | None = None) -> list[
     return roots
 
 
-def _from_probe(info, label: str | None = None) -> Libtorch:
+def _from_probe(info: checks.Libtorch, label: str | None = None) -> Libtorch:
     path = Path(info.path)
     name = label or info.active or str(path)
     vendor = {"cuda": "nvidia", "rocm": "amd", "cpu": None}.get(info.kind or "", "?")

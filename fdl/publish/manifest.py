@@ -22,22 +22,25 @@ Fields (all always written):
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import posixpath
 import re
 import secrets
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 
 from fdl.errors import FdlError
+from fdl.fsio import TEMP_SUFFIX, atomic_write, fsync_dir
 
 MANIFEST_NAME = ".fdl-run.yml"
 DEFAULT_BUILD = "cargo build --release"
 FIELDS = ("cwd", "build", "bin", "args", "origin", "rustc", "published_epoch", "run", "built")
 MAX_MANIFEST_BYTES = 256 * 1024
+# The temp files an interrupted manifest write can leave: fdl.fsio's, and those of fdl before it.
+TEMP_PATTERNS = (f".{MANIFEST_NAME}.*{TEMP_SUFFIX}", f"{MANIFEST_NAME}.*.tmp")
 _RUN_RE = re.compile(r"[0-9a-f]{16,128}")
 _HEADER = (
     "# Run manifest written by `fdl publish`. Do not edit: the next publish replaces it,\n"
@@ -67,7 +70,7 @@ class Manifest:
     origin: str | None = None
     rustc: str | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         data = asdict(self)
         data["args"] = list(self.args)
         return {key: data[key] for key in FIELDS}
@@ -108,9 +111,9 @@ def render(manifest: Manifest) -> str:
 
 
 def write_manifest(tree: Path, manifest: Manifest) -> Path:
-    """Write the manifest atomically (temp file, fsync, rename, fsync of the directory)."""
+    """Write the manifest atomically (fdl.fsio: temp file, fsync, rename, fsync of the directory)."""
     path = manifest_path(tree)
-    atomic_write(path, render(manifest).encode(), mode=0o644)
+    atomic_write(path, render(manifest), mode=0o644)
     return path
 
 
@@ -132,7 +135,7 @@ def remove_manifest(tree: Path) -> bool:
                        f"published.") from None
     try:
         for entry in os.scandir(tree):
-            if entry.name.startswith(MANIFEST_NAME + ".") and entry.name.endswith(".tmp"):
+            if any(fnmatch.fnmatchcase(entry.name, pattern) for pattern in TEMP_PATTERNS):
                 os.unlink(entry.path)
     except FileNotFoundError:
         pass
@@ -187,22 +190,23 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
         if data.get(key) is None:
             raise bad(f"'{key}' is missing")
 
-    def text_field(key: str, *, optional: bool = False) -> str | None:
+    def text_field(key: str) -> str:
         value = data.get(key)
-        if value is None and optional:
-            return None
         if not isinstance(value, str) or not value.strip():
             raise bad(f"'{key}' must be non-empty text")
         return value
 
-    cwd = text_field("cwd", optional=True) or "."
+    def optional_text(key: str) -> str | None:
+        return None if data.get(key) is None else text_field(key)
+
+    cwd = optional_text("cwd") or "."
     binary = text_field("bin")
     try:
         cwd = check_tree_path(cwd, "cwd")
         check_tree_path(binary, "bin", base=cwd)
     except ValueError as exc:
         raise bad(str(exc)) from None
-    build = text_field("build", optional=True) or DEFAULT_BUILD
+    build = optional_text("build") or DEFAULT_BUILD
     run = text_field("run")
     if not _RUN_RE.fullmatch(run):
         raise bad("'run' must be a hex nonce")
@@ -218,40 +222,4 @@ def parse_manifest(raw: bytes, where: str) -> Manifest:
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise bad("'args' must be a list of text arguments")
     return Manifest(bin=binary, run=run, published_epoch=epoch, built=built, cwd=cwd, build=build,
-                    args=tuple(args), origin=text_field("origin", optional=True),
-                    rustc=text_field("rustc", optional=True))
-
-
-# --------------------------------------------------------------------------- durable files
-
-
-def fsync_dir(directory: Path) -> None:
-    """fsync a directory so a rename or unlink in it survives a crash."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except FileNotFoundError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes, *, mode: int = 0o644) -> None:
-    """Replace `path` with `data` atomically: temp file in the same directory, fsync, chmod, rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    fsync_dir(path.parent)
+                    args=tuple(args), origin=optional_text("origin"), rustc=optional_text("rustc"))

@@ -32,10 +32,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from fdl.config.schema import PublishDefaults
 from fdl.errors import FdlError
+from fdl.fsio import fsync_dir
 from fdl.publish import fetch as fetch_mod
 from fdl.publish.gate import GateResult, check_gate_headers, primary_gate, rustc_version, variant_gate
 from fdl.publish.libtorch import Libtorch, resolve_active, resolve_variant
@@ -44,7 +45,6 @@ from fdl.publish.manifest import (
     MANIFEST_NAME,
     Manifest,
     check_tree_path,
-    fsync_dir,
     new_run_id,
     read_manifest,
     remove_manifest,
@@ -94,7 +94,7 @@ class PublishRequest:
     gates: tuple[str, ...]
     no_build: bool
     wait: bool = True
-    origins: dict = field(default_factory=dict)  # field -> "flag" | "fdl.yml:LINE" | "default"
+    origins: dict[str, str] = field(default_factory=dict)  # field -> "flag" | "fdl.yml:LINE" | "default"
 
     @property
     def tree(self) -> Path:
@@ -134,7 +134,7 @@ def resolve_request(flags: PublishFlags, block: PublishDefaults | None, *, cwd: 
     where = block_where or (lambda key: "fdl.yml")
     origins: dict[str, str] = {}
 
-    def pick(name: str, flag_value, block_value, default=None):
+    def pick(name: str, flag_value: Any, block_value: Any, default: Any = None) -> Any:
         if flag_value is not None:
             origins[name] = "flag"
             return flag_value
@@ -406,10 +406,10 @@ def links_out_of_tree(tree: Path) -> list[tuple[str, str]]:
         kept = []
         for name in dirs:
             path = os.path.join(root, name)
-            if name in ("target", ".git") or (rel_root == "" and name == "libtorch"):
-                if not os.path.islink(path):
-                    continue
-            if os.path.islink(path):
+            is_link = os.path.islink(path)
+            if (name in ("target", ".git") or (rel_root == "" and name == "libtorch")) and not is_link:
+                continue
+            if is_link:
                 files.append(name)
             else:
                 kept.append(name)
@@ -463,7 +463,7 @@ def carry_build_output(live: Path, stage: Path) -> int:
 
 
 def publish(request: PublishRequest, *, project_root: Path | None = None, note: Note = lambda _: None,
-            output: IO | None = None) -> PublishResult:
+            output: IO[Any] | None = None) -> PublishResult:
     """Publish a run. Raises an FdlError (exit 1) when nothing new was published.
 
     The run is fetched and built in the release slot that is not live, and
@@ -548,70 +548,3 @@ def publish(request: PublishRequest, *, project_root: Path | None = None, note: 
         _flip(served, slot)  # the commit point
     return PublishResult(request=request, manifest=manifest, libtorch=libtorch, gates=gates,
                          commit=fetched.commit, notes=notes, release=stage)
-
-
-# --------------------------------------------------------------------------- the report
-
-
-def worker_sources(served: Path, host: str, user: str | None) -> list[dict]:
-    """The two source spellings a worker can use, each with the key it pairs with."""
-    login = f"{user}@" if user else ""
-    restricted = f'command="rrsync -ro -munge {served}",restrict'
-    return [
-        {"source": f"rsync://{login}{host}:/{TREE_NAME}", "key": "rrsync",
-         "authorized_keys_options": restricted,
-         "pairs_with": f"a key restricted to the served directory: {restricted} in authorized_keys (rrsync "
-                       f"re-roots every path at {served})"},
-        {"source": f"rsync://{login}{host}:{served / TREE_NAME}", "key": "plain",
-         "authorized_keys_options": None,
-         "pairs_with": "an ordinary ssh key without a forced command (the absolute path; behind an rrsync key "
-                       "it would be rooted twice and fail)"},
-    ]
-
-
-def report_data(result: PublishResult, *, host: str, user: str | None) -> dict:
-    """The report as data: the JSON twin, and what the human text is rendered from."""
-    request, manifest = result.request, result.manifest
-    return {
-        "published": True,
-        "run": manifest.run,
-        "served": str(request.served),
-        "tree": str(request.tree),
-        "release": None if result.release is None else str(result.release),
-        "manifest_path": str(request.tree / MANIFEST_NAME),
-        "manifest": manifest.to_dict(),
-        "source": {"kind": request.source.kind, "spec": request.source.spec, "commit": result.commit},
-        "libtorch": None if result.libtorch is None else {
-            "path": str(result.libtorch.path), "label": result.libtorch.label,
-            "found_by": result.libtorch.found_by, "feature": result.libtorch.feature},
-        "gates": [{"name": g.name, "libtorch": g.libtorch, "target_dir": g.target_dir, "recipe": g.recipe,
-                   "passed": True} for g in result.gates],
-        "built": manifest.built,
-        "from": dict(request.origins),
-        "worker_sources": worker_sources(request.served, host, user),
-        "notes": list(result.notes),
-    }
-
-
-def render_human(data: dict) -> str:
-    m = data["manifest"]
-    lines = [f"published run {data['run']} from {data['source']['spec']}"
-             + (f" (commit {data['source']['commit'][:12]})" if data["source"].get("commit") else "")]
-    rows = [("tree", data["tree"]), ("cwd", m["cwd"]), ("bin", m["bin"]),
-            ("args", shlex.join(m["args"]) if m["args"] else "(none)")]
-    if data["built"]:
-        gates = [g["name"] for g in data["gates"] if g["name"] != "build"]
-        rows.append(("built", f"yes: `{m['build']}` passed"
-                     + (f" (libtorch {data['libtorch']['label']})" if data.get("libtorch") else " (no libtorch)")))
-        if gates:
-            rows.append(("gates", ", ".join(gates) + " check-built"))
-    else:
-        rows.append(("built", "NO: --no-build skipped the gate; nothing has compiled this tree (built: false)"))
-    rows.append(("rustc", m["rustc"] or "(none on this box)"))
-    width = max(len(k) for k, _ in rows)
-    lines += [f"  {k.ljust(width)}  {v}" for k, v in rows]
-    lines.append("workers pull it with --source, the spelling that matches their key:")
-    for spelling in data["worker_sources"]:
-        lines.append(f"  {spelling['source']}")
-        lines.append(f"      with {spelling['pairs_with']}")
-    return "\n".join(lines) + "\n"

@@ -36,7 +36,7 @@ def two_agents(server) -> list[str]:
 
 def fire_and_finish(server, tickets: list[str], codes=(0, 0)) -> None:
     with ControllerClient(f"127.0.0.1:{server.port}") as client:
-        for ticket, code in zip(tickets, codes):
+        for ticket, code in zip(tickets, codes, strict=True):
             client.report_exit(ticket, code)
 
 
@@ -175,6 +175,7 @@ def test_watch_with_no_run_exits_1_and_interval_needs_watch(tmp_path: Path) -> N
 
 def test_watch_gives_up_on_a_controller_that_stops_answering(tmp_path: Path) -> None:
     """A port that accepts connections and never answers (a hung controller, a black hole on the way)."""
+    from fdl.cli.render.status import watch_plain
     from fdl.controller.watch import Watcher
 
     with socket.socket() as silent:
@@ -183,7 +184,7 @@ def test_watch_gives_up_on_a_controller_that_stops_answering(tmp_path: Path) -> 
         address = f"127.0.0.1:{silent.getsockname()[1]}"
         out = tmp_path / "watch.log"
         with ControllerClient(address, timeout=0.3) as client, out.open("w") as stream:
-            end = Watcher(client, interval=0.05, lost_after_s=0.6).run_plain(stream)
+            end = watch_plain(Watcher(client, interval=0.05, lost_after_s=0.6), stream)
     lines = out.read_text().splitlines()
     assert end.how == "lost" and end.state is None
     assert lines[0].endswith(f"{address}: no answer: the controller at {address} did not answer within 0.3 s; "

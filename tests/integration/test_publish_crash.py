@@ -4,6 +4,7 @@ while publishes flip the served tree gets one whole run or a refusal, never a mi
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import random
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fdl.publish.fetch import pull_run
-from fdl.publish.manifest import MANIFEST_NAME, ManifestMissing, read_manifest
+from fdl.publish.manifest import MANIFEST_NAME, TEMP_PATTERNS, ManifestMissing, read_manifest
 from fdl.publish.spec import parse_source_spec
 from tests.conftest import fdl_env
 from tests.integration.publish_support import publish_env
@@ -90,7 +91,7 @@ def test_sigkill_at_random_points_always_leaves_one_whole_run_served(tmp_path: P
 
     # The very first publish killed: nothing is served, or the whole first run.
     first_kills = {"nothing": 0, "complete": 0}
-    for attempt in range(5):
+    for _attempt in range(5):
         write_version(src, 0)
         process = start(0)
         time.sleep(rng.random() * 0.6)
@@ -147,6 +148,7 @@ def test_sigkill_at_random_points_always_leaves_one_whole_run_served(tmp_path: P
     final.stderr.close()
     assert check_invariant(tree) == RUNS + 1
     assert [p.name for p in tree.iterdir() if p.name.startswith(MANIFEST_NAME)] == [MANIFEST_NAME]
+    assert [p.name for p in tree.iterdir() if any(fnmatch.fnmatchcase(p.name, t) for t in TEMP_PATTERNS)] == []
     assert tree.is_symlink() and sorted(p.name for p in (served / "releases").iterdir()) == ["a", "b"]
     assert [p.name for p in served.iterdir() if p.name.endswith(".tmp")] == []
 

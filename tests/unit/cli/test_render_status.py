@@ -1,12 +1,13 @@
-"""The human view of state.json that `fdl status` prints."""
+"""The human views of state.json that `fdl status` prints (fdl.cli.render.status)."""
 
 from __future__ import annotations
 
+from fdl.cli.render.status import duration, live_view, render_state, start_line, status_line
 from fdl.config.schema import parse_devices
 from fdl.controller.machine import RunMachine
 from fdl.controller.policy import RunPolicy
 from fdl.controller.protocol import Hello
-from fdl.controller.render import deadlines, duration, render_state, start_line, status_line
+from fdl.controller.view import deadlines
 from tests.controller_util import FakeClock
 
 
@@ -109,14 +110,10 @@ def test_the_live_view_never_parses_peer_text_as_markup() -> None:
 
     from rich.console import Console
 
-    from fdl.controller.watch import Watcher
-
     state = hostile_state()
     out = io.StringIO()
     console = Console(file=out, width=400, color_system="truecolor", force_terminal=True)
-    from fdl.controller.client import ControllerClient
-
-    console.print(Watcher(ControllerClient("127.0.0.1:9"), start_cmd="fdl start").view(state, HOSTILE, 60))
+    console.print(live_view(state, HOSTILE, "127.0.0.1:9", start_cmd="fdl start", height=60))
     text = out.getvalue()
     assert "\x1b]8;" not in text  # no hyperlink was made
     assert "[link=https://evil.example]click[/link]" in text and "\x1b[2J" not in text and "\ud800" not in text

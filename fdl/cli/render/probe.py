@@ -1,0 +1,133 @@
+"""`fdl probe` and `fdl @cluster probe` for people and for scripts: a host's report, a cluster's report."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import typer
+
+from fdl.checks.probe import CORE_CHECKS
+from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, HostReport
+
+if TYPE_CHECKING:
+    from fdl.cluster.probe import ClusterReport
+
+
+def render_json(reports: list[HostReport]) -> str:
+    """One host: its report object. (Several hosts will get an aggregate object; docs/probe.md.)"""
+    if len(reports) == 1:
+        return json.dumps(reports[0].to_dict(), indent=2)
+    return json.dumps({"schema_version": reports[0].schema_version if reports else 1,
+                       "ok": all(r.ok for r in reports), "hosts": [r.to_dict() for r in reports]}, indent=2)
+
+
+def render_human(reports: list[HostReport], *, quiet: bool = False) -> tuple[str, str]:
+    """(stdout text, stderr text). Green: one summary line per host; otherwise the core checks (gpu, libtorch,
+    nccl, data) and every other check that warns or fails, with hints."""
+    out: list[str] = []
+    err: list[str] = []
+    for report in reports:
+        problems = report.errors + report.warnings
+        if not problems:
+            if not quiet:
+                out.append(summary_line(report))
+            continue
+        if quiet:
+            err.extend(f"{report.host}: {c.status}: {c.name}: {c.message}" + (f"\n  hint: {c.hint}" if c.hint else "")
+                       for c in problems)
+            continue
+        out.append(headline(report))
+        hidden = 0
+        for check in report.checks:
+            if check.status not in (ERROR, WARNING) and check.name not in CORE_CHECKS:
+                hidden += check.status == SKIPPED
+                continue  # the depth checks (GPU health, stack) show up only when they found something
+            out.append(f"  {mark(check.status):<8} {check.name:<9} {check.message}")
+            if check.hint and check.status in (ERROR, WARNING):
+                out.append(f"  {'':<8} {'':<9} hint: {check.hint}")
+        if hidden:
+            out.append(f"  {hidden} more check{'s' if hidden != 1 else ''} skipped (`fdl probe --json` shows "
+                       f"{'them' if hidden != 1 else 'it'} and why)")
+    return "\n".join(out), "\n".join(err)
+
+
+def echo_human(out: str, err: str, tables: list[str], *, quiet: bool) -> None:
+    """Print a rendered report (stdout, stderr), with the all-reduce table under stdout unless quiet."""
+    if tables and not quiet:
+        out = "\n".join(filter(None, [out, "all-reduce:", *("  " + line for line in tables)]))
+    if out:
+        typer.echo(out)
+    if err:
+        typer.echo(err, err=True)
+
+
+def headline(report: HostReport) -> str:
+    errors, warnings = len(report.errors), len(report.warnings)
+    counts = ", ".join(filter(None, [f"{errors} error{'s' if errors != 1 else ''}" if errors else "",
+                                     f"{warnings} warning{'s' if warnings != 1 else ''}" if warnings else ""]))
+    return f"{report.host}: {'NOT READY' if errors else 'ready'} ({counts})"
+
+
+def mark(status: str) -> str:
+    return {OK: "ok", WARNING: "warning", ERROR: "ERROR", SKIPPED: "skipped"}.get(status, status)
+
+
+def summary_line(report: HostReport) -> str:
+    """The green path: one line of the facts that matter (warnings, if any, are listed by render_human)."""
+    parts = []
+    for check in report.checks:
+        data = check.data
+        if check.name not in CORE_CHECKS:
+            continue  # green depth checks stay out of the one-line summary
+        if check.status == SKIPPED:
+            parts.append(f"{check.name} skipped")
+        elif check.name == "gpu":
+            devices = [d for d in data.get("devices", []) if d.get("selected")]
+            sms = sorted({d["sm"] for d in devices})
+            parts.append(f"{len(devices)} GPU{'s' if len(devices) != 1 else ''} ({', '.join(sms)})")
+        elif check.name == "libtorch":
+            parts.append(" ".join(filter(None, ["libtorch", data.get("version"), data.get("variant")])))
+        elif check.name == "nccl":
+            parts.append(f"NCCL from docker service {data['docker_service']}" if data.get("docker_service")
+                         else f"NCCL {data.get('version')}")
+        elif check.name == "data":
+            parts.append(f"data {data.get('path')}")
+        else:
+            parts.append(f"{check.name} ok")
+    hidden = sum(1 for c in report.checks if c.status == SKIPPED and c.name not in CORE_CHECKS)
+    more = f" ({hidden} more check{'s' if hidden != 1 else ''} skipped: `fdl probe --json` says why)" if hidden else ""
+    return f"{report.host}: ready: " + ", ".join(parts) + more
+
+
+def render_cluster(report: ClusterReport, *, quiet: bool = False) -> tuple[str, str]:
+    """(stdout, stderr): each host as `fdl probe` shows it, then the cross-host checks, then a verdict."""
+    out, err = render_human(report.hosts, quiet=quiet)
+    lines_out = [out] if out else []
+    lines_err = [err] if err else []
+    problems = [c for c in report.cluster if c.status in (ERROR, WARNING)]
+    if quiet:
+        lines_err += [f"cluster: {c.status}: {c.name}: {c.message}" + (f"\n  hint: {c.hint}" if c.hint else "")
+                      for c in problems]
+        return "\n".join(lines_out), "\n".join(lines_err)
+    if problems:
+        lines_out.append("cluster: NOT READY" if any(c.status == ERROR for c in problems) else "cluster: warnings")
+        for check in report.cluster:
+            lines_out.append(f"  {mark(check.status):<8} {check.name:<15} {check.message}")
+            if check.hint and check.status in (ERROR, WARNING):
+                lines_out.append(f"  {'':<8} {'':<15} hint: {check.hint}")
+    mixed = next((c for c in report.cluster if c.name == "gpu_models" and c.data.get("heterogeneous")), None)
+    if mixed is not None and not problems:  # reported, never a failure: a mixed rig should be visible
+        lines_out.append(f"cluster: note: {mixed.message}")
+    ready = sum(1 for h in report.hosts if h.ok)
+    total = len(report.hosts)
+    hosts = f"{total} host{'s' if total != 1 else ''}"
+    if report.ok and not problems:
+        verdict = f"cluster: ready: {hosts}, hosts agree on NCCL, libtorch, data, driver and clocks"
+    elif report.ok:
+        verdict = f"cluster: ready: {hosts}, with the warnings above"
+    else:
+        verdict = f"cluster: {ready} of {total} hosts ready" + (
+            "; cross-host checks failed" if any(c.status == ERROR for c in problems) else "")
+    lines_out.append(verdict)
+    return "\n".join(lines_out), "\n".join(lines_err)
