@@ -77,8 +77,8 @@ def _ld_so_conf_dirs(conf: str = "/etc/ld.so.conf", depth: int = 0) -> list[str]
             lines = handle.read().splitlines()
     except OSError:
         return dirs
-    for line in lines:
-        line = line.split("#", 1)[0].strip()
+    for raw in lines:
+        line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         if line.startswith("include") and depth < 4:

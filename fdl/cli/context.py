@@ -64,7 +64,7 @@ class Globals:
         """commands: from fdl.yml, or {} when there is no project here."""
         from fdl.config.discover import find_base
 
-        if self.invocation.sigil is None and self.env_flag is None and not os.environ.get("FDL_ENV"):
-            if find_base(Path.cwd()) is None:
-                return {}
+        if (self.invocation.sigil is None and self.env_flag is None and not os.environ.get("FDL_ENV")
+                and find_base(Path.cwd()) is None):
+            return {}
         return self.config().commands

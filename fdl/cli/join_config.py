@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -14,7 +14,7 @@ from fdl.cli.context import Globals
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
 
-class Door(str, Enum):
+class Door(StrEnum):
     a = "a"
     b = "b"
     tunnel_only = "tunnel-only"

@@ -22,10 +22,10 @@ def nccl() -> None:
 @app.command("build")
 def build(
     ctx: typer.Context,
-    tag: Annotated[str | None, typer.Option("--tag", metavar="vX.Y.Z",
-                                            help="NCCL release to build (default: the version the fleet runs).")] = None,
-    archs: Annotated[str | None, typer.Option("--archs", metavar="'6.1;12.0'",
-                                              help="Compute capabilities to build for (default: this host's GPUs).")] = None,
+    tag: Annotated[str | None, typer.Option(
+        "--tag", metavar="vX.Y.Z", help="NCCL release to build (default: the version the fleet runs).")] = None,
+    archs: Annotated[str | None, typer.Option(
+        "--archs", metavar="'6.1;12.0'", help="Compute capabilities to build for (default: this host's GPUs).")] = None,
     jobs: Annotated[int | None, typer.Option("--jobs", metavar="N",
                                              help="Parallel compile jobs (default: this machine's CPU "
                                                   "count).")] = None,

@@ -92,8 +92,8 @@ def check_torch(worker: WorkerSpec, ssh: list[str] | None, timeout: float) -> tu
     else:
         argv, env = [*ssh, shlex.join(["env", *env_words, *command] if env_words else command)], None
     try:
-        done = subprocess.run(argv, input=SCRIPT.read_text(), capture_output=True, text=True, timeout=timeout, check=False,
-                              env=env)
+        done = subprocess.run(argv, input=SCRIPT.read_text(), capture_output=True, text=True, timeout=timeout,
+                              check=False, env=env)
     except subprocess.TimeoutExpired:
         raise FdlError(f"{worker.host} did not answer the PyTorch check within {timeout:.0f} s") from None
     except OSError as exc:
@@ -206,7 +206,8 @@ def run_cluster(config, options: CollectiveOptions, reports: dict[str, dict] | N
     if failure and not result.finished and not result.errors and not result.abandoned:
         named = re.search(r"rank (\d+)", failure)
         lines = collector.tails.get(int(named[1])) if named else None
-        result.failure = failure.split(". Controller state")[0].rstrip(".") + (f" (it said: {lines[-1]})" if lines else "")
+        said = f" (it said: {lines[-1]})" if lines else ""
+        result.failure = failure.split(". Controller state")[0].rstrip(".") + said
     return result
 
 

@@ -36,7 +36,7 @@ def duration(seconds: float | None) -> str:
     seconds = max(0.0, float(seconds))
     if seconds < 10:
         return f"{seconds:.1f}s"
-    whole = int(round(seconds))
+    whole = round(seconds)
     hours, rest = divmod(whole, 3600)
     minutes, secs = divmod(rest, 60)
     if hours:

@@ -314,8 +314,8 @@ def _selinux() -> tuple[str | None, tuple[int, ...] | None, str | None]:
             found: list[int] = []
             for line in done.stdout.splitlines():
                 if line.startswith("ssh_port_t"):
-                    for item in line.split()[2:]:
-                        item = item.strip(",")
+                    for word in line.split()[2:]:
+                        item = word.strip(",")
                         if "-" in item:
                             lo, _, hi = item.partition("-")
                             if lo.isdigit() and hi.isdigit():

@@ -132,7 +132,8 @@ def parse_archs(text: str) -> tuple[Arch, ...]:
     return tuple(sorted(archs))
 
 
-def archs_from_capabilities(capabilities: list[tuple[int, int]] | None, *, where: str = "this host") -> tuple[Arch, ...]:
+def archs_from_capabilities(capabilities: list[tuple[int, int]] | None, *,
+                            where: str = "this host") -> tuple[Arch, ...]:
     """The archs of the GPUs NVML reported (None: NVML unavailable); refuses when there are none."""
     if capabilities is None:
         raise PlanError(

@@ -406,9 +406,8 @@ def links_out_of_tree(tree: Path) -> list[tuple[str, str]]:
         kept = []
         for name in dirs:
             path = os.path.join(root, name)
-            if name in ("target", ".git") or (rel_root == "" and name == "libtorch"):
-                if not os.path.islink(path):
-                    continue
+            if (name in ("target", ".git") or (rel_root == "" and name == "libtorch")) and not os.path.islink(path):
+                continue
             if os.path.islink(path):
                 files.append(name)
             else:

@@ -36,7 +36,7 @@ def two_agents(server) -> list[str]:
 
 def fire_and_finish(server, tickets: list[str], codes=(0, 0)) -> None:
     with ControllerClient(f"127.0.0.1:{server.port}") as client:
-        for ticket, code in zip(tickets, codes):
+        for ticket, code in zip(tickets, codes, strict=True):
             client.report_exit(ticket, code)
 
 

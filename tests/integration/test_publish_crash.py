@@ -90,7 +90,7 @@ def test_sigkill_at_random_points_always_leaves_one_whole_run_served(tmp_path: P
 
     # The very first publish killed: nothing is served, or the whole first run.
     first_kills = {"nothing": 0, "complete": 0}
-    for attempt in range(5):
+    for _attempt in range(5):
         write_version(src, 0)
         process = start(0)
         time.sleep(rng.random() * 0.6)
