@@ -49,11 +49,10 @@ def test_first_failure_terminates_the_others(tmp_path: Path) -> None:
     code = "import os, sys, time\nif os.environ['RANK'] == '1':\n    time.sleep(0.3); sys.exit(3)\ntime.sleep(60)"
     sup = Supervisor(py(code), [{"rank": r, "env": {"RANK": r}} for r in range(3)], on_line=lambda rank, line: None,
                      grace_s=5)
-    started = time.monotonic()
     result = sup.run()
     assert result.first_failure == 1 and result.exit_code == 3 and result.reason == "rank-failed"
+    # The 60 s sleepers ended by SIGTERM, not by finishing their sleep (that would be exit code 0).
     assert result.codes[0] == 128 + signal.SIGTERM and result.codes[2] == 128 + signal.SIGTERM
-    assert time.monotonic() - started < 30  # nobody waited for the 60 s sleepers
     assert not any(alive(p.pid) for p in sup.procs.values())
 
 
