@@ -43,7 +43,7 @@ def median_wall(argv: list[str], *, runs: int, cwd: Path | None = None, env: dic
 def interleaved(commands: dict[str, tuple[list[str], dict]], *, runs: int, cwd: Path | None = None) -> dict:
     """Median wall per command, sampled round-robin so machine noise hits all of them alike."""
     samples: dict[str, list[float]] = {name: [] for name in commands}
-    for name, (argv, env) in commands.items():  # warm the page cache
+    for argv, env in commands.values():  # warm the page cache
         subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(runs):
         for name, (argv, env) in commands.items():

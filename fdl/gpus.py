@@ -26,8 +26,8 @@ def parse_gpus(spec: str, present: int | None = -1) -> GpuSelection:
     if text == "all":
         return GpuSelection(spec, None)
     ids: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
+    for entry in text.split(","):
+        part = entry.strip()
         if not part:
             raise UsageError(f"--gpus {spec!r}: an empty entry; list indices like 0,1 with no gaps.")
         if part.startswith("-") and re.fullmatch(r"[0-9]+", part[1:]):

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install fdl from this checkout into ./.venv (created if missing). Extra pip
 # arguments are passed on, e.g. `scripts/install.sh '.[test]'`. Says what it
-# installs before installing it, and lets pip show its progress.
+# installs before installing it, and lets pip show its progress. Every release
+# is held to constraints.txt (what the tests ran with; scripts/refresh-constraints
+# re-resolves it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -24,7 +26,8 @@ for name in filter(None, extra.split(",")):
 print(", ".join(wanted))
 PY
 )
-echo "install: into $PWD/.venv: pip (upgraded), then fdl from this checkout (editable) and what it needs:" >&2
+echo "install: into $PWD/.venv: pip (upgraded), then fdl from this checkout (editable) and what it needs," \
+     "at the releases constraints.txt pins:" >&2
 echo "install:   $deps" >&2
 .venv/bin/python -m pip install --upgrade pip
-.venv/bin/python -m pip install -e "${1:-.}"
+.venv/bin/python -m pip install -c constraints.txt -e "${1:-.}"

@@ -13,7 +13,7 @@ here=$PWD
 scripts/install.sh
 if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
     echo "quickstart: installing PyTorch 2.13.0 into .venv for the demo (a few hundred MB on a fresh box)" >&2
-    .venv/bin/python -m pip install torch==2.13.0
+    .venv/bin/python -m pip install -c constraints.txt torch==2.13.0
 fi
 export PATH="$here/.venv/bin:$PATH"   # fdl, and the python3 the demo's ranks run
 

@@ -34,6 +34,6 @@ fi
 scripts/install.sh '.[test]'
 if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
     echo "test: installing PyTorch 2.13.0 into .venv (the distributed tests train on CPU ranks)" >&2
-    .venv/bin/python -m pip install torch==2.13.0
+    .venv/bin/python -m pip install -c constraints.txt torch==2.13.0
 fi
 exec .venv/bin/python -m pytest "${paths[@]}" "$@"

@@ -186,7 +186,7 @@ class Supervisor:
             try:
                 proc = subprocess.Popen(
                     self.argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
+                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,  # noqa: PLW1509 - PR_SET_PDEATHSIG can only be set in the child between fork and exec
                 )
             except OSError as exc:
                 self.codes[rank] = 127
@@ -199,7 +199,7 @@ class Supervisor:
             self._pumps.append(pump)
 
     def _pump(self, rank: int, proc: subprocess.Popen) -> None:
-        log = open(os.path.join(self.log_dir, f"rank-{rank}.log"), "a", encoding="utf-8") if self.log_dir else None
+        log = open(os.path.join(self.log_dir, f"rank-{rank}.log"), "a", encoding="utf-8") if self.log_dir else None  # noqa: SIM115 - optional; closed in the finally below
         try:
             if proc.stdout is None:  # started without stdout=PIPE: nothing to relay
                 return

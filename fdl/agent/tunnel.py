@@ -135,7 +135,7 @@ class Tunnel:
             try:
                 self.proc = subprocess.Popen(self.argv(self.local_port), stdin=subprocess.DEVNULL,
                                              stdout=subprocess.DEVNULL, stderr=self._stderr, start_new_session=True,
-                                             preexec_fn=die_with_parent)
+                                             preexec_fn=die_with_parent)  # noqa: PLW1509 - PR_SET_PDEATHSIG can only be set in the child between fork and exec
                 listening = self._wait_listening()
             except BaseException:  # a stop signal while it comes up: no ssh may outlive us
                 self.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+from typing import Any
 
 from .report import ERROR, OK, SKIPPED, WARNING, CheckResult
 
@@ -44,7 +45,7 @@ def mount_of(path: str) -> tuple[str, str | None]:
 
 def check_data_path(path: str = DEFAULT_DATA_PATH, skip: bool = False) -> CheckResult:
     """Run the shared-data check on path; `skip` (--skip-mount) reports it as skipped."""
-    data: dict = {"path": path}
+    data: dict[str, Any] = {"path": path}
     if skip:
         return CheckResult(NAME, SKIPPED, f"Shared data path {path} not checked (--skip-mount).", data=data)
     try:

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from .health import declared_gpu_ids
 from .report import ERROR, OK, WARNING, CheckResult
+
+if TYPE_CHECKING:
+    from .nvml import NvmlDevice, NvmlInventory
 
 NAME = "gpu"
 
@@ -29,7 +33,8 @@ class Selection:
     missing: tuple[str, ...] = ()  # entries naming a device this host does not have
 
 
-def parse_selection(gpus, environ, devices, source: str = "--gpus") -> Selection:
+def parse_selection(gpus: str | Iterable[Any] | None, environ: Mapping[str, str], devices: list[NvmlDevice],
+                    source: str = "--gpus") -> Selection:
     """The selection in force: an explicit `gpus` (ids or "all"/"0,1") wins over CUDA_VISIBLE_DEVICES.
 
     `source` names where an explicit `gpus` came from ("--gpus", or
@@ -44,21 +49,21 @@ def parse_selection(gpus, environ, devices, source: str = "--gpus") -> Selection
             return Selection(source, "all", None)
         parts = [part.strip() for part in spec.split(",") if part.strip()]
         present = {d.index for d in devices}
-        chosen = tuple(int(p) for p in parts if p.isdigit() and int(p) in present)
-        return Selection(source, spec, chosen, tuple(p for p in parts if not (p.isdigit() and int(p) in present)))
-    spec = environ.get("CUDA_VISIBLE_DEVICES")
-    if spec is None:
+        picked = tuple(int(p) for p in parts if p.isdigit() and int(p) in present)
+        return Selection(source, spec, picked, tuple(p for p in parts if not (p.isdigit() and int(p) in present)))
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
         return Selection(None, None, None)
     chosen: list[int] = []
-    for entry in (part.strip() for part in spec.split(",")):
+    for entry in (part.strip() for part in visible.split(",")):
         match = _match_device(entry, devices)
         if match is None or match in chosen:
             break
         chosen.append(match)
-    return Selection("CUDA_VISIBLE_DEVICES", spec, tuple(chosen))
+    return Selection("CUDA_VISIBLE_DEVICES", visible, tuple(chosen))
 
 
-def _match_device(entry: str, devices) -> int | None:
+def _match_device(entry: str, devices: list[NvmlDevice]) -> int | None:
     if entry.isdigit():
         index = int(entry)
         return index if any(d.index == index for d in devices) else None
@@ -76,13 +81,15 @@ def _gib(value: int) -> str:
     return f"{value / (1 << 30):.0f} GiB" if value >= (1 << 30) else f"{value / (1 << 20):.0f} MiB"
 
 
-def describe_device(device) -> dict:
+def describe_device(device: NvmlDevice) -> dict[str, Any]:
     return {"index": device.index, "name": device.name, "uuid": device.uuid,
             "compute_capability": f"{device.major}.{device.minor}", "sm": device.sm,
             "memory_total": device.memory_total, "memory_free": device.memory_free}
 
 
-def check_gpu(gpus=None, environ=None, local_devices=None):
+def check_gpu(gpus: str | Iterable[Any] | None = None, environ: Mapping[str, str] | None = None,
+              local_devices: str | Iterable[Any] | None = None,
+              ) -> tuple[CheckResult, NvmlInventory | None, Selection | None]:
     """Run the GPU check; return (CheckResult, NvmlInventory or None, Selection or None).
 
     `gpus` is an explicit selection (--gpus); without one, a worker's declared
@@ -97,11 +104,12 @@ def check_gpu(gpus=None, environ=None, local_devices=None):
         read_inventory,
     )
 
-    environ = os.environ if environ is None else environ
+    if environ is None:
+        environ = os.environ
     try:
         inventory = read_inventory()
     except NvmlUnavailable as exc:
-        data = {"nvml_error": exc.detail, "nvml_error_code": exc.code, "devices": []}
+        data: dict[str, Any] = {"nvml_error": exc.detail, "nvml_error_code": exc.code, "devices": []}
         if exc.reason == "pynvml-missing":
             return CheckResult(NAME, ERROR, "pynvml (NVIDIA's NVML bindings) is not installed for this Python.",
                                hint="install nvidia-ml-py into fdl's environment (pip install nvidia-ml-py)",

@@ -28,8 +28,16 @@ Standard library only; sibling imports relative (Ansible module_utils).
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from .report import ERROR, OK, SKIPPED, WARNING, CheckResult
+
+if TYPE_CHECKING:
+    from .gpu import Selection
+    from .nvml import GpuHealth, NvmlDevice, NvmlInventory
+
+# A per-GPU check: check(inventory, selection, *args), made from a judge(devices, findings, *args).
+GpuCheck = Callable[..., CheckResult]
 
 GPU_CHECKS = ("gpu_count", "gpu_persistence", "gpu_ecc", "gpu_retired_memory", "gpu_pcie", "gpu_throttle",
               "gpu_mig")
@@ -57,17 +65,24 @@ RESET_HINT = "drain the host, then reset the GPU (nvidia-smi -r -i {index}) or r
 UNREADABLE_HINT = "run `nvidia-smi -q` on the host to see what the driver reports; NVML refused the query"
 
 
-def _worst(statuses) -> str:
-    statuses = list(statuses)
-    return ERROR if ERROR in statuses else WARNING if WARNING in statuses else OK
+def _worst(statuses: Iterable[str]) -> str:
+    seen = set(statuses)
+    return ERROR if ERROR in seen else WARNING if WARNING in seen else OK
 
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def _gpu(device) -> str:
+def _gpu(device: NvmlDevice) -> str:
     return f"GPU {device.index} ({device.name})"
+
+
+def _health(device: NvmlDevice) -> GpuHealth:
+    """The readings read_inventory took for `device` (it always takes them)."""
+    if device.health is None:
+        raise ValueError(f"GPU {device.index} has no health readings")
+    return device.health
 
 
 class _Findings:
@@ -76,23 +91,23 @@ class _Findings:
     def __init__(self, name: str) -> None:
         self.name = name
         self.items: list[tuple[str, str, str | None]] = []
-        self.devices: list[dict] = []
+        self.devices: list[dict[str, Any]] = []
 
     def add(self, status: str, sentence: str, hint: str | None = None) -> None:
         self.items.append((status, sentence, hint))
 
-    def unreadable(self, device, query: str, what: str) -> bool:
+    def unreadable(self, device: NvmlDevice, query: str, what: str) -> bool:
         """Note a failed `query` reading (nvml.HEALTH_QUERIES) of `device` as a warning; True when it failed."""
-        error = device.health.failed.get(query)
+        error = _health(device).failed.get(query)
         if error is None:
             return False
         self.add(WARNING, f"{_gpu(device)}: could not read its {what} ({error}).", UNREADABLE_HINT)
         return True
 
-    def result(self, ok_message: str, data: dict | None = None) -> CheckResult:
+    def result(self, ok_message: str, extra: dict[str, Any] | None = None) -> CheckResult:
         name = self.name
         status = _worst(item[0] for item in self.items)
-        data = {"devices": self.devices, **(data or {})}
+        data = {"devices": self.devices, **(extra or {})}
         if status == OK:
             return CheckResult(name, OK, ok_message, data=data)
         shown = [(s, text, hint) for s, text, hint in self.items if s in (ERROR, WARNING)]
@@ -105,7 +120,7 @@ class _Findings:
                            data=data)
 
 
-def selected_devices(inventory, selection) -> list:
+def selected_devices(inventory: NvmlInventory | None, selection: Selection | None) -> list[NvmlDevice]:
     if inventory is None:
         return []
     if selection is None or selection.indices is None:
@@ -113,7 +128,7 @@ def selected_devices(inventory, selection) -> list:
     return [d for d in inventory.devices if d.index in selection.indices]
 
 
-def _skip(name: str, inventory, devices) -> CheckResult | None:
+def _skip(name: str, inventory: NvmlInventory | None, devices: list[NvmlDevice]) -> CheckResult | None:
     if inventory is None:
         return CheckResult(name, SKIPPED, "Not checked: NVML is unavailable (the gpu check says why).")
     if not devices:
@@ -121,16 +136,16 @@ def _skip(name: str, inventory, devices) -> CheckResult | None:
     return None
 
 
-def _per_gpu(name: str):
+def _per_gpu(name: str) -> Callable[[GpuCheck], GpuCheck]:
     """Make `judge(devices, findings, *args)` the check `name(inventory, selection, *args)`.
 
     The check is skipped without NVML or without a selected GPU; otherwise
     `judge` reads the selected devices into a fresh `_Findings(name)` and
     returns its result.
     """
-    def decorate(judge):
+    def decorate(judge: GpuCheck) -> GpuCheck:
         @functools.wraps(judge)
-        def check(inventory, selection, *args) -> CheckResult:
+        def check(inventory: NvmlInventory | None, selection: Selection | None, *args: Any) -> CheckResult:
             devices = selected_devices(inventory, selection)
             return _skip(name, inventory, devices) or judge(devices, _Findings(name), *args)
         return check
@@ -139,7 +154,7 @@ def _per_gpu(name: str):
 
 # ---- gpu_count ----
 
-def declared_gpu_ids(local_devices) -> list[int] | None:
+def declared_gpu_ids(local_devices: str | Iterable[Any] | None) -> list[int] | None:
     """The GPU ids a worker declares (`local_devices`: [0, 1], "0,1"); None for none declared or CPU ranks."""
     if local_devices is None:
         return None
@@ -152,7 +167,7 @@ def declared_gpu_ids(local_devices) -> list[int] | None:
     return [int(i) for i in local_devices]
 
 
-def check_gpu_count(inventory, local_devices=None) -> CheckResult:
+def check_gpu_count(inventory: NvmlInventory | None, local_devices: str | Iterable[Any] | None = None) -> CheckResult:
     """Declared GPUs that are missing, and GPUs NVML counts but cannot open (fallen off the bus)."""
     name = "gpu_count"
     if inventory is None:
@@ -192,10 +207,10 @@ def check_gpu_count(inventory, local_devices=None) -> CheckResult:
 # ---- gpu_persistence ----
 
 @_per_gpu("gpu_persistence")
-def check_persistence(devices, findings) -> CheckResult:
-    off = []
+def check_persistence(devices: list[NvmlDevice], findings: _Findings) -> CheckResult:
+    off: list[NvmlDevice] = []
     for device in devices:
-        health = device.health
+        health = _health(device)
         findings.devices.append({"index": device.index, "persistence": health.persistence})
         if not findings.unreadable(device, "persistence", "persistence mode") and health.persistence is False:
             off.append(device)
@@ -211,10 +226,10 @@ def check_persistence(devices, findings) -> CheckResult:
 # ---- gpu_ecc ----
 
 @_per_gpu("gpu_ecc")
-def check_ecc(devices, findings) -> CheckResult:
+def check_ecc(devices: list[NvmlDevice], findings: _Findings) -> CheckResult:
     supported = 0
     for device in devices:
-        h = device.health
+        h = _health(device)
         findings.devices.append({
             "index": device.index, "supported": "ecc" not in h.unsupported, "enabled": h.ecc_current,
             "pending": h.ecc_pending, "uncorrected_volatile": h.ecc_uncorrected_volatile,
@@ -252,9 +267,9 @@ def check_ecc(devices, findings) -> CheckResult:
 # ---- gpu_retired_memory ----
 
 @_per_gpu("gpu_retired_memory")
-def check_retired_memory(devices, findings) -> CheckResult:
+def check_retired_memory(devices: list[NvmlDevice], findings: _Findings) -> CheckResult:
     for device in devices:
-        h = device.health
+        h = _health(device)
         findings.devices.append({
             "index": device.index, "retired_sbe": h.retired_sbe, "retired_dbe": h.retired_dbe,
             "retired_pending": h.retired_pending, "remapped_corrected": h.remapped_corrected,
@@ -287,9 +302,9 @@ def check_retired_memory(devices, findings) -> CheckResult:
 # ---- gpu_pcie ----
 
 @_per_gpu("gpu_pcie")
-def check_pcie(devices, findings) -> CheckResult:
+def check_pcie(devices: list[NvmlDevice], findings: _Findings) -> CheckResult:
     for device in devices:
-        h = device.health
+        h = _health(device)
         busy = h.pstate is not None and h.pstate <= BUSY_PSTATE_MAX
         findings.devices.append({"index": device.index, "gen": h.pcie_gen, "gen_max": h.pcie_gen_max,
                                  "width": h.pcie_width, "width_max": h.pcie_width_max, "pstate": h.pstate})
@@ -319,9 +334,9 @@ def decode_clock_reasons(mask: int) -> list[str]:
 
 
 @_per_gpu("gpu_throttle")
-def check_throttle(devices, findings) -> CheckResult:
+def check_throttle(devices: list[NvmlDevice], findings: _Findings) -> CheckResult:
     for device in devices:
-        h = device.health
+        h = _health(device)
         reasons = [] if h.clock_reasons is None else decode_clock_reasons(h.clock_reasons)
         findings.devices.append({"index": device.index, "reasons": reasons, "mask": h.clock_reasons})
         if findings.unreadable(device, "clock_reasons", "clock throttle reasons"):
@@ -340,10 +355,10 @@ def check_throttle(devices, findings) -> CheckResult:
 # ---- gpu_mig ----
 
 @_per_gpu("gpu_mig")
-def check_mig(devices, findings, whole_gpus: bool) -> CheckResult:
-    enabled = []
+def check_mig(devices: list[NvmlDevice], findings: _Findings, whole_gpus: bool) -> CheckResult:
+    enabled: list[NvmlDevice] = []
     for device in devices:
-        h = device.health
+        h = _health(device)
         findings.devices.append({"index": device.index, "supported": "mig" not in h.unsupported,
                                  "enabled": h.mig_current, "pending": h.mig_pending,
                                  "instances": list(h.mig_instances)})
@@ -364,12 +379,13 @@ def check_mig(devices, findings, whole_gpus: bool) -> CheckResult:
                                   f"reset.", RESET_HINT.format(index=device.index))
     data = {"whole_gpus": whole_gpus}
     if enabled:
-        listing = ", ".join(f"{_gpu(d)}: {_plural(len(d.health.mig_instances), 'instance')}" for d in enabled)
+        listing = ", ".join(f"{_gpu(d)}: {_plural(len(_health(d).mig_instances), 'instance')}" for d in enabled)
         return findings.result(f"MIG mode is on for {listing}; the run uses MIG instances.", data)
     return findings.result(f"MIG mode is off on {_plural(len(devices), 'GPU')} (whole GPUs).", data)
 
 
-def expects_whole_gpus(whole_gpus, selection, local_devices) -> bool:
+def expects_whole_gpus(whole_gpus: object, selection: Selection | None,
+                       local_devices: str | Iterable[Any] | None) -> bool:
     """Whether ranks get whole GPUs: explicit `whole_gpus` wins; CPU ranks or MIG UUID selections do not."""
     if whole_gpus is not None:
         return bool(whole_gpus)
@@ -379,7 +395,8 @@ def expects_whole_gpus(whole_gpus, selection, local_devices) -> bool:
     return "MIG-" not in spec
 
 
-def check_gpu_health(inventory, selection, *, local_devices=None, whole_gpus=None) -> list[CheckResult]:
+def check_gpu_health(inventory: NvmlInventory | None, selection: Selection | None, *,
+                     local_devices: str | Iterable[Any] | None = None, whole_gpus: object = None) -> list[CheckResult]:
     """Every per-GPU health check, in GPU_CHECKS order."""
     whole = expects_whole_gpus(whole_gpus, selection, local_devices)
     return [check_gpu_count(inventory, local_devices), check_persistence(inventory, selection),

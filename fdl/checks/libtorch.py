@@ -32,8 +32,13 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .report import ERROR, OK, WARNING, CheckResult
+
+if TYPE_CHECKING:
+    from .gpu import Selection
+    from .nvml import NvmlInventory
 
 NAME = "libtorch"
 VARIANT_GROUPS = ("precompiled", "builds")
@@ -74,7 +79,7 @@ class Libtorch:
             return "cpu"
         return "rocm" if self.variant.startswith("rocm") else "cuda"
 
-    def to_data(self) -> dict:
+    def to_data(self) -> dict[str, Any]:
         return {"path": self.path, "source": self.source, "active": self.active, "version": self.version,
                 "variant": self.variant, "kind": self.kind, "cuda": self.cuda, "archs": self.archs,
                 "metadata": self.metadata}
@@ -138,7 +143,7 @@ def arch_covers(archs: list[str], major: int, minor: int) -> bool:
 
 # ---- resolution ----
 
-def python_torch_dir(environ=None) -> str | None:
+def python_torch_dir(environ: Mapping[str, str] | None = None) -> str | None:
     """The `torch` package directory of this Python environment when it holds lib/, found without importing it.
 
     None when there is no torch, or when FDL_LIBTORCH_FROM_PYTORCH=0.
@@ -196,7 +201,7 @@ def _pytorch(torch_dir: Path) -> Libtorch:
     return info
 
 
-def resolve_libtorch(explicit: str | None, environ, project_root: str | None, home: str | None,
+def resolve_libtorch(explicit: str | None, environ: Mapping[str, str], project_root: str | None, home: str | None,
                      pytorch: str | None = None) -> Libtorch:
     """Find the libtorch ranks would use (rules in the module docstring); raise LibtorchNotFound.
 
@@ -267,7 +272,7 @@ def _from_pointer(pointer: Path, root: Path, source: str) -> Libtorch:
 
 def installed_variants(root: Path) -> list[str]:
     """Variants under a libtorch root: precompiled/<name> and builds/<name> directories holding lib/."""
-    found = []
+    found: list[str] = []
     for group in VARIANT_GROUPS:
         try:
             entries = sorted(p for p in (root / group).iterdir() if (p / "lib").is_dir())
@@ -356,8 +361,9 @@ def describe_pytorch(torch_dir: Path) -> Libtorch:
 
 # ---- the check ----
 
-def check_libtorch(libtorch_path: str | None = None, environ=None, project_root: str | None = None,
-                   home: str | None = None, inventory=None, selection=None):
+def check_libtorch(libtorch_path: str | None = None, environ: Mapping[str, str] | None = None,
+                   project_root: str | None = None, home: str | None = None, inventory: NvmlInventory | None = None,
+                   selection: Selection | None = None) -> tuple[CheckResult, Libtorch | None]:
     """Run the libtorch check against the GPUs the GPU check found; return (CheckResult, Libtorch or None)."""
     environ = os.environ if environ is None else environ
     if home is None:

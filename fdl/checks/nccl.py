@@ -23,8 +23,12 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .report import ERROR, OK, SKIPPED, WARNING, CheckResult
+
+if TYPE_CHECKING:
+    from .libtorch import Libtorch
 
 NAME = "nccl"
 SONAME = "libnccl.so.2"
@@ -41,7 +45,7 @@ class NcclLibrary:
     version: str | None = None
     version_source: str | None = None  # ncclGetVersion or filename
 
-    def to_data(self) -> dict:
+    def to_data(self) -> dict[str, Any]:
         return {"path": self.path, "real_path": self.real_path, "origin": self.origin, "version": self.version,
                 "version_source": self.version_source}
 
@@ -77,8 +81,8 @@ def _ld_so_conf_dirs(conf: str = "/etc/ld.so.conf", depth: int = 0) -> list[str]
             lines = handle.read().splitlines()
     except OSError:
         return dirs
-    for line in lines:
-        line = line.split("#", 1)[0].strip()
+    for raw in lines:
+        line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         if line.startswith("include") and depth < 4:
@@ -101,7 +105,7 @@ def system_lib_dirs() -> list[str]:
     return seen
 
 
-def find_nccl(libtorch_dir: str | None, environ) -> NcclLibrary | None:
+def find_nccl(libtorch_dir: str | None, environ: Mapping[str, str]) -> NcclLibrary | None:
     """The libnccl ranks would load, in the module docstring's order; None when there is none."""
     for entry in re.split(r"[:\s]+", environ.get("LD_PRELOAD", "")):
         if "libnccl" in os.path.basename(entry) and os.path.isfile(entry):
@@ -125,10 +129,11 @@ def _found(path: str, origin: str) -> NcclLibrary:
     return NcclLibrary(path=path, real_path=os.path.realpath(path), origin=origin)
 
 
-def check_docker_service(service: str, project_root: str | None = None, environ=None) -> CheckResult:
+def check_docker_service(service: str, project_root: str | None = None,
+                         environ: Mapping[str, str] | None = None) -> CheckResult:
     """NCCL from a compose service's image: the service must exist (`docker compose config --services`)."""
     environ = os.environ if environ is None else environ
-    data: dict = {"docker_service": service, "project_root": project_root}
+    data: dict[str, Any] = {"docker_service": service, "project_root": project_root}
     docker = shutil.which("docker", path=environ.get("PATH", os.defpath))
     hint_install = ("install Docker with the compose plugin (docker compose version should answer), or drop "
                     "--docker to check the host's own NCCL")
@@ -163,8 +168,8 @@ def check_docker_service(service: str, project_root: str | None = None, environ=
                        f"is not checked.", data=data)
 
 
-def check_nccl(libtorch=None, docker: str | None = None, project_root: str | None = None, environ=None
-               ) -> tuple[CheckResult, NcclLibrary | None]:
+def check_nccl(libtorch: Libtorch | None = None, docker: str | None = None, project_root: str | None = None,
+               environ: Mapping[str, str] | None = None) -> tuple[CheckResult, NcclLibrary | None]:
     """Run the NCCL check for the resolved libtorch (or None); return (CheckResult, NcclLibrary or None)."""
     environ = os.environ if environ is None else environ
     if docker:
@@ -176,7 +181,7 @@ def check_nccl(libtorch=None, docker: str | None = None, project_root: str | Non
     library = find_nccl(libtorch.path if libtorch is not None else None, environ)
     if library is None:
         data = {"libtorch_kind": kind}
-        if kind == "cuda":
+        if libtorch is not None and kind == "cuda":
             return CheckResult(NAME, ERROR, f"No libnccl.so.2 found for the CUDA libtorch ({libtorch.variant}): "
                                "multi-GPU and multi-host training need NCCL.",
                                hint="install NCCL (Debian/Ubuntu: libnccl2 from NVIDIA's CUDA repository), "

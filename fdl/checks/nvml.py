@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, TypeVar
+
+T = TypeVar("T")
 
 
-def load_pynvml():
+def load_pynvml() -> Any:
     """Import pynvml, locally or from the module_utils fdl ships to a remote host; None if absent."""
     try:
         import pynvml
@@ -29,14 +32,17 @@ def device_count() -> int | None:
 
 def device_capabilities() -> list[tuple[int, int]] | None:
     """CUDA compute capability (major, minor) of every GPU NVML sees; None when NVML is unavailable."""
-    def read(pynvml):
+    def read(pynvml: Any) -> list[tuple[int, int]]:
         count = int(pynvml.nvmlDeviceGetCount())
-        return [tuple(pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(i)))
-                for i in range(count)]
+        found = []
+        for i in range(count):
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(i))
+            found.append((int(major), int(minor)))
+        return found
     return _query_or_none(read)
 
 
-def _query_or_none(read):
+def _query_or_none(read: Callable[[Any], T]) -> T | None:
     """`read(pynvml)` inside an NVML session; None when NVML is unavailable or the query fails."""
     try:
         with nvml_session() as pynvml:
@@ -155,7 +161,7 @@ def decode_cuda_version(value: int) -> str:
 
 
 @contextmanager
-def nvml_session():
+def nvml_session() -> Iterator[Any]:
     """NVML initialised for the with-block and shut down after it; yields pynvml, raises NvmlUnavailable."""
     pynvml = load_pynvml()
     if pynvml is None:
@@ -184,7 +190,7 @@ def read_inventory() -> NvmlInventory:
             raise NvmlUnavailable("query-failed", _nvml_text(exc), getattr(exc, "value", None)) from None
 
 
-def _read_inventory(pynvml) -> NvmlInventory:
+def _read_inventory(pynvml: Any) -> NvmlInventory:
     """Driver, CUDA driver version and every device, from an open NVML session."""
     driver = _optional(pynvml, pynvml.nvmlSystemGetDriverVersion)
     cuda = _optional(pynvml, pynvml.nvmlSystemGetCudaDriverVersion)
@@ -207,11 +213,11 @@ def _read_inventory(pynvml) -> NvmlInventory:
     return inventory
 
 
-def read_health(pynvml, handle) -> GpuHealth:
+def read_health(pynvml: Any, handle: Any) -> GpuHealth:
     """Every health reading of one GPU; a query that fails is noted in the result, never raised."""
     health = GpuHealth()
 
-    def query(name, read):
+    def query(name: str, read: Callable[[], None]) -> None:
         try:
             read()
         except pynvml.NVMLError as exc:
@@ -220,42 +226,42 @@ def read_health(pynvml, handle) -> GpuHealth:
             else:
                 health.failed[name] = _nvml_text(exc)
 
-    def persistence():
+    def persistence() -> None:
         health.persistence = bool(pynvml.nvmlDeviceGetPersistenceMode(handle))
 
-    def ecc():
+    def ecc() -> None:
         current, pending = pynvml.nvmlDeviceGetEccMode(handle)
         health.ecc_current, health.ecc_pending = bool(current), bool(pending)
 
-    def ecc_errors():
+    def ecc_errors() -> None:
         uncorrected = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
         health.ecc_uncorrected_volatile = int(pynvml.nvmlDeviceGetTotalEccErrors(
             handle, uncorrected, pynvml.NVML_VOLATILE_ECC))
         health.ecc_uncorrected_aggregate = int(pynvml.nvmlDeviceGetTotalEccErrors(
             handle, uncorrected, pynvml.NVML_AGGREGATE_ECC))
 
-    def retired_pages():
+    def retired_pages() -> None:
         health.retired_sbe = len(pynvml.nvmlDeviceGetRetiredPages(
             handle, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS))
         health.retired_dbe = len(pynvml.nvmlDeviceGetRetiredPages(
             handle, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR))
         health.retired_pending = bool(pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle))
 
-    def row_remap():
+    def row_remap() -> None:
         corrected, uncorrected, pending, failure = pynvml.nvmlDeviceGetRemappedRows(handle)
         health.remapped_corrected, health.remapped_uncorrected = int(corrected), int(uncorrected)
         health.remap_pending, health.remap_failure = bool(pending), bool(failure)
 
-    def pcie():
+    def pcie() -> None:
         health.pcie_gen = int(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle))
         health.pcie_gen_max = int(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle))
         health.pcie_width = int(pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle))
         health.pcie_width_max = int(pynvml.nvmlDeviceGetMaxPcieLinkWidth(handle))
 
-    def pstate():
+    def pstate() -> None:
         health.pstate = int(pynvml.nvmlDeviceGetPerformanceState(handle))
 
-    def clock_reasons():
+    def clock_reasons() -> None:
         current = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)  # bindings before 12.535 lack it
         try:  # the current name; drivers before 535 only know the older "throttle" one
             if current is None:
@@ -266,7 +272,7 @@ def read_health(pynvml, handle) -> GpuHealth:
                 raise
             health.clock_reasons = int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
 
-    def mig():
+    def mig() -> None:
         current, pending = pynvml.nvmlDeviceGetMigMode(handle)
         health.mig_current, health.mig_pending = bool(current), bool(pending)
         if health.mig_current:
@@ -279,7 +285,7 @@ def read_health(pynvml, handle) -> GpuHealth:
                     raise
                 health.mig_instances.append(str(pynvml.nvmlDeviceGetUUID(instance)))
 
-    def minor_number():
+    def minor_number() -> None:
         health.minor_number = int(pynvml.nvmlDeviceGetMinorNumber(handle))
 
     for name, read in (("persistence", persistence), ("ecc", ecc), ("ecc_errors", ecc_errors),
@@ -290,7 +296,7 @@ def read_health(pynvml, handle) -> GpuHealth:
     return health
 
 
-def _optional(pynvml, function, *args):
+def _optional(pynvml: Any, function: Callable[..., Any], *args: Any) -> Any:
     """A query some drivers lack or refuse: None instead of failing the whole inventory."""
     try:
         return function(*args)

@@ -19,6 +19,7 @@ import os
 import socket
 import time
 from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping, TypeVar
 
 from .data import DEFAULT_DATA_PATH, check_data_path
 from .gpu import check_gpu
@@ -34,8 +35,8 @@ from .health import (
     expects_whole_gpus,
     selected_devices,
 )
-from .libtorch import check_libtorch
-from .nccl import check_nccl
+from .libtorch import Libtorch, check_libtorch
+from .nccl import NcclLibrary, check_nccl
 from .report import ERROR, CheckResult, HostReport
 from .stack import STACK_CHECKS, check_cuda_driver, check_device_nodes, check_nouveau
 
@@ -73,11 +74,16 @@ class ProbeOptions:
     local_devices: list[int] | str | None = None
     whole_gpus: bool | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _guarded(name: str, run):
+A = TypeVar("A")
+B = TypeVar("B")
+
+
+def _guarded(name: str, run: Callable[[], tuple[CheckResult, A | None, B | None]]
+             ) -> tuple[CheckResult, A | None, B | None]:
     """Run one check; a crash inside it becomes that check's error instead of losing the report."""
     try:
         return run()
@@ -87,7 +93,8 @@ def _guarded(name: str, run):
                             data={"exception": type(exc).__name__}), None, None)
 
 
-def run_probe(options: ProbeOptions | None = None, host: str | None = None, environ=None) -> HostReport:
+def run_probe(options: ProbeOptions | None = None, host: str | None = None,
+              environ: Mapping[str, str] | None = None) -> HostReport:
     """Probe this host: GPU, libtorch, NCCL, shared data, then GPU health and the software stack.
 
     Later checks use earlier findings (the NVML inventory, the libtorch found);
@@ -102,7 +109,7 @@ def run_probe(options: ProbeOptions | None = None, host: str | None = None, envi
     gpu, inventory, selection = _guarded("gpu", lambda: check_gpu(options.gpus, environ, options.local_devices))
     report.checks.append(gpu)
 
-    def libtorch_check():
+    def libtorch_check() -> tuple[CheckResult, Libtorch | None, None]:
         result, info = check_libtorch(options.libtorch_path, environ, options.project_root,
                                       inventory=inventory, selection=selection)
         return result, info, None
@@ -110,7 +117,7 @@ def run_probe(options: ProbeOptions | None = None, host: str | None = None, envi
     libtorch, info, _unused = _guarded("libtorch", libtorch_check)
     report.checks.append(libtorch)
 
-    def nccl_check():
+    def nccl_check() -> tuple[CheckResult, NcclLibrary | None, None]:
         result, library = check_nccl(info, options.docker, options.project_root, environ)
         return result, library, None
 
@@ -135,5 +142,5 @@ def run_probe(options: ProbeOptions | None = None, host: str | None = None, envi
     return report
 
 
-def _single(name: str, run) -> CheckResult:
+def _single(name: str, run: Callable[[], CheckResult]) -> CheckResult:
     return _guarded(name, lambda: (run(), None, None))[0]

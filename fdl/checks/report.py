@@ -7,6 +7,7 @@ and the cluster aggregation. The JSON schema is versioned (SCHEMA_VERSION).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 SCHEMA_VERSION = 2  # 2: the GPU health and software stack checks, the report's `time`
 OK, WARNING, ERROR, SKIPPED = "ok", "warning", "error", "skipped"
@@ -21,10 +22,10 @@ class CheckResult:
     status: str
     message: str
     hint: str | None = None
-    data: dict = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, doc: dict) -> CheckResult:
+    def from_dict(cls, doc: dict[str, Any]) -> CheckResult:
         return cls(name=str(doc["name"]), status=str(doc["status"]), message=str(doc.get("message", "")),
                    hint=doc.get("hint"), data=dict(doc.get("data") or {}))
 
@@ -50,12 +51,12 @@ class HostReport:
     def ok(self) -> bool:
         return not self.errors
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"schema_version": self.schema_version, "host": self.host, "ok": self.ok, "time": self.time,
                 "checks": [asdict(c) for c in self.checks]}
 
     @classmethod
-    def from_dict(cls, doc: dict) -> HostReport:
+    def from_dict(cls, doc: dict[str, Any]) -> HostReport:
         when = doc.get("time")
         return cls(host=str(doc["host"]), checks=[CheckResult.from_dict(c) for c in doc.get("checks", [])],
                    schema_version=int(doc.get("schema_version", SCHEMA_VERSION)),

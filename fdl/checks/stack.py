@@ -21,8 +21,13 @@ from __future__ import annotations
 import os
 import re
 import stat
+from typing import TYPE_CHECKING
 
 from .report import ERROR, OK, SKIPPED, WARNING, CheckResult
+
+if TYPE_CHECKING:
+    from .libtorch import Libtorch
+    from .nvml import NvmlDevice, NvmlInventory
 
 STACK_CHECKS = ("nouveau", "device_nodes", "cuda_driver")
 
@@ -84,7 +89,7 @@ def _node_state(path: str) -> str:
     return "ok" if os.access(path, os.R_OK | os.W_OK) else "no-access"
 
 
-def check_device_nodes(root: str = "/", devices=None) -> CheckResult:
+def check_device_nodes(root: str = "/", devices: list[NvmlDevice] | None = None) -> CheckResult:
     """The /dev/nvidia* nodes CUDA opens for these devices (nvml.NvmlDevice list); skipped without GPUs."""
     name = "device_nodes"
     if not devices:
@@ -144,7 +149,7 @@ def driver_hint(cuda: str) -> str:
            f"the driver supports"
 
 
-def check_cuda_driver(inventory=None, libtorch=None) -> CheckResult:
+def check_cuda_driver(inventory: NvmlInventory | None = None, libtorch: Libtorch | None = None) -> CheckResult:
     """The driver's CUDA version (NVML) against the libtorch build's (libtorch.Libtorch)."""
     name = "cuda_driver"
     if inventory is None or not inventory.cuda_driver_version:
@@ -158,7 +163,7 @@ def check_cuda_driver(inventory=None, libtorch=None) -> CheckResult:
     driver = f"driver {inventory.driver_version or '?'} supports CUDA {inventory.cuda_driver_version}"
     data = {"driver_version": inventory.driver_version, "driver_cuda": inventory.cuda_driver_version,
             "libtorch_cuda": libtorch.cuda, "libtorch_variant": libtorch.variant}
-    if have is None or need is None:
+    if have is None or need is None or libtorch.cuda is None:
         return CheckResult(name, SKIPPED, f"Not checked: the libtorch build's CUDA version is not recorded "
                                           f"({driver}).", data=data)
     label = f"libtorch {libtorch.variant or ''} is built for CUDA {libtorch.cuda}".replace("  ", " ")

@@ -223,7 +223,8 @@ def unreachable_check(host: InventoryHost, message: str | None) -> CheckResult:
     lowered = reason.lower()
     if "permission denied" in lowered:
         what, hint = "SSH authentication failed", (
-            f"check that the identity for {host.name} ({host.vars.get('ansible_ssh_private_key_file') or 'ssh default'}) "
+            f"check that the identity for {host.name} "
+            f"({host.vars.get('ansible_ssh_private_key_file') or 'ssh default'}) "
             f"is in ~{host.vars.get('ansible_user', '')}/.ssh/authorized_keys there, and the user name")
     elif "host key verification failed" in lowered or "remote host identification has changed" in lowered:
         what, hint = "SSH refused the host key", (

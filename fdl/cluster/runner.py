@@ -49,6 +49,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from fdl.cluster.inventory import ClusterInventory
 from fdl.collection import cache_dir
@@ -533,7 +534,8 @@ def _sweep(inventory: ClusterInventory, hosts: list[str], run_id: str) -> None:
 class _Progress:
     """Live per-host progress on stderr with rich (terminals only)."""
 
-    _STYLE = {PENDING: "dim", RUNNING: "cyan", OK: "green", FAILED: "red", UNREACHABLE: "red", SKIPPED: "yellow"}
+    _STYLE: ClassVar[dict[str, str]] = {PENDING: "dim", RUNNING: "cyan", OK: "green", FAILED: "red",
+                                        UNREACHABLE: "red", SKIPPED: "yellow"}
 
     def __init__(self, title: str, hosts: list[str]):
         self.title = title

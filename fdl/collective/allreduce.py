@@ -158,9 +158,9 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(max(1, args.exchange_iters)):
                     dist.barrier()
                     t0 = time.perf_counter()
-                    requests = [dist.isend(send, to), dist.irecv(recv, frm)]
-                    for request in requests:
-                        request.wait()
+                    for request in (dist.isend(send, to), dist.irecv(recv, frm)):  # both posted, then waited
+                        if request is not None:  # None only for a rank outside the group
+                            request.wait()
                     sync()
                     times.append(time.perf_counter() - t0)
                 emit("exchange", rank=rank, host=host, round=k, to=to, frm=frm, bytes=args.exchange_bytes,

@@ -99,13 +99,13 @@ def aggregate(events: list[dict], *, skipped_hosts: dict[str, str] | None = None
     allreduce: dict[int, dict[int, dict]] = {}  # bytes -> rank -> event
     exchange: list[dict] = []
     for event in events:
-        kind, rank = event.get("event"), event.get("rank")
+        kind = event.get("event")
         if kind == "start":
-            rank_host[int(rank)] = str(event.get("host"))
+            rank_host[int(event["rank"])] = str(event.get("host"))
             result.world_size = max(result.world_size, int(event.get("world", 0)))
             result.backend = result.backend or event.get("backend")
         elif kind == "allreduce":
-            allreduce.setdefault(int(event["bytes"]), {})[int(rank)] = event
+            allreduce.setdefault(int(event["bytes"]), {})[int(event["rank"])] = event
         elif kind == "exchange":
             exchange.append(event)
         elif kind == "done":

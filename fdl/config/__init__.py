@@ -17,7 +17,7 @@ _EXPORTS = {
     "Origin": "source", "format_path": "source",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = list(sorted(_EXPORTS))
 
 
 def __getattr__(name: str) -> Any:

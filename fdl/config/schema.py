@@ -362,11 +362,10 @@ def parse_devices(value: Any) -> Devices:
     if not isinstance(value, list) or not value:
         raise ValueError("expected a list of GPU ids, 'all' or 'cpu:N'")
     ids: list[int] = []
-    for item in value:
+    for entry in value:
+        item = int(entry) if isinstance(entry, str) and _ASCII_DIGITS_RE.fullmatch(entry) else entry
         if isinstance(item, bool):
             raise ValueError(f"{item!r} is not a GPU id")
-        if isinstance(item, str) and _ASCII_DIGITS_RE.fullmatch(item):
-            item = int(item)
         if not isinstance(item, int) or item < 0 or item > 1023:
             raise ValueError(f"{item!r} is not a GPU id (a whole number from 0)")
         if item in ids:

@@ -41,7 +41,7 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from aiohttp import web
 
@@ -558,7 +558,7 @@ class ControllerServer:
                     raise _TooLarge()
         return bytes(data)
 
-    _ROUTES = {
+    _ROUTES: ClassVar[dict[str, tuple[str, str]]] = {
         "/": ("GET", "_index"),
         "/state.json": ("GET", "_state"),
         "/metrics": ("GET", "_metrics"),

@@ -115,7 +115,8 @@ def stage_remote(plan: LaunchPlan, inventory, jobs: dict[str, BuildJob], specs: 
         if artifact and artifact not in digests:
             digests[artifact] = _sha256(artifact)
         dispatch_plan[name] = {
-            "run_id": plan.run_id, "artifact": artifact, "artifact_sha256": digests.get(artifact, ""), "bin_dir": plan.command.name,
+            "run_id": plan.run_id, "artifact": artifact, "artifact_sha256": digests.get(artifact, ""),
+            "bin_dir": plan.command.name,
             "rsh": rsync_rsh(inventory.hosts[name]), "login": login(inventory.hosts[name]),
             "command": list(plan.args) if plan.command.bin is not None else plan.rank_argv(None),
             "ranks": specs[name], "label": name, "grace_s": GRACE_S,

@@ -35,12 +35,14 @@ CASES = {
                    r"fdl.yml:3: cluster.workers\[0\].host: expected a host name"),
     "space_host": (b"cluster:\n  controller: {host: \"my host\"}\n", r"cluster.controller.host: expected a host name"),
     "port_range": (b"cluster:\n  ssh: {port: 65536}\n", r"fdl.yml:2: cluster.ssh.port: expected a TCP port"),
-    "negative_port": (b"cluster:\n  workers: [{host: a, port: -1}]\n", r"cluster.workers\[0\].port: expected a TCP port"),
+    "negative_port": (b"cluster:\n  workers: [{host: a, port: -1}]\n",
+                      r"cluster.workers\[0\].port: expected a TCP port"),
     "deep_nesting": (b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n", r"nesting depth|nested"),
     "nesting_past_limit": (b"a: " + b"[" * 80 + b"]" * 80 + b"\n", r"nested more than 64 levels deep"),
     "nul_bytes": (b"commands: {}\n\x00\n", r"NUL bytes"),
     "python_tag_key": (b"!!python/object:os.system x: 1\n", r"fdl.yml:1: cannot read the key"),
-    "python_tag_value": (b"commands: !!python/object/apply:os.system [id]\n", r"fdl.yml:1: the tag 'tag:yaml.org,2002:python/object/apply:os.system' is not supported"),
+    "python_tag_value": (b"commands: !!python/object/apply:os.system [id]\n",
+                         r"fdl.yml:1: the tag 'tag:yaml.org,2002:python/object/apply:os.system' is not supported"),
     "multiple_documents": (b"commands: {}\n---\ncommands: {}\n", r"invalid YAML"),
 }
 

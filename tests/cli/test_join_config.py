@@ -181,7 +181,7 @@ def test_cloud_init_unit_is_the_shipped_template_and_systemd_accepts_it(proj, tm
 
 
 def test_rerun_reuses_credentials_and_recovers_the_farm_shape(proj):
-    first, _ = proj.json("join-config", "b300", "--door", "tunnel-only", "--controller", "op@10.9.8.7:2299",
+    proj.json("join-config", "b300", "--door", "tunnel-only", "--controller", "op@10.9.8.7:2299",
                          "--port", "1400", "--yes")
     farm = proj.farm / "b300"
     key, token, overlay = (farm / "key").read_bytes(), (farm / "token").read_bytes(), \
@@ -225,7 +225,7 @@ def test_a_hand_written_overlay_without_token_is_never_edited(proj):
     overlay = proj.root / "fdl.b300.yml"
     mine = b"# written by hand\ncluster:\n  controller: 10.0.0.1:1337\n"
     overlay.write_bytes(mine)
-    doc, done = proj.json("join-config", "b300", "--controller", DOOR, "--yes")
+    doc, _ = proj.json("join-config", "b300", "--controller", DOOR, "--yes")
     assert overlay.read_bytes() == mine
     assert doc["overlay"]["action"] == "snippet"
     snippet = Path(doc["overlay"]["snippet"])
@@ -480,7 +480,7 @@ def test_regen_makes_the_overlay_holding_the_token_0600_and_says_so(proj):
     assert proj.run("join-config", "b300", "--controller", DOOR, "--yes").returncode == 0
     overlay = proj.root / "fdl.b300.yml"
     os.chmod(overlay, 0o644)
-    doc, done = proj.json("join-config", "b300", "--regen", "--yes")
+    doc, _ = proj.json("join-config", "b300", "--regen", "--yes")
     assert mode(overlay) == 0o600
     assert doc["overlay"]["action"] == "token-rewritten" and doc["overlay"]["mode_changed"] == "0644"
     human = proj.run("join-config", "b300", "--yes")  # unchanged token, mode already right: nothing to say

@@ -189,8 +189,8 @@ def test_a_taken_configured_port_moves_the_run_and_plain_status_finds_it(tmp_pat
             seen = None
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and proc.poll() is None:
-                status = subprocess.run([sys.executable, "-m", "fdl", "status", "--json", "--timeout", "1"], cwd=root, env=env,
-                                        capture_output=True, text=True, timeout=60, check=False)
+                status = subprocess.run([sys.executable, "-m", "fdl", "status", "--json", "--timeout", "1"], cwd=root,
+                                        env=env, capture_output=True, text=True, timeout=60, check=False)
                 if status.returncode == 0 and json.loads(status.stdout).get("phase") == "training":
                     seen = status
                     break

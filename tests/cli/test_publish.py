@@ -418,7 +418,7 @@ def test_two_publishes_into_one_served_dir_never_interleave(box: Box) -> None:
         wait_for(lambda: "waiting for it to finish" in err2_path.read_text(), "the second publish to wait")
         assert log.read_text().split() == ["start"]  # the second has not touched anything yet
         go.touch()
-        out1, err1 = first.communicate(timeout=120)
+        _, err1 = first.communicate(timeout=120)
         out2, _ = second.communicate(timeout=120)
     assert first.returncode == 0 and second.returncode == 0, err1 + err2_path.read_text()
     assert log.read_text().split() == ["start", "end", "start", "end"]

@@ -221,7 +221,8 @@ def test_status_defaults_to_loopback_1337_noted_on_stderr(peer: PeerNamespace, t
 def test_status_and_start_import_neither_ansible_nor_the_server(tmp_path: Path) -> None:
     port = free_port()
     probe = ("import sys; from fdl.cli.main import main; "
-             f"codes = [main(['status', '--addr', '127.0.0.1:{port}']), main(['start', '--addr', '127.0.0.1:{port}'])]; "
+             f"codes = [main(['status', '--addr', '127.0.0.1:{port}']), "
+             f"main(['start', '--addr', '127.0.0.1:{port}'])]; "
              "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'ansible', 'ansible_runner', 'aiohttp', "
              "'pynvml', 'uvloop'}); print(codes, heavy)")
     result = subprocess.run([sys.executable, "-c", probe], env=fdl_env(), cwd=tmp_path, capture_output=True,

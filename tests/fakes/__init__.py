@@ -58,7 +58,8 @@ def build_fake_nvml(dest: Path) -> Path:
 NVIDIA_MODULES = ("nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia")
 
 
-def make_host_root(root: Path, *, minors=range(8), nouveau: bool = False, modules: bool = True,
+def make_host_root(root: Path, *, minors: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7), nouveau: bool = False,
+                   modules: bool = True,
                    missing: tuple[str, ...] = (), plain: tuple[str, ...] = (),
                    root_only: tuple[str, ...] = ()) -> Path:
     """A scripted host file system under `root` for FDL_PROBE_ROOT; returns root.

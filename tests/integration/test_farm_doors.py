@@ -395,7 +395,7 @@ def test_sshfs_through_door_a_mounts_the_served_tree_and_nothing_else(door, tmp_
 def test_door_b_key_line_munges_links(door):
     """regression: door b's forced command lacked -munge."""
     keys = door.jail / ".ssh" / "authorized_keys" if door.door == "a" else door.sshd.authorized_keys
-    line = [ln for ln in keys.read_text().splitlines() if "fdl-farm-lab" in ln][0]
+    line = next(ln for ln in keys.read_text().splitlines() if "fdl-farm-lab" in ln)
     if door.door == "b":
         assert f" -ro -munge {door.served}\"" in line
     else:

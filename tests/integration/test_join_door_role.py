@@ -168,7 +168,8 @@ def test_keys_under_etc_ssh_are_refused_before_anything_changes(play, tmp_path):
 
 def _validate_command(candidate: Path, sshd: LoopbackSshd) -> list[str]:
     """The role's validate: line, rendered and split exactly as Ansible's copy module runs it."""
-    text = yaml.safe_load((resources.roles_dir() / "fdl_join_door/vars/main.yml").read_text())["_fdl_join_door_validate"]
+    role_vars = yaml.safe_load((resources.roles_dir() / "fdl_join_door/vars/main.yml").read_text())
+    text = role_vars["_fdl_join_door_validate"]
     text = text.replace("{{ fdl_join_door_sshd_binary }}", "/usr/sbin/sshd") \
         .replace("{{ fdl_join_door_sshd_config }}", str(sshd.config))
     return shlex.split(text % str(candidate))

@@ -69,9 +69,9 @@ def worker(tmp_path):
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
                 break
-            except OSError:
+            except OSError as exc:
                 if sshd.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("test sshd did not start: " + (base / "sshd.log").read_text())
+                    raise RuntimeError("test sshd did not start: " + (base / "sshd.log").read_text()) from exc
                 time.sleep(0.1)
         yield {"port": port, "key": base / "id_worker", "known_hosts": base / "known_hosts", "root": root,
                "log": log, "user": getpass.getuser(), "env": {"XDG_CACHE_HOME": str(cache)}}

@@ -414,7 +414,7 @@ class Testbed:
                 for pid in _pids_of_uid(entry.pw_uid):  # a login that escaped its namespace
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-                for attempt in range(50):
+                for _attempt in range(50):
                     proc = _sh("userdel", "-f", entry.pw_name, check=False)
                     if proc.returncode in (0, 6) or "lock" not in proc.stderr:
                         break

@@ -81,7 +81,8 @@ def test_start_from_a_remote_peer_needs_the_right_token(peer: PeerNamespace) -> 
         assert status == 200 and body["armed"] is True and body["_proved"]
         state = server.state()
         assert state["phase"] == "forming" and state["start"]["fired_by"] == peer.PEER_ADDR
-        assert state["roster"][0]["address"] == peer.PEER_ADDR and "peer" not in state["roster"][0]  # same: not repeated
+        # same: not repeated
+        assert state["roster"][0]["address"] == peer.PEER_ADDR and "peer" not in state["roster"][0]
 
 
 def test_join_from_a_remote_peer_needs_the_token_loopback_does_not(peer: PeerNamespace) -> None:

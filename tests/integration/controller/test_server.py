@@ -246,19 +246,18 @@ def test_slowloris_connections_are_cut_and_others_are_served() -> None:
         try:
             for sock in slow:
                 sock.sendall(b"GET /state.json HTTP/1.1\r\nHost: x\r\n")  # ...and the rest never comes
-            closed_at = None
-            started = time.monotonic()
+            closed = False
+            # Only a guard against a hung test (the head timeout is 0.5 s): no duration is asserted.
+            guard = time.monotonic() + 120
             with client(server) as c:
-                while time.monotonic() - started < 10:
+                while not closed and time.monotonic() < guard:
                     assert c.state()["phase"] == "waiting"  # served all along
                     slow[0].settimeout(0.05)
                     try:
-                        if slow[0].recv(1) == b"":
-                            closed_at = time.monotonic()
-                            break
+                        closed = slow[0].recv(1) == b""
                     except TimeoutError:
                         slow[0].sendall(b"X-Drip: 1\r\n")  # one header line now and then keeps nothing alive
-            assert closed_at is not None, "a connection that never completed its request head was kept open"
+            assert closed, "a connection that never completed its request head was kept open"
         finally:
             for sock in slow:
                 sock.close()

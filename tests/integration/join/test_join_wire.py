@@ -146,13 +146,13 @@ def test_the_token_never_crosses_the_wire(testbed):
     binary = trainer(bed)
     port = free_port(bed.gateway)
     mark = bed.shared / "wire-training-1"
-    with Capture([h.veth for h in bed.hosts]) as capture:
-        with controller(policy(max_hosts=2, window_s=120, token=TOKEN), host=bed.gateway, port=port) as server:
-            agents = [join_on(bed, h, f"{bed.gateway}:{port}", "--bin", str(binary), "--host", h.name, "--devices",
-                              "cpu:1", env={"FDL_JOIN_TOKEN": TOKEN, "TEST_TRAINING_MARK": str(mark)})
-                      for h in (h1, h2)]
-            outcome = [finish(proc, timeout=240) for proc in agents]
-            state = server.state()
+    with (Capture([h.veth for h in bed.hosts]) as capture,
+          controller(policy(max_hosts=2, window_s=120, token=TOKEN), host=bed.gateway, port=port) as server):
+        agents = [join_on(bed, h, f"{bed.gateway}:{port}", "--bin", str(binary), "--host", h.name, "--devices",
+                          "cpu:1", env={"FDL_JOIN_TOKEN": TOKEN, "TEST_TRAINING_MARK": str(mark)})
+                  for h in (h1, h2)]
+        outcome = [finish(proc, timeout=240) for proc in agents]
+        state = server.state()
     for code, _, err in outcome:
         assert code == 0, err
     assert state["phase"] == "done" and state["world"]["size"] == 2

@@ -115,7 +115,8 @@ def run_processes(host) -> list[str]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if any(item.startswith(b"FDL_RUN_ID=") for item in environ) or "supervisor.py" in cmdline or "train.py" in cmdline:
+        ours = any(item.startswith(b"FDL_RUN_ID=") for item in environ)
+        if ours or "supervisor.py" in cmdline or "train.py" in cmdline:
             found.append(f"{pid}: {cmdline.strip()}")
     return found
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import time
+from pathlib import Path
 
 import pytest
 
@@ -27,18 +27,24 @@ print("fdl-signature: " + hashlib.sha256(" ".join(sys.argv[1:]).encode()).hexdig
 
 
 def test_the_probe_is_ended_once_the_line_is_read(tmp_path):
-    marker = tmp_path / "still-running"
+    """The call returns on the signature line: it does not wait for the binary to finish, it stops it (the
+    binary gets SIGTERM, never reaches its end) and reaps it before returning."""
+    pid, terminated, finished = tmp_path / "pid", tmp_path / "terminated", tmp_path / "finished"
     prog = write_program(tmp_path / "train", f"""
-import time
+import os, signal, sys, time
+def ended(signum, frame):
+    open({str(terminated)!r}, "w").write(signal.Signals(signum).name)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, ended)
+open({str(pid)!r}, "w").write(str(os.getpid()))
 print("fdl-signature: ABCDEF0123456789", flush=True)
-time.sleep(3)
-open({str(marker)!r}, "w").write("the probe was left running")
+time.sleep(300)
+open({str(finished)!r}, "w").write("the probe waited for the binary to finish")
 """)
-    started = time.monotonic()
     assert probe_signature([str(prog)], cwd=None, env=dict(os.environ), timeout_s=30) == "abcdef0123456789"
-    time.sleep(3.5)
-    assert not marker.exists()
-    assert time.monotonic() - started < 30
+    assert terminated.read_text() == "SIGTERM"
+    assert not finished.exists()
+    assert not Path(f"/proc/{pid.read_text()}").exists()  # reaped: not even a zombie is left
 
 
 def test_a_binary_that_never_answers_joins_unsigned_after_the_timeout(tmp_path):

@@ -38,7 +38,7 @@ def test_all_ranks_succeed_with_env_and_logs(tmp_path: Path) -> None:
     lines: list[tuple[int, str]] = []
     sup = Supervisor(py("import os; print('rank', os.environ['RANK'], os.environ['WORLD_SIZE'])"),
                      [{"rank": r, "env": {"RANK": r, "WORLD_SIZE": 2}} for r in range(2)],
-                     log_dir=str(tmp_path), on_line=lambda r, l: lines.append((r, l)))
+                     log_dir=str(tmp_path), on_line=lambda rank, line: lines.append((rank, line)))
     result = sup.run()
     assert result.codes == {0: 0, 1: 0} and result.exit_code == 0 and result.reason == "ok"
     assert sorted(lines) == [(0, "rank 0 2"), (1, "rank 1 2")]
@@ -47,20 +47,19 @@ def test_all_ranks_succeed_with_env_and_logs(tmp_path: Path) -> None:
 
 def test_first_failure_terminates_the_others(tmp_path: Path) -> None:
     code = "import os, sys, time\nif os.environ['RANK'] == '1':\n    time.sleep(0.3); sys.exit(3)\ntime.sleep(60)"
-    sup = Supervisor(py(code), [{"rank": r, "env": {"RANK": r}} for r in range(3)], on_line=lambda r, l: None,
+    sup = Supervisor(py(code), [{"rank": r, "env": {"RANK": r}} for r in range(3)], on_line=lambda rank, line: None,
                      grace_s=5)
-    started = time.monotonic()
     result = sup.run()
     assert result.first_failure == 1 and result.exit_code == 3 and result.reason == "rank-failed"
+    # The 60 s sleepers ended by SIGTERM, not by finishing their sleep (that would be exit code 0).
     assert result.codes[0] == 128 + signal.SIGTERM and result.codes[2] == 128 + signal.SIGTERM
-    assert time.monotonic() - started < 30  # nobody waited for the 60 s sleepers
     assert not any(alive(p.pid) for p in sup.procs.values())
 
 
 def test_sigterm_ignoring_rank_is_killed_after_grace() -> None:
     code = ("import os, signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
             "if os.environ['RANK'] == '0': time.sleep(1); sys.exit(1)\ntime.sleep(60)")
-    sup = Supervisor(py(code), [{"rank": r, "env": {"RANK": r}} for r in range(2)], on_line=lambda r, l: None,
+    sup = Supervisor(py(code), [{"rank": r, "env": {"RANK": r}} for r in range(2)], on_line=lambda rank, line: None,
                      grace_s=0.5)
     result = sup.run()
     assert result.codes[1] == 128 + signal.SIGKILL
@@ -69,8 +68,9 @@ def test_sigterm_ignoring_rank_is_killed_after_grace() -> None:
 
 def test_grandchildren_do_not_survive(tmp_path: Path) -> None:
     pidfile = tmp_path / "grandchild.pid"
-    code = (f"import subprocess\np = subprocess.Popen(['sleep', '120'])\nopen({str(pidfile)!r}, 'w').write(str(p.pid))\n")
-    result = Supervisor(py(code), [{"rank": 0}], on_line=lambda r, l: None).run()
+    code = (f"import subprocess\np = subprocess.Popen(['sleep', '120'])\n"
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n")
+    result = Supervisor(py(code), [{"rank": 0}], on_line=lambda rank, line: None).run()
     assert result.exit_code == 0
     grandchild = int(pidfile.read_text())
     for _ in range(50):
@@ -81,7 +81,7 @@ def test_grandchildren_do_not_survive(tmp_path: Path) -> None:
 
 
 def test_unstartable_binary_is_a_failure() -> None:
-    result = Supervisor(["/nonexistent/train"], [{"rank": 0}, {"rank": 1}], on_line=lambda r, l: None).run()
+    result = Supervisor(["/nonexistent/train"], [{"rank": 0}, {"rank": 1}], on_line=lambda rank, line: None).run()
     assert result.exit_code == 127 and result.first_failure == 0
 
 
@@ -157,7 +157,8 @@ def rank_envs(ranks: int, base: dict, spec_env: dict | None = None, **kwargs) ->
     lines: list[tuple[int, str]] = []
     notes: list[str] = []
     sup = Supervisor(py(ENV_PROBE), [{"rank": r, "env": dict(spec_env or {})} for r in range(ranks)],
-                     base_env=base, on_line=lambda r, l: lines.append((r, l)), on_note=notes.append, **kwargs)
+                     base_env=base, on_line=lambda rank, line: lines.append((rank, line)), on_note=notes.append,
+                     **kwargs)
     assert sup.run().exit_code == 0
     return {r: json.loads(line) for r, line in lines}, notes
 

@@ -240,7 +240,7 @@ def test_a_missing_gpu_node_is_an_error(probe, tmp_path: Path) -> None:
 
 
 def test_nodes_follow_the_gpu_minor_number(probe, tmp_path: Path) -> None:
-    root = make_host_root(tmp_path / "host", minors=[0], missing=())
+    root = make_host_root(tmp_path / "host", minors=(0,), missing=())
     check = probe("H100:9.0:80G:minor=5", root=root)["device_nodes"]
     assert check["status"] == "error" and "/dev/nvidia5 is missing" in check["message"]
 

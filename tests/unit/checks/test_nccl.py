@@ -56,7 +56,7 @@ def test_ld_preload_wins(tmp_path: Path) -> None:
 
 def test_cuda_libtorch_reports_the_nccl_it_would_load(tmp_path: Path) -> None:
     info = resolve_libtorch(str(make_libtorch(tmp_path / "lt", "", nccl="2.27.5")), {}, None, None)
-    result, library = check_nccl(info, environ={})
+    result, _ = check_nccl(info, environ={})
     assert result.status == OK
     assert result.data["version"] == "2.27.5" and result.data["version_source"] == "ncclGetVersion"
     assert "NCCL 2.27.5" in result.message

@@ -173,6 +173,6 @@ def test_an_unwritable_cache_is_a_clear_fdl_error(monkeypatch, tmp_path):
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
-    with pytest.raises(FdlError, match="could not write the flodl.fdl collection") as caught:
+    with pytest.raises(FdlError, match=r"could not write the flodl\.fdl collection") as caught:
         collection.built_in_cache()
     assert caught.value.hint and "XDG_CACHE_HOME" in caught.value.hint

@@ -129,7 +129,8 @@ def test_env_precedence_flag_sigil_variable() -> None:
 @pytest.mark.parametrize(
     "body, expected",
     [
-        ("cluster: {controller: {port: 70000}}", r"cluster.controller.port: expected a TCP port from 1 to 65535, found 70000"),
+        ("cluster: {controller: {port: 70000}}",
+         r"cluster.controller.port: expected a TCP port from 1 to 65535, found 70000"),
         ("cluster: {controller: {port: 0}}", r"expected a TCP port from 1 to 65535, found 0"),
         ("cluster: {workers: [{host: 'node;rm -rf /'}]}", r"cluster.workers\[0\].host: expected a host name"),
         ("cluster: {workers: [{host: 'two words'}]}", r"spaces and shell characters are refused"),
@@ -195,7 +196,7 @@ def test_controller_short_form_and_defaults(tmp_path: Path) -> None:
 
 def test_no_project_is_fine_unless_required(tmp_path: Path) -> None:
     assert load_config(tmp_path, required=False).data == {}
-    with pytest.raises(ConfigError, match="no fdl.yml"):
+    with pytest.raises(ConfigError, match=r"no fdl\.yml"):
         load_config(tmp_path, required=True)
 
 

@@ -38,7 +38,8 @@ def _mutate(text: str, data: st.DataObject) -> str:
         return text[: data.draw(st.integers(0, len(text)))]
     if choice == 1:
         at = data.draw(st.integers(0, len(text)))
-        return text[:at] + data.draw(st.sampled_from(["\t", ":", "&a", "*a", "[", "{", "- ", "!!python/object:os.system", "\"", "---\n"])) + text[at:]
+        hostile = st.sampled_from(["\t", ":", "&a", "*a", "[", "{", "- ", "!!python/object:os.system", "\"", "---\n"])
+        return text[:at] + data.draw(hostile) + text[at:]
     return text
 
 

@@ -58,7 +58,8 @@ def test_a_port_that_is_not_a_plain_integer_is_an_error_naming_the_line(tmp_path
     assert "1337" not in message  # 22:17 is not read as base 60
 
 
-@pytest.mark.parametrize("spec", ["cpu:٣", "cpu:３", ["٣"], "0,١"])
+# Non-ASCII digits that str.isdigit() and int() accept: ARABIC-INDIC THREE, FULLWIDTH THREE, ARABIC-INDIC ONE.
+@pytest.mark.parametrize("spec", ["cpu:\u0663", "cpu:\uff13", ["\u0663"], "0,\u0661"])
 def test_device_specs_take_ascii_digits_only(tmp_path: Path, spec) -> None:
     with pytest.raises(ValueError):
         parse_devices(spec)

@@ -57,7 +57,7 @@ def test_nothing_installed_is_none_and_broken_pointers_are_errors(tmp_path: Path
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert resolve_active(tmp_path, {}) is None
-    with pytest.raises(LibtorchError, match="LIBTORCH_PATH=.*nowhere does not exist"):
+    with pytest.raises(LibtorchError, match=r"LIBTORCH_PATH=.*nowhere does not exist"):
         resolve_active(tmp_path, {"LIBTORCH_PATH": str(tmp_path / "nowhere")})
     (tmp_path / "empty").mkdir()
     with pytest.raises(LibtorchError, match="has no lib/"):

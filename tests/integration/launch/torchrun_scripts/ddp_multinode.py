@@ -73,9 +73,8 @@ class Trainer:
         b_sz = len(next(iter(self.train_data))[0])
         print(f"[GPU{self.global_rank}] Epoch {epoch} | Batchsize: {b_sz} | Steps: {len(self.train_data)}")
         self.train_data.sampler.set_epoch(epoch)
-        for source, targets in self.train_data:
-            source, targets = source.to(self.device), targets.to(self.device)
-            self._run_batch(source, targets)
+        for batch_source, batch_targets in self.train_data:
+            self._run_batch(batch_source.to(self.device), batch_targets.to(self.device))
 
     def _save_snapshot(self, epoch):
         snapshot = {"MODEL_STATE": self.model.module.state_dict(), "EPOCHS_RUN": epoch}

@@ -64,7 +64,7 @@ def main():
         print(f"rank {rank}: resuming {run_id} at step {start}")
 
     data = torch.Generator().manual_seed(rank)
-    for step in range(start, args.steps):
+    for _step in range(start, args.steps):
         x = torch.randn(batch, 16, generator=data)
         loss = (ddp(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
         optimizer.zero_grad()

@@ -14,7 +14,8 @@ description:
     as they were.
   - The file is rewritten atomically (temp file in the same directory, mode set, fsync, rename).
   - Paths under /etc/ssh are refused, as by C(fdl join-config).
-  - Shares its code with C(fdl join-config) (fdl.farm.authorized_keys and fdl.farm.doors, the collection's module_utils C(farm)).
+  - Shares its code with C(fdl join-config) (fdl.farm.authorized_keys and fdl.farm.doors, the collection's
+    module_utils C(farm)).
 options:
   path:
     description: The key file. C(~) and C(~user) are expanded on the host.
