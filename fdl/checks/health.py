@@ -377,12 +377,3 @@ def expects_whole_gpus(whole_gpus, selection, local_devices) -> bool:
         return False
     spec = getattr(selection, "spec", None) or ""
     return "MIG-" not in spec
-
-
-def check_gpu_health(inventory, selection, *, local_devices=None, whole_gpus=None) -> list[CheckResult]:
-    """Every per-GPU health check, in GPU_CHECKS order."""
-    whole = expects_whole_gpus(whole_gpus, selection, local_devices)
-    return [check_gpu_count(inventory, local_devices), check_persistence(inventory, selection),
-            check_ecc(inventory, selection), check_retired_memory(inventory, selection),
-            check_pcie(inventory, selection), check_throttle(inventory, selection),
-            check_mig(inventory, selection, whole)]

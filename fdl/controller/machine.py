@@ -546,23 +546,10 @@ class RunMachine:
         self._changed()
         return member
 
-    def mark_training(self) -> None:
-        """For a launcher that starts ranks itself: the world is up."""
-        if self.phase == FORMING:
-            self.phase = TRAINING
-            self._changed()
-
     def fail(self, reason: str) -> None:
         """For a launcher: end the run as failed with a reason (a no-op once it has ended)."""
         if self.phase not in TERMINAL:
             self._fail(reason, self.clock())
-            self._changed()
-
-    def finish(self) -> None:
-        """For a launcher that supervises ranks itself: every rank exited 0."""
-        if self.phase not in TERMINAL:
-            self.phase = DONE
-            self.ended_at = self.clock()
             self._changed()
 
     # ------------------------------------------------------------------ state.json

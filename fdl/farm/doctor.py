@@ -15,7 +15,7 @@ import platform
 import shutil
 import socket
 import subprocess
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, CheckResult
@@ -394,10 +394,6 @@ def gather_facts(*, door_port: int, served: str | None, sshd_config: str = DEFAU
         remote_login=remote_login, is_root=os.geteuid() == 0, existing_files=frozenset(existing),
         in_container=os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv"),
     )
-
-
-def with_listener(facts: HostFacts, listening: bool, banner: str | None) -> HostFacts:
-    return replace(facts, door_listening=listening, door_banner=banner)
 
 
 __all__ = ["ERROR", "OK", "SKIPPED", "WARNING", "HostFacts", "Spelling", "diagnose", "gather_facts", "probe_banner"]

@@ -21,7 +21,6 @@ import getpass
 import json
 import os
 import re
-import shutil
 import socket
 import stat
 import subprocess
@@ -938,7 +937,3 @@ def _steps(plan: Plan, cred: creds_mod.Credentials, ak: dict, cwd: Path) -> tupl
 
 def report_json(report: FarmReport) -> str:
     return json.dumps(report.to_dict(), indent=2, sort_keys=False)
-
-
-def ssh_keygen_available() -> bool:
-    return shutil.which("ssh-keygen") is not None
