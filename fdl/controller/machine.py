@@ -80,7 +80,7 @@ class RunMachine:
         self.formed_at: float | None = None
         self.formed_by: str | None = None
         self.ended_at: float | None = None
-        self.departed: deque[dict] = deque(maxlen=32)
+        self.departed: deque[dict[str, Any]] = deque(maxlen=32)
         self.refusals: dict[str, int] = {}  # refused requests by reason
         self.admissions = 0  # hellos admitted (a host that was dropped and joins again counts twice)
         self.exits: dict[int, int] = {}  # exit reports by code
@@ -88,7 +88,7 @@ class RunMachine:
         self._roster_cache: bytes | None = None
         self._roster_built = 0.0
         self._state_cache: bytes | None = None
-        self._state_key: tuple = ()
+        self._state_key: tuple[int, int] = (-1, -1)
         self._seen_dirty = False
         self._roster_index = {host: i for i, host in enumerate(policy.roster_names)}
         self._roster_peers: dict[str, frozenset[str]] = {}  # roster host -> the IPs its address names
@@ -155,7 +155,7 @@ class RunMachine:
     def have_hosts(self) -> int:
         return len(self.members)
 
-    def quorum(self) -> dict:
+    def quorum(self) -> dict[str, Any]:
         p = self.policy
         met = self.have_hosts >= max(p.need_hosts, 1) and self.ranks >= p.need_ranks
         return {"need": {"hosts": p.need_hosts, "ranks": p.need_ranks},
@@ -492,7 +492,7 @@ class RunMachine:
         self._seen_dirty = False
         return self._roster_cache
 
-    def state_head(self) -> dict:
+    def state_head(self) -> dict[str, Any]:
         """Everything in state.json but the roster (small; time-dependent fields computed now)."""
         now = self.clock()
         p = self.policy
@@ -536,9 +536,10 @@ class RunMachine:
             self._state_key = key
         return self._state_cache
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         """state.json as a dict (for in-process callers and tests)."""
-        return json.loads(self.state_json())
+        state: dict[str, Any] = json.loads(self.state_json())
+        return state
 
 
 def _names(names: tuple[str, ...], limit: int = 8) -> str:

@@ -36,7 +36,7 @@ def duration(seconds: float | None) -> str:
     seconds = max(0.0, float(seconds))
     if seconds < 10:
         return f"{seconds:.1f}s"
-    whole = int(round(seconds))
+    whole = round(seconds)
     hours, rest = divmod(whole, 3600)
     minutes, secs = divmod(rest, 60)
     if hours:
@@ -57,7 +57,7 @@ def _table(rows: list[list[str]], indent: str = "  ") -> list[str]:
     return [indent + "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
 
 
-def _hardware(entry: dict) -> str:
+def _hardware(entry: dict[str, Any]) -> str:
     devices = str(entry.get("devices", "?"))
     if devices.startswith("cpu:"):
         return f"{devices[4:]} CPU rank(s)"
@@ -82,7 +82,7 @@ class Deadline(NamedTuple):
     total: float
 
 
-def deadlines(state: dict) -> list[Deadline]:
+def deadlines(state: dict[str, Any]) -> list[Deadline]:
     """Every deadline that is counting down now (the join window's, while it is open and has started)."""
     window = state.get("window") or {}
     left = window.get("seconds_left")
@@ -105,14 +105,14 @@ def start_line(address: str, *, env: str | None = None, from_env: bool = False) 
     return f"fdl start --addr {address} --token TOKEN"
 
 
-def headline(state: dict, address: str) -> str:
+def headline(state: dict[str, Any], address: str) -> str:
     run = state.get("run_id")
     start = state.get("start") or {}
     return (f"run {run or '(no run id)'} at {address}: {state.get('phase', '?')}  "
             f"({state.get('kind', '?')} window, start: {start.get('mode', '?')})")
 
 
-def window_text(state: dict) -> str:
+def window_text(state: dict[str, Any]) -> str:
     window = state.get("window") or {}
     if not window.get("open"):
         return "closed"
@@ -122,7 +122,7 @@ def window_text(state: dict) -> str:
             f"(opened {_ago(state.get('now'), window.get('opened_at'))})")
 
 
-def quorum_counts(state: dict) -> tuple[int, int, int, int, bool]:
+def quorum_counts(state: dict[str, Any]) -> tuple[int, int, int, int, bool]:
     """(have hosts, need hosts, have ranks, need ranks, met); need hosts is at least 1."""
     quorum = state.get("quorum") or {}
     need, have = quorum.get("need") or {}, quorum.get("have") or {}
@@ -130,7 +130,7 @@ def quorum_counts(state: dict) -> tuple[int, int, int, int, bool]:
             int(need.get("ranks", 0) or 0), bool(quorum.get("met")))
 
 
-def quorum_text(state: dict) -> str:
+def quorum_text(state: dict[str, Any]) -> str:
     quorum = state.get("quorum") or {}
     need, have = quorum.get("need") or {}, quorum.get("have") or {}
     need_text = f"{need.get('hosts', 0)} host(s)" + (f", {need['ranks']} ranks" if need.get("ranks") else "")
@@ -138,7 +138,7 @@ def quorum_text(state: dict) -> str:
             f"{have.get('ranks', 0)} rank(s) joined; needs {need_text}")
 
 
-def switch_text(state: dict, start_cmd: str | None = None) -> str | None:
+def switch_text(state: dict[str, Any], start_cmd: str | None = None) -> str | None:
     """The start switch in words (None when there is nothing to say: an auto run past staging)."""
     now = state.get("now")
     phase = state.get("phase", "?")
@@ -158,7 +158,7 @@ def switch_text(state: dict, start_cmd: str | None = None) -> str | None:
     return "not fired"
 
 
-def world_text(state: dict) -> str | None:
+def world_text(state: dict[str, Any]) -> str | None:
     world = state.get("world")
     if not world:
         return None
@@ -181,7 +181,7 @@ class RosterRow(NamedTuple):
     last_seen: str  # heartbeat age, "4.2s ago"
 
 
-def roster_rows(state: dict, limit: int = ROSTER_SHOWN) -> list[RosterRow]:
+def roster_rows(state: dict[str, Any], limit: int = ROSTER_SHOWN) -> list[RosterRow]:
     now = state.get("now")
     rows = []
     for entry in (state.get("roster") or [])[:limit]:
@@ -193,12 +193,12 @@ def roster_rows(state: dict, limit: int = ROSTER_SHOWN) -> list[RosterRow]:
     return rows
 
 
-def roster_totals(state: dict) -> tuple[int, int]:
+def roster_totals(state: dict[str, Any]) -> tuple[int, int]:
     roster = state.get("roster") or []
     return len(roster), sum(int(e.get("ranks", 0)) for e in roster)
 
 
-def render_state(state: dict, address: str, start_cmd: str | None = None) -> str:
+def render_state(state: dict[str, Any], address: str, start_cmd: str | None = None) -> str:
     """A few lines for people: phase, window, quorum, switch, world, roster."""
     state = clean_state(state)
     lines = [headline(state, address)]
@@ -235,7 +235,7 @@ def render_state(state: dict, address: str, start_cmd: str | None = None) -> str
     return "\n".join(lines) + "\n"
 
 
-def status_line(state: dict, start_cmd: str | None = None) -> str:
+def status_line(state: dict[str, Any], start_cmd: str | None = None) -> str:
     """One line per look, for `fdl status --watch` when stdout is not a terminal (logs, CI)."""
     state = clean_state(state)
     have_h, need_h, have_r, need_r, met = quorum_counts(state)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from fdl.config.schema import Devices
 
@@ -42,14 +43,14 @@ SNAPSHOT_S = 0.25  # state.json's time-derived fields (now, seconds_left) may be
 class Refused(Exception):
     """A request the run turns down: `reason` is a stable code, `message` a sentence for people."""
 
-    def __init__(self, reason: str, message: str, *, status: int = 409, extra: dict | None = None):
+    def __init__(self, reason: str, message: str, *, status: int = 409, extra: dict[str, Any] | None = None):
         super().__init__(message)
         self.reason = reason
         self.message = message
         self.status = status
         self.extra = extra or {}
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"ok": False, "reason": self.reason, "message": self.message, **self.extra}
 
 
@@ -94,7 +95,7 @@ class Member:
             return "assigned"
         return "joined"
 
-    def to_dict(self, epoch: float, first_rank: int | None) -> dict:
+    def to_dict(self, epoch: float, first_rank: int | None) -> dict[str, Any]:
         """The roster entry. Optional fields are left out when empty, so a big roster stays small."""
         entry = {
             "host": self.host, "address": self.address, "devices": str(self.devices), "ranks": self.ranks,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -42,11 +42,11 @@ class WatchEnd:
     """How a watch ended: `how` is ended | interrupted | lost; `state` the last one seen."""
 
     how: str
-    state: dict | None
+    state: dict[str, Any] | None
     message: str
 
 
-def outcome(end: WatchEnd, kept: Callable[[str | None], dict | None] = lambda _: None) -> tuple[str, int]:
+def outcome(end: WatchEnd, kept: Callable[[str | None], dict[str, Any] | None] = lambda _: None) -> tuple[str, int]:
     """The run's outcome once a watch ended: (one line to print, exit code: 0 done, 1 failed or unknown).
 
     The last state seen tells it when the watch saw the run finish; otherwise `kept` may hold the
@@ -78,9 +78,9 @@ class Watcher:
         self._sleep = sleep
         self._clock = clock
 
-    def _looks(self):
+    def _looks(self) -> Generator[tuple[dict[str, Any] | None, str | None], None, WatchEnd]:
         """Yield (state, problem) per look; returns a WatchEnd once the endpoint is gone or lost."""
-        last: dict | None = None
+        last: dict[str, Any] | None = None
         failing_since: float | None = None
         while True:
             try:
@@ -102,15 +102,16 @@ class Watcher:
                 yield state, None
             self._sleep(self.interval)
 
-    def _follow(self, draw: Callable[[dict | None, str | None], None]) -> WatchEnd:
+    def _follow(self, draw: Callable[[dict[str, Any] | None, str | None], None]) -> WatchEnd:
         looks = self._looks()
-        last: dict | None = None
+        last: dict[str, Any] | None = None
         try:
             while True:
                 try:
                     state, problem = next(looks)
                 except StopIteration as stop:
-                    return stop.value
+                    end: WatchEnd = stop.value  # the generator's return value
+                    return end
                 last = state if state is not None else last
                 draw(state, problem)
         except KeyboardInterrupt:
@@ -118,7 +119,7 @@ class Watcher:
 
     def run_plain(self, out: TextIO) -> WatchEnd:
         """One line per look: `HH:MM:SS run R at ADDR: phase ...`."""
-        def draw(state: dict | None, problem: str | None) -> None:
+        def draw(state: dict[str, Any] | None, problem: str | None) -> None:
             stamp = time.strftime("%H:%M:%S")
             if state is None:
                 out.write(f"{stamp} {self.address}: {problem}\n")
@@ -136,7 +137,7 @@ class Watcher:
 
     def run_json(self, out: TextIO) -> WatchEnd:
         """One state.json per look, one per line (NDJSON); nothing is written for a look that failed."""
-        def draw(state: dict | None, problem: str | None) -> None:
+        def draw(state: dict[str, Any] | None, problem: str | None) -> None:
             if state is not None and problem is None:
                 out.write(json.dumps(state, separators=(",", ":")) + "\n")
                 out.flush()
@@ -151,7 +152,7 @@ class Watcher:
         console = Console(file=out, highlight=False)
         with Live(console=console, auto_refresh=False, redirect_stdout=False, redirect_stderr=False,
                   vertical_overflow="crop") as live:
-            def draw(state: dict | None, problem: str | None) -> None:
+            def draw(state: dict[str, Any] | None, problem: str | None) -> None:
                 live.update(self.view(state, problem, console.size.height), refresh=True)
 
             end = self._follow(draw)
@@ -163,7 +164,7 @@ class Watcher:
 
     # ------------------------------------------------------------------ the rich view
 
-    def view(self, state: dict | None, problem: str | None, height: int = 40, *,
+    def view(self, state: dict[str, Any] | None, problem: str | None, height: int = 40, *,
              ended: WatchEnd | None = None) -> Any:
         from rich.console import Group
         from rich.progress_bar import ProgressBar
