@@ -82,7 +82,7 @@ class _Findings:
         self.items.append((status, sentence, hint))
 
     def unreadable(self, device, query: str, what: str) -> bool:
-        """Note a failed `query` reading (nvml.HEALTH_QUERIES) of `device` as a warning; True when it failed."""
+        """Note a failed `query` reading (a GpuHealth query group) of `device` as a warning; True when it failed."""
         error = device.health.failed.get(query)
         if error is None:
             return False

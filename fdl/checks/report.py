@@ -10,7 +10,6 @@ from dataclasses import asdict, dataclass, field
 
 SCHEMA_VERSION = 2  # 2: the GPU health and software stack checks, the report's `time`
 OK, WARNING, ERROR, SKIPPED = "ok", "warning", "error", "skipped"
-STATUSES = (OK, WARNING, ERROR, SKIPPED)
 
 
 @dataclass

@@ -102,11 +102,6 @@ class ControllerClient:
         self._keys = auth.derive(token) if token else None  # the token itself is not kept
         self._session: Any = None
 
-    @property
-    def signs(self) -> bool:
-        """Whether this client proves a token (and so checks every answer's proof)."""
-        return self._keys is not None
-
     def __enter__(self) -> ControllerClient:
         return self
 

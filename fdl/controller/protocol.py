@@ -19,7 +19,6 @@ PROTOCOL = 2  # 2: the token is proved by signing (fdl.controller.auth), never s
 MAX_BODY = 16 * 1024  # bytes; a hello is a few hundred
 MAX_HOST = 253
 MAX_ID = 128  # run id, signature
-MAX_TOKEN = 512
 MAX_PATH = 4096
 MAX_DETAIL = 1024
 MAX_GPU_NAMES = 64

@@ -39,7 +39,6 @@ from fdl.launch.build import BuildJob
 from fdl.launch.plan import LaunchHost, LaunchPlan
 
 GRACE_S = 10.0
-STAGE_ROOT = "~/.flodl/launch"
 
 
 class Printer:
