@@ -43,6 +43,7 @@ from typing import NamedTuple
 from fdl.agent.gpu import Offer
 from fdl.agent.options import LIBTORCH_VARIANTS
 from fdl.errors import FdlError, PermanentError
+from fdl.fsio import atomic_write, fsync_dir
 
 CONNECT_TIMEOUT_S = 15
 READ_TIMEOUT_S = 60
@@ -113,18 +114,7 @@ def write_active(root: Path, label: str) -> None:
             return
     except OSError:
         pass
-    fd, tmp = tempfile.mkstemp(dir=root, prefix=".active.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(label + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, label + "\n", mode=0o644)
 
 
 Progress = Callable[[int, "int | None"], None]  # (bytes so far, total bytes when the server said)
@@ -257,7 +247,7 @@ def _install(archive: Path, target: Path, url: str) -> None:
             if (target / "lib").is_dir():  # installed meanwhile by someone else: theirs is as good
                 return
             raise LibtorchFetchError(f"cannot move libtorch into {target}: {exc.strerror}.") from None
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -287,11 +277,3 @@ def _safe_extract(zf: zipfile.ZipFile, dest: Path, url: str) -> None:
         with zf.open(info) as src, open(out, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
         os.chmod(out, (mode & 0o755) or 0o644)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -26,7 +26,6 @@ LIBTORCH_VARIANTS = {
 }
 LIBTORCH_CHOICES = ("auto", *LIBTORCH_VARIANTS)
 DEFAULT_DATA_PATH = "/flodl/data"
-DEFAULT_SOURCE_BUILD = "cargo build --release"
 TUNNEL_DEFAULT_CONTROLLER = ("127.0.0.1", DEFAULT_PORT)
 _USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
 _FIELDS = ("controller", "ssh", "identity", "token", "bin", "source", "source_cwd", "source_build", "source_bin",

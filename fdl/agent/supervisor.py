@@ -68,11 +68,6 @@ def worker_env(env: dict, *, local_ranks: int, restart_count: int = 0, max_resta
     return out
 
 
-class RankResult(NamedTuple):
-    rank: int
-    code: int | None  # None: still running / never started
-
-
 class GroupResult(NamedTuple):
     codes: dict  # rank -> exit code
     first_failure: int | None  # rank that failed first, None when all exited 0

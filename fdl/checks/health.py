@@ -97,7 +97,7 @@ class _Findings:
         self.items.append((status, sentence, hint))
 
     def unreadable(self, device: NvmlDevice, query: str, what: str) -> bool:
-        """Note a failed `query` reading (nvml.HEALTH_QUERIES) of `device` as a warning; True when it failed."""
+        """Note a failed `query` reading (a GpuHealth query group) of `device` as a warning; True when it failed."""
         error = _health(device).failed.get(query)
         if error is None:
             return False
@@ -393,13 +393,3 @@ def expects_whole_gpus(whole_gpus: object, selection: Selection | None,
         return False
     spec = getattr(selection, "spec", None) or ""
     return "MIG-" not in spec
-
-
-def check_gpu_health(inventory: NvmlInventory | None, selection: Selection | None, *,
-                     local_devices: str | Iterable[Any] | None = None, whole_gpus: object = None) -> list[CheckResult]:
-    """Every per-GPU health check, in GPU_CHECKS order."""
-    whole = expects_whole_gpus(whole_gpus, selection, local_devices)
-    return [check_gpu_count(inventory, local_devices), check_persistence(inventory, selection),
-            check_ecc(inventory, selection), check_retired_memory(inventory, selection),
-            check_pcie(inventory, selection), check_throttle(inventory, selection),
-            check_mig(inventory, selection, whole)]

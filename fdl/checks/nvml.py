@@ -61,12 +61,7 @@ NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
-NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
-
-# The health query groups GpuHealth reads; a group is wholly read, unsupported, or failed.
-HEALTH_QUERIES = ("persistence", "ecc", "ecc_errors", "retired_pages", "row_remap", "pcie", "pstate",
-                  "clock_reasons", "mig", "minor_number")
 
 
 @dataclass
@@ -102,9 +97,6 @@ class GpuHealth:
     minor_number: int | None = None  # N of /dev/nvidiaN
     unsupported: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
-
-    def readable(self, query: str) -> bool:
-        return query not in self.unsupported and query not in self.failed
 
 
 @dataclass

@@ -11,7 +11,6 @@ from typing import Any
 
 SCHEMA_VERSION = 2  # 2: the GPU health and software stack checks, the report's `time`
 OK, WARNING, ERROR, SKIPPED = "ok", "warning", "error", "skipped"
-STATUSES = (OK, WARNING, ERROR, SKIPPED)
 
 
 @dataclass

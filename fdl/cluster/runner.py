@@ -113,12 +113,6 @@ class HostResult:
                 return outcome.res
         return None
 
-    def result_of(self, task: str) -> TaskOutcome | None:
-        for outcome in self.tasks:
-            if outcome.task == task:
-                return outcome
-        return None
-
 
 @dataclass
 class RunResult:

@@ -9,14 +9,17 @@ tunnels is found from the controller box); the convention default
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
-from fdl.config.schema import DEFAULT_PORT
+from fdl.config.schema import DEFAULT_PORT, ClusterSpec
 from fdl.controller.client import ControllerClient, ControllerError, NoRunListening, normalize_address
 
 DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from fdl.launch.live import LiveRun
 
 
 class Target(NamedTuple):
@@ -32,14 +35,14 @@ class Target(NamedTuple):
         return self.addresses[0]
 
 
-def _live_runs() -> list:
+def _live_runs() -> list[LiveRun]:
     from fdl.launch.live import live_runs
 
     return live_runs()
 
 
-def resolve(addr: str | None, cluster_loader: Callable[[], object | None],
-            live_loader: Callable[[], list] = _live_runs) -> Target:
+def resolve(addr: str | None, cluster_loader: Callable[[], ClusterSpec | None],
+            live_loader: Callable[[], list[LiveRun]] = _live_runs) -> Target:
     """Pick the controller address; cluster_loader returns the active env's ClusterSpec (or None).
 
     live_loader returns this user's live launcher runs (fdl.launch.live): a run that moved off its
@@ -52,16 +55,15 @@ def resolve(addr: str | None, cluster_loader: Callable[[], object | None],
     runs = live_loader()
     cluster = cluster_loader()
     if cluster is not None:
-        ctl = cluster.controller  # type: ignore[attr-defined]
+        ctl = cluster.controller
         shown, _ = normalize_address(f"[{ctl.host}]:{ctl.port}" if ":" in ctl.host else f"{ctl.host}:{ctl.port}")
-        addresses = [shown]
+        configured = [shown]
         if ctl.host not in _LOOPBACK:
-            addresses.append(f"127.0.0.1:{ctl.port}")
-        moved = [r.address for r in runs if r.configured in addresses and r.address not in addresses]
-        return Target(tuple(dict.fromkeys(moved + addresses)), "cluster.controller", token=ctl.join.token)
+            configured.append(f"127.0.0.1:{ctl.port}")
+        moved = [r.address for r in runs if r.configured in configured and r.address not in configured]
+        return Target(tuple(dict.fromkeys(moved + configured)), "cluster.controller", token=ctl.join.token)
     if runs:
-        addresses = tuple(dict.fromkeys([r.address for r in runs] + [DEFAULT_ADDRESS]))
-        return Target(addresses, "live run",
+        return Target(tuple(dict.fromkeys([r.address for r in runs] + [DEFAULT_ADDRESS])), "live run",
                       note=f"no --addr and no cluster.controller in the active configuration; asking the run "
                            f"this user's launcher (pid {runs[0].pid}) serves on {runs[0].address}")
     return Target((DEFAULT_ADDRESS,), "default",

@@ -50,7 +50,7 @@ class ControllerUnreachable(ControllerError):
 class ControllerRefused(FdlError):
     """The controller answered with a refusal."""
 
-    def __init__(self, message: str, *, reason: str, status: int, payload: dict, address: str):
+    def __init__(self, message: str, *, reason: str, status: int, payload: dict[str, Any], address: str):
         super().__init__(message)
         self.reason = reason
         self.status = status
@@ -102,11 +102,6 @@ class ControllerClient:
         self._keys = auth.derive(token) if token else None  # the token itself is not kept
         self._session: Any = None
 
-    @property
-    def signs(self) -> bool:
-        """Whether this client proves a token (and so checks every answer's proof)."""
-        return self._keys is not None
-
     def __enter__(self) -> ControllerClient:
         return self
 
@@ -118,8 +113,8 @@ class ControllerClient:
             self._session.close()
             self._session = None
 
-    def _request(self, method: str, path: str, body: dict | None = None, *, timeout: float | None = None,
-                 accept: tuple[int, ...] = (200,)) -> dict:
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *, timeout: float | None = None,
+                 accept: tuple[int, ...] = (200,)) -> dict[str, Any]:
         import requests  # lazy: ~100 ms, and only commands that talk to a controller pay it
 
         if self._session is None:
@@ -148,7 +143,8 @@ class ControllerClient:
         except requests.exceptions.RequestException as exc:
             raise ControllerUnreachable(f"cannot talk to the controller at {self.address}: {_why(exc)}",
                                         address=self.address) from None
-        if nonce is not None and not auth.answer_ok(self._keys, nonce, resp.status_code, resp.content, resp.headers):
+        if nonce is not None and self._keys is not None \
+                and not auth.answer_ok(self._keys, nonce, resp.status_code, resp.content, resp.headers):
             if resp.status_code in (502, 503, 504):  # shed for load before the request was read: transient
                 raise ControllerUnreachable(f"the controller at {self.address} is overloaded (HTTP "
                                             f"{resp.status_code}); retry shortly", address=self.address)
@@ -176,23 +172,23 @@ class ControllerClient:
 
     # ------------------------------------------------------------------ operator side
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         """GET /state.json."""
         return self._request("GET", "/state.json")
 
-    def start(self) -> dict:
+    def start(self) -> dict[str, Any]:
         """POST /start (signed when this client holds a token); raises ControllerRefused with the controller's
         reason when not armed."""
         return self._request("POST", "/start", {"protocol": PROTOCOL})
 
     # ------------------------------------------------------------------ agent side
 
-    def hello(self, hello: Hello | dict) -> dict:
+    def hello(self, hello: Hello | dict[str, Any]) -> dict[str, Any]:
         """POST /join; the answer carries the ticket. Raises ControllerRefused with the reason."""
         body = hello_body(hello) if isinstance(hello, Hello) else dict(hello)
         return self._request("POST", "/join", body)
 
-    def wait_world(self, ticket: str, wait_s: float | None = None) -> dict | None:
+    def wait_world(self, ticket: str, wait_s: float | None = None) -> dict[str, Any] | None:
         """Long-poll for the world: the member's assignment once formed, None when the poll ran out first."""
         body: dict[str, Any] = {"protocol": PROTOCOL, "ticket": ticket}
         if wait_s is not None:
@@ -201,11 +197,11 @@ class ControllerClient:
         answer = self._request("POST", "/join/world", body, timeout=hold)
         return answer if answer.get("formed") else None
 
-    def heartbeat(self, ticket: str, *, running: bool = False) -> dict:
+    def heartbeat(self, ticket: str, *, running: bool = False) -> dict[str, Any]:
         return self._request("POST", "/join/heartbeat", {"protocol": PROTOCOL, "ticket": ticket,
                                                          "running": running})
 
-    def report_exit(self, ticket: str, code: int, detail: str | None = None) -> dict:
+    def report_exit(self, ticket: str, code: int, detail: str | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"protocol": PROTOCOL, "ticket": ticket, "code": int(code)}
         if detail:
             body["detail"] = detail[:1024]

@@ -24,117 +24,34 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import StrEnum
+from typing import Any
 
-from fdl.config.schema import Devices
 from fdl.controller.policy import RunPolicy, addresses_of, normalize_ip
 from fdl.controller.protocol import Hello
+from fdl.controller.states import (
+    DONE,
+    FAILED,
+    FORMING,
+    OPEN,
+    PHASES,
+    SNAPSHOT_S,
+    STAGING,
+    STATE_SCHEMA,
+    TERMINAL,
+    TRAINING,
+    WAITING,
+    Member,
+    Phase,
+    Refused,
+    Switch,
+)
 from fdl.controller.world import World, build_world
 
-
-class Phase(StrEnum):
-    """Where a run is (state.json `phase`); members compare equal to their names as plain strings."""
-
-    WAITING = "waiting"
-    STAGING = "staging"
-    FORMING = "forming"
-    TRAINING = "training"
-    DONE = "done"
-    FAILED = "failed"
+__all__ = ["DONE", "FAILED", "FORMING", "OPEN", "PHASES", "STAGING", "TERMINAL", "TRAINING", "WAITING", "Member",
+           "Phase", "Refused", "RunMachine", "Switch"]
 
 
-class Switch(StrEnum):
-    """The start switch (state.json `start.switch`): none on auto runs, else unarmed until fired."""
-
-    NONE = "none"
-    UNARMED = "unarmed"
-    FIRED = "fired"
-
-
-WAITING, STAGING, FORMING, TRAINING, DONE, FAILED = (Phase.WAITING, Phase.STAGING, Phase.FORMING, Phase.TRAINING,
-                                                     Phase.DONE, Phase.FAILED)
-PHASES = tuple(Phase)
-OPEN = (WAITING, STAGING)
-TERMINAL = (DONE, FAILED)
-STATE_SCHEMA = 1
-SNAPSHOT_S = 0.25  # state.json's time-derived fields (now, seconds_left) may be this old
-_JSON = {"separators": (",", ":")}
-
-
-class Refused(Exception):
-    """A request the run turns down: `reason` is a stable code, `message` a sentence for people."""
-
-    def __init__(self, reason: str, message: str, *, status: int = 409, extra: dict | None = None):
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.status = status
-        self.extra = extra or {}
-
-    def to_dict(self) -> dict:
-        return {"ok": False, "reason": self.reason, "message": self.message, **self.extra}
-
-
-@dataclass(eq=False)
-class Member:
-    """An admitted host."""
-
-    id: str
-    secret: str
-    host: str
-    address: str
-    peer: str
-    devices: Devices
-    ranks: int
-    run_id: str | None
-    signature: str | None
-    data_path: str
-    gpu_ram_share: float | None
-    gpu_names: tuple[str, ...]
-    agent: str | None
-    admitted_at: float
-    last_seen: float
-    peer_ip: str | None = None  # the peer address in one spelling (fairness, silence under load)
-    polls: int = 0  # world long-polls in flight: a member holding one is alive
-    fetched: bool = False  # has received its world
-    running: bool = False  # its ranks are up
-    exit_code: int | None = None
-    detail: str | None = None
-    frag: bytes | None = field(default=None, repr=False)  # its serialized roster entry
-
-    @property
-    def ticket(self) -> str:
-        return f"{self.id}.{self.secret}"
-
-    @property
-    def status(self) -> str:
-        if self.exit_code is not None:
-            return "exited"
-        if self.running:
-            return "running"
-        if self.fetched:
-            return "assigned"
-        return "joined"
-
-    def to_dict(self, epoch: float, first_rank: int | None) -> dict:
-        """The roster entry. Optional fields are left out when empty, so a big roster stays small."""
-        entry = {
-            "host": self.host, "address": self.address, "devices": str(self.devices), "ranks": self.ranks,
-            "signature": self.signature, "run_id": self.run_id, "admitted_at": round(self.admitted_at + epoch, 3),
-            "last_seen": round(self.last_seen + epoch, 3), "status": self.status, "exit_code": self.exit_code,
-        }
-        if self.peer != self.address:
-            entry["peer"] = self.peer
-        if self.gpu_names:
-            entry["gpu_names"] = list(self.gpu_names)
-        if self.agent:
-            entry["agent"] = self.agent
-        if first_rank is not None:
-            entry["first_rank"] = first_rank
-        if self.detail is not None:
-            entry["detail"] = self.detail
-        return entry
+_JSON: dict[str, Any] = {"separators": (",", ":")}
 
 
 class RunMachine:
@@ -163,7 +80,7 @@ class RunMachine:
         self.formed_at: float | None = None
         self.formed_by: str | None = None
         self.ended_at: float | None = None
-        self.departed: deque[dict] = deque(maxlen=32)
+        self.departed: deque[dict[str, Any]] = deque(maxlen=32)
         self.refusals: dict[str, int] = {}  # refused requests by reason
         self.admissions = 0  # hellos admitted (a host that was dropped and joins again counts twice)
         self.exits: dict[int, int] = {}  # exit reports by code
@@ -171,7 +88,7 @@ class RunMachine:
         self._roster_cache: bytes | None = None
         self._roster_built = 0.0
         self._state_cache: bytes | None = None
-        self._state_key: tuple = ()
+        self._state_key: tuple[int, int] = (-1, -1)
         self._seen_dirty = False
         self._roster_index = {host: i for i, host in enumerate(policy.roster_names)}
         self._roster_peers: dict[str, frozenset[str]] = {}  # roster host -> the IPs its address names
@@ -215,9 +132,10 @@ class RunMachine:
         member.frag = None
         self._seen_dirty = True
 
-    def _refuse(self, reason: str, message: str, **kwargs) -> Refused:
+    def refuse(self, reason: str, message: str, *, status: int = 409, extra: dict[str, Any] | None = None) -> Refused:
+        """A refusal, counted by reason (state.json `refusals`); the caller raises it."""
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
-        return Refused(reason, message, **kwargs)
+        return Refused(reason, message, status=status, extra=extra)
 
     def _auth_ok(self, trusted: bool, *, what: str) -> None:
         """Loopback peers (the controller box, or an ssh tunnel into it), the launcher in-process and peers
@@ -227,17 +145,17 @@ class RunMachine:
         if self.policy.token is None:
             if what == "join":
                 return  # open admission: no token configured for this run
-            raise self._refuse(
+            raise self.refuse(
                 "bad_token", "this run has no token, so its start switch can only be fired from the controller "
                              "box itself (or through its ssh tunnel).", status=403)
-        raise self._refuse("bad_token", f"no proof of the run's token: a {what} from another host must be signed "
+        raise self.refuse("bad_token", f"no proof of the run's token: a {what} from another host must be signed "
                                         f"with the run's token (cluster.controller.join.token).", status=403)
 
     @property
     def have_hosts(self) -> int:
         return len(self.members)
 
-    def quorum(self) -> dict:
+    def quorum(self) -> dict[str, Any]:
         p = self.policy
         met = self.have_hosts >= max(p.need_hosts, 1) and self.ranks >= p.need_ranks
         return {"need": {"hosts": p.need_hosts, "ranks": p.need_ranks},
@@ -276,7 +194,7 @@ class RunMachine:
         ident, _, secret = ticket.partition(".")
         member = self._by_id.get(ident)
         if member is None or not hmac.compare_digest(member.secret.encode(), secret.encode("utf-8", "replace")):
-            raise self._refuse(
+            raise self.refuse(
                 "unknown_ticket", "this ticket belongs to no member of the run (never admitted, left, or dropped "
                                   "after going silent); say hello again.", status=410)
         return member
@@ -294,13 +212,13 @@ class RunMachine:
         p = self.policy
         self._auth_ok(trusted or authed or in_process, what="join")
         if hello.host in p.reserved and not in_process:
-            raise self._refuse(
+            raise self.refuse(
                 "reserved_host", f"host {hello.host!r} is one the launcher runs itself: no hello over the network "
                                  f"may take its name, for the life of the run.", status=403)
         if not self.window_open(now):
-            raise self._refuse("window_closed", self.closed_text())
+            raise self.refuse("window_closed", self.closed_text())
         if not p.discovery and hello.host not in self._roster_index:
-            raise self._refuse(
+            raise self.refuse(
                 "not_in_roster", f"host {hello.host!r} is not in this run's roster (cluster.workers); this window "
                                  f"admits only {_names(p.roster_names)}.")
         roster_entry = p.roster[self._roster_index[hello.host]] if not p.discovery else None
@@ -308,7 +226,7 @@ class RunMachine:
         if roster_entry is not None:
             # The roster wins over what a hello says: its address (and the peer must come from it) and devices.
             if not in_process and not self._roster_peer_ok(hello.host, peer):
-                raise self._refuse(
+                raise self.refuse(
                     "wrong_address", f"host {hello.host!r} is a roster host, and it joins only from its roster "
                                      f"address {roster_entry.address or roster_entry.host}, not from {peer}.",
                     status=403)
@@ -320,24 +238,24 @@ class RunMachine:
         else:
             address = hello.address or peer
         if hello.host in self.members:
-            raise self._refuse(
+            raise self.refuse(
                 "host_joined", f"host {hello.host!r} has already joined this window; a host joins once (a silent "
                                f"member is dropped after {p.silence_s:g} s, then it may join again).")
         if (self.members or p.run_id is not None) and hello.run_id != self.cohort_run_id:
-            raise self._refuse(
+            raise self.refuse(
                 "run_id_differs", f"run id {hello.run_id!r} differs from the cohort's {self.cohort_run_id!r}: this "
                                   f"box holds a different publish than the hosts already in the window. Fetch the "
                                   f"current run and dial again.")
         if hello.signature is not None and self.cohort_signature is not None \
                 and hello.signature != self.cohort_signature:
-            raise self._refuse(
+            raise self.refuse(
                 "signature_differs", f"model signature {hello.signature} differs from the cohort's "
                                      f"{self.cohort_signature}: this box builds a different model.")
         ranks = devices.ranks()
         if self.have_hosts >= p.capacity:
-            raise self._refuse("roster_full", f"the roster is full ({p.capacity} hosts).")
+            raise self.refuse("roster_full", f"the roster is full ({p.capacity} hosts).")
         if self.ranks + ranks > p.max_ranks:
-            raise self._refuse("roster_full", f"admitting {ranks} more ranks would pass the world's limit of "
+            raise self.refuse("roster_full", f"admitting {ranks} more ranks would pass the world's limit of "
                                               f"{p.max_ranks} ranks ({self.ranks} already).")
         data_path = hello.data_path or (roster_entry.data_path if roster_entry else None) or p.data_path
         self._next_id += 1
@@ -440,13 +358,13 @@ class RunMachine:
         self._check_clock(now)
         self._auth_ok(trusted, what="start")
         if self.policy.start == "auto":
-            raise self._refuse("auto_mode", "this run starts on its own (start: auto): there is no switch to fire. "
+            raise self.refuse("auto_mode", "this run starts on its own (start: auto): there is no switch to fire. "
                                             "It forms when the roster is complete or the window closes.")
         if not self.window_open(now):
-            raise self._refuse("window_closed", self.closed_text())
+            raise self.refuse("window_closed", self.closed_text())
         if not self.quorum_met():
             q = self.quorum()
-            raise self._refuse("quorum_not_met", f"quorum not met: {self.quorum_text()} have joined.",
+            raise self.refuse("quorum_not_met", f"quorum not met: {self.quorum_text()} have joined.",
                                extra={"have": q["have"], "need": q["need"]})
         self.switch = Switch.FIRED
         self.fired_at = now
@@ -546,23 +464,10 @@ class RunMachine:
         self._changed()
         return member
 
-    def mark_training(self) -> None:
-        """For a launcher that starts ranks itself: the world is up."""
-        if self.phase == FORMING:
-            self.phase = TRAINING
-            self._changed()
-
     def fail(self, reason: str) -> None:
         """For a launcher: end the run as failed with a reason (a no-op once it has ended)."""
         if self.phase not in TERMINAL:
             self._fail(reason, self.clock())
-            self._changed()
-
-    def finish(self) -> None:
-        """For a launcher that supervises ranks itself: every rank exited 0."""
-        if self.phase not in TERMINAL:
-            self.phase = DONE
-            self.ended_at = self.clock()
             self._changed()
 
     # ------------------------------------------------------------------ state.json
@@ -587,7 +492,7 @@ class RunMachine:
         self._seen_dirty = False
         return self._roster_cache
 
-    def state_head(self) -> dict:
+    def state_head(self) -> dict[str, Any]:
         """Everything in state.json but the roster (small; time-dependent fields computed now)."""
         now = self.clock()
         p = self.policy
@@ -631,9 +536,10 @@ class RunMachine:
             self._state_key = key
         return self._state_cache
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         """state.json as a dict (for in-process callers and tests)."""
-        return json.loads(self.state_json())
+        state: dict[str, Any] = json.loads(self.state_json())
+        return state
 
 
 def _names(names: tuple[str, ...], limit: int = 8) -> str:

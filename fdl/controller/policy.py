@@ -63,7 +63,7 @@ class RunPolicy:
     heartbeat_s: float = 3.0  # how often agents should beat
     silence_s: float = 15.0  # no word for this long: dropped (before forming) or fatal (after)
     poll_s: float = 25.0  # the longest a world long-poll is held open
-    reserved: frozenset = frozenset()  # hosts the launcher joins itself: no hello over the network may name them
+    reserved: frozenset[str] = frozenset()  # hosts the launcher joins itself: no hello over the network may name them
     insecure_no_token: bool = False  # the explicit opt-out: a non-loopback window without a token
 
     def __post_init__(self) -> None:

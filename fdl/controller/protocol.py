@@ -19,7 +19,6 @@ PROTOCOL = 2  # 2: the token is proved by signing (fdl.controller.auth), never s
 MAX_BODY = 16 * 1024  # bytes; a hello is a few hundred
 MAX_HOST = 253
 MAX_ID = 128  # run id, signature
-MAX_TOKEN = 512
 MAX_PATH = 4096
 MAX_DETAIL = 1024
 MAX_GPU_NAMES = 64
@@ -56,7 +55,7 @@ class Ticketed(NamedTuple):
     detail: str | None = None  # exit report
 
 
-def decode(body: bytes) -> dict:
+def decode(body: bytes) -> dict[str, Any]:
     """The JSON object in body (an empty body is an empty object)."""
     if not body.strip():
         return {}
@@ -76,12 +75,10 @@ def _short(exc: BaseException) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def _string(obj: dict, key: str, limit: int, *, required: bool = False, pattern: re.Pattern | None = None,
+def _string(obj: dict[str, Any], key: str, limit: int, *, pattern: re.Pattern[str] | None = None,
             what: str = "a string") -> str | None:
     value = obj.get(key)
     if value is None:
-        if required:
-            raise BadRequest(f"field {key!r} is required ({what}).")
         return None
     if not isinstance(value, str):
         raise BadRequest(f"field {key!r} must be {what}, not {type(value).__name__}.")
@@ -96,7 +93,14 @@ def _string(obj: dict, key: str, limit: int, *, required: bool = False, pattern:
     return value
 
 
-def _check_protocol(obj: dict) -> None:
+def _required(obj: dict[str, Any], key: str, limit: int, *, what: str) -> str:
+    value = _string(obj, key, limit, what=what)
+    if value is None:
+        raise BadRequest(f"field {key!r} is required ({what}).")
+    return value
+
+
+def _check_protocol(obj: dict[str, Any]) -> None:
     version = obj.get("protocol", PROTOCOL)
     if isinstance(version, bool) or not isinstance(version, int):
         raise BadRequest("field 'protocol' must be a whole number.")
@@ -105,17 +109,17 @@ def _check_protocol(obj: dict) -> None:
                          f"use an fdl of the same release on both ends.")
 
 
-def _no_token(obj: dict) -> None:
+def _no_token(obj: dict[str, Any]) -> None:
     if "token" in obj:
         raise BadRequest("a request never carries the token itself: it is proved by signing the request (the "
                          "X-Fdl-Proof header); use an fdl of the same release on both ends.")
 
 
-def parse_hello(obj: dict) -> Hello:
+def parse_hello(obj: dict[str, Any]) -> Hello:
     """Validate a hello (POST /join)."""
     _check_protocol(obj)
     _no_token(obj)
-    host = _string(obj, "host", MAX_HOST, required=True, what="a host name (letters, digits, '.', '-', '_')")
+    host = _required(obj, "host", MAX_HOST, what="a host name (letters, digits, '.', '-', '_')")
     if not is_valid_host(host):
         raise BadRequest("field 'host' must be a host name or address (letters, digits, '.', '-', '_').")
     raw_devices = obj.get("devices")
@@ -161,10 +165,10 @@ def parse_hello(obj: dict) -> Hello:
     )
 
 
-def parse_ticketed(obj: dict, *, kind: str) -> Ticketed:
+def parse_ticketed(obj: dict[str, Any], *, kind: str) -> Ticketed:
     """Validate a world poll (kind 'world'), heartbeat ('heartbeat') or exit report ('exit')."""
     _check_protocol(obj)
-    ticket = _string(obj, "ticket", 200, required=True, what="the ticket the hello returned")
+    ticket = _required(obj, "ticket", 200, what="the ticket the hello returned")
     if kind == "world":
         wait = obj.get("wait_s")
         if wait is not None:
@@ -184,13 +188,13 @@ def parse_ticketed(obj: dict, *, kind: str) -> Ticketed:
     return Ticketed(ticket=ticket, code=code, detail=_string(obj, "detail", MAX_DETAIL))
 
 
-def parse_start(obj: dict) -> None:
+def parse_start(obj: dict[str, Any]) -> None:
     """Validate a start request (POST /start): its proof, if any, is in its headers."""
     _check_protocol(obj)
     _no_token(obj)
 
 
-def hello_body(hello: Hello) -> dict:
+def hello_body(hello: Hello) -> dict[str, Any]:
     """The JSON object a client sends for hello (the inverse of parse_hello)."""
     body: dict[str, Any] = {"protocol": PROTOCOL, "host": hello.host, "devices": str(hello.devices)}
     for key in ("run_id", "signature", "address", "data_path", "gpu_ram_share", "agent"):
@@ -233,6 +237,6 @@ def refused_rank_env(env: object) -> list[str]:
     return sorted(bad)
 
 
-def without_secrets(env: dict) -> dict:
+def without_secrets(env: dict[str, Any]) -> dict[str, Any]:
     """env without the variables that hold the join token."""
     return {k: v for k, v in env.items() if k not in SECRET_ENV_NAMES}

@@ -27,7 +27,12 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fdl.controller.states import Member
 
 #: The torchrun variables the controller hands every rank on top of the torch.distributed basics
 #: (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK).
@@ -66,7 +71,7 @@ class World:
     def nodes(self) -> int:
         return len(self.seats)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {"size": self.size, "nodes": self.nodes, "master_addr": self.master_addr,
                 "master_port": self.master_port, "backend": self.backend}
 
@@ -100,7 +105,7 @@ class World:
             env["FDL_GPU_RAM_SHARE"] = repr(seat.gpu_ram_share)
         return env
 
-    def assignment(self, host: str) -> dict:
+    def assignment(self, host: str) -> dict[str, Any]:
         """What one member receives: the world's shape and its own ranks with their environment."""
         seat = self.seats[host]
         return {
@@ -114,7 +119,7 @@ class World:
             ],
         }
 
-    def assignment_json(self, host: str, head: dict) -> bytes:
+    def assignment_json(self, host: str, head: dict[str, Any]) -> bytes:
         """The serialized reply for one member (cached: the world never changes once formed)."""
         seat = self.seats[host]
         if seat._body is None:
@@ -122,7 +127,7 @@ class World:
         return seat._body
 
 
-def build_world(members: list, *, run_id: str | None, master_addr: str | None, master_port: int,
+def build_world(members: Sequence[Member], *, run_id: str | None, master_addr: str | None, master_port: int,
                 controller: str, args: tuple[str, ...], launch_id: str | None = None) -> World:
     """Assign ranks to members, in order. Each member needs .host, .devices, .data_path,
     .gpu_ram_share and .address (rank 0's address is MASTER_ADDR unless one is given).

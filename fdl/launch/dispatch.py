@@ -29,8 +29,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +39,6 @@ from fdl.launch.build import BuildJob
 from fdl.launch.plan import LaunchHost, LaunchPlan
 
 GRACE_S = 10.0
-STAGE_ROOT = "~/.flodl/launch"
 
 
 class Printer:
@@ -319,14 +316,3 @@ class RemoteSession(Session):
             fallback = (f"ssh exited {code}: {said}" if code == 255 else
                         f"the rank supervisor ended without a result (exit {code}): {said}")
         return _outcome(self.host, self.result, code if code >= 0 else 128 - code, fallback)
-
-
-def wait_sessions(sessions: list[Session], timeout: float, poll_s: float = 0.1,
-                  should_stop: Callable[[], bool] = lambda: False) -> bool:
-    """Wait until every session is done (True) or the timeout passes (False)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all(s.done for s in sessions) or should_stop():
-            return all(s.done for s in sessions)
-        time.sleep(poll_s)
-    return all(s.done for s in sessions)

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from fdl.fsio import atomic_write
+
 MAX_RECORD_BYTES = 4096
 
 
@@ -54,15 +56,7 @@ def write_record(address: str, configured: str, run_id: str, environ: Mapping[st
     path = directory / f"live-{os.getpid()}.json"
     body = json.dumps({"address": address, "configured": configured, "run_id": run_id, "pid": os.getpid(),
                        "started": time.time()}).encode()
-    tmp = directory / f".live-{os.getpid()}.json.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, body)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    atomic_write(path, body, mode=0o600)
     return path
 
 

@@ -201,10 +201,6 @@ class BuildPlan:
         return gencode_flags(self.archs)
 
     @property
-    def nvcc_gencode(self) -> str:
-        return " ".join(self.gencode)
-
-    @property
     def builds_dir(self) -> str:
         return posixpath.join(self.root, "libtorch", "nccl", "builds")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
+import stat
 import threading
 import zipfile
 from pathlib import Path
@@ -72,6 +73,8 @@ def test_downloads_verifies_installs_and_activates(mirror, tmp_path):
     assert got.path == lt / "precompiled" / "cpu" and got.acquired and got.vendor is None
     assert (got.path / "lib" / "libtorch.so").read_bytes() == b"\x7fELF fake"
     assert (lt / ".active").read_text().strip() == "precompiled/cpu"
+    assert stat.S_IMODE((lt / ".active").stat().st_mode) == 0o644
+    assert not [p for p in lt.iterdir() if p.name.startswith("..active.")]  # its temp file renamed, none left
     assert [p for p in seen] == ["/libtorch/libtorch-cpu.zip.sha256", "/libtorch/libtorch-cpu.zip"]
     assert not [p for p in (lt / "precompiled").iterdir() if p.name.startswith(".")]  # no temp left behind
     again = ensure_variant("cpu", mirror=url, environ=env, note=notes.append)

@@ -20,11 +20,11 @@ def test_is_loopback(remote, expected) -> None:
 
 
 def test_the_gate_holds_a_stranger_to_its_share_and_keeps_a_reserve_for_members() -> None:
-    from fdl.controller.server import _Gate
+    from fdl.controller.gate import Gate
 
     members = {"10.0.0.2"}
     shed: list = []
-    gate = _Gate(lambda: None, max_connections=10, per_peer=4, reserve=3,
+    gate = Gate(lambda: None, max_connections=10, per_peer=4, reserve=3,
                  priority=lambda peer: peer in members, shed=shed.append)
     assert [gate.admit("10.0.0.9") for _ in range(6)] == [True] * 4 + [False] * 2  # one stranger: 4 of 10
     for i in range(6):
@@ -66,19 +66,20 @@ def test_the_server_uses_aiohttps_public_api_and_enums() -> None:
     """regression: server.py subclassed aiohttp's private RequestHandler import and read `_connections`,
     `_kwargs` and `_loop` of web.Server; phases and switch states were bare strings."""
     import ast
-    import importlib.util
     import json
-
-    from fdl.controller.machine import PHASES, Phase, Switch
-
-    source = importlib.util.find_spec("fdl.controller.server").origin
     from pathlib import Path
 
-    tree = ast.parse(Path(source).read_text(encoding="utf-8"))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            assert node.module in (None, "aiohttp") or not node.module.startswith("aiohttp."), node.module
-        if isinstance(node, ast.Attribute) and node.attr in ("_connections", "_kwargs"):
-            raise AssertionError(f"private aiohttp attribute {node.attr} read at line {node.lineno}")
+    import fdl.controller
+    from fdl.controller.machine import PHASES, Phase, Switch
+
+    sources = sorted(Path(fdl.controller.__file__).parent.glob("*.py"))
+    assert {"server.py", "gate.py", "routes.py"} <= {path.name for path in sources}
+    for source in sources:
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                assert node.module in (None, "aiohttp") or not node.module.startswith("aiohttp."), node.module
+            if isinstance(node, ast.Attribute) and node.attr in ("_connections", "_kwargs"):
+                raise AssertionError(f"private aiohttp attribute {node.attr} read at {source.name}:{node.lineno}")
     assert [p.value for p in PHASES] == ["waiting", "staging", "forming", "training", "done", "failed"]
     assert json.dumps({"phase": Phase.FAILED, "switch": Switch.FIRED}) == '{"phase": "failed", "switch": "fired"}'

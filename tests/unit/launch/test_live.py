@@ -17,6 +17,7 @@ def test_a_record_is_private_found_and_removed(tmp_path):
     path = write_record("127.0.0.1:40001", "127.0.0.1:1337", "abc", env)
     assert path.parent == tmp_path / ".flodl" / "launch" / "live"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # written through a temp file, none left
     [run] = live_runs(env)
     assert (run.address, run.configured, run.run_id, run.pid) == ("127.0.0.1:40001", "127.0.0.1:1337", "abc",
                                                                   os.getpid())

@@ -1,0 +1,62 @@
+"""What every layer of the endpoint shares about HTTP: its bounds, who counts as loopback, the JSON envelope."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from fdl.controller.protocol import MAX_BODY
+
+JSON_TYPE = "application/json"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what any peer can make the server hold."""
+
+    max_body: int = MAX_BODY  # bytes in a request body
+    max_line: int = 4096  # request line / header line length
+    max_field: int = 4096  # one header value
+    max_headers: int = 32  # header count
+    head_timeout_s: float = 10.0  # a connection's complete request head must arrive within this (also idle)
+    body_timeout_s: float = 10.0  # a request's body must arrive within this
+    max_connections: int = 10_000  # open connections from strangers; more are answered 503 and closed
+    max_per_peer: int = 64  # open connections one non-member, non-loopback address may hold
+    member_reserve: int = 1024  # connections beyond max_connections kept for members and loopback
+    backlog: int = 4096
+
+
+def is_loopback(remote: str | None) -> bool:
+    """Whether a peer address is this machine's loopback (IPv4 127/8, ::1, or IPv4-mapped 127/8)."""
+    if not remote:
+        return False
+    try:
+        ip = ipaddress.ip_address(remote.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def json_bytes(obj: Any) -> bytes:
+    """obj as compact JSON."""
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def json_response(obj: Any, status: int = 200, *, close: bool = False, raw: bytes | None = None) -> web.Response:
+    """A JSON answer that no cache keeps (raw: the body, already serialized)."""
+    resp = web.Response(body=raw if raw is not None else json_bytes(obj), status=status, content_type=JSON_TYPE,
+                        headers={"Cache-Control": "no-store"})
+    if close:
+        resp.force_close()
+    return resp
+
+
+def error_response(status: int, reason: str, message: str, *, close: bool = False) -> web.Response:
+    """The one error envelope: `{"ok": false, "reason": CODE, "message": SENTENCE}`."""
+    return json_response({"ok": False, "reason": reason, "message": message}, status, close=close)
