@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .devices import parse_gpu_ids
 from .health import declared_gpu_ids
 from .report import ERROR, OK, WARNING, CheckResult
 
@@ -42,10 +43,13 @@ def parse_selection(gpus, environ, devices, source: str = "--gpus") -> Selection
         spec = gpus if isinstance(gpus, str) else ",".join(str(int(i)) for i in gpus)
         if spec.strip() == "all":
             return Selection(source, "all", None)
-        parts = [part.strip() for part in spec.split(",") if part.strip()]
+        try:
+            ids = parse_gpu_ids(spec)
+        except ValueError:  # names nothing this host has
+            return Selection(source, spec, (), (spec.strip(),))
         present = {d.index for d in devices}
-        chosen = tuple(int(p) for p in parts if p.isdigit() and int(p) in present)
-        return Selection(source, spec, chosen, tuple(p for p in parts if not (p.isdigit() and int(p) in present)))
+        return Selection(source, spec, tuple(i for i in ids if i in present),
+                         tuple(str(i) for i in ids if i not in present))
     spec = environ.get("CUDA_VISIBLE_DEVICES")
     if spec is None:
         return Selection(None, None, None)

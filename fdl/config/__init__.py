@@ -12,12 +12,12 @@ _EXPORTS = {
     "Config": "project", "EnvSelection": "project", "load_config": "project",
     "available_envs": "discover", "find_base": "discover",
     "ClusterSpec": "schema", "CommandSpec": "schema", "ControllerSpec": "schema", "Devices": "schema",
-    "JoinDefaults": "schema", "JoinPolicy": "schema", "PublishDefaults": "schema", "WorkerSpec": "schema",
-    "parse_devices": "schema", "split_host_port": "schema",
+    "JoinPolicy": "schema", "PublishDefaults": "schema", "WorkerSpec": "schema", "parse_devices": "schema",
+    "JoinDefaults": "join_fields", "split_host_port": "parse",
     "Origin": "source", "format_path": "source",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 (a lazy module: the names are _EXPORTS' keys)
 
 
 def __getattr__(name: str) -> Any:

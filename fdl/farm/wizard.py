@@ -35,7 +35,7 @@ import yaml
 
 from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, CheckResult
 from fdl.config.discover import find_base, overlay_file
-from fdl.config.schema import split_host_port
+from fdl.config.parse import split_host_port
 from fdl.errors import FdlError
 from fdl.farm import credentials as creds_mod
 from fdl.farm.authorized_keys import (

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from fdl.config.schema import is_valid_host
+from fdl.config.parse import is_valid_host
 from fdl.errors import ExitCode, FdlError
 
 FORMS = ("file:///abs/path, rsync://[user@]host[:port]:/abs/path, or "
@@ -211,10 +211,7 @@ def _parse_git(text: str, transport: str, rest: str) -> GitSource:
         return GitSource(url=f"file://{location}", ref=ref, spec=text)
     hostpart = location.split("/", 1)[0]
     host = hostpart.rsplit("@", 1)[-1]
-    if host.startswith("["):
-        host = host.split("]", 1)[0] + "]"
-    else:
-        host = host.split(":", 1)[0]
+    host = host.split("]", 1)[0] + "]" if host.startswith("[") else host.split(":", 1)[0]
     if not host or not is_valid_host(host):
         raise _fail(text, f"'{host}' is not a host name")
     if "/" not in location or not location.split("/", 1)[1]:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from fdl.config import EnvSelection, load_config
-from fdl.config.schema import is_valid_host, parse_devices, split_host_port
+from fdl.config.parse import is_valid_host, split_host_port
+from fdl.config.schema import parse_devices
 from fdl.errors import ConfigError, UsageError
 
 
@@ -58,7 +59,7 @@ def test_a_port_that_is_not_a_plain_integer_is_an_error_naming_the_line(tmp_path
     assert "1337" not in message  # 22:17 is not read as base 60
 
 
-@pytest.mark.parametrize("spec", ["cpu:٣", "cpu:３", ["٣"], "0,١"])
+@pytest.mark.parametrize("spec", ["cpu:٣", "cpu:３", ["٣"], "0,١"])  # noqa: RUF001 (non-ASCII digits on purpose)
 def test_device_specs_take_ascii_digits_only(tmp_path: Path, spec) -> None:
     with pytest.raises(ValueError):
         parse_devices(spec)
