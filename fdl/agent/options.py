@@ -11,6 +11,7 @@ so a `--persist` box stops instead of looping on it.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from fdl.checks.devices import Devices, parse_devices
@@ -179,7 +180,7 @@ def _absolute(value: str, flag: str) -> str:
 
 
 def resolve_options(defaults: JoinDefaults | None, flags: dict[str, Any], tail: list[str] | None, *,
-                    environ: dict | None = None) -> JoinOptions:
+                    environ: Mapping[str, str] | None = None) -> JoinOptions:
     """Merge command-line flags over the `join:` block and validate the result.
 
     `flags` maps join fields that are flags (join_fields.CLI_FIELDS) to the
@@ -189,7 +190,7 @@ def resolve_options(defaults: JoinDefaults | None, flags: dict[str, Any], tail: 
     """
     import os
 
-    environ = os.environ if environ is None else environ
+    env: Mapping[str, str] = os.environ if environ is None else environ
     block = defaults or JoinDefaults()
     unknown = set(flags) - set(CLI_FIELDS)
     if unknown:
@@ -271,7 +272,7 @@ def resolve_options(defaults: JoinDefaults | None, flags: dict[str, Any], tail: 
         args, given = tuple(block.args), False
     else:
         args, given = None, False
-    mirror = (environ.get("FDL_LIBTORCH_MIRROR") or "").strip() or block.libtorch_mirror
+    mirror = (env.get("FDL_LIBTORCH_MIRROR") or "").strip() or block.libtorch_mirror
     if mirror is not None and not re.match(r"^https?://[^\s/]+", mirror):
         raise _bad(f"libtorch mirror {mirror!r} is not an http:// or https:// base URL.",
                    "Set FDL_LIBTORCH_MIRROR (or libtorch_mirror: in the join: block) to e.g. "

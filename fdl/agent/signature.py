@@ -51,7 +51,7 @@ def probe_signature(argv: Sequence[str], *, cwd: str | None, env: Mapping[str, s
     try:
         proc = subprocess.Popen(list(argv), cwd=cwd, env=probe_env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=die_with_parent)
+                                preexec_fn=die_with_parent)  # noqa: PLW1509 (PDEATHSIG is set in the child)
     except OSError as exc:
         raise PermanentError(f"cannot start the training binary {argv[0]}: {exc.strerror or exc}.",
                              hint="Check the path and that it is executable on this box.") from None
@@ -104,7 +104,7 @@ def probe_signature(argv: Sequence[str], *, cwd: str | None, env: Mapping[str, s
     return None
 
 
-def _end(proc: subprocess.Popen) -> None:
+def _end(proc: subprocess.Popen[bytes]) -> None:
     """Stop the probe and anything it started (its own process group)."""
     stop_process_group(proc)
     if proc.stdout is not None:

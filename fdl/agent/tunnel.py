@@ -51,7 +51,7 @@ def ssh_words(environ: Mapping[str, str] | None = None) -> list[str]:
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 def _port_free(port: int) -> bool:
@@ -73,7 +73,7 @@ def local_address_toward(host: str, port: int = 22) -> str | None:
         try:
             with socket.socket(family, kind, proto) as sock:
                 sock.connect(addr)  # UDP: no packet is sent, the kernel only picks a route
-                local = sock.getsockname()[0]
+                local = str(sock.getsockname()[0])
         except OSError:
             continue
         if local and not local.startswith("127.") and local != "::1":
@@ -94,8 +94,8 @@ class Tunnel:
         self.note = note
         self.connect_timeout_s = connect_timeout_s
         self.local_port: int | None = None
-        self.proc: subprocess.Popen | None = None
-        self._stderr: tempfile.SpooledTemporaryFile | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stderr: tempfile.SpooledTemporaryFile[bytes] | None = None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -135,7 +135,7 @@ class Tunnel:
             try:
                 self.proc = subprocess.Popen(self.argv(self.local_port), stdin=subprocess.DEVNULL,
                                              stdout=subprocess.DEVNULL, stderr=self._stderr, start_new_session=True,
-                                             preexec_fn=die_with_parent)
+                                             preexec_fn=die_with_parent)  # noqa: PLW1509 (PDEATHSIG is set in the child)
                 listening = self._wait_listening()
             except BaseException:  # a stop signal while it comes up: no ssh may outlive us
                 self.close()
@@ -165,7 +165,8 @@ class Tunnel:
         if self._stderr is None:
             return ""
         self._stderr.seek(0)
-        return self._stderr.read().decode("utf-8", "replace")
+        data: bytes = self._stderr.read()
+        return data.decode("utf-8", "replace")
 
     def _failure(self, text: str) -> TunnelError:
         lines = [line for line in text.strip().splitlines() if line.strip()][-6:]

@@ -24,7 +24,7 @@ class Devices(NamedTuple):
 
     kind: str = "gpu"  # "gpu" | "cpu"
     ids: tuple[int, ...] | None = None  # gpu ids; None = every GPU present
-    count: int = 0  # cpu ranks
+    count: int = 0  # type: ignore[assignment]  # cpu ranks (the field shadows tuple.count)
 
     @property
     def is_cpu(self) -> bool:
@@ -77,7 +77,7 @@ def _gpu_index(item: Any) -> int:
         raise ValueError(f"{item} is negative; GPU indices start at 0")
     if item > MAX_GPU_ID:
         raise ValueError(f"{item} is not a GPU index (0 to {MAX_GPU_ID})")
-    return item
+    return int(item)
 
 
 def parse_devices(value: Any) -> Devices:

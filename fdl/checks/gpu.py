@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .devices import parse_gpu_ids
 from .health import declared_gpu_ids
 from .report import ERROR, OK, WARNING, CheckResult
+
+if TYPE_CHECKING:
+    from .nvml import NvmlDevice, NvmlInventory
 
 NAME = "gpu"
 
@@ -30,7 +34,8 @@ class Selection:
     missing: tuple[str, ...] = ()  # entries naming a device this host does not have
 
 
-def parse_selection(gpus, environ, devices, source: str = "--gpus") -> Selection:
+def parse_selection(gpus: Any, environ: Mapping[str, str], devices: Sequence[NvmlDevice],
+                    source: str = "--gpus") -> Selection:
     """The selection in force: an explicit `gpus` (ids or "all"/"0,1") wins over CUDA_VISIBLE_DEVICES.
 
     `source` names where an explicit `gpus` came from ("--gpus", or
@@ -50,19 +55,19 @@ def parse_selection(gpus, environ, devices, source: str = "--gpus") -> Selection
         present = {d.index for d in devices}
         return Selection(source, spec, tuple(i for i in ids if i in present),
                          tuple(str(i) for i in ids if i not in present))
-    spec = environ.get("CUDA_VISIBLE_DEVICES")
-    if spec is None:
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
         return Selection(None, None, None)
     chosen: list[int] = []
-    for entry in (part.strip() for part in spec.split(",")):
+    for entry in (part.strip() for part in visible.split(",")):
         match = _match_device(entry, devices)
         if match is None or match in chosen:
             break
         chosen.append(match)
-    return Selection("CUDA_VISIBLE_DEVICES", spec, tuple(chosen))
+    return Selection("CUDA_VISIBLE_DEVICES", visible, tuple(chosen))
 
 
-def _match_device(entry: str, devices) -> int | None:
+def _match_device(entry: str, devices: Sequence[NvmlDevice]) -> int | None:
     if entry.isdigit():
         index = int(entry)
         return index if any(d.index == index for d in devices) else None
@@ -80,13 +85,14 @@ def _gib(value: int) -> str:
     return f"{value / (1 << 30):.0f} GiB" if value >= (1 << 30) else f"{value / (1 << 20):.0f} MiB"
 
 
-def describe_device(device) -> dict:
+def describe_device(device: NvmlDevice) -> dict[str, Any]:
     return {"index": device.index, "name": device.name, "uuid": device.uuid,
             "compute_capability": f"{device.major}.{device.minor}", "sm": device.sm,
             "memory_total": device.memory_total, "memory_free": device.memory_free}
 
 
-def check_gpu(gpus=None, environ=None, local_devices=None):
+def check_gpu(gpus: Any = None, environ: Mapping[str, str] | None = None, local_devices: Any = None,
+              ) -> tuple[CheckResult, NvmlInventory | None, Selection | None]:
     """Run the GPU check; return (CheckResult, NvmlInventory or None, Selection or None).
 
     `gpus` is an explicit selection (--gpus); without one, a worker's declared
@@ -105,7 +111,7 @@ def check_gpu(gpus=None, environ=None, local_devices=None):
     try:
         inventory = read_inventory()
     except NvmlUnavailable as exc:
-        data = {"nvml_error": exc.detail, "nvml_error_code": exc.code, "devices": []}
+        data: dict[str, Any] = {"nvml_error": exc.detail, "nvml_error_code": exc.code, "devices": []}
         if exc.reason == "pynvml-missing":
             return CheckResult(NAME, ERROR, "pynvml (NVIDIA's NVML bindings) is not installed for this Python.",
                                hint="install nvidia-ml-py into fdl's environment (pip install nvidia-ml-py)",

@@ -28,6 +28,7 @@ Standard library only; sibling imports relative (Ansible module_utils).
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from .devices import parse_devices
 from .report import ERROR, OK, SKIPPED, WARNING, CheckResult
@@ -140,7 +141,7 @@ def _per_gpu(name: str):
 
 # ---- gpu_count ----
 
-def declared_gpu_ids(local_devices) -> list[int] | None:
+def declared_gpu_ids(local_devices: Any) -> list[int] | None:
     """The GPU ids a worker declares (`local_devices`: [0, 1], "0,1"); None for none declared or CPU ranks."""
     if local_devices is None:
         return None

@@ -19,7 +19,7 @@ from fdl.config.join_fields import SETTINGS as JOIN_SETTINGS
 from fdl.config.join_fields import JoinDefaults as JoinDefaults
 from fdl.config.parse import DEFAULT_PORT as DEFAULT_PORT
 from fdl.config.parse import is_login_name, is_valid_host, split_host_port, unicast_problem
-from fdl.config.source import Origin, format_path
+from fdl.config.source import Data, KeyPath, Origin, Origins, format_path
 from fdl.errors import ConfigError
 
 DEFAULT_DATA_PATH = "/flodl/data"  # fdl.checks.data's too: importing it here would cost start-up time
@@ -121,25 +121,25 @@ class PublishDefaults(NamedTuple):
 # --------------------------------------------------------------------------- checking
 
 
-class _Checker:
-    def __init__(self, origins: dict, files: list[str]):
+class Checker:
+    def __init__(self, origins: Origins, files: list[str]):
         self.origins = origins
         self.files = files
         self.warnings: list[str] = []
 
-    def where(self, path: tuple) -> str:
+    def where(self, path: KeyPath) -> str:
         for cut in range(len(path), -1, -1):
             origin: Origin | None = self.origins.get(path[:cut])
             if origin is not None:
                 return str(origin)
         return self.files[-1] if self.files else "configuration"
 
-    def fail(self, path: tuple, expected: str, found: Any, fix: str = "") -> ConfigError:
+    def fail(self, path: KeyPath, expected: str, found: Any, fix: str = "") -> ConfigError:
         shown = _show(found)
         msg = f"{self.where(path)}: {format_path(path)}: expected {expected}, found {shown}."
         return ConfigError(msg + (f" {fix}" if fix else ""))
 
-    def mapping(self, value: Any, path: tuple, known: tuple[str, ...]) -> dict:
+    def mapping(self, value: Any, path: KeyPath, known: tuple[str, ...]) -> Data:
         if not isinstance(value, dict):
             raise self.fail(path, "a mapping of keys", value)
         for key in value:
@@ -154,7 +154,7 @@ class _Checker:
                 )
         return value
 
-    def string(self, value: Any, path: tuple, *, nonempty: bool = True) -> str:
+    def string(self, value: Any, path: KeyPath, *, nonempty: bool = True) -> str:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise self.fail(path, "text", value)
         text = str(value)
@@ -162,35 +162,37 @@ class _Checker:
             raise self.fail(path, "non-empty text", value)
         return text
 
-    def opt_string(self, block: dict, key: str, path: tuple) -> str | None:
+    def opt_string(self, block: Data, key: str, path: KeyPath) -> str | None:
         return None if block.get(key) is None else self.string(block[key], path + (key,))
 
-    def boolean(self, value: Any, path: tuple) -> bool:
+    def boolean(self, value: Any, path: KeyPath) -> bool:
         if not isinstance(value, bool):
             raise self.fail(path, "true or false", value)
         return value
 
-    def integer(self, value: Any, path: tuple, lo: int, hi: int, what: str = "a whole number") -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, str) and _ASCII_DIGITS_RE.fullmatch(value):
-                value = int(value)
-            else:
-                raise self.fail(path, f"{what} from {lo} to {hi}", value)
-        if not lo <= value <= hi:
+    def integer(self, value: Any, path: KeyPath, lo: int, hi: int, what: str = "a whole number") -> int:
+        number: int
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif isinstance(value, str) and _ASCII_DIGITS_RE.fullmatch(value):
+            number = int(value)
+        else:
             raise self.fail(path, f"{what} from {lo} to {hi}", value)
-        return value
+        if not lo <= number <= hi:
+            raise self.fail(path, f"{what} from {lo} to {hi}", value)
+        return number
 
-    def port(self, value: Any, path: tuple) -> int:
+    def port(self, value: Any, path: KeyPath) -> int:
         return self.integer(value, path, 1, 65535, "a TCP port")
 
-    def number(self, value: Any, path: tuple, lo: float, hi: float) -> float:
+    def number(self, value: Any, path: KeyPath, lo: float, hi: float) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             raise self.fail(path, f"a number from {lo:g} to {hi:g}", value)
         if not lo <= value <= hi:
             raise self.fail(path, f"a number from {lo:g} to {hi:g}", value)
         return float(value)
 
-    def host(self, value: Any, path: tuple) -> str:
+    def host(self, value: Any, path: KeyPath) -> str:
         text = self.string(value, path)
         if not is_valid_host(text):
             raise self.fail(
@@ -200,20 +202,20 @@ class _Checker:
             )
         return text
 
-    def user(self, value: Any, path: tuple) -> str:
+    def user(self, value: Any, path: KeyPath) -> str:
         text = self.string(value, path)
         if not is_login_name(text):
             raise self.fail(path, "a login name (letters, digits, '.', '-', '_')", value)
         return text
 
-    def str_list(self, value: Any, path: tuple) -> tuple[str, ...]:
+    def str_list(self, value: Any, path: KeyPath) -> tuple[str, ...]:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             raise self.fail(path, "a list of arguments (YAML list, e.g. [--epochs, \"3\"])", value)
         if not isinstance(value, list):
             raise self.fail(path, "a list of arguments", value)
         return tuple(self.string(item, path + (i,), nonempty=False) for i, item in enumerate(value))
 
-    def env_map(self, value: Any, path: tuple) -> tuple[tuple[str, str], ...]:
+    def env_map(self, value: Any, path: KeyPath) -> tuple[tuple[str, str], ...]:
         if not isinstance(value, dict):
             raise self.fail(path, "a mapping of environment variables (NAME: value)", value)
         block = value
@@ -252,7 +254,7 @@ TOP_KEYS = ("cluster", "commands", "join", "publish")
 MAX_WORKERS = 4096
 
 
-def check_cluster(c: _Checker, value: Any) -> ClusterSpec:
+def check_cluster(c: Checker, value: Any) -> ClusterSpec:
     path = ("cluster",)
     block = c.mapping(value, path, ClusterSpec._fields)
     controller = _controller(c, block.get("controller"), path + ("controller",))
@@ -282,7 +284,7 @@ def check_cluster(c: _Checker, value: Any) -> ClusterSpec:
     return ClusterSpec(controller=controller, ssh=ssh, workers=tuple(workers))
 
 
-def _controller(c: _Checker, value: Any, path: tuple) -> ControllerSpec:
+def _controller(c: Checker, value: Any, path: KeyPath) -> ControllerSpec:
     if value is None:
         return ControllerSpec()
     if isinstance(value, (str, int)) and not isinstance(value, bool):
@@ -315,7 +317,7 @@ def _controller(c: _Checker, value: Any, path: tuple) -> ControllerSpec:
                           peer_connections=peer_connections)
 
 
-def _join_policy(c: _Checker, value: Any, path: tuple) -> JoinPolicy:
+def _join_policy(c: Checker, value: Any, path: KeyPath) -> JoinPolicy:
     if value is None:
         return JoinPolicy()
     block = c.mapping(value, path, _JOIN_POLICY_KEYS)
@@ -345,7 +347,7 @@ def _join_policy(c: _Checker, value: Any, path: tuple) -> JoinPolicy:
     )
 
 
-def _worker(c: _Checker, value: Any, path: tuple, ssh: SshDefaults) -> WorkerSpec:
+def _worker(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults) -> WorkerSpec:
     block = c.mapping(value, path, _WORKER_KEYS)
     if block.get("host") is None:
         raise c.fail(path + ("host",), "the worker's logical host name", None, "Every worker needs host:.")
@@ -377,7 +379,7 @@ def _worker(c: _Checker, value: Any, path: tuple, ssh: SshDefaults) -> WorkerSpe
     )
 
 
-def check_commands(c: _Checker, value: Any) -> dict[str, CommandSpec]:
+def check_commands(c: Checker, value: Any) -> dict[str, CommandSpec]:
     path = ("commands",)
     if not isinstance(value, dict):
         raise c.fail(path, "a mapping of command names to their definitions", value)
@@ -417,7 +419,7 @@ def check_commands(c: _Checker, value: Any) -> dict[str, CommandSpec]:
     return out
 
 
-def check_join(c: _Checker, value: Any) -> JoinDefaults:
+def check_join(c: Checker, value: Any) -> JoinDefaults:
     """The join: block, each key checked the way its declaration (fdl.config.join_fields) says."""
     path = ("join",)
     block = c.mapping(value, path, JOIN_KEYS)
@@ -428,7 +430,7 @@ def check_join(c: _Checker, value: Any) -> JoinDefaults:
     return JoinDefaults(**kwargs)
 
 
-def _join_value(c: _Checker, check: str, value: Any, here: tuple[Any, ...]) -> Any:
+def _join_value(c: Checker, check: str, value: Any, here: KeyPath) -> Any:
     if check == "bool":
         return c.boolean(value, here)
     if check == "fraction":
@@ -451,7 +453,7 @@ def _join_value(c: _Checker, check: str, value: Any, here: tuple[Any, ...]) -> A
     return c.string(value, here)
 
 
-def check_publish(c: _Checker, value: Any) -> PublishDefaults:
+def check_publish(c: Checker, value: Any) -> PublishDefaults:
     path = ("publish",)
     block = c.mapping(value, path, PUBLISH_KEYS)
     kwargs: dict[str, Any] = {}
