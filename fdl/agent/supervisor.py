@@ -69,11 +69,6 @@ def worker_env(env: dict[str, str], *, local_ranks: int, restart_count: int = 0,
     return out
 
 
-class RankResult(NamedTuple):
-    rank: int
-    code: int | None  # None: still running / never started
-
-
 class GroupResult(NamedTuple):
     codes: dict[int, int | None]  # rank -> exit code
     first_failure: int | None  # rank that failed first, None when all exited 0
