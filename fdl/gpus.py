@@ -1,10 +1,10 @@
-"""The global --gpus selection: `all` or explicit physical indices like `0,1`."""
+"""The global --gpus selection: `all` or explicit physical indices like `0,1` (read by fdl.checks.devices)."""
 
 from __future__ import annotations
 
-import re
 from typing import NamedTuple
 
+from fdl.checks.devices import parse_gpu_ids
 from fdl.errors import UsageError
 
 
@@ -25,19 +25,10 @@ def parse_gpus(spec: str, present: int | None = -1) -> GpuSelection:
         raise UsageError("--gpus needs a value: 'all' or GPU indices like 0,1.")
     if text == "all":
         return GpuSelection(spec, None)
-    ids: list[int] = []
-    for entry in text.split(","):
-        part = entry.strip()
-        if not part:
-            raise UsageError(f"--gpus {spec!r}: an empty entry; list indices like 0,1 with no gaps.")
-        if part.startswith("-") and re.fullmatch(r"[0-9]+", part[1:]):
-            raise UsageError(f"--gpus {spec!r}: {part} is negative; GPU indices start at 0.")
-        if not re.fullmatch(r"[0-9]{1,9}", part):
-            raise UsageError(f"--gpus {spec!r}: {part!r} is not a GPU index; use 'all' or whole numbers like 0,1.")
-        index = int(part)
-        if index in ids:
-            raise UsageError(f"--gpus {spec!r}: GPU {index} is listed twice.")
-        ids.append(index)
+    try:
+        ids = parse_gpu_ids(text)
+    except ValueError as exc:
+        raise UsageError(f"--gpus {spec!r}: {exc}.") from None
     if present == -1:
         present = nvml_device_count()
     if present is not None:
@@ -48,7 +39,7 @@ def parse_gpus(spec: str, present: int | None = -1) -> GpuSelection:
                 f"{'s' if present != 1 else ''} (indices 0 to {present - 1})." if present else
                 f"--gpus {spec!r}: this host has no GPUs that NVML can see."
             )
-    return GpuSelection(spec, tuple(ids))
+    return GpuSelection(spec, ids)
 
 
 def nvml_device_count() -> int | None:

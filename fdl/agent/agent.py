@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import IO
+from typing import IO, TYPE_CHECKING, Any
 
 from fdl import __version__
 from fdl.agent.backoff import Backoff
@@ -32,6 +32,10 @@ from fdl.agent.prepare import Prepared, prepare
 from fdl.agent.supervisor import GroupResult, Supervisor
 from fdl.agent.tunnel import Tunnel, local_address_toward
 from fdl.errors import ExitCode, FdlError
+
+if TYPE_CHECKING:
+    from fdl.controller.client import ControllerClient, ControllerError, ControllerRefused
+    from fdl.controller.protocol import Hello
 
 Note = Callable[[str], None]
 #: Refusals a re-dial cannot mend: the credential is wrong, or the controller cannot parse what we send.
@@ -84,14 +88,14 @@ class RankEnvRefused(FdlError):
     exit_code = ExitCode.PERMANENT
 
 
-def refusal_error(exc, address: str) -> JoinRefused:
+def refusal_error(exc: ControllerRefused, address: str) -> JoinRefused:
     reason = getattr(exc, "reason", "refused")
     code = ExitCode.PERMANENT if reason in PERMANENT_REFUSALS else ExitCode.FAILURE
     return JoinRefused(f"the controller at {address} refused this box ({reason}): {exc.message}", reason=reason,
                        hint=_REFUSAL_HINTS.get(reason), exit_code=code)
 
 
-def _unreachable(exc, address: str, tunneled: bool) -> Unreachable:
+def _unreachable(exc: ControllerError, address: str, tunneled: bool) -> Unreachable:
     via = " through the ssh tunnel" if tunneled else ""
     return Unreachable(f"{exc.message}{via}.",
                        hint=exc.hint or "The controller runs only while its launcher does; start the run (or wait "
@@ -103,7 +107,7 @@ class JoinAgent:
 
     def __init__(self, options: JoinOptions, *, note: Note = lambda _: None,
                  on_line: Callable[[int, str], None] | None = None, environ: Mapping[str, str] | None = None,
-                 build_output: IO | None = None, sleep: Callable[[float], None] = time.sleep):
+                 build_output: IO[str] | None = None, sleep: Callable[[float], None] = time.sleep):
         self.options = options
         self.note = note
         self.on_line = on_line
@@ -174,7 +178,7 @@ class JoinAgent:
                     raise
                 return self._run_world(client, ticket, world, prep, admitted)
 
-    def _hello(self, prep: Prepared):
+    def _hello(self, prep: Prepared) -> Hello:
         from fdl.controller.protocol import Hello
 
         opts = self.options
@@ -186,13 +190,13 @@ class JoinAgent:
                      gpu_ram_share=opts.gpu_ram_share, gpu_names=prep.offer.gpu_names,
                      agent=f"fdl-join/{__version__}")
 
-    def _wait_world(self, client, ticket: str) -> dict:
+    def _wait_world(self, client: ControllerClient, ticket: str) -> dict[str, Any]:
         while True:
             world = client.wait_world(ticket, wait_s=WORLD_POLL_S)
             if world is not None:
                 return world
 
-    def _count_run(self, ranks: list, shape: dict) -> int:
+    def _count_run(self, ranks: list[dict[str, Any]], shape: dict[str, Any]) -> int:
         """TORCHELASTIC_RESTART_COUNT for this world: how many worlds of the same run (the same
         TORCHELASTIC_RUN_ID, e.g. one published run re-dialed after a failure) this agent already ran."""
         env = (ranks[0].get("env") or {}) if ranks else {}
@@ -205,7 +209,8 @@ class JoinAgent:
             self.runs.pop(next(iter(self.runs)))
         return count
 
-    def _run_world(self, client, ticket: str, world: dict, prep: Prepared, admitted: dict) -> int:
+    def _run_world(self, client: ControllerClient, ticket: str, world: dict[str, Any], prep: Prepared,
+                   admitted: dict[str, Any]) -> int:
         from fdl.controller.client import ControllerError, ControllerRefused, UnverifiedController
         from fdl.controller.protocol import refused_rank_env, without_secrets
 
@@ -213,7 +218,7 @@ class JoinAgent:
         ranks = world.get("ranks") or []
         refused = sorted({name for r in ranks for name in refused_rank_env(r.get("env") or {})})
         if refused or not all(isinstance(r.get("rank"), int) for r in ranks):
-            detail = f"refused the controller's rank environment: {', '.join(refused) or 'malformed ranks'}"
+            detail: str | None = f"refused the controller's rank environment: {', '.join(refused) or 'malformed ranks'}"
             try:
                 client.report_exit(ticket, ExitCode.PERMANENT, detail)
             except (ControllerError, ControllerRefused, FdlError) as exc:
@@ -311,7 +316,7 @@ class JoinAgent:
         return code
 
 
-def print_note(stream: IO | None = None) -> Note:
+def print_note(stream: IO[str] | None = None) -> Note:
     """A note printer for the command line: `fdl: join: ...` on stderr."""
     out = sys.stderr if stream is None else stream
 

@@ -52,7 +52,7 @@ class Backoff:
 
     def ceiling(self) -> float:
         """The upper bound of the next wait after a failure (without drawing it)."""
-        return min(self.max_s, self.base_s * 2 ** max(0, self.failures - 1))
+        return float(min(self.max_s, self.base_s * 2 ** max(0, self.failures - 1)))
 
     def after_failure(self) -> float:
         """Count one more failure and return how long to wait before the next dial."""

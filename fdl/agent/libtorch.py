@@ -38,12 +38,15 @@ import tempfile
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from fdl.agent.gpu import Offer
 from fdl.agent.options import LIBTORCH_VARIANTS
 from fdl.errors import FdlError, PermanentError
 from fdl.fsio import atomic_write, fsync_dir
+
+if TYPE_CHECKING:
+    import requests
 
 CONNECT_TIMEOUT_S = 15
 READ_TIMEOUT_S = 60
@@ -157,7 +160,7 @@ def ensure_variant(variant: str, *, mirror: str | None, environ: Mapping[str, st
     return Installed(variant=variant, path=target, label=label, vendor=vendor_of(variant), acquired=acquired)
 
 
-def _get(session, url: str, *, stream: bool = False):
+def _get(session: requests.Session, url: str, *, stream: bool = False) -> requests.Response:
     import requests
 
     try:

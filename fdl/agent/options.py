@@ -11,9 +11,13 @@ so a `--persist` box stops instead of looping on it.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from fdl.config.schema import DEFAULT_PORT, Devices, JoinDefaults, is_valid_host, parse_devices, split_host_port
+from fdl.checks.devices import Devices, parse_devices
+from fdl.config.join_fields import CLI_FIELDS, SETTINGS, JoinDefaults, flag_of
+from fdl.config.parse import DEFAULT_PORT, is_login_name, is_valid_host, split_host_port
+from fdl.config.schema import DEFAULT_DATA_PATH
 from fdl.errors import UsageError
 
 #: --libtorch values; the directory each installs to, under ~/.flodl/libtorch/.
@@ -25,11 +29,8 @@ LIBTORCH_VARIANTS = {
     "rocm7.1": "precompiled/rocm71",
 }
 LIBTORCH_CHOICES = ("auto", *LIBTORCH_VARIANTS)
-DEFAULT_DATA_PATH = "/flodl/data"
 TUNNEL_DEFAULT_CONTROLLER = ("127.0.0.1", DEFAULT_PORT)
-_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
-_FIELDS = ("controller", "ssh", "identity", "token", "bin", "source", "source_cwd", "source_build", "source_bin",
-           "libtorch", "host", "devices", "persist", "data_path", "data_source", "gpu_ram_share", "no_sig_probe")
+_SECRET = frozenset(name for name, setting in SETTINGS if setting.secret)
 
 
 class SshHop(NamedTuple):
@@ -64,7 +65,11 @@ class SshfsSource(NamedTuple):
 
 
 class JoinOptions(NamedTuple):
-    """The resolved options of one `fdl join` (valid by construction)."""
+    """The resolved options of one `fdl join` (valid by construction).
+
+    One field per join setting (fdl.config.join_fields, in its order), each in
+    its parsed type, then `args_given`; a unit test holds the two together.
+    """
 
     controller: tuple[str, int]  # as seen from the ssh host with --ssh, else as dialled
     ssh: SshHop | None = None
@@ -84,8 +89,14 @@ class JoinOptions(NamedTuple):
     gpu_ram_share: float | None = None
     no_sig_probe: bool = False
     args: tuple[str, ...] | None = None  # None: nothing given (the manifest or the world may fill in)
-    args_given: bool = False  # args came from the command line (a `--` tail, even an empty one)
     libtorch_mirror: str | None = None
+    args_given: bool = False  # args came from the command line (a `--` tail, even an empty one)
+
+    def __repr__(self) -> str:
+        """Secret settings (the token) show as '(set)': options end up in notes and tracebacks."""
+        shown = (f"{name}={'(set)' if name in _SECRET and value is not None else repr(value)}"
+                 for name, value in zip(self._fields, self, strict=True))
+        return f"JoinOptions({', '.join(shown)})"
 
     @property
     def controller_text(self) -> str:
@@ -99,17 +110,6 @@ class JoinOptions(NamedTuple):
             return None
         return self.data_path or DEFAULT_DATA_PATH
 
-    def redacted(self) -> dict:
-        """The options as a dict for notes and --json: the token never appears."""
-        out = {name: getattr(self, name) for name in _FIELDS}
-        out["controller"] = self.controller_text
-        out["ssh"] = None if self.ssh is None else str(self.ssh)
-        out["devices"] = str(self.devices)
-        out["data_source"] = None if self.data_source is None else self.data_source.spec
-        out["token"] = None if self.token is None else "(set)"
-        out["args"] = None if self.args is None else list(self.args)
-        return out
-
 
 def _bad(message: str, hint: str | None = None) -> UsageError:
     return UsageError(message, hint=hint)
@@ -122,7 +122,7 @@ def parse_ssh_hop(text: str) -> SshHop:
     rest = raw
     if "@" in raw:
         user, _, rest = raw.rpartition("@")
-        if not _USER_RE.match(user):
+        if not is_login_name(user):
             raise _bad(f"--ssh {text!r}: {user!r} is not a login name.", "Spell it [user@]host[:port].")
     try:
         host, port = split_host_port(rest, default_port=0)
@@ -143,7 +143,7 @@ def parse_sshfs_source(text: str) -> SshfsSource:
     at = rest.find("@")
     if at != -1 and at < rest.find(":"):
         user, rest = rest[:at], rest[at + 1:]
-        if not _USER_RE.match(user):
+        if not is_login_name(user):
             raise _bad(f"--data-source {text!r} does not parse: {user!r} is not a login name.", f"The form is {form}.")
     if rest.startswith("["):
         host, close, after = rest[1:].partition("]")
@@ -179,21 +179,23 @@ def _absolute(value: str, flag: str) -> str:
 
 
 def resolve_options(defaults: JoinDefaults | None, flags: dict[str, Any], tail: list[str] | None, *,
-                    environ: dict | None = None) -> JoinOptions:
+                    environ: Mapping[str, str] | None = None) -> JoinOptions:
     """Merge command-line flags over the `join:` block and validate the result.
 
-    `flags` maps JoinArgs field names to the flag's value, None when the flag
-    was not given. `tail` is what followed a standalone `--` (None: no `--`).
+    `flags` maps join fields that are flags (join_fields.CLI_FIELDS) to the
+    flag's value, None when the flag was not given; `devices` may be text (a
+    --devices flag, parsed here) or an already parsed Devices. `tail` is what
+    followed a standalone `--` (None: no `--`).
     """
     import os
 
-    environ = os.environ if environ is None else environ
+    env: Mapping[str, str] = os.environ if environ is None else environ
     block = defaults or JoinDefaults()
-    unknown = set(flags) - set(_FIELDS)
+    unknown = set(flags) - set(CLI_FIELDS)
     if unknown:
         raise ValueError(f"unknown join fields: {sorted(unknown)}")
     merged: dict[str, Any] = {}
-    for name in _FIELDS:
+    for name in CLI_FIELDS:
         value = flags.get(name)
         merged[name] = getattr(block, name) if value is None else value
 
@@ -213,7 +215,7 @@ def resolve_options(defaults: JoinDefaults | None, flags: dict[str, Any], tail: 
     if merged["source"] is None:
         for name in ("source_cwd", "source_build", "source_bin"):
             if flags.get(name) is not None:
-                raise _bad(f"--{name.replace('_', '-')} applies to a --source build, and no --source is set.")
+                raise _bad(f"{flag_of(name)} applies to a --source build, and no --source is set.")
             merged[name] = None
     else:
         from fdl.agent.source import check_source_spec
@@ -239,7 +241,7 @@ def resolve_options(defaults: JoinDefaults | None, flags: dict[str, Any], tail: 
     devices = Devices()
     if merged["devices"] is not None:
         try:
-            devices = parse_devices(str(merged["devices"]))
+            devices = parse_devices(merged["devices"])  # a Devices (the join: block, --gpus) passes through
         except ValueError as exc:
             raise _bad(f"--devices {merged['devices']!r}: {exc}.",
                        "Offer GPU ids like 0,1, 'all', or cpu:N for N CPU ranks.") from None
@@ -269,7 +271,7 @@ def resolve_options(defaults: JoinDefaults | None, flags: dict[str, Any], tail: 
         args, given = tuple(block.args), False
     else:
         args, given = None, False
-    mirror = (environ.get("FDL_LIBTORCH_MIRROR") or "").strip() or block.libtorch_mirror
+    mirror = (env.get("FDL_LIBTORCH_MIRROR") or "").strip() or block.libtorch_mirror
     if mirror is not None and not re.match(r"^https?://[^\s/]+", mirror):
         raise _bad(f"libtorch mirror {mirror!r} is not an http:// or https:// base URL.",
                    "Set FDL_LIBTORCH_MIRROR (or libtorch_mirror: in the join: block) to e.g. "

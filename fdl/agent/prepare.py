@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import IO, TYPE_CHECKING, NamedTuple
 
 from fdl.agent.data import prepare_data, prove_writable
 from fdl.agent.gpu import Offer, check_gpu_stack
@@ -30,6 +30,9 @@ from fdl.agent.libtorch import ensure_variant, home_of, libtorch_root, route_aut
 from fdl.agent.options import JoinOptions
 from fdl.agent.signature import probe_signature, probe_timeout
 from fdl.errors import PermanentError
+
+if TYPE_CHECKING:
+    from fdl.publish.libtorch import Libtorch
 
 Note = Callable[[str], None]
 
@@ -39,7 +42,7 @@ class Prepared(NamedTuple):
 
     offer: Offer
     data_root: str | None
-    libtorch: object | None  # fdl.publish.libtorch.Libtorch
+    libtorch: Libtorch | None
     binary: str
     cwd: str
     args: tuple[str, ...] | None
@@ -74,7 +77,7 @@ def stage_root(environ: Mapping[str, str] | None = None) -> Path:
     return Path(home) / ".flodl" / "join"
 
 
-def _resolve_libtorch(options: JoinOptions, offer: Offer, environ: Mapping[str, str], note: Note):
+def _resolve_libtorch(options: JoinOptions, offer: Offer, environ: Mapping[str, str], note: Note) -> Libtorch | None:
     from fdl.publish.libtorch import Libtorch, resolve_active
 
     if options.libtorch is None:
@@ -90,7 +93,7 @@ def _resolve_libtorch(options: JoinOptions, offer: Offer, environ: Mapping[str, 
 
 
 def prepare(options: JoinOptions, *, environ: Mapping[str, str] | None = None, note: Note = lambda _: None,
-            build_output: IO | None = None) -> Prepared:
+            build_output: IO[str] | None = None) -> Prepared:
     """Run every preparation step; raises FdlError (exit code = its class) on the first that fails."""
     environ = os.environ if environ is None else environ
     offer = check_gpu_stack(options.devices, environ)

@@ -28,11 +28,17 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import IO, TYPE_CHECKING, NamedTuple, TypeVar
 
 from fdl.errors import ExitCode, FdlError, PermanentError
 
 Note = Callable[[str], None]
+_T = TypeVar("_T")
+
+if TYPE_CHECKING:
+    from fdl.publish.libtorch import Libtorch
+    from fdl.publish.manifest import Manifest
+    from fdl.publish.spec import SourceSpec
 
 
 class BuildError(FdlError):
@@ -49,7 +55,7 @@ class Built(NamedTuple):
     origin: str
 
 
-def check_source_spec(spec: str):
+def check_source_spec(spec: str) -> SourceSpec:
     """Parse a --source spec; a spec that does not parse is permanent for a worker (exit 2)."""
     from fdl.publish.spec import SourceSpecError, parse_source_spec
 
@@ -59,7 +65,7 @@ def check_source_spec(spec: str):
         raise exc.permanent() from None
 
 
-def fetch(spec_text: str, tree: Path, *, identity: str | None, source_bin: str | None, note: Note):
+def fetch(spec_text: str, tree: Path, *, identity: str | None, source_bin: str | None, note: Note) -> Manifest | None:
     """Bring the source into `tree`; returns the run manifest, or None for an unpublished tree."""
     from fdl.publish.fetch import FetchError, check_tools, materialize, pull_run
     from fdl.publish.manifest import ManifestMissing, read_manifest
@@ -84,7 +90,7 @@ def fetch(spec_text: str, tree: Path, *, identity: str | None, source_bin: str |
         return None
 
 
-def _pick(flag: str | None, manifest_value, default, what: str, note: Note):
+def _pick(flag: _T | None, manifest_value: _T | None, default: _T, what: str, note: Note) -> _T:
     if flag is not None:
         if manifest_value is not None and flag != manifest_value:
             note(f"source: --source-{what} {flag!r} overrides the published run's {what} {manifest_value!r}")
@@ -93,7 +99,8 @@ def _pick(flag: str | None, manifest_value, default, what: str, note: Note):
 
 
 def build(spec_text: str, tree: Path, *, cwd: str | None, recipe: str | None, source_bin: str | None,
-          identity: str | None, libtorch, output: IO | None = None, note: Note = lambda _: None) -> Built:
+          identity: str | None, libtorch: Libtorch | None, output: IO[str] | None = None,
+          note: Note = lambda _: None) -> Built:
     """Fetch and build; `libtorch` is a fdl.publish.libtorch.Libtorch (or None for a recipe that links none)."""
     from fdl.publish.gate import header_install_line, headers_present, package_manager, run_recipe, vendor_header
     from fdl.publish.libtorch import build_env
@@ -133,8 +140,8 @@ def build(spec_text: str, tree: Path, *, cwd: str | None, recipe: str | None, so
             f"the build toolchain is missing on this box.",
             hint="Install the toolchain the recipe needs (for cargo: rustup, https://rustup.rs) in this user's PATH.")
     if code != 0:
-        vendor = getattr(libtorch, "vendor", None)
-        if vendor is not None and not headers_present(vendor, env):
+        vendor = None if libtorch is None else libtorch.vendor
+        if libtorch is not None and vendor is not None and not headers_present(vendor, env):
             line = header_install_line(vendor, package_manager(env.get("PATH")))
             raise PermanentError(
                 f"the source did not compile (`{recipe}` exited {code}), and this box has no "

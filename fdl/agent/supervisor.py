@@ -38,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 RESULT_PREFIX = "fdl-supervisor-result: "
 NOTE_PREFIX = "fdl supervisor: "  # the supervisor's own notes, on stderr
@@ -50,7 +50,8 @@ WORKER_ENV = ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "OMP_NU
               "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 
 
-def worker_env(env: dict, *, local_ranks: int, restart_count: int = 0, max_restarts: int = 0) -> dict:
+def worker_env(env: dict[str, str], *, local_ranks: int, restart_count: int = 0,
+               max_restarts: int = 0) -> dict[str, str]:
     """One rank's environment completed the way torchrun's agent completes it on its node.
 
     TORCHELASTIC_RESTART_COUNT / TORCHELASTIC_MAX_RESTARTS are this host's own (0 and 0 unless a
@@ -69,7 +70,7 @@ def worker_env(env: dict, *, local_ranks: int, restart_count: int = 0, max_resta
 
 
 class GroupResult(NamedTuple):
-    codes: dict  # rank -> exit code
+    codes: dict[int, int | None]  # rank -> exit code
     first_failure: int | None  # rank that failed first, None when all exited 0
     reason: str  # "ok", "rank-failed", "orphaned", "terminated"
 
@@ -80,7 +81,7 @@ class GroupResult(NamedTuple):
         code = self.codes.get(self.first_failure)
         return code if code else 1
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"codes": {str(k): v for k, v in self.codes.items()}, "first_failure": self.first_failure,
                 "reason": self.reason, "exit_code": self.exit_code}
 
@@ -96,7 +97,7 @@ def die_with_parent() -> None:
         pass
 
 
-def stop_process_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
     """End a child started with start_new_session=True and everything in its group: TERM, then KILL."""
     if proc.poll() is None:
         try:
@@ -125,8 +126,9 @@ def _exit_code(returncode: int) -> int:
 class Supervisor:
     """Runs one process per rank and supervises them as a group."""
 
-    def __init__(self, argv: list[str], ranks: list[dict], *, cwd: str | None = None, log_dir: str | None = None,
-                 label: str = "", grace_s: float = 10.0, base_env: dict | None = None,
+    def __init__(self, argv: list[str], ranks: list[dict[str, Any]], *, cwd: str | None = None,
+                 log_dir: str | None = None,
+                 label: str = "", grace_s: float = 10.0, base_env: dict[str, str] | None = None,
                  on_line: Callable[[int, str], None] | None = None, restart_count: int = 0,
                  max_restarts: int = 0, on_note: Callable[[str], None] | None = None):
         if not argv:
@@ -142,7 +144,7 @@ class Supervisor:
         self.on_note = on_note or self._note
         self.restart_count = restart_count
         self.max_restarts = max_restarts
-        self.procs: dict[int, subprocess.Popen] = {}
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.codes: dict[int, int] = {}
         self._pumps: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -160,7 +162,7 @@ class Supervisor:
             sys.stderr.write(f"{NOTE_PREFIX}{text}\n")
             sys.stderr.flush()
 
-    def rank_env(self, spec: dict) -> dict:
+    def rank_env(self, spec: dict[str, Any]) -> dict[str, str]:
         """The environment one rank starts with."""
         env = dict(self.base_env)
         env.update({str(k): str(v) for k, v in (spec.get("env") or {}).items()})
@@ -181,7 +183,8 @@ class Supervisor:
             try:
                 proc = subprocess.Popen(
                     self.argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,  # noqa: PLW1509 - PR_SET_PDEATHSIG can only be set in the child between fork and exec
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                    preexec_fn=die_with_parent,  # noqa: PLW1509 - PR_SET_PDEATHSIG can only be set in the child
                 )
             except OSError as exc:
                 self.codes[rank] = 127
@@ -193,8 +196,9 @@ class Supervisor:
             pump.start()
             self._pumps.append(pump)
 
-    def _pump(self, rank: int, proc: subprocess.Popen) -> None:
-        log = open(os.path.join(self.log_dir, f"rank-{rank}.log"), "a", encoding="utf-8") if self.log_dir else None  # noqa: SIM115 - optional; closed in the finally below
+    def _pump(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+        log = (open(os.path.join(self.log_dir, f"rank-{rank}.log"), "a", encoding="utf-8")  # noqa: SIM115 (closed below)
+               if self.log_dir else None)
         try:
             if proc.stdout is None:  # started without stdout=PIPE: nothing to relay
                 return

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from .devices import parse_gpu_ids
 from .health import declared_gpu_ids
 from .report import ERROR, OK, WARNING, CheckResult
 
@@ -33,7 +34,7 @@ class Selection:
     missing: tuple[str, ...] = ()  # entries naming a device this host does not have
 
 
-def parse_selection(gpus: str | Iterable[Any] | None, environ: Mapping[str, str], devices: list[NvmlDevice],
+def parse_selection(gpus: Any, environ: Mapping[str, str], devices: Sequence[NvmlDevice],
                     source: str = "--gpus") -> Selection:
     """The selection in force: an explicit `gpus` (ids or "all"/"0,1") wins over CUDA_VISIBLE_DEVICES.
 
@@ -47,10 +48,13 @@ def parse_selection(gpus: str | Iterable[Any] | None, environ: Mapping[str, str]
         spec = gpus if isinstance(gpus, str) else ",".join(str(int(i)) for i in gpus)
         if spec.strip() == "all":
             return Selection(source, "all", None)
-        parts = [part.strip() for part in spec.split(",") if part.strip()]
+        try:
+            ids = parse_gpu_ids(spec)
+        except ValueError:  # names nothing this host has
+            return Selection(source, spec, (), (spec.strip(),))
         present = {d.index for d in devices}
-        picked = tuple(int(p) for p in parts if p.isdigit() and int(p) in present)
-        return Selection(source, spec, picked, tuple(p for p in parts if not (p.isdigit() and int(p) in present)))
+        return Selection(source, spec, tuple(i for i in ids if i in present),
+                         tuple(str(i) for i in ids if i not in present))
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return Selection(None, None, None)
@@ -63,7 +67,7 @@ def parse_selection(gpus: str | Iterable[Any] | None, environ: Mapping[str, str]
     return Selection("CUDA_VISIBLE_DEVICES", visible, tuple(chosen))
 
 
-def _match_device(entry: str, devices: list[NvmlDevice]) -> int | None:
+def _match_device(entry: str, devices: Sequence[NvmlDevice]) -> int | None:
     if entry.isdigit():
         index = int(entry)
         return index if any(d.index == index for d in devices) else None

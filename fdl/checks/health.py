@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from .devices import parse_devices
 from .report import ERROR, OK, SKIPPED, WARNING, CheckResult
 
 if TYPE_CHECKING:
@@ -158,13 +159,11 @@ def declared_gpu_ids(local_devices: str | Iterable[Any] | None) -> list[int] | N
     """The GPU ids a worker declares (`local_devices`: [0, 1], "0,1"); None for none declared or CPU ranks."""
     if local_devices is None:
         return None
-    if isinstance(local_devices, str):
-        text = local_devices.strip()
-        if not text or text.startswith("cpu") or text == "all":
-            return None
-        parts = [p.strip() for p in text.split(",") if p.strip()]
-        return [int(p) for p in parts if p.isdigit()]
-    return [int(i) for i in local_devices]
+    try:
+        devices = parse_devices(local_devices)
+    except ValueError:  # the configuration check refuses it; nothing is declared here
+        return None
+    return None if devices.is_cpu or devices.ids is None else list(devices.ids)
 
 
 def check_gpu_count(inventory: NvmlInventory | None, local_devices: str | Iterable[Any] | None = None) -> CheckResult:

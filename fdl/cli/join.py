@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import sys
@@ -9,8 +10,10 @@ from typing import Annotated, Any
 
 import typer
 
+from fdl.checks.devices import Devices
 from fdl.cli.context import globals_of
 from fdl.cli.tail import TailCommand, tail
+from fdl.config.join_fields import SETTINGS, flag_of, flag_type
 from fdl.errors import ConfigError, PermanentError
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
@@ -32,81 +35,30 @@ bad token). --persist re-dials everything but 2.
 """
 
 
-@app.command(name="join", cls=TailCommand, help=HELP,
-             context_settings={"help_option_names": ["-h", "--help"]})
 def join(
     ctx: typer.Context,
     address: Annotated[str | None, typer.Argument(
         metavar="[CONTROLLER]", help="Controller address host[:port] (default port 1337); same as --controller.",
         show_default=False)] = None,
-    controller: Annotated[str | None, typer.Option(
-        "--controller", metavar="HOST[:PORT]",
-        help="Controller address. With --ssh, as seen FROM the ssh host (default 127.0.0.1:1337).")] = None,
-    ssh: Annotated[str | None, typer.Option(
-        "--ssh", metavar="[USER@]HOST[:PORT]",
-        help="Reach the controller through this sshd: an ssh -L forward of its port, torn down on exit.")] = None,
-    identity: Annotated[str | None, typer.Option(
-        "--identity", metavar="KEY", help="Private key for the tunnel (ssh -i); also used by sshfs and rsync.")] = None,
-    token: Annotated[str | None, typer.Option(
-        "--token", metavar="HEX", envvar="FDL_JOIN_TOKEN", show_envvar=True,
-        help="The run's pre-shared token (controller.join.token). Prefer FDL_JOIN_TOKEN: argv is public.")] = None,
-    bin_: Annotated[str | None, typer.Option(
-        "--bin", metavar="PATH", help="Training binary on this box (exclusive with --source).")] = None,
-    source: Annotated[str | None, typer.Option(
-        "--source", metavar="SPEC",
-        help="Fetch and build here: file:///abs, rsync://[user@]host[:port]:/abs or git+https://host/o/r#ref.")] = None,
-    source_cwd: Annotated[str | None, typer.Option(
-        "--source-cwd", metavar="DIR", help="Project directory inside the fetched tree (default: its root).")] = None,
-    source_build: Annotated[str | None, typer.Option(
-        "--source-build", metavar="RECIPE",
-        help="Build recipe, a shell line (default: cargo build --release); gets LIBTORCH_PATH, FDL_GPU_FEATURE, "
-             "LD_LIBRARY_PATH.")] = None,
-    source_bin: Annotated[str | None, typer.Option(
-        "--source-bin", metavar="PATH", help="Built artifact relative to the project dir, e.g. "
-                                             "target/release/train.")] = None,
-    libtorch: Annotated[str | None, typer.Option(
-        "--libtorch", metavar="VARIANT",
-        help="Acquire libtorch into ~/.flodl/libtorch first: auto, cpu, cu126, cu128, rocm7.0, rocm7.1 "
-             "(default: whatever is active here).")] = None,
-    host: Annotated[str | None, typer.Option(
-        "--host", metavar="NAME", help="Name in the roster (default: this machine's hostname).")] = None,
-    devices: Annotated[str | None, typer.Option(
-        "--devices", metavar="IDS", help="GPU ids to offer, e.g. 0,1 (default: all); cpu:N for N CPU ranks.")] = None,
-    persist: Annotated[bool | None, typer.Option(
-        "--persist/--no-persist", help="Keep re-dialing across runs with backoff; stop only on exit 2.",
-        show_default=False)] = None,
-    data_path: Annotated[str | None, typer.Option(
-        "--data-path", metavar="DIR", help="Dataset root on this box, shipped to the ranks (default "
-                                           "/flodl/data when --data-source is set).")] = None,
-    data_source: Annotated[str | None, typer.Option(
-        "--data-source", metavar="sshfs://USER@HOST:/PATH",
-        help="Mount the dataset root read-only from there when it is not already in place.")] = None,
-    gpu_ram_share: Annotated[float | None, typer.Option(
-        "--gpu-ram-share", metavar="FRACTION",
-        help="APU boxes: the share of host RAM the integrated GPU may use, e.g. 0.5; shipped to the ranks.")] = None,
-    no_sig_probe: Annotated[bool | None, typer.Option(
-        "--no-sig-probe/--sig-probe", help="Skip the pre-dial model-signature probe.", show_default=False)] = None,
+    **flags: Any,
 ) -> int:
+    """The options after CONTROLLER are the join settings' flags (`_flag_parameters`), passed as `flags`."""
     from fdl.agent.agent import JoinAgent, Stopped, print_note
     from fdl.agent.options import resolve_options
 
     g = globals_of(ctx)
+    controller = flags["controller"]
     if address is not None and controller is not None and address != controller:
         from fdl.errors import UsageError
 
         raise UsageError(f"two controller addresses given ({address} and --controller {controller}); give one.")
-    if devices is None and g.gpus is not None and g.gpus.ids is not None:
-        devices = ",".join(map(str, g.gpus.ids))
+    flags["controller"] = address or controller
+    if flags["devices"] is None and g.gpus is not None and g.gpus.ids is not None:
+        flags["devices"] = Devices(ids=g.gpus.ids)
     try:
         defaults = g.config(required=False).join
     except ConfigError as exc:  # a worker's config that does not parse will not parse on the next dial either
         raise PermanentError(exc.message, hint=exc.hint) from None
-    flags: dict[str, Any] = {
-        "controller": address or controller, "ssh": ssh, "identity": identity, "token": token, "bin": bin_,
-        "source": source, "source_cwd": source_cwd, "source_build": source_build, "source_bin": source_bin,
-        "libtorch": libtorch, "host": host, "devices": devices, "persist": persist, "data_path": data_path,
-        "data_source": data_source, "gpu_ram_share": gpu_ram_share, "no_sig_probe": no_sig_probe,
-    }
     options = resolve_options(defaults, flags, tail(ctx))
     note = print_note()
     agent = JoinAgent(options, note=note, environ=dict(os.environ))
@@ -126,6 +78,34 @@ def join(
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return code
+
+
+def _flag_parameters() -> list[inspect.Parameter]:
+    """One keyword parameter per join setting that is a flag, typed and documented by its declaration."""
+    out = []
+    for name, setting in SETTINGS:
+        if not setting.cli:
+            continue
+        decls = flag_of(name) + (f"/{setting.off}" if setting.off else "")
+        option = typer.Option(decls, metavar=setting.metavar, help=setting.help, envvar=setting.envvar,
+                              show_envvar=setting.envvar is not None, show_default=False)
+        out.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                     annotation=Annotated[flag_type(setting) | None, option]))
+    return out
+
+
+def _declare_flags(command: Any) -> Any:
+    """Give `command` the join settings' flags: typer reads a function's signature and annotations."""
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values()
+           if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    flags = _flag_parameters()
+    command.__signature__ = inspect.Signature([*own, *flags])
+    command.__annotations__ = {p.name: p.annotation for p in (*own, *flags)}
+    return command
+
+
+app.command(name="join", cls=TailCommand, help=HELP,
+            context_settings={"help_option_names": ["-h", "--help"]})(_declare_flags(join))
 
 
 def _install_stop_handlers() -> dict[signal.Signals, Any]:

@@ -8,11 +8,12 @@ surviving value is the layer that last wrote it.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 
-from fdl.config.source import KeyPath, Layer
+from fdl.config.source import Data, KeyPath, Layer, Origins
 
 
-def _paths(value: object, path: KeyPath):
+def _paths(value: object, path: KeyPath) -> Iterator[KeyPath]:
     """Every key path inside value, value's own first (linear in its size)."""
     yield path
     if isinstance(value, dict):
@@ -23,23 +24,21 @@ def _paths(value: object, path: KeyPath):
             yield from _paths(sub, path + (index,))
 
 
-def _drop(origins: dict, old: object, prefix: KeyPath) -> None:
+def _drop(origins: Origins, old: object, prefix: KeyPath) -> None:
     for path in _paths(old, prefix):
         origins.pop(path, None)
 
 
-def merge_layers(layers: list[Layer]) -> tuple[dict, dict]:
+def merge_layers(layers: list[Layer]) -> tuple[Data, Origins]:
     """Merge layers in order (later ones win); return (data, origins)."""
-    data: dict = {}
-    origins: dict = {}
+    data: Data = {}
+    origins: Origins = {}
     for layer in layers:
         _merge_into(data, origins, layer.data, layer.origins, ())
-        origins.setdefault((), layer.origins.get(()))
-    origins.pop((), None)
     return data, origins
 
 
-def _merge_into(target: dict, origins: dict, over: dict, over_origins: dict, path: KeyPath) -> None:
+def _merge_into(target: Data, origins: Origins, over: Data, over_origins: Origins, path: KeyPath) -> None:
     for key, value in over.items():
         here = path + (key,)
         if value is None:
@@ -60,7 +59,7 @@ def _merge_into(target: dict, origins: dict, over: dict, over_origins: dict, pat
         _prune_nulls(target[key], origins, here)
 
 
-def _prune_nulls(value: object, origins: dict, path: KeyPath) -> None:
+def _prune_nulls(value: object, origins: Origins, path: KeyPath) -> None:
     """A null inside a freshly placed mapping means "absent", as it would on a merge."""
     if isinstance(value, dict):
         for key in [k for k, v in value.items() if v is None]:

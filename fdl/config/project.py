@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -17,17 +18,17 @@ from fdl.config.discover import SUFFIXES, available_envs, find_base, overlay_fil
 from fdl.config.merge import merge_layers
 from fdl.config.schema import (
     TOP_KEYS,
+    Checker,
     ClusterSpec,
     CommandSpec,
     JoinDefaults,
     PublishDefaults,
-    _Checker,
     check_cluster,
     check_commands,
     check_join,
     check_publish,
 )
-from fdl.config.source import Layer, display_path, read_layer
+from fdl.config.source import Data, Layer, Origins, display_path, read_layer
 from fdl.errors import ConfigError, UsageError
 
 INHERIT_KEY = "inherit-from"
@@ -41,7 +42,7 @@ class EnvSelection(NamedTuple):
     source: str | None = None  # "--env", "@sigil", "FDL_ENV"
 
     @staticmethod
-    def choose(flag: str | None, sigil: str | None, environ: dict | None = None) -> EnvSelection:
+    def choose(flag: str | None, sigil: str | None, environ: Mapping[str, str] | None = None) -> EnvSelection:
         """Precedence: --env flag, then the @NAME sigil, then FDL_ENV."""
         environ = os.environ if environ is None else environ
         for name, source in ((flag, "--env"), (sigil, "@sigil"), (environ.get("FDL_ENV") or None, "FDL_ENV")):
@@ -58,7 +59,7 @@ class EnvSelection(NamedTuple):
 class Config:
     """The merged, validated configuration of a project under one env."""
 
-    def __init__(self, root: Path | None, env: EnvSelection, files: list[Path], data: dict, origins: dict):
+    def __init__(self, root: Path | None, env: EnvSelection, files: list[Path], data: Data, origins: Origins):
         self.root = root
         self.env = env
         self.files = files
@@ -150,7 +151,7 @@ def load_config(cwd: Path | None = None, env: EnvSelection | None = None, *, req
 
 def validate(config: Config) -> Config:
     """Check the merged document and fill the typed blocks; warnings go to config.warnings."""
-    checker = _Checker(config.origins, [display_path(p) for p in config.files])
+    checker = Checker(config.origins, [display_path(p) for p in config.files])
     checker.mapping(config.data, (), TOP_KEYS)
     data = config.data
     if data.get("cluster") is not None:

@@ -10,54 +10,30 @@ known key is close.
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import re
 from typing import Any, NamedTuple
 
-from fdl.config.source import Origin, format_path
+from fdl.checks.devices import Devices as Devices
+from fdl.checks.devices import parse_devices as parse_devices
+from fdl.config.join_fields import SETTINGS as JOIN_SETTINGS
+from fdl.config.join_fields import JoinDefaults as JoinDefaults
+from fdl.config.parse import DEFAULT_PORT as DEFAULT_PORT
+from fdl.config.parse import is_login_name, is_valid_host, split_host_port, unicast_problem
+from fdl.config.source import Data, KeyPath, Origin, Origins, format_path
 from fdl.errors import ConfigError
 
-DEFAULT_PORT = 1337
-DEFAULT_DATA_PATH = "/flodl/data"
+DEFAULT_DATA_PATH = "/flodl/data"  # fdl.checks.data's too: importing it here would cost start-up time
 START_MODES = ("auto", "manual", "hybrid")
 # Every pattern here is used with fullmatch: `$` also matches before a trailing
 # newline, so "node\n" would pass a `^...$` match.
-_HOST_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9_])?")
-_USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}\$?")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _ASCII_DIGITS_RE = re.compile(r"0|[1-9][0-9]{0,8}")  # a plain decimal: no sign, no leading zero
-# An IPv6 zone (fe80::1%eth0) names an interface: interface-name characters only.
-_SCOPE_RE = re.compile(r"[A-Za-z0-9._-]{1,15}")
 
 
 # --------------------------------------------------------------------------- model
 # Immutable records. NamedTuple rather than frozen dataclasses: building a
 # dataclass costs ~1 ms of exec() per class at import, and every fdl start pays it.
-
-
-class Devices(NamedTuple):
-    """What a host offers: GPU ids, all GPUs (ids=None), or N CPU ranks (gloo)."""
-
-    kind: str = "gpu"  # "gpu" | "cpu"
-    ids: tuple[int, ...] | None = None  # gpu ids; None = every GPU present
-    count: int = 0  # cpu ranks
-
-    @property
-    def is_cpu(self) -> bool:
-        return self.kind == "cpu"
-
-    def ranks(self, gpus_present: int | None = None) -> int:
-        if self.is_cpu:
-            return self.count
-        if self.ids is not None:
-            return len(self.ids)
-        return gpus_present or 0
-
-    def __str__(self) -> str:
-        if self.is_cpu:
-            return f"cpu:{self.count}"
-        return "all" if self.ids is None else ",".join(map(str, self.ids))
 
 
 class JoinPolicy(NamedTuple):
@@ -131,30 +107,6 @@ class CommandSpec(NamedTuple):
         return dict(self.env)
 
 
-class JoinDefaults(NamedTuple):
-    """Defaults for every `fdl join` flag (the JoinArgs fields)."""
-
-    controller: str | None = None
-    ssh: str | None = None
-    identity: str | None = None
-    token: str | None = None
-    bin: str | None = None
-    source: str | None = None
-    source_cwd: str | None = None
-    source_build: str | None = None
-    source_bin: str | None = None
-    libtorch: str | None = None
-    host: str | None = None
-    devices: str | None = None
-    persist: bool = False
-    data_path: str | None = None
-    data_source: str | None = None
-    gpu_ram_share: float | None = None
-    no_sig_probe: bool = False
-    args: tuple[str, ...] | None = None
-    libtorch_mirror: str | None = None  # base URL of the libtorch mirror (FDL_LIBTORCH_MIRROR wins)
-
-
 class PublishDefaults(NamedTuple):
     source: str | None = None
     cwd: str | None = None
@@ -169,25 +121,25 @@ class PublishDefaults(NamedTuple):
 # --------------------------------------------------------------------------- checking
 
 
-class _Checker:
-    def __init__(self, origins: dict, files: list[str]):
+class Checker:
+    def __init__(self, origins: Origins, files: list[str]):
         self.origins = origins
         self.files = files
         self.warnings: list[str] = []
 
-    def where(self, path: tuple) -> str:
+    def where(self, path: KeyPath) -> str:
         for cut in range(len(path), -1, -1):
             origin: Origin | None = self.origins.get(path[:cut])
             if origin is not None:
                 return str(origin)
         return self.files[-1] if self.files else "configuration"
 
-    def fail(self, path: tuple, expected: str, found: Any, fix: str = "") -> ConfigError:
+    def fail(self, path: KeyPath, expected: str, found: Any, fix: str = "") -> ConfigError:
         shown = _show(found)
         msg = f"{self.where(path)}: {format_path(path)}: expected {expected}, found {shown}."
         return ConfigError(msg + (f" {fix}" if fix else ""))
 
-    def mapping(self, value: Any, path: tuple, known: tuple[str, ...]) -> dict:
+    def mapping(self, value: Any, path: KeyPath, known: tuple[str, ...]) -> Data:
         if not isinstance(value, dict):
             raise self.fail(path, "a mapping of keys", value)
         for key in value:
@@ -202,7 +154,7 @@ class _Checker:
                 )
         return value
 
-    def string(self, value: Any, path: tuple, *, nonempty: bool = True) -> str:
+    def string(self, value: Any, path: KeyPath, *, nonempty: bool = True) -> str:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise self.fail(path, "text", value)
         text = str(value)
@@ -210,35 +162,37 @@ class _Checker:
             raise self.fail(path, "non-empty text", value)
         return text
 
-    def opt_string(self, block: dict, key: str, path: tuple) -> str | None:
+    def opt_string(self, block: Data, key: str, path: KeyPath) -> str | None:
         return None if block.get(key) is None else self.string(block[key], path + (key,))
 
-    def boolean(self, value: Any, path: tuple) -> bool:
+    def boolean(self, value: Any, path: KeyPath) -> bool:
         if not isinstance(value, bool):
             raise self.fail(path, "true or false", value)
         return value
 
-    def integer(self, value: Any, path: tuple, lo: int, hi: int, what: str = "a whole number") -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, str) and _ASCII_DIGITS_RE.fullmatch(value):
-                value = int(value)
-            else:
-                raise self.fail(path, f"{what} from {lo} to {hi}", value)
-        if not lo <= value <= hi:
+    def integer(self, value: Any, path: KeyPath, lo: int, hi: int, what: str = "a whole number") -> int:
+        number: int
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif isinstance(value, str) and _ASCII_DIGITS_RE.fullmatch(value):
+            number = int(value)
+        else:
             raise self.fail(path, f"{what} from {lo} to {hi}", value)
-        return value
+        if not lo <= number <= hi:
+            raise self.fail(path, f"{what} from {lo} to {hi}", value)
+        return number
 
-    def port(self, value: Any, path: tuple) -> int:
+    def port(self, value: Any, path: KeyPath) -> int:
         return self.integer(value, path, 1, 65535, "a TCP port")
 
-    def number(self, value: Any, path: tuple, lo: float, hi: float) -> float:
+    def number(self, value: Any, path: KeyPath, lo: float, hi: float) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             raise self.fail(path, f"a number from {lo:g} to {hi:g}", value)
         if not lo <= value <= hi:
             raise self.fail(path, f"a number from {lo:g} to {hi:g}", value)
         return float(value)
 
-    def host(self, value: Any, path: tuple) -> str:
+    def host(self, value: Any, path: KeyPath) -> str:
         text = self.string(value, path)
         if not is_valid_host(text):
             raise self.fail(
@@ -248,20 +202,20 @@ class _Checker:
             )
         return text
 
-    def user(self, value: Any, path: tuple) -> str:
+    def user(self, value: Any, path: KeyPath) -> str:
         text = self.string(value, path)
-        if not _USER_RE.fullmatch(text):
+        if not is_login_name(text):
             raise self.fail(path, "a login name (letters, digits, '.', '-', '_')", value)
         return text
 
-    def str_list(self, value: Any, path: tuple) -> tuple[str, ...]:
+    def str_list(self, value: Any, path: KeyPath) -> tuple[str, ...]:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             raise self.fail(path, "a list of arguments (YAML list, e.g. [--epochs, \"3\"])", value)
         if not isinstance(value, list):
             raise self.fail(path, "a list of arguments", value)
         return tuple(self.string(item, path + (i,), nonempty=False) for i, item in enumerate(value))
 
-    def env_map(self, value: Any, path: tuple) -> tuple[tuple[str, str], ...]:
+    def env_map(self, value: Any, path: KeyPath) -> tuple[tuple[str, str], ...]:
         if not isinstance(value, dict):
             raise self.fail(path, "a mapping of environment variables (NAME: value)", value)
         block = value
@@ -286,114 +240,23 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "...'"
 
 
-def is_valid_host(text: str) -> bool:
-    """A host name or an IP address (IPv6 possibly in brackets, its zone an interface name); nothing else."""
-    if not isinstance(text, str):
-        return False
-    if _HOST_RE.fullmatch(text):
-        return True
-    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
-    address, percent, scope = bare.partition("%")
-    if percent and (":" not in address or not _SCOPE_RE.fullmatch(scope)):
-        return False
-    try:
-        ipaddress.ip_address(bare)
-    except ValueError:
-        return False
-    return True
-
-
-def unicast_problem(text: str) -> str | None:
-    """Why an IP address cannot be a worker's address (None: a host name, or an address a worker can have)."""
-    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
-    try:
-        ip = ipaddress.ip_address(bare.partition("%")[0])
-    except ValueError:
-        return None
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if ip.is_unspecified:
-        return "the unspecified address (it names no host: 'any address' when listening)"
-    if ip.is_multicast:
-        return "a multicast address"
-    if isinstance(ip, ipaddress.IPv4Address) and (ip == ipaddress.IPv4Address("255.255.255.255")
-                                                   or ip in ipaddress.IPv4Network("240.0.0.0/4")):
-        return "a broadcast or reserved address"
-    return None
-
-
-def split_host_port(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
-    """Parse host[:port] (IPv6 as [addr]:port); raises ValueError with a reason."""
-    text = text.strip()
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-        if rest and not rest.startswith(":"):
-            raise ValueError("expected [address]:port")
-    elif text.count(":") == 1:
-        host, port_text = text.split(":")
-    else:
-        host, port_text = text, ""
-    if not host or not is_valid_host(host):
-        raise ValueError(f"{host!r} is not a host name or IP address")
-    if port_text == "":
-        return host, default_port
-    if not _ASCII_DIGITS_RE.fullmatch(port_text) or not 1 <= int(port_text) <= 65535:
-        raise ValueError(f"port {port_text!r} is not a number from 1 to 65535")
-    return host, int(port_text)
-
-
-def parse_devices(value: Any) -> Devices:
-    """`[0, 1]`, `"0,1"`, `all`, `cpu:N` -> Devices; raises ValueError with a reason."""
-    if isinstance(value, bool):
-        raise ValueError("expected GPU ids, 'all' or 'cpu:N'")
-    if isinstance(value, int):
-        value = [value]
-    if isinstance(value, str):
-        text = value.strip()
-        if text == "all":
-            return Devices()
-        if text.startswith("cpu:"):
-            count = text[4:]
-            if not _ASCII_DIGITS_RE.fullmatch(count) or not 1 <= int(count) <= 256:
-                raise ValueError("cpu:N needs N from 1 to 256")
-            return Devices(kind="cpu", count=int(count))
-        value = [part.strip() for part in text.split(",")]
-    if not isinstance(value, list) or not value:
-        raise ValueError("expected a list of GPU ids, 'all' or 'cpu:N'")
-    ids: list[int] = []
-    for entry in value:
-        item = int(entry) if isinstance(entry, str) and _ASCII_DIGITS_RE.fullmatch(entry) else entry
-        if isinstance(item, bool):
-            raise ValueError(f"{item!r} is not a GPU id")
-        if not isinstance(item, int) or item < 0 or item > 1023:
-            raise ValueError(f"{item!r} is not a GPU id (a whole number from 0)")
-        if item in ids:
-            raise ValueError(f"GPU {item} is listed twice")
-        ids.append(item)
-    return Devices(ids=tuple(ids))
-
-
 # --------------------------------------------------------------------------- blocks
 
-_CONTROLLER_KEYS = ("host", "port", "bind", "join", "master_port", "peer_connections")
-_JOIN_POLICY_KEYS = ("discovery", "start", "token", "quorum", "window_s", "tunnel_only", "max_hosts",
-                     "insecure_no_token")
-_SSH_KEYS = ("user", "port", "identity", "known_hosts")
-_WORKER_KEYS = ("host", "address", "user", "port", "identity", "arch", "local_devices", "env",
-                "data_path", "python")
-_COMMAND_KEYS = ("run", "cluster", "build", "bin", "args", "description", "local_devices", "env")
-JOIN_KEYS = ("controller", "ssh", "identity", "token", "bin", "source", "source_cwd", "source_build",
-             "source_bin", "libtorch", "host", "devices", "persist", "data_path", "data_source",
-             "gpu_ram_share", "no_sig_probe", "args", "libtorch_mirror")
-PUBLISH_KEYS = ("source", "cwd", "build", "bin", "args", "to", "identity", "gate")
+# The keys each block knows are its record's fields (the quorum: mapping holds quorum_hosts/quorum_ranks).
+_CONTROLLER_KEYS = ControllerSpec._fields
+_JOIN_POLICY_KEYS = tuple(dict.fromkeys("quorum" if f.startswith("quorum_") else f for f in JoinPolicy._fields))
+_SSH_KEYS = SshDefaults._fields
+_WORKER_KEYS = WorkerSpec._fields
+_COMMAND_KEYS = tuple(f for f in CommandSpec._fields if f != "name")
+JOIN_KEYS = JoinDefaults._fields
+PUBLISH_KEYS = PublishDefaults._fields
 TOP_KEYS = ("cluster", "commands", "join", "publish")
 MAX_WORKERS = 4096
 
 
-def check_cluster(c: _Checker, value: Any) -> ClusterSpec:
+def check_cluster(c: Checker, value: Any) -> ClusterSpec:
     path = ("cluster",)
-    block = c.mapping(value, path, ("controller", "ssh", "workers"))
+    block = c.mapping(value, path, ClusterSpec._fields)
     controller = _controller(c, block.get("controller"), path + ("controller",))
     ssh_block = block.get("ssh") or {}
     ssh_path = path + ("ssh",)
@@ -421,7 +284,7 @@ def check_cluster(c: _Checker, value: Any) -> ClusterSpec:
     return ClusterSpec(controller=controller, ssh=ssh, workers=tuple(workers))
 
 
-def _controller(c: _Checker, value: Any, path: tuple) -> ControllerSpec:
+def _controller(c: Checker, value: Any, path: KeyPath) -> ControllerSpec:
     if value is None:
         return ControllerSpec()
     if isinstance(value, (str, int)) and not isinstance(value, bool):
@@ -454,7 +317,7 @@ def _controller(c: _Checker, value: Any, path: tuple) -> ControllerSpec:
                           peer_connections=peer_connections)
 
 
-def _join_policy(c: _Checker, value: Any, path: tuple) -> JoinPolicy:
+def _join_policy(c: Checker, value: Any, path: KeyPath) -> JoinPolicy:
     if value is None:
         return JoinPolicy()
     block = c.mapping(value, path, _JOIN_POLICY_KEYS)
@@ -484,7 +347,7 @@ def _join_policy(c: _Checker, value: Any, path: tuple) -> JoinPolicy:
     )
 
 
-def _worker(c: _Checker, value: Any, path: tuple, ssh: SshDefaults) -> WorkerSpec:
+def _worker(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults) -> WorkerSpec:
     block = c.mapping(value, path, _WORKER_KEYS)
     if block.get("host") is None:
         raise c.fail(path + ("host",), "the worker's logical host name", None, "Every worker needs host:.")
@@ -516,7 +379,7 @@ def _worker(c: _Checker, value: Any, path: tuple, ssh: SshDefaults) -> WorkerSpe
     )
 
 
-def check_commands(c: _Checker, value: Any) -> dict[str, CommandSpec]:
+def check_commands(c: Checker, value: Any) -> dict[str, CommandSpec]:
     path = ("commands",)
     if not isinstance(value, dict):
         raise c.fail(path, "a mapping of command names to their definitions", value)
@@ -556,39 +419,41 @@ def check_commands(c: _Checker, value: Any) -> dict[str, CommandSpec]:
     return out
 
 
-def check_join(c: _Checker, value: Any) -> JoinDefaults:
+def check_join(c: Checker, value: Any) -> JoinDefaults:
+    """The join: block, each key checked the way its declaration (fdl.config.join_fields) says."""
     path = ("join",)
     block = c.mapping(value, path, JOIN_KEYS)
     kwargs: dict[str, Any] = {}
-    for key in JOIN_KEYS:
-        if block.get(key) is None:
-            continue
-        here = path + (key,)
-        if key in ("persist", "no_sig_probe"):
-            kwargs[key] = c.boolean(block[key], here)
-        elif key == "gpu_ram_share":
-            kwargs[key] = c.number(block[key], here, 0.0, 1.0)
-        elif key == "args":
-            kwargs[key] = c.str_list(block[key], here)
-        elif key == "devices":
-            try:
-                kwargs[key] = str(parse_devices(block[key]))
-            except ValueError as exc:
-                raise c.fail(here, "GPU ids like 0,1, 'all' or 'cpu:N'", block[key], f"({exc})") from None
-        elif key == "controller":
-            try:
-                split_host_port(str(block[key]))
-            except ValueError as exc:
-                raise c.fail(here, "host[:port]", block[key], f"({exc})") from None
-            kwargs[key] = str(block[key])
-        elif key == "host":
-            kwargs[key] = c.host(block[key], here)
-        else:
-            kwargs[key] = c.string(block[key], here)
+    for key, setting in JOIN_SETTINGS:
+        if block.get(key) is not None:
+            kwargs[key] = _join_value(c, setting.check, block[key], path + (key,))
     return JoinDefaults(**kwargs)
 
 
-def check_publish(c: _Checker, value: Any) -> PublishDefaults:
+def _join_value(c: Checker, check: str, value: Any, here: KeyPath) -> Any:
+    if check == "bool":
+        return c.boolean(value, here)
+    if check == "fraction":
+        return c.number(value, here, 0.0, 1.0)
+    if check == "args":
+        return c.str_list(value, here)
+    if check == "host":
+        return c.host(value, here)
+    if check == "devices":
+        try:
+            return parse_devices(value)
+        except ValueError as exc:
+            raise c.fail(here, "GPU ids like 0,1, 'all' or 'cpu:N'", value, f"({exc})") from None
+    if check == "address":
+        try:
+            split_host_port(str(value))
+        except ValueError as exc:
+            raise c.fail(here, "host[:port]", value, f"({exc})") from None
+        return str(value)
+    return c.string(value, here)
+
+
+def check_publish(c: Checker, value: Any) -> PublishDefaults:
     path = ("publish",)
     block = c.mapping(value, path, PUBLISH_KEYS)
     kwargs: dict[str, Any] = {}

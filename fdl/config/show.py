@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from fdl.config.project import Config
-from fdl.config.source import display_path, format_path
+from fdl.config.source import KeyPath, display_path, format_path
 
 
 def _scalar(value: Any) -> str:
@@ -23,7 +23,7 @@ _SECRET_KEY_RE = re.compile(r"(?:^|[_-])(?:token|secret|password|passphrase|priv
 _KEY_MATERIAL = ("PRIVATE KEY-----", "PRIVATE KEY BLOCK-----")
 
 
-def is_secret(path: tuple, value: Any) -> bool:
+def is_secret(path: KeyPath, value: Any) -> bool:
     """True for a value `config show` masks: a secret-named key, or text holding private key material."""
     if isinstance(value, (dict, list)):
         return False
@@ -32,7 +32,7 @@ def is_secret(path: tuple, value: Any) -> bool:
     return isinstance(value, str) and any(mark in value for mark in _KEY_MATERIAL)
 
 
-def redaction(config: Config, path: tuple, value: Any) -> str:
+def redaction(config: Config, path: KeyPath, value: Any) -> str:
     found = config.origins.get(path)
     where = f", set in {found}" if found else ""
     return f"<redacted: {len(value if isinstance(value, str) else str(value))} chars{where}>"
@@ -42,7 +42,7 @@ def redacted_data(config: Config) -> tuple[Any, list[str]]:
     """A copy of the merged data with every secret replaced by its redaction, and the paths masked."""
     masked: list[str] = []
 
-    def walk(value: Any, path: tuple) -> Any:
+    def walk(value: Any, path: KeyPath) -> Any:
         if isinstance(value, dict):
             return {key: walk(sub, path + (key,)) for key, sub in value.items()}
         if isinstance(value, list):
@@ -59,16 +59,16 @@ def annotated_yaml(config: Config, header: list[str] | None = None, *, show_secr
     """The merged document as YAML, each value followed by `# file:line`; secrets masked unless show_secrets."""
     rows: list[tuple[str, str]] = []
 
-    def origin(path: tuple) -> str:
+    def origin(path: KeyPath) -> str:
         found = config.origins.get(path)
         return str(found) if found else ""
 
-    def shown(path: tuple, value: Any) -> str:
+    def shown(path: KeyPath, value: Any) -> str:
         if not show_secrets and is_secret(path, value):
             return redaction(config, path, value)
         return _scalar(value)
 
-    def walk(value: Any, path: tuple, indent: int) -> None:
+    def walk(value: Any, path: KeyPath, indent: int) -> None:
         pad = "  " * indent
         if isinstance(value, dict):
             for key, sub in value.items():
@@ -97,7 +97,7 @@ def annotated_yaml(config: Config, header: list[str] | None = None, *, show_secr
     return "\n".join(lines) + "\n"
 
 
-def as_json(config: Config, extra: dict | None = None, *, show_secrets: bool = False) -> str:
+def as_json(config: Config, extra: dict[str, Any] | None = None, *, show_secrets: bool = False) -> str:
     """The JSON twin: the merged data (secrets masked unless show_secrets), the files and each value's origin."""
     import json
 

@@ -28,7 +28,8 @@ try:  # libyaml is several times faster; its nodes carry the same marks
 except AttributeError:  # pragma: no cover - depends on how PyYAML was built
     _Loader = yaml.SafeLoader
 
-KeyPath = tuple  # tuple[str | int, ...]
+KeyPath = tuple[Any, ...]  # ("cluster", "workers", 0, "host"): YAML keys may be any scalar
+Data = dict[Any, Any]  # a parsed document or one of its mappings
 
 # YAML 1.1 (what PyYAML resolves) turns plain scalars like 0755 (octal), 22:17
 # (base 60), 0b101, 0x1f and 1_000 into numbers. fdl reads numbers the way YAML
@@ -51,12 +52,15 @@ class Origin(NamedTuple):
         return f"{self.file}:{self.line}" if self.line else self.file
 
 
+Origins = dict[KeyPath, Origin]  # where each key path of a document was written
+
+
 class Layer:
     """One parsed document: its data and the origin of every key path in it."""
 
     __slots__ = ("data", "origins", "path")
 
-    def __init__(self, path: Path, data: dict, origins: dict | None = None):
+    def __init__(self, path: Path, data: Data, origins: Origins | None = None):
         self.path = path
         self.data = data
         self.origins = {} if origins is None else origins
@@ -111,7 +115,7 @@ def read_layer(path: Path) -> Layer:
     return Layer(path=path, **_parse_text(text, shown, json_file=path.suffix == ".json"))
 
 
-def _parse_text(text: str, shown: str, *, json_file: bool) -> dict:
+def _parse_text(text: str, shown: str, *, json_file: bool) -> dict[str, Any]:
     if "\x00" in text:
         raise ConfigError(f"{shown}: the file holds NUL bytes; it is not a text configuration file.")
     loader = _Loader(text)
@@ -149,12 +153,12 @@ def _parse_text(text: str, shown: str, *, json_file: bool) -> dict:
     return {"data": data, "origins": builder.origins}
 
 
-def _parse_json_fallback(text: str, shown: str, yaml_exc: yaml.MarkedYAMLError) -> dict:
+def _parse_json_fallback(text: str, shown: str, yaml_exc: yaml.MarkedYAMLError) -> dict[str, Any]:
     """A .json file YAML cannot read (tabs, say): parse it as JSON, origins at line level only."""
     import json
 
-    def no_duplicates(pairs: list) -> dict:
-        seen: dict = {}
+    def no_duplicates(pairs: list[tuple[Any, Any]]) -> Data:
+        seen: Data = {}
         for key, value in pairs:
             if key in seen:
                 raise ConfigError(f"{shown}: duplicate key {key!r}; each key may appear once.")
@@ -171,12 +175,12 @@ def _parse_json_fallback(text: str, shown: str, yaml_exc: yaml.MarkedYAMLError) 
     if not isinstance(data, dict):
         raise ConfigError(f"{shown}: the document is not an object; an fdl configuration file is a "
                           f"mapping of sections.")
-    origins: dict = {}
+    origins: Origins = {}
     _stamp(data, (), Origin(shown, 0), origins)
     return {"data": data, "origins": origins}
 
 
-def _stamp(value: Any, path: KeyPath, origin: Origin, origins: dict) -> None:
+def _stamp(value: Any, path: KeyPath, origin: Origin, origins: Origins) -> None:
     origins[path] = origin
     if isinstance(value, dict):
         for k, v in value.items():
@@ -191,14 +195,14 @@ class _Builder:
 
     def __init__(self, shown: str):
         self.shown = shown
-        self.origins: dict = {}
+        self.origins: Origins = {}
         self.count = 0
         self.constructor = yaml.constructor.SafeConstructor()
 
     def _where(self, node: yaml.Node) -> str:
         return f"{self.shown}:{node.start_mark.line + 1}"
 
-    def build(self, node: yaml.Node, path: KeyPath, depth: int, active: frozenset) -> Any:
+    def build(self, node: yaml.Node, path: KeyPath, depth: int, active: frozenset[int]) -> Any:
         self.count += 1
         if self.count > MAX_NODES:
             raise ConfigError(
@@ -233,9 +237,9 @@ class _Builder:
             return self._mapping(node, path, depth, inner)
         raise ConfigError(f"{self._where(node)}: unsupported YAML node.")  # pragma: no cover
 
-    def _mapping(self, node: yaml.MappingNode, path: KeyPath, depth: int, active: frozenset) -> dict:
-        result: dict = {}
-        merged_defaults: dict = {}
+    def _mapping(self, node: yaml.MappingNode, path: KeyPath, depth: int, active: frozenset[int]) -> Data:
+        result: Data = {}
+        merged_defaults: Data = {}
         for key_node, value_node in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`
                 for source in self._merge_sources(value_node):
@@ -264,7 +268,7 @@ class _Builder:
             result.setdefault(k, v)
         return result
 
-    def _merge_sources(self, node: yaml.Node) -> list:
+    def _merge_sources(self, node: yaml.Node) -> list[yaml.Node]:
         if isinstance(node, yaml.MappingNode):
             return [node]
         if isinstance(node, yaml.SequenceNode) and all(isinstance(n, yaml.MappingNode) for n in node.value):

@@ -25,7 +25,7 @@ import errno
 import json
 from typing import Any
 
-from fdl.config.schema import split_host_port
+from fdl.config.parse import split_host_port
 from fdl.controller import auth
 from fdl.controller.protocol import PROTOCOL, Hello, hello_body
 from fdl.errors import ExitCode, FdlError, RemoteError, UsageError

@@ -13,7 +13,8 @@ import math
 import re
 from typing import Any, NamedTuple
 
-from fdl.config.schema import Devices, is_valid_host, parse_devices
+from fdl.config.parse import is_valid_host
+from fdl.config.schema import Devices, parse_devices
 
 PROTOCOL = 2  # 2: the token is proved by signing (fdl.controller.auth), never sent
 MAX_BODY = 16 * 1024  # bytes; a hello is a few hundred

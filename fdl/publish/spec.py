@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from fdl.config.schema import is_valid_host
+from fdl.config.parse import is_valid_host
 from fdl.errors import ExitCode, FdlError
 
 FORMS = ("file:///abs/path, rsync://[user@]host[:port]:/abs/path, or "

@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar
 
 import yaml
 
-from fdl.config.schema import split_host_port
+from fdl.config.parse import split_host_port
 from fdl.errors import FdlError
 from fdl.farm.doctor import DEFAULT_SSHD_CONFIG
 from fdl.farm.doors import (

@@ -14,7 +14,8 @@ def flags(**given):
 
 
 def test_flags_win_field_by_field_over_the_block():
-    block = JoinDefaults(controller="10.0.0.1:1337", token="abc", bin="/opt/train", devices="0,1", persist=True,
+    block = JoinDefaults(controller="10.0.0.1:1337", token="abc", bin="/opt/train", devices=Devices(ids=(0, 1)),
+                         persist=True,
                          host="node-a")
     opts = resolve_options(block, flags(controller="10.0.0.9:2000", devices="cpu:2"), None, environ={})
     assert opts.controller == ("10.0.0.9", 2000)
@@ -82,10 +83,11 @@ def test_bad_values_are_permanent_with_a_reason(field, value, says):
     assert says in err.value.message
 
 
-def test_the_token_never_shows_in_the_redacted_view():
+def test_the_token_never_shows_in_the_options_repr():
     opts = resolve_options(None, flags(controller="h", bin="/x", token="s3cr3t-token"), None, environ={})
-    assert "s3cr3t-token" not in repr(opts.redacted())
-    assert opts.redacted()["token"] == "(set)"
+    assert opts.token == "s3cr3t-token"
+    assert "s3cr3t-token" not in repr(opts) and "token=(set)" in repr(opts) and "bin='/x'" in repr(opts)
+    assert "token=None" in repr(resolve_options(None, flags(controller="h", bin="/x"), None, environ={}))
 
 
 def test_mirror_from_env_wins_over_the_block_and_must_be_http():
