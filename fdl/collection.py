@@ -12,6 +12,8 @@ source copied, and those files copied in as real files under
     plugins/module_utils/checks/            fdl/checks/ (the package)
     plugins/module_utils/farm/              fdl/farm/{authorized_keys,doors,sshd_config}.py
     plugins/module_utils/supervisor.py      fdl/agent/supervisor.py
+    plugins/module_utils/hoststage.py       fdl/launch/hoststage.py (the launcher's staging layout)
+    plugins/module_utils/fsio.py            fdl/fsio.py
     plugins/module_utils/pynvml.py          nvidia-ml-py's pynvml.py, and its licence beside it
 
 Three callers, one tree: `scripts/build-collection` (then `ansible-galaxy
@@ -46,6 +48,8 @@ MODULE_UTILS = {
     "checks": ("checks",),
     "farm": ("farm/authorized_keys.py", "farm/doors.py", "farm/sshd_config.py"),
     "supervisor.py": ("agent/supervisor.py",),
+    "hoststage.py": ("launch/hoststage.py",),
+    "fsio.py": ("fsio.py",),
 }
 PYNVML_LICENSE = "pynvml.LICENSE.txt"
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")

@@ -100,43 +100,117 @@ def rank_specs(plan: LaunchPlan, host: LaunchHost, assignment: dict) -> list[dic
     return out
 
 
-def stage_remote(plan: LaunchPlan, inventory, jobs: dict[str, BuildJob], specs: dict[str, list[dict]],
-                 *, progress: bool | None = None) -> dict[str, dict]:
-    """Ship binary, supervisor and rank spec to every remote host; returns {host: staged paths}."""
-    from fdl.cluster.runner import OK, run_playbook
-    from fdl.cluster.ssh import login, rsync_rsh
+# The host's `python3 -c` program: it reads one JSON document from stdin (the staging code, fdl.fsio and the
+# supervisor's source, and this host's inputs), loads the code as modules and stages. Only code is on the
+# command line; the spec travels inside the ssh session.
+BOOTSTRAP = ("import json,sys,types\n"
+             "d=json.load(sys.stdin)\n"
+             "m={}\n"
+             "for n,s in d['code']:\n"
+             " m[n]=types.ModuleType(n);exec(compile(s,n+'.py','exec'),m[n].__dict__)\n"
+             "sys.exit(m['hoststage'].serve(d['params'],d['supervisor'],m['fsio'].atomic_write))\n")
+STAGE_TIMEOUT_S = 60.0
 
-    hosts = [h.name for h in plan.remote]
-    dispatch_plan = {}
+
+def stage_remote(plan: LaunchPlan, inventory, jobs: dict[str, BuildJob], specs: dict[str, list[dict]]
+                 ) -> dict[str, dict]:
+    """Ship binary, supervisor and rank spec to every remote host at once; returns {host: staged paths}.
+
+    One ssh per host runs fdl.launch.hoststage there (over the host's warm ControlMaster: tens of
+    milliseconds), then rsync only for the hosts whose copy of the binary differs. Ansible would add its
+    own start (about two seconds here) and nothing else: the same ssh settings, host keys and login apply.
+    The flodl.fdl.dispatch playbook stays, on the same hoststage code, for staging without fdl.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    hosts = [h for h in plan.remote]
     digests: dict[str, str] = {}
-    for name in hosts:
-        job = jobs.get(name)
+    code = _stage_code()
+    work = []
+    for host in hosts:
+        job = jobs.get(host.name)
         artifact = str(job.artifact) if job is not None and job.artifact is not None else ""
         if artifact and artifact not in digests:
             digests[artifact] = _sha256(artifact)
-        dispatch_plan[name] = {
-            "run_id": plan.run_id, "artifact": artifact, "artifact_sha256": digests.get(artifact, ""), "bin_dir": plan.command.name,
-            "rsh": rsync_rsh(inventory.hosts[name]), "login": login(inventory.hosts[name]),
-            "command": list(plan.args) if plan.command.bin is not None else plan.rank_argv(None),
-            "ranks": specs[name], "label": name, "grace_s": GRACE_S,
-        }
-    result = run_playbook("dispatch.yml", inventory, extravars={"fdl_dispatch_plan": dispatch_plan},
-                          limit=hosts, progress=progress, title="dispatch")
-    staged = {}
-    failures = []
-    for name in hosts:
-        outcome = result.hosts[name]
-        facts = ((outcome.res or {}).get("ansible_facts") or {}).get("fdl_dispatch_staged")
-        if outcome.status != OK or not isinstance(facts, dict):
-            failures.append(f"{name}: {outcome.message or outcome.status}")
+        params = {"run_id": plan.run_id, "bin_dir": plan.command.name if artifact else "",
+                  "program": Path(artifact).name if artifact else "", "program_sha256": digests.get(artifact, ""),
+                  "command": list(plan.args) if plan.command.bin is not None else plan.rank_argv(None),
+                  "ranks": specs[host.name], "label": host.name, "grace_s": GRACE_S, "root": STAGE_ROOT}
+        work.append((host, inventory.hosts[host.name], artifact, {**code, "params": params}))
+    staged: dict[str, dict] = {}
+    failures: list[str] = []
+    with ThreadPoolExecutor(max_workers=max(1, min(len(work), 64)), thread_name_prefix="fdl-stage") as pool:
+        outcomes = list(pool.map(lambda w: _stage_one(plan.run_id, *w), work))
+    for (host, *_), (paths, problem) in zip(work, outcomes, strict=True):
+        if problem is not None:
+            failures.append(f"{host.name}: {problem}")
         else:
-            staged[name] = facts
+            staged[host.name] = paths
     if failures:
         raise RemoteError(f"staging the run failed on {len(failures)} host(s), so no rank was started: "
                           + "; ".join(failures),
                           hint="Each host needs python3 and rsync, and must be reachable over ssh as its user "
                                "(fdl @cluster probe checks the rest).")
     return staged
+
+
+def _stage_code() -> dict:
+    """The code half of every host's staging document (read once per launch)."""
+    from fdl import fsio
+    from fdl.agent import supervisor
+    from fdl.launch import hoststage
+
+    def source(module) -> str:
+        return Path(module.__file__).read_text(encoding="utf-8")
+
+    return {"code": [["fsio", source(fsio)], ["hoststage", source(hoststage)]], "supervisor": source(supervisor)}
+
+
+def _stage_one(run_id: str, host: LaunchHost, inv_host, artifact: str, document: dict) -> tuple[dict, str | None]:
+    """Stage one host (and rsync its binary when it differs): (staged paths, None) or ({}, why it failed)."""
+    from fdl.cluster.ssh import login, rsync_rsh, ssh_argv
+
+    remote = f"exec env FDL_RUN_ID={shlex.quote(run_id)} {shlex.quote(host.python)} -c {shlex.quote(BOOTSTRAP)}"
+    try:
+        done = subprocess.run([*ssh_argv(inv_host), remote], input=json.dumps(document).encode(),
+                              capture_output=True, timeout=STAGE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return {}, f"staging did not finish within {STAGE_TIMEOUT_S:.0f}s"
+    except OSError as exc:
+        return {}, f"cannot run ssh: {exc.strerror or exc}"
+    answer = _last_json(done.stdout)
+    if done.returncode == 255:
+        return {}, f"ssh exited 255: {_last_line(done.stderr) or 'no output'}"
+    if done.returncode != 0 or not isinstance(answer.get("staged"), dict):
+        why = answer.get("error") or _last_line(done.stderr) or "no output"
+        return {}, f"staging exited {done.returncode}: {why}"
+    paths = answer["staged"]
+    if artifact and not paths.get("program_current"):
+        try:
+            shipped = subprocess.run(["rsync", "--archive", "--rsh", rsync_rsh(inv_host), artifact,
+                                      f"{login(inv_host)}:{paths['bin_dir']}/"], capture_output=True,
+                                     timeout=None, check=False)
+        except OSError as exc:
+            return {}, f"cannot run rsync: {exc.strerror or exc}"
+        if shipped.returncode != 0:
+            return {}, f"rsync exited {shipped.returncode}: {_last_line(shipped.stderr) or 'no output'}"
+    return {k: paths[k] for k in ("run_dir", "supervisor", "spec")}, None
+
+
+def _last_json(raw: bytes) -> dict:
+    for line in reversed(raw.decode("utf-8", "replace").splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return {}
+
+
+def _last_line(raw: bytes) -> str:
+    lines = [line.strip() for line in raw.decode("utf-8", "replace").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def _sha256(path: str) -> str:

@@ -332,7 +332,7 @@ class Launcher:
             inventory = build_inventory(plan.cluster, plan.root)
             self.printer.note(f"staging on {len(plan.remote)} remote host(s): binary (rsync), rank supervisor, "
                               f"rank spec")
-            staged = stage_remote(plan, inventory, jobs, specs, progress=self.progress)
+            staged = stage_remote(plan, inventory, jobs, specs)
         self.inventory = inventory
         log_root = self.run_dir / "logs"
         for host in plan.hosts:
