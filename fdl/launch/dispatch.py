@@ -33,12 +33,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import IO, TYPE_CHECKING, Any
 
-from fdl.agent.supervisor import NOTE_PREFIX, RESULT_PREFIX, Supervisor
+from fdl.agent.supervisor import NOTE_PREFIX, RESULT_PREFIX, GroupResult, Supervisor
 from fdl.controller.protocol import without_secrets
 from fdl.errors import RemoteError
 from fdl.launch.build import BuildJob
 from fdl.launch.plan import LaunchHost, LaunchPlan
+
+if TYPE_CHECKING:
+    from fdl.cluster.inventory import ClusterInventory, InventoryHost
 
 GRACE_S = 10.0
 STAGE_ROOT = "~/.flodl/launch"
@@ -47,7 +52,7 @@ STAGE_ROOT = "~/.flodl/launch"
 class Printer:
     """Rank lines to stdout, launcher notes to stderr; one lock, so lines never interleave."""
 
-    def __init__(self, out=None, err=None):
+    def __init__(self, out: IO[str] | None = None, err: IO[str] | None = None):
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self._lock = threading.Lock()
@@ -78,12 +83,12 @@ class HostOutcome:
 
     host: str
     code: int  # 0 when every rank exited 0
-    codes: dict  # rank -> exit code (empty when the supervisor never reported)
+    codes: dict[int, int]  # rank -> exit code (empty when the supervisor never reported)
     first_rank: int | None  # this host's first failing rank
     detail: str | None  # for state.json and the final message
 
 
-def rank_specs(plan: LaunchPlan, host: LaunchHost, assignment: dict) -> list[dict]:
+def rank_specs(plan: LaunchPlan, host: LaunchHost, assignment: dict[str, Any]) -> list[dict[str, Any]]:
     """Each rank's entry for the supervisor: the world's rank environment over the worker's env: over the
     command's env: (a host's own setting is more specific than the job's).
 
@@ -112,8 +117,8 @@ BOOTSTRAP = ("import json,sys,types\n"
 STAGE_TIMEOUT_S = 60.0
 
 
-def stage_remote(plan: LaunchPlan, inventory, jobs: dict[str, BuildJob], specs: dict[str, list[dict]]
-                 ) -> dict[str, dict]:
+def stage_remote(plan: LaunchPlan, inventory: ClusterInventory, jobs: dict[str, BuildJob],
+                 specs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """Ship binary, supervisor and rank spec to every remote host at once; returns {host: staged paths}.
 
     One ssh per host runs fdl.launch.hoststage there (over the host's warm ControlMaster: tens of
@@ -137,7 +142,7 @@ def stage_remote(plan: LaunchPlan, inventory, jobs: dict[str, BuildJob], specs: 
                   "command": list(plan.args) if plan.command.bin is not None else plan.rank_argv(None),
                   "ranks": specs[host.name], "label": host.name, "grace_s": GRACE_S, "root": STAGE_ROOT}
         work.append((host, inventory.hosts[host.name], artifact, {**code, "params": params}))
-    staged: dict[str, dict] = {}
+    staged: dict[str, dict[str, Any]] = {}
     failures: list[str] = []
     with ThreadPoolExecutor(max_workers=max(1, min(len(work), 64)), thread_name_prefix="fdl-stage") as pool:
         outcomes = list(pool.map(lambda w: _stage_one(plan.run_id, *w), work))
@@ -154,19 +159,21 @@ def stage_remote(plan: LaunchPlan, inventory, jobs: dict[str, BuildJob], specs: 
     return staged
 
 
-def _stage_code() -> dict:
+def _stage_code() -> dict[str, Any]:
     """The code half of every host's staging document (read once per launch)."""
     from fdl import fsio
     from fdl.agent import supervisor
     from fdl.launch import hoststage
 
-    def source(module) -> str:
+    def source(module: ModuleType) -> str:
+        assert module.__file__ is not None
         return Path(module.__file__).read_text(encoding="utf-8")
 
     return {"code": [["fsio", source(fsio)], ["hoststage", source(hoststage)]], "supervisor": source(supervisor)}
 
 
-def _stage_one(run_id: str, host: LaunchHost, inv_host, artifact: str, document: dict) -> tuple[dict, str | None]:
+def _stage_one(run_id: str, host: LaunchHost, inv_host: InventoryHost, artifact: str, document: dict[str, Any]
+               ) -> tuple[dict[str, Any], str | None]:
     """Stage one host (and rsync its binary when it differs): (staged paths, None) or ({}, why it failed)."""
     from fdl.cluster.ssh import login, rsync_rsh, ssh_argv
 
@@ -197,7 +204,7 @@ def _stage_one(run_id: str, host: LaunchHost, inv_host, artifact: str, document:
     return {k: paths[k] for k in ("run_dir", "supervisor", "spec")}, None
 
 
-def _last_json(raw: bytes) -> dict:
+def _last_json(raw: bytes) -> dict[str, Any]:
     for line in reversed(raw.decode("utf-8", "replace").splitlines()):
         try:
             value = json.loads(line)
@@ -246,7 +253,7 @@ class Session:
         raise NotImplementedError
 
 
-def _outcome(host: str, result: dict | None, code: int, fallback: str | None) -> HostOutcome:
+def _outcome(host: str, result: dict[str, Any] | None, code: int, fallback: str | None) -> HostOutcome:
     if result is None:
         return HostOutcome(host=host, code=code or 1, codes={}, first_rank=None,
                            detail=fallback or f"the rank supervisor ended without a result (exit {code})")
@@ -265,7 +272,7 @@ def _outcome(host: str, result: dict | None, code: int, fallback: str | None) ->
 class LocalSession(Session):
     """This machine's ranks: the rank supervisor in-process, its ranks in the project root."""
 
-    def __init__(self, host: LaunchHost, argv: list[str], ranks: list[dict], cwd: Path, log_dir: Path,
+    def __init__(self, host: LaunchHost, argv: list[str], ranks: list[dict[str, Any]], cwd: Path, log_dir: Path,
                  printer: Printer):
         self.host = host.name
         self.supervisor = Supervisor(argv, ranks, cwd=str(cwd), log_dir=str(log_dir), label=host.name,
@@ -273,7 +280,7 @@ class LocalSession(Session):
                                      on_line=lambda rank, line: printer.line(f"[{host.name}/{rank}] {line}"),
                                      on_note=lambda text: printer.note(f"{host.name}: {text}"))
         self.log_dir = log_dir
-        self._result = None
+        self._result: GroupResult | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"fdl-ranks-{host.name}", daemon=True)
 
@@ -311,15 +318,15 @@ class LocalSession(Session):
 class RemoteSession(Session):
     """A remote host's ranks: its staged supervisor over ssh, stdin held open, stdout streamed back."""
 
-    def __init__(self, host: LaunchHost, ssh_argv: list[str], staged: dict, printer: Printer, run_id: str):
+    def __init__(self, host: LaunchHost, ssh_argv: list[str], staged: dict[str, Any], printer: Printer, run_id: str):
         self.host = host.name
         self.printer = printer
         remote = (f"cd {shlex.quote(staged['run_dir'])} && exec env FDL_RUN_ID={shlex.quote(run_id)} "
                   f"{shlex.quote(host.python)} -u {shlex.quote(staged['supervisor'])} {shlex.quote(staged['spec'])}")
         self.argv = [*ssh_argv, remote]
         self.log_dir = f"{staged['run_dir']}/logs"
-        self.proc: subprocess.Popen | None = None
-        self.result: dict | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.result: dict[str, Any] | None = None
         self.stderr: list[str] = []
         self._pumps: list[threading.Thread] = []
         self._start_error: str | None = None
@@ -337,7 +344,7 @@ class RemoteSession(Session):
             pump.start()
             self._pumps.append(pump)
 
-    def _out(self, stream) -> None:
+    def _out(self, stream: IO[bytes]) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
             if line.startswith(RESULT_PREFIX):
@@ -349,7 +356,7 @@ class RemoteSession(Session):
             self.printer.line(line if line.startswith(f"[{self.host}/") else f"[{self.host}] {line}")
         stream.close()
 
-    def _err(self, stream) -> None:
+    def _err(self, stream: IO[bytes]) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
             if line.startswith(NOTE_PREFIX):  # the supervisor's own note: the launcher's, about this host

@@ -14,10 +14,14 @@ differs), `bin/BIN_DIR/` (kept between runs: rsync then sends only what changed)
 host's rank spec `spec.json` (0600) and `logs/`. It starts nothing.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import os
 import sys
+from collections.abc import Callable
+from typing import IO, Any
 
 FIELDS = ("run_id", "bin_dir", "program")  # plain names: never a path that could leave the root
 
@@ -26,7 +30,7 @@ class StageError(Exception):
     """The inputs cannot be staged (a name that is a path, nothing to run)."""
 
 
-def file_sha256(path):
+def file_sha256(path: str) -> str | None:
     """The hex SHA-256 of a file, or None when it cannot be read."""
     digest = hashlib.sha256()
     try:
@@ -38,7 +42,7 @@ def file_sha256(path):
     return digest.hexdigest()
 
 
-def plan(params):
+def plan(params: dict[str, Any]) -> dict[str, Any]:
     """Where everything goes and the spec the supervisor reads, from the inputs (nothing written)."""
     for name in FIELDS:
         value = params.get(name) or ""
@@ -59,7 +63,8 @@ def plan(params):
             "spec_path": os.path.join(run_dir, "spec.json"), "program": program, "spec": spec}
 
 
-def stage(params, supervisor_source, atomic_write, check_mode=False):
+def stage(params: dict[str, Any], supervisor_source: str, atomic_write: Callable[..., None],
+          check_mode: bool = False) -> tuple[bool, dict[str, Any]]:
     """Write the layout; returns (changed, {run_dir, supervisor, spec, bin_dir, program_current}).
 
     atomic_write(path, data, mode) is fdl.fsio's, handed in by the caller (module_utils or the bootstrap).
@@ -87,7 +92,8 @@ def stage(params, supervisor_source, atomic_write, check_mode=False):
                      "bin_dir": where["bin_dir"], "program_current": program_current}
 
 
-def serve(params, supervisor_source, atomic_write, out=None):
+def serve(params: dict[str, Any], supervisor_source: str, atomic_write: Callable[..., None],
+          out: IO[str] | None = None) -> int:
     """The launcher's direct path: stage, then one JSON line on stdout (`{"staged": ...}` or `{"error": ...}`);
     the exit status is 0 when staged, 3 when the inputs were refused, 4 when the host could not write."""
     out = out or sys.stdout
