@@ -234,6 +234,12 @@ class Session:
     """One host's ranks while they run."""
 
     host: str
+    # Set when the session ends, so the launcher's supervision loop wakes at once instead of at its next poll.
+    ended: threading.Event | None = None
+
+    def _ended(self) -> None:
+        if self.ended is not None:
+            self.ended.set()
 
     def start(self) -> None:
         raise NotImplementedError
@@ -289,6 +295,8 @@ class LocalSession(Session):
             self._result = self.supervisor.run()
         except BaseException as exc:
             self._error = exc
+        finally:
+            self._ended()
 
     def start(self) -> None:
         self._thread.start()
@@ -355,6 +363,12 @@ class RemoteSession(Session):
                 continue
             self.printer.line(line if line.startswith(f"[{self.host}/") else f"[{self.host}] {line}")
         stream.close()
+        if self.proc is not None:  # ssh ends with its session's output: reap it, then say the session ended
+            try:
+                self.proc.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+        self._ended()
 
     def _err(self, stream: IO[bytes]) -> None:
         for raw in iter(stream.readline, b""):
@@ -366,6 +380,7 @@ class RemoteSession(Session):
                 del self.stderr[:-20]
                 self.printer.line(f"[{self.host}] {line}")
         stream.close()
+        self._ended()
 
     def stop(self) -> None:
         """EOF on the supervisor's stdin: it ends its ranks (SIGTERM, SIGKILL after the grace) and reports."""

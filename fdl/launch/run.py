@@ -63,6 +63,7 @@ class _Watch:
         self.first: HostOutcome | None = None
         self.stopping_since: float | None = None
         self.killed = False
+        self.ended = threading.Event()
         self.interrupted = False
 
     @property
@@ -72,6 +73,7 @@ class _Watch:
     def start(self) -> None:
         launcher = self.launcher
         for session in self.sessions:
+            session.ended = self.ended
             session.start()
             launcher.running.add(session.host)
         launcher.printer.note(f"ranks started on {len(self.sessions)} host(s)")
@@ -370,10 +372,11 @@ class Launcher:
             watch.start()
             while not watch.finished:
                 try:
+                    watch.ended.clear()
                     if cancel.is_set():
                         watch.interrupt(interrupts.signal)
                     watch.step()
-                    time.sleep(0.1)
+                    watch.ended.wait(0.1)  # a session's end wakes this at once; the timeout catches the rest
                 except KeyboardInterrupt:  # a second Ctrl-C: no more grace for the ranks
                     watch.hurry()
         interrupted = watch.interrupted
