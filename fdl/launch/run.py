@@ -346,6 +346,9 @@ class Launcher:
 
             assert plan.cluster is not None
             inventory = build_inventory(plan.cluster, plan.root)
+            problem = open_files_for(len(plan.remote))
+            if problem:
+                self.printer.note(problem)
             self.printer.note(f"staging on {len(plan.remote)} remote host(s): binary (rsync), rank supervisor, "
                               f"rank spec")
             staged = stage_remote(plan, inventory, jobs, specs)
@@ -441,6 +444,27 @@ class Launcher:
         except (FdlError, KeyboardInterrupt) as exc:
             self.printer.note(f"the sweep did not finish ({exc}); check the hosts for processes with "
                               f"FDL_RUN_ID={self.plan.run_id}")
+
+
+def open_files_for(hosts: int) -> str | None:
+    """Raise this process's soft limit on open files to what `hosts` remote sessions need (three pipes each, and
+    the staging's while it runs), up to the hard limit; a note when even the hard limit is short. The usual soft
+    limit of 1,024 ends at about 300 hosts."""
+    import resource
+
+    needed = 256 + 8 * hosts
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return None
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        target = soft
+    if target < needed:
+        return (f"this process may open {target} files and {hosts} remote hosts need about {needed}; raise the "
+                f"hard limit (ulimit -Hn) if sessions fail to start")
+    return None
 
 
 def launch(plan: LaunchPlan, *, no_prebuild: bool = False, env_name: str | None = None) -> int:

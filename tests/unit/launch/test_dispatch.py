@@ -211,3 +211,19 @@ def test_a_staging_program_that_fails_names_its_exit_and_reason(tmp_path, monkey
     (tmp_path / "launch").write_text("a file where the launcher directory should be")
     (paths, problem), _ = stage_here(tmp_path, monkeypatch, seen)
     assert paths == {} and problem is not None and problem.startswith("staging exited 4: "), problem
+
+
+def test_the_launcher_raises_its_open_files_limit_for_many_hosts():
+    # three pipes per remote session: 1,000 hosts need more than the usual soft limit of 1,024
+    import subprocess
+    import sys
+
+    code = ("import resource; from fdl.launch.run import open_files_for\n"
+            "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (512, hard))\n"
+            "note = open_files_for(1000)\n"
+            "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard, note)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(None, 2)
+    soft, hard = int(out[0]), int(out[1])
+    assert soft == min(256 + 8 * 1000, hard) if hard != -1 else soft == 256 + 8 * 1000
+    assert (out[2].strip() == "None") == (soft >= 256 + 8 * 1000)
