@@ -98,7 +98,7 @@ def serve(params: dict[str, Any], supervisor_source: str, atomic_write: Callable
     the exit status is 0 when staged, 3 when the inputs were refused, 4 when the host could not write."""
     out = out or sys.stdout
     try:
-        _, staged = stage(params, supervisor_source, atomic_write)
+        staged = stage(params, supervisor_source, atomic_write)[1]
     except StageError as exc:
         out.write(json.dumps({"error": str(exc)}) + "\n")
         return 3
