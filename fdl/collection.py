@@ -13,6 +13,7 @@ source copied, and those files copied in as real files under
     plugins/module_utils/farm/              fdl/farm/{authorized_keys,doors,sshd_config}.py
     plugins/module_utils/fsio.py            fdl/fsio.py (atomic writes; farm/ imports it as ..fsio)
     plugins/module_utils/supervisor.py      fdl/agent/supervisor.py
+    plugins/module_utils/hoststage.py       fdl/launch/hoststage.py (the launcher's staging layout)
     plugins/module_utils/pynvml.py          nvidia-ml-py's pynvml.py, and its licence beside it
 
 Three callers, one tree: `scripts/build-collection` (then `ansible-galaxy
@@ -48,6 +49,7 @@ MODULE_UTILS = {
     "farm": ("farm/authorized_keys.py", "farm/doors.py", "farm/sshd_config.py"),
     "fsio.py": ("fsio.py",),  # farm/authorized_keys.py writes through it (imported as ..fsio)
     "supervisor.py": ("agent/supervisor.py",),
+    "hoststage.py": ("launch/hoststage.py",),
 }
 PYNVML_LICENSE = "pynvml.LICENSE.txt"
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")

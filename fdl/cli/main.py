@@ -7,6 +7,8 @@ code. Command modules are imported only when their command runs, so
 
 from __future__ import annotations
 
+import atexit
+import gc
 import importlib
 import os
 import sys
@@ -22,6 +24,11 @@ from fdl.errors import ExitCode, FdlError
 
 if TYPE_CHECKING:
     from fdl.config.schema import CommandSpec
+# At exit the interpreter's last garbage collections walk every object the imports made (typer, click, yaml,
+# pynvml, aiohttp): about a fifth of `fdl --help` and `fdl probe --json`'s CPU time on a 2-core machine
+# (medians of 11: 181 -> 145 ms and 282 -> 226 ms). A process that is ending frees its memory anyway, so the
+# collector is told to leave what exists by then alone (files fdl writes are closed before exit).
+atexit.register(gc.freeze)
 
 # name -> (module, one-line help). Modules are imported on use only.
 BUILTINS: dict[str, tuple[str, str]] = {

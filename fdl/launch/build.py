@@ -24,9 +24,14 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
 
 from fdl.errors import FdlError
 from fdl.launch.plan import SINGLE, LaunchHost, LaunchPlan
+
+if TYPE_CHECKING:
+    from fdl.cluster.runner import RunnerEvent
+    from fdl.publish.libtorch import Libtorch
 
 DEFAULT_RECIPE = "cargo build --release"
 TARGET = "target"
@@ -47,12 +52,12 @@ class BuildJob:
     arch: str | None
     recipe: str | None  # None: nothing to build, the artifact is shipped as it is
     target_dir: Path | None  # CARGO_TARGET_DIR (None: the project's own target dir)
-    env: dict  # variables the recipe gets on top of this process's environment
+    env: dict[str, Any]  # variables the recipe gets on top of this process's environment
     log: Path
     artifact: Path | None  # what the host's ranks run (None for a run: shell line)
     libtorch: str | None  # shown in messages
 
-    def to_vars(self, root: Path) -> dict:
+    def to_vars(self, root: Path) -> dict[str, Any]:
         """This job as the fdl_prebuild role's inputs."""
         return {"recipe": self.recipe, "chdir": str(root), "environment": self.env, "log": str(self.log),
                 "target_dir": str(self.target_dir) if self.target_dir is not None else ""}
@@ -79,7 +84,7 @@ def artifact_path(bin_: str, root: Path, target_dir: Path | None) -> Path:
     return Path(bin_) if path.is_absolute() else root / bin_
 
 
-def host_libtorch(host: LaunchHost, root: Path):
+def host_libtorch(host: LaunchHost, root: Path) -> Libtorch | None:
     """The libtorch a host's build links against: its arch:'s variant, else this machine's own (or None)."""
     from fdl.publish.libtorch import LibtorchError, resolve_active, resolve_variant
 
@@ -92,7 +97,7 @@ def host_libtorch(host: LaunchHost, root: Path):
                             f"that is not usable: {exc.message}", hint=exc.hint) from None
 
 
-def build_overrides(libtorch) -> dict[str, str]:
+def build_overrides(libtorch: Libtorch | None) -> dict[str, str]:
     """What the publish gate's build environment adds for this libtorch (LIBTORCH too, for tch-rs)."""
     from fdl.publish.libtorch import build_env
 
@@ -154,7 +159,7 @@ def prebuild(plan: LaunchPlan, jobs: list[BuildJob], *, progress: bool | None = 
         cancel = threading.Event()
         first: list[str] = []
 
-        def on_event(event) -> None:
+        def on_event(event: RunnerEvent) -> None:
             if event.kind == "on_failed" and event.host and not first:
                 first.append(event.host)
                 cancel.set()  # the first failure aborts the other builds

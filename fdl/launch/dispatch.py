@@ -31,20 +31,26 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import IO, TYPE_CHECKING, Any
 
-from fdl.agent.supervisor import NOTE_PREFIX, RESULT_PREFIX, Supervisor
+from fdl.agent.supervisor import NOTE_PREFIX, RESULT_PREFIX, GroupResult, Supervisor
 from fdl.controller.protocol import without_secrets
 from fdl.errors import RemoteError
 from fdl.launch.build import BuildJob
 from fdl.launch.plan import LaunchHost, LaunchPlan
 
+if TYPE_CHECKING:
+    from fdl.cluster.inventory import ClusterInventory, InventoryHost
+
 GRACE_S = 10.0
+STAGE_ROOT = "~/.flodl/launch"
 
 
 class Printer:
     """Rank lines to stdout, launcher notes to stderr; one lock, so lines never interleave."""
 
-    def __init__(self, out=None, err=None):
+    def __init__(self, out: IO[str] | None = None, err: IO[str] | None = None):
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self._lock = threading.Lock()
@@ -75,12 +81,12 @@ class HostOutcome:
 
     host: str
     code: int  # 0 when every rank exited 0
-    codes: dict  # rank -> exit code (empty when the supervisor never reported)
+    codes: dict[int, int]  # rank -> exit code (empty when the supervisor never reported)
     first_rank: int | None  # this host's first failing rank
     detail: str | None  # for state.json and the final message
 
 
-def rank_specs(plan: LaunchPlan, host: LaunchHost, assignment: dict) -> list[dict]:
+def rank_specs(plan: LaunchPlan, host: LaunchHost, assignment: dict[str, Any]) -> list[dict[str, Any]]:
     """Each rank's entry for the supervisor: the world's rank environment over the worker's env: over the
     command's env: (a host's own setting is more specific than the job's).
 
@@ -97,44 +103,119 @@ def rank_specs(plan: LaunchPlan, host: LaunchHost, assignment: dict) -> list[dic
     return out
 
 
-def stage_remote(plan: LaunchPlan, inventory, jobs: dict[str, BuildJob], specs: dict[str, list[dict]],
-                 *, progress: bool | None = None) -> dict[str, dict]:
-    """Ship binary, supervisor and rank spec to every remote host; returns {host: staged paths}."""
-    from fdl.cluster.runner import OK, run_playbook
-    from fdl.cluster.ssh import login, rsync_rsh
+# The host's `python3 -c` program: it reads one JSON document from stdin (the staging code, fdl.fsio and the
+# supervisor's source, and this host's inputs), loads the code as modules and stages. Only code is on the
+# command line; the spec travels inside the ssh session.
+BOOTSTRAP = ("import json,sys,types\n"
+             "d=json.load(sys.stdin)\n"
+             "m={}\n"
+             "for n,s in d['code']:\n"
+             " m[n]=types.ModuleType(n);exec(compile(s,n+'.py','exec'),m[n].__dict__)\n"
+             "sys.exit(m['hoststage'].serve(d['params'],d['supervisor'],m['fsio'].atomic_write))\n")
+STAGE_TIMEOUT_S = 60.0
 
-    hosts = [h.name for h in plan.remote]
-    dispatch_plan = {}
+
+def stage_remote(plan: LaunchPlan, inventory: ClusterInventory, jobs: dict[str, BuildJob],
+                 specs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Ship binary, supervisor and rank spec to every remote host at once; returns {host: staged paths}.
+
+    One ssh per host runs fdl.launch.hoststage there (over the host's warm ControlMaster: tens of
+    milliseconds), then rsync only for the hosts whose copy of the binary differs. Ansible would add its
+    own start (about two seconds here) and nothing else: the same ssh settings, host keys and login apply.
+    The flodl.fdl.dispatch playbook stays, on the same hoststage code, for staging without fdl.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    hosts = [h for h in plan.remote]
     digests: dict[str, str] = {}
-    for name in hosts:
-        job = jobs.get(name)
+    code = _stage_code()
+    work = []
+    for host in hosts:
+        job = jobs.get(host.name)
         artifact = str(job.artifact) if job is not None and job.artifact is not None else ""
         if artifact and artifact not in digests:
             digests[artifact] = _sha256(artifact)
-        dispatch_plan[name] = {
-            "run_id": plan.run_id, "artifact": artifact, "artifact_sha256": digests.get(artifact, ""),
-            "bin_dir": plan.command.name,
-            "rsh": rsync_rsh(inventory.hosts[name]), "login": login(inventory.hosts[name]),
-            "command": list(plan.args) if plan.command.bin is not None else plan.rank_argv(None),
-            "ranks": specs[name], "label": name, "grace_s": GRACE_S,
-        }
-    result = run_playbook("dispatch.yml", inventory, extravars={"fdl_dispatch_plan": dispatch_plan},
-                          limit=hosts, progress=progress, title="dispatch")
-    staged = {}
-    failures = []
-    for name in hosts:
-        outcome = result.hosts[name]
-        facts = ((outcome.res or {}).get("ansible_facts") or {}).get("fdl_dispatch_staged")
-        if outcome.status != OK or not isinstance(facts, dict):
-            failures.append(f"{name}: {outcome.message or outcome.status}")
+        params = {"run_id": plan.run_id, "bin_dir": plan.command.name if artifact else "",
+                  "program": Path(artifact).name if artifact else "", "program_sha256": digests.get(artifact, ""),
+                  "command": list(plan.args) if plan.command.bin is not None else plan.rank_argv(None),
+                  "ranks": specs[host.name], "label": host.name, "grace_s": GRACE_S, "root": STAGE_ROOT}
+        work.append((host, inventory.hosts[host.name], artifact, {**code, "params": params}))
+    staged: dict[str, dict[str, Any]] = {}
+    failures: list[str] = []
+    with ThreadPoolExecutor(max_workers=max(1, min(len(work), 64)), thread_name_prefix="fdl-stage") as pool:
+        outcomes = list(pool.map(lambda w: _stage_one(plan.run_id, *w), work))
+    for (host, *_), (paths, problem) in zip(work, outcomes, strict=True):
+        if problem is not None:
+            failures.append(f"{host.name}: {problem}")
         else:
-            staged[name] = facts
+            staged[host.name] = paths
     if failures:
         raise RemoteError(f"staging the run failed on {len(failures)} host(s), so no rank was started: "
                           + "; ".join(failures),
                           hint="Each host needs python3 and rsync, and must be reachable over ssh as its user "
                                "(fdl @cluster probe checks the rest).")
     return staged
+
+
+def _stage_code() -> dict[str, Any]:
+    """The code half of every host's staging document (read once per launch)."""
+    from fdl import fsio
+    from fdl.agent import supervisor
+    from fdl.launch import hoststage
+
+    def source(module: ModuleType) -> str:
+        assert module.__file__ is not None
+        return Path(module.__file__).read_text(encoding="utf-8")
+
+    return {"code": [["fsio", source(fsio)], ["hoststage", source(hoststage)]], "supervisor": source(supervisor)}
+
+
+def _stage_one(run_id: str, host: LaunchHost, inv_host: InventoryHost, artifact: str, document: dict[str, Any]
+               ) -> tuple[dict[str, Any], str | None]:
+    """Stage one host (and rsync its binary when it differs): (staged paths, None) or ({}, why it failed)."""
+    from fdl.cluster.ssh import login, rsync_rsh, ssh_argv
+
+    remote = f"exec env FDL_RUN_ID={shlex.quote(run_id)} {shlex.quote(host.python)} -c {shlex.quote(BOOTSTRAP)}"
+    try:
+        done = subprocess.run([*ssh_argv(inv_host), remote], input=json.dumps(document).encode(),
+                              capture_output=True, timeout=STAGE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return {}, f"staging did not finish within {STAGE_TIMEOUT_S:.0f}s"
+    except OSError as exc:
+        return {}, f"cannot run ssh: {exc.strerror or exc}"
+    answer = _last_json(done.stdout)
+    if done.returncode == 255:
+        return {}, f"ssh exited 255: {_last_line(done.stderr) or 'no output'}"
+    if done.returncode != 0 or not isinstance(answer.get("staged"), dict):
+        why = answer.get("error") or _last_line(done.stderr) or "no output"
+        return {}, f"staging exited {done.returncode}: {why}"
+    paths = answer["staged"]
+    if artifact and not paths.get("program_current"):
+        try:
+            shipped = subprocess.run(["rsync", "--archive", "--rsh", rsync_rsh(inv_host), artifact,
+                                      f"{login(inv_host)}:{paths['bin_dir']}/"], capture_output=True,
+                                     timeout=None, check=False)
+        except OSError as exc:
+            return {}, f"cannot run rsync: {exc.strerror or exc}"
+        if shipped.returncode != 0:
+            return {}, f"rsync exited {shipped.returncode}: {_last_line(shipped.stderr) or 'no output'}"
+    return {k: paths[k] for k in ("run_dir", "supervisor", "spec")}, None
+
+
+def _last_json(raw: bytes) -> dict[str, Any]:
+    for line in reversed(raw.decode("utf-8", "replace").splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return {}
+
+
+def _last_line(raw: bytes) -> str:
+    lines = [line.strip() for line in raw.decode("utf-8", "replace").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def _sha256(path: str) -> str:
@@ -151,6 +232,12 @@ class Session:
     """One host's ranks while they run."""
 
     host: str
+    # Set when the session ends, so the launcher's supervision loop wakes at once instead of at its next poll.
+    ended: threading.Event | None = None
+
+    def _ended(self) -> None:
+        if self.ended is not None:
+            self.ended.set()
 
     def start(self) -> None:
         raise NotImplementedError
@@ -170,7 +257,7 @@ class Session:
         raise NotImplementedError
 
 
-def _outcome(host: str, result: dict | None, code: int, fallback: str | None) -> HostOutcome:
+def _outcome(host: str, result: dict[str, Any] | None, code: int, fallback: str | None) -> HostOutcome:
     if result is None:
         return HostOutcome(host=host, code=code or 1, codes={}, first_rank=None,
                            detail=fallback or f"the rank supervisor ended without a result (exit {code})")
@@ -189,7 +276,7 @@ def _outcome(host: str, result: dict | None, code: int, fallback: str | None) ->
 class LocalSession(Session):
     """This machine's ranks: the rank supervisor in-process, its ranks in the project root."""
 
-    def __init__(self, host: LaunchHost, argv: list[str], ranks: list[dict], cwd: Path, log_dir: Path,
+    def __init__(self, host: LaunchHost, argv: list[str], ranks: list[dict[str, Any]], cwd: Path, log_dir: Path,
                  printer: Printer):
         self.host = host.name
         self.supervisor = Supervisor(argv, ranks, cwd=str(cwd), log_dir=str(log_dir), label=host.name,
@@ -197,7 +284,7 @@ class LocalSession(Session):
                                      on_line=lambda rank, line: printer.line(f"[{host.name}/{rank}] {line}"),
                                      on_note=lambda text: printer.note(f"{host.name}: {text}"))
         self.log_dir = log_dir
-        self._result = None
+        self._result: GroupResult | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"fdl-ranks-{host.name}", daemon=True)
 
@@ -206,6 +293,8 @@ class LocalSession(Session):
             self._result = self.supervisor.run()
         except BaseException as exc:
             self._error = exc
+        finally:
+            self._ended()
 
     def start(self) -> None:
         self._thread.start()
@@ -235,15 +324,15 @@ class LocalSession(Session):
 class RemoteSession(Session):
     """A remote host's ranks: its staged supervisor over ssh, stdin held open, stdout streamed back."""
 
-    def __init__(self, host: LaunchHost, ssh_argv: list[str], staged: dict, printer: Printer, run_id: str):
+    def __init__(self, host: LaunchHost, ssh_argv: list[str], staged: dict[str, Any], printer: Printer, run_id: str):
         self.host = host.name
         self.printer = printer
         remote = (f"cd {shlex.quote(staged['run_dir'])} && exec env FDL_RUN_ID={shlex.quote(run_id)} "
                   f"{shlex.quote(host.python)} -u {shlex.quote(staged['supervisor'])} {shlex.quote(staged['spec'])}")
         self.argv = [*ssh_argv, remote]
         self.log_dir = f"{staged['run_dir']}/logs"
-        self.proc: subprocess.Popen | None = None
-        self.result: dict | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.result: dict[str, Any] | None = None
         self.stderr: list[str] = []
         self._pumps: list[threading.Thread] = []
         self._start_error: str | None = None
@@ -261,7 +350,7 @@ class RemoteSession(Session):
             pump.start()
             self._pumps.append(pump)
 
-    def _out(self, stream) -> None:
+    def _out(self, stream: IO[bytes]) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
             if line.startswith(RESULT_PREFIX):
@@ -272,8 +361,14 @@ class RemoteSession(Session):
                 continue
             self.printer.line(line if line.startswith(f"[{self.host}/") else f"[{self.host}] {line}")
         stream.close()
+        if self.proc is not None:  # ssh ends with its session's output: reap it, then say the session ended
+            try:
+                self.proc.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+        self._ended()
 
-    def _err(self, stream) -> None:
+    def _err(self, stream: IO[bytes]) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
             if line.startswith(NOTE_PREFIX):  # the supervisor's own note: the launcher's, about this host
@@ -283,6 +378,7 @@ class RemoteSession(Session):
                 del self.stderr[:-20]
                 self.printer.line(f"[{self.host}] {line}")
         stream.close()
+        self._ended()
 
     def stop(self) -> None:
         """EOF on the supervisor's stdin: it ends its ranks (SIGTERM, SIGKILL after the grace) and reports."""

@@ -23,6 +23,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fdl.fsio import atomic_write
 
@@ -104,7 +105,7 @@ def live_runs(environ: Mapping[str, str] | None = None) -> list[LiveRun]:
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-def kept_state(run_id: str | None, environ: Mapping[str, str] | None = None) -> dict | None:
+def kept_state(run_id: str | None, environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
     """The final state.json a launcher on this machine kept for run_id (~/.flodl/launch/runs/ID/), or None."""
     if not run_id or not _RUN_ID.match(run_id):  # the id came over the wire: never a path
         return None

@@ -20,8 +20,10 @@ from __future__ import annotations
 import shlex
 import socket
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fdl.config.schema import (
     DEFAULT_PORT,
@@ -31,6 +33,12 @@ from fdl.config.schema import (
     WorkerSpec,
 )
 from fdl.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from fdl.controller.policy import RunPolicy
+    from fdl.gpus import GpuSelection
+
+IsLocal = Callable[[str, int], bool]  # is_local(address, port): is this worker this machine?
 
 CLUSTER, SINGLE = "cluster", "single"
 
@@ -88,7 +96,7 @@ class LaunchPlan:
     def ranks(self) -> int:
         return sum(h.devices.ranks() for h in self.hosts)
 
-    def policy(self):
+    def policy(self) -> RunPolicy:
         """The controller's RunPolicy for this run."""
         from fdl.controller.policy import RosterHost, RunPolicy
 
@@ -153,13 +161,13 @@ def free_port_pair(host: str = "127.0.0.1") -> int:
     for _ in range(50):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((host, 0))
-            port = sock.getsockname()[1]
+            port = int(sock.getsockname()[1])
         if port < 65535 and port_free(host, port + 1):
             return port
     raise UsageError("found no free pair of ports on this machine for the run's controller.")
 
 
-def chosen_port(flag: int | None, environ, configured: int) -> tuple[int, str]:
+def chosen_port(flag: int | None, environ: Mapping[str, str], configured: int) -> tuple[int, str]:
     """(port, where it came from): --port, else FDL_PORT, else the configuration (or 1337)."""
     if flag is not None:
         return flag, "--port"
@@ -173,8 +181,10 @@ def chosen_port(flag: int | None, environ, configured: int) -> tuple[int, str]:
 
 
 def plan_launch(spec: CommandSpec, args: list[str] | tuple[str, ...], cluster: ClusterSpec | None, root: Path,
-                gpus=None, *, is_local=None, gpu_count=_gpu_count, run_id: str | None = None,
-                port: int | None = None, environ=None, is_free=port_free) -> LaunchPlan | None:
+                gpus: GpuSelection | None = None, *, is_local: IsLocal | None = None,
+                gpu_count: Callable[[], int | None] = _gpu_count, run_id: str | None = None,
+                port: int | None = None, environ: Mapping[str, str] | None = None,
+                is_free: Callable[[str, int], bool] = port_free) -> LaunchPlan | None:
     """The plan of a `cluster: true` command, or None when it should run as one ordinary process.
 
     gpus: the --gpus selection (fdl.gpus.GpuSelection) or None. is_local(address, port) tells
@@ -195,7 +205,9 @@ def plan_launch(spec: CommandSpec, args: list[str] | tuple[str, ...], cluster: C
         cluster = cluster._replace(controller=cluster.controller._replace(port=chosen))
     if cluster is not None and (cluster.workers or cluster.controller.join.discovery):
         if is_local is None:
-            from fdl.cluster.probe import is_this_machine as is_local
+            from fdl.cluster.probe import is_this_machine
+
+            is_local = is_this_machine
         return _cluster_plan(spec, all_args, cluster, root, gpus, is_local, gpu_count, run_id)
     devices: Devices | None = None
     if gpus is not None:
@@ -232,8 +244,9 @@ def plan_launch(spec: CommandSpec, args: list[str] | tuple[str, ...], cluster: C
                       configured_addr=f"127.0.0.1:{configured}", notes=tuple(notes))
 
 
-def _cluster_plan(spec: CommandSpec, args: tuple[str, ...], cluster: ClusterSpec, root: Path, gpus, is_local,
-                  gpu_count, run_id: str) -> LaunchPlan:
+def _cluster_plan(spec: CommandSpec, args: tuple[str, ...], cluster: ClusterSpec, root: Path,
+                  gpus: GpuSelection | None, is_local: IsLocal, gpu_count: Callable[[], int | None],
+                  run_id: str) -> LaunchPlan:
     hosts = []
     notes = []
     local_seen = False

@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fdl import __version__
 from fdl.cluster.runner import Interrupts
@@ -37,6 +38,11 @@ from fdl.launch.dispatch import (
     stage_remote,
 )
 from fdl.launch.plan import SINGLE, LaunchPlan
+
+if TYPE_CHECKING:
+    from fdl.cluster.inventory import ClusterInventory
+    from fdl.controller.policy import RunPolicy
+    from fdl.controller.server import ControllerServer
 
 BEAT_S = 1.0
 SWEEP_TIMEOUT_S = 60.0
@@ -57,6 +63,7 @@ class _Watch:
         self.first: HostOutcome | None = None
         self.stopping_since: float | None = None
         self.killed = False
+        self.ended = threading.Event()
         self.interrupted = False
 
     @property
@@ -66,6 +73,7 @@ class _Watch:
     def start(self) -> None:
         launcher = self.launcher
         for session in self.sessions:
+            session.ended = self.ended
             session.start()
             launcher.running.add(session.host)
         launcher.printer.note(f"ranks started on {len(self.sessions)} host(s)")
@@ -127,12 +135,19 @@ class Launcher:
         self.printer = printer or Printer()
         self.progress = progress
         self.env_name = env_name
-        self.server = None
+        self._server: ControllerServer | None = None
+        self.inventory: ClusterInventory | None = None
         self.tickets: dict[str, str] = {}
         self.running: set[str] = set()
         self._beat_stop = threading.Event()
         self._beats: threading.Thread | None = None
         self.started = time.monotonic()
+
+    @property
+    def server(self) -> ControllerServer:
+        """The run's controller (started by run(), for the run's lifetime)."""
+        assert self._server is not None, "the controller starts in run()"
+        return self._server
 
     # ------------------------------------------------------------------ the run
 
@@ -145,7 +160,7 @@ class Launcher:
         from fdl.controller.server import Limits
 
         limits = Limits(max_per_peer=plan.cluster.controller.peer_connections) if plan.cluster is not None else None
-        self.server = ControllerServer(self._policy(), host=plan.bind, port=plan.port, limits=limits).start()
+        self._server = ControllerServer(self._policy(), host=plan.bind, port=plan.port, limits=limits).start()
         record = None
         try:
             record = self._record_live()
@@ -159,7 +174,7 @@ class Launcher:
             self.server.stop()
             live.remove_record(record)
 
-    def _record_live(self):
+    def _record_live(self) -> Path | None:
         """Say where this run's controller listens, for a plain `fdl status` (fdl.launch.live)."""
         plan = self.plan
         if plan.mode != SINGLE:
@@ -172,7 +187,7 @@ class Launcher:
                               f"use fdl status --addr {plan.controller_addr}")
             return None
 
-    def _policy(self):
+    def _policy(self) -> RunPolicy:
         """The controller's policy: the plan's, its hosts reserved for the launcher (no hello over the network
         may take their names, not even during the pre-flight build), and a fresh token for this run when the
         window listens beyond loopback without one."""
@@ -251,6 +266,7 @@ class Launcher:
                                for h in plan.hosts}
                 specs = {h.name: rank_specs(plan, h, assignments[h.name]) for h in plan.hosts}
                 world = self.server.machine.world
+                assert world is not None  # the phase is forming or later: the world exists
                 self.printer.note(f"world formed: {world.size} ranks on {world.nodes} host(s), backend "
                                   f"{world.backend}, master {world.master_addr}:{world.master_port}")
             sessions = self._sessions(jobs, specs)
@@ -320,19 +336,22 @@ class Launcher:
                                   + (", start switch: fdl start" if state["start"]["mode"] != "auto" else ""))
         return True
 
-    def _sessions(self, jobs: dict[str, BuildJob], specs: dict[str, list[dict]]) -> list[Session]:
+    def _sessions(self, jobs: dict[str, BuildJob], specs: dict[str, list[dict[str, Any]]]) -> list[Session]:
         plan = self.plan
         sessions: list[Session] = []
-        staged: dict[str, dict] = {}
+        staged: dict[str, dict[str, Any]] = {}
         inventory = None
         if plan.remote:
             from fdl.cluster.inventory import build_inventory
 
             assert plan.cluster is not None
             inventory = build_inventory(plan.cluster, plan.root)
+            problem = open_files_for(len(plan.remote))
+            if problem:
+                self.printer.note(problem)
             self.printer.note(f"staging on {len(plan.remote)} remote host(s): binary (rsync), rank supervisor, "
                               f"rank spec")
-            staged = stage_remote(plan, inventory, jobs, specs, progress=self.progress)
+            staged = stage_remote(plan, inventory, jobs, specs)
         self.inventory = inventory
         log_root = self.run_dir / "logs"
         for host in plan.hosts:
@@ -356,10 +375,11 @@ class Launcher:
             watch.start()
             while not watch.finished:
                 try:
+                    watch.ended.clear()
                     if cancel.is_set():
                         watch.interrupt(interrupts.signal)
                     watch.step()
-                    time.sleep(0.1)
+                    watch.ended.wait(0.1)  # a session's end wakes this at once; the timeout catches the rest
                 except KeyboardInterrupt:  # a second Ctrl-C: no more grace for the ranks
                     watch.hurry()
         interrupted = watch.interrupted
@@ -383,7 +403,7 @@ class Launcher:
     def _remote_names(self) -> set[str]:
         return {h.name for h in self.plan.remote}
 
-    def _failure(self, first: HostOutcome | None, sessions: list[Session], state: dict) -> RunFailed:
+    def _failure(self, first: HostOutcome | None, sessions: list[Session], state: dict[str, Any]) -> RunFailed:
         logs = {s.host: str(getattr(s, "log_dir", "")) for s in sessions}
         if first is not None:
             rank = f", rank {first.first_rank}" if first.first_rank is not None else ""
@@ -398,7 +418,7 @@ class Launcher:
         return RunFailed(f"the run failed: {state.get('reason') or 'a host failed'}.")
 
     def _fail(self, reason: str) -> None:
-        if self.server is not None:
+        if self._server is not None:
             try:
                 self.server.call(lambda m: m.fail(reason))
             except (RuntimeError, TimeoutError):
@@ -412,17 +432,39 @@ class Launcher:
     def _sweep(self) -> None:
         """Stop anything of this run left on the remote hosts (roles/fdl_reap finds it by FDL_RUN_ID)."""
         remote = sorted(self._remote_names())
-        if not remote or getattr(self, "inventory", None) is None:
+        inventory = self.inventory
+        if not remote or inventory is None:
             return
         from fdl.cluster.runner import run_playbook
 
         self.printer.note(f"sweeping {len(remote)} host(s) for processes of run {self.plan.run_id}")
         try:
-            run_playbook("reap.yml", self.inventory, extravars={"fdl_reap_run_id": self.plan.run_id},
+            run_playbook("reap.yml", inventory, extravars={"fdl_reap_run_id": self.plan.run_id},
                          limit=remote, progress=False, timeout=SWEEP_TIMEOUT_S, title="sweep")
         except (FdlError, KeyboardInterrupt) as exc:
             self.printer.note(f"the sweep did not finish ({exc}); check the hosts for processes with "
                               f"FDL_RUN_ID={self.plan.run_id}")
+
+
+def open_files_for(hosts: int) -> str | None:
+    """Raise this process's soft limit on open files to what `hosts` remote sessions need (three pipes each, and
+    the staging's while it runs), up to the hard limit; a note when even the hard limit is short. The usual soft
+    limit of 1,024 ends at about 300 hosts."""
+    import resource
+
+    needed = 256 + 8 * hosts
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return None
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        target = soft
+    if target < needed:
+        return (f"this process may open {target} files and {hosts} remote hosts need about {needed}; raise the "
+                f"hard limit (ulimit -Hn) if sessions fail to start")
+    return None
 
 
 def launch(plan: LaunchPlan, *, no_prebuild: bool = False, env_name: str | None = None) -> int:

@@ -181,6 +181,8 @@ def test_a_new_user_installs_the_tarball_and_probes_a_host(testbed, short_tmp, c
     utils = collections / "ansible_collections" / "flodl" / "fdl" / "plugins" / "module_utils"
     assert (utils / "checks" / "probe.py").read_bytes() == (REPO / "fdl" / "checks" / "probe.py").read_bytes()
     assert (utils / "supervisor.py").read_bytes() == (REPO / "fdl" / "agent" / "supervisor.py").read_bytes()
+    assert (utils / "hoststage.py").read_bytes() == (REPO / "fdl" / "launch" / "hoststage.py").read_bytes()
+    assert (utils / "fsio.py").read_bytes() == (REPO / "fdl" / "fsio.py").read_bytes()
     assert "def nvmlInit" in (utils / "pynvml.py").read_text()
     assert "NVIDIA Corporation" in (utils / "pynvml.LICENSE.txt").read_text()
     assert not any(path.is_symlink() for path in utils.rglob("*"))

@@ -34,6 +34,13 @@ from tests.integration.launch.helpers import (
 pytestmark = [pytest.mark.testbed(hosts=3), pytest.mark.slow]
 
 
+@pytest.fixture
+def testbed_home(bed, short_tmp: Path) -> dict:
+    """A fresh HOME for the launcher, from this module's own bed: the plugin's default testbed is not needed,
+    and building it beside `bed` would remove `bed`'s users whenever its prefix is a prefix of this one's."""
+    return bed.home_env(short_tmp / "home")
+
+
 def cluster_doc(bed, port: int, **per_host: dict) -> dict:
     workers = []
     for host in bed.hosts:

@@ -145,3 +145,85 @@ def test_a_session_that_cannot_start_is_a_failed_host(tmp_path):
     s = RemoteSession(host, [str(tmp_path / "no-ssh-here")], staged_run(tmp_path, ["true"]), None, "abc")
     s.start()
     assert s.done and s.outcome().code == 127 and "cannot run ssh" in s.outcome().detail
+
+
+# --------------------------------------------------------------------------- staging, without ssh
+# The staging program's own ssh is replaced by `sh -c`: the host's `python3 -c BOOTSTRAP` runs here, reads its
+# document from stdin and lays out the run with fdl.launch.hoststage, exactly as on a host.
+
+def stage_here(tmp_path: Path, monkeypatch, seen: list[list[str]], sha: str = "", program: str = "") -> tuple:
+    import subprocess
+    import sys
+
+    from fdl.launch import dispatch
+    from fdl.launch.plan import LaunchHost
+
+    real_run = subprocess.run
+
+    def run(argv, **kwargs):
+        seen.append(list(argv))
+        return real_run(argv, **kwargs)
+
+    monkeypatch.setattr("fdl.cluster.ssh.ssh_argv", lambda host: ["sh", "-c"])
+    monkeypatch.setattr(dispatch.subprocess, "run", run)
+    host = LaunchHost(name="hx", address="x", devices=CPU2, local=False,
+                      worker=schema.WorkerSpec(host="hx", address="x", python=sys.executable))
+    root = tmp_path / "launch"
+    params = {"run_id": "r1", "bin_dir": "train" if program else "", "program": program, "program_sha256": sha,
+              "command": ["--epochs", "3"], "label": "hx", "grace_s": 2.0, "root": str(root),
+              "ranks": [{"rank": 0, "env": {"RANK": "0", "FDL_DATA_PATH": "/data/secret-looking-value"}}]}
+    document = {**dispatch._stage_code(), "params": params}
+    return dispatch._stage_one("r1", host, None, "", document), root
+
+
+def test_staging_lays_out_the_run_with_the_spec_private_and_off_the_command_line(tmp_path, monkeypatch):
+    import json
+    import stat
+
+    from fdl.agent import supervisor
+
+    seen: list[list[str]] = []
+    (paths, problem), root = stage_here(tmp_path, monkeypatch, seen)
+    assert problem is None, problem
+    assert paths == {"run_dir": str(root / "runs/r1"), "supervisor": str(root / "supervisor.py"),
+                     "spec": str(root / "runs/r1/spec.json")}
+    assert Path(paths["supervisor"]).read_text() == Path(supervisor.__file__).read_text()
+    spec = json.loads(Path(paths["spec"]).read_text())
+    assert spec["argv"] == ["--epochs", "3"] and spec["ranks"][0]["env"]["RANK"] == "0"
+    assert stat.S_IMODE(Path(paths["spec"]).stat().st_mode) == 0o600
+    assert (root / "runs/r1/logs").is_dir()
+    (argv,) = seen  # one program per host, and the rank environment only on its stdin, never on argv
+    assert not any("secret-looking-value" in word or "RANK" in word for word in argv), argv
+
+
+def test_staging_refuses_a_run_id_that_is_a_path(tmp_path, monkeypatch):
+    from fdl.launch import dispatch, hoststage
+
+    document = {**dispatch._stage_code(), "params": {"run_id": "../x", "label": "hx", "ranks": [], "command": ["a"]}}
+    import pytest
+
+    with pytest.raises(hoststage.StageError, match="run_id must be a plain name"):
+        hoststage.plan(document["params"])
+
+
+def test_a_staging_program_that_fails_names_its_exit_and_reason(tmp_path, monkeypatch):
+    seen: list[list[str]] = []
+    (tmp_path / "launch").write_text("a file where the launcher directory should be")
+    (paths, problem), _ = stage_here(tmp_path, monkeypatch, seen)
+    assert paths == {} and problem is not None and problem.startswith("staging exited 4: "), problem
+
+
+def test_the_launcher_raises_its_open_files_limit_for_many_hosts():
+    # three pipes per remote session: 1,000 hosts need more than the usual soft limit of 1,024
+    import subprocess
+    import sys
+
+    code = ("import resource; from fdl.launch.run import open_files_for\n"
+            "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (512, hard))\n"
+            "note = open_files_for(1000)\n"
+            "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard, note)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(None, 2)
+    soft, hard = int(out[0]), int(out[1])
+    assert soft == min(256 + 8 * 1000, hard) if hard != -1 else soft == 256 + 8 * 1000
+    assert (out[2].strip() == "None") == (soft >= 256 + 8 * 1000)

@@ -97,12 +97,8 @@ program_current:
   type: bool
 """
 
-import hashlib
-import json
-import os
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.flodl.fdl.plugins.module_utils import supervisor
+from ansible_collections.flodl.fdl.plugins.module_utils import hoststage, supervisor
 from ansible_collections.flodl.fdl.plugins.module_utils.fsio import atomic_write
 
 
@@ -114,17 +110,6 @@ def supervisor_source():
         with open(supervisor.__file__, encoding="utf-8") as handle:
             source = handle.read()
     return source
-
-
-def _sha256(path):
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    except OSError:
-        return None
-    return digest.hexdigest()
 
 
 def main():
@@ -142,42 +127,13 @@ def main():
         ),
         supports_check_mode=True,
     )
-    p = module.params
-    for name in ("run_id", "bin_dir", "program"):
-        if "/" in p[name] or p[name] in (".", ".."):
-            module.fail_json(msg=f"{name} must be a plain name, got {p[name]!r}")
-    root = os.path.abspath(p["root"])
-    run_dir = os.path.join(root, "runs", p["run_id"])
-    bin_dir = os.path.join(root, "bin", p["bin_dir"]) if p["bin_dir"] else ""
-    supervisor_path = os.path.join(root, "supervisor.py")
-    spec_path = os.path.join(run_dir, "spec.json")
-    source = supervisor_source()
-    argv = ([os.path.join(bin_dir, p["program"])] if p["program"] else []) + list(p["command"])
-    if not argv:
-        module.fail_json(msg="nothing to run: give program or command")
-    spec = {"argv": argv, "cwd": run_dir, "log_dir": os.path.join(run_dir, "logs"), "label": p["label"],
-            "grace_s": p["grace_s"], "watch_stdin": True,
-            "ranks": [{"rank": int(r["rank"]), "env": {str(k): str(v) for k, v in (r.get("env") or {}).items()}}
-                      for r in p["ranks"]]}
-    changed = False
-    if not module.check_mode:
-        for directory, mode in ((os.path.join(run_dir, "logs"), 0o700), (bin_dir, 0o755)):
-            if directory and not os.path.isdir(directory):
-                os.makedirs(directory, mode=mode, exist_ok=True)
-                changed = True
-        try:
-            with open(supervisor_path, encoding="utf-8") as handle:
-                current = handle.read()
-        except OSError:
-            current = None
-        if current != source:
-            atomic_write(supervisor_path, source.encode("utf-8"), 0o644)
-            changed = True
-        atomic_write(spec_path, (json.dumps(spec, indent=1) + "\n").encode("utf-8"), 0o600)
-    current = bool(p["program"] and p["program_sha256"]) and \
-        _sha256(os.path.join(bin_dir, p["program"])) == p["program_sha256"]
-    module.exit_json(changed=changed, run_dir=run_dir, supervisor=supervisor_path, spec=spec_path, bin_dir=bin_dir,
-                     program_current=current)
+    # The layout is fdl's own (fdl/launch/hoststage.py), the same code the launcher runs on a host over ssh.
+    try:
+        changed, staged = hoststage.stage(module.params, supervisor_source(), atomic_write,
+                                          check_mode=module.check_mode)
+    except hoststage.StageError as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=changed, **staged)
 
 
 if __name__ == "__main__":
