@@ -89,6 +89,7 @@ def join(
 ) -> None:
     from fdl.agent.agent import JoinAgent, Stopped, print_note
     from fdl.agent.options import resolve_options
+    from fdl.signals import die_of, stop_on
 
     g: Globals = ctx.find_object(Globals)
     if address is not None and controller is not None and address != controller:
@@ -111,37 +112,15 @@ def join(
     options = resolve_options(defaults, flags, tail(ctx))
     note = print_note()
     agent = JoinAgent(options, note=note, environ=dict(os.environ))
-    previous = _install_stop_handlers()
     try:
-        code = agent.run()
+        with stop_on(Stopped):  # SIGTERM/SIGINT/SIGHUP stop the agent cleanly once; a second one kills
+            code = agent.run()
     except Stopped as stopped:
         # The teardown is done (ranks stopped, exit reported, tunnel closed). Die of the same signal, so
         # whoever started us sees what happened: a shell reads 128+N, and systemd counts a SIGTERM death
         # as a clean stop (an exit code of 143 would be a failure).
         print(f"fdl: join: stopped by {signal.Signals(stopped.signum).name}", file=sys.stderr, flush=True)
         sys.stdout.flush()
-        signal.signal(stopped.signum, signal.SIG_DFL)
-        os.kill(os.getpid(), stopped.signum)
+        die_of(stopped.signum)
         raise typer.Exit(128 + stopped.signum) from None  # only reached when the signal is blocked
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
     raise typer.Exit(code)
-
-
-def _install_stop_handlers() -> dict:
-    """SIGTERM/SIGINT/SIGHUP stop the agent cleanly once; a second signal gets the default action."""
-    from fdl.agent.agent import Stopped
-
-    previous = {}
-    wanted = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-    def handler(signum: int, _frame: Any) -> None:
-        for sig in wanted:
-            signal.signal(sig, signal.SIG_DFL)
-        raise Stopped(signum)
-
-    for sig in wanted:
-        previous[sig] = signal.getsignal(sig)
-        signal.signal(sig, handler)
-    return previous
