@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 from fdl import __version__
-from fdl.cluster.runner import Interrupts
 from fdl.controller.machine import DONE, FAILED, FORMING, TERMINAL, TRAINING, Refused
 from fdl.errors import ExitCode, FdlError
 from fdl.launch import live
@@ -37,6 +36,7 @@ from fdl.launch.dispatch import (
     stage_remote,
 )
 from fdl.launch.plan import SINGLE, LaunchPlan
+from fdl.signals import Interrupts
 
 BEAT_S = 1.0
 SWEEP_TIMEOUT_S = 60.0

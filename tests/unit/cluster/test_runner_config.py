@@ -152,9 +152,10 @@ def test_a_local_probe_never_loads_ansible(tmp_path):
 def test_progress_table_shows_each_hosts_state_and_task():
     from rich.console import Console
 
-    from fdl.cluster.runner import HostResult, _Progress
+    from fdl.cluster.runner import HostResult
+    from fdl.progress import HostsProgress
 
-    progress = _Progress("probe", ["node-a", "node-b", "node-c"])
+    progress = HostsProgress("probe", ["node-a", "node-b", "node-c"])
     progress.update({"node-a": HostResult("node-a", status="ok"),
                      "node-b": HostResult("node-b", status="running", current_task="Probe this host"),
                      "node-c": HostResult("node-c", status="unreachable", message="Permission denied (publickey)")})
@@ -173,6 +174,6 @@ def test_an_unwritable_cache_is_a_clear_fdl_error(monkeypatch, tmp_path):
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
-    with pytest.raises(FdlError, match="could not write the flodl.fdl collection") as caught:
+    with pytest.raises(FdlError, match=r"could not write the flodl\.fdl collection") as caught:
         collection.built_in_cache()
     assert caught.value.hint and "XDG_CACHE_HOME" in caught.value.hint
