@@ -67,9 +67,8 @@ class Interrupts:
         self.signal = signum
         self.cancel.set()
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> None:
         self._block.__exit__(None, None, None)
-        return False
 
 
 @contextmanager

@@ -13,7 +13,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from fdl.config.schema import ClusterSpec, WorkerSpec
 from fdl.errors import FdlError, RemoteError
@@ -36,7 +36,7 @@ class BuildResult:
     seconds: float
     snippet_host: str
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.to_dict(), "library": self.library, "replaced": self.replaced,
                 "seconds": round(self.seconds, 1), "preload": preload_entry(self.snippet_host, self.library)}
 
@@ -74,7 +74,7 @@ class Progress:
     def __init__(self, stream: TextIO, live: bool):
         self.display = StatusLine(stream) if live else None
         self.failures: list[str] = []
-        self.installed: dict | None = None
+        self.installed: dict[str, Any] | None = None
         self.context_ready = False
         self.build_started: float | None = None
 
@@ -107,7 +107,7 @@ class Progress:
             self.display.clear()
 
 
-def describe_failure(data: dict) -> str:
+def describe_failure(data: dict[str, Any]) -> str:
     """One failed task, in words: the role's own message, or the command's exit and last output lines."""
     res = data.get("res") or {}
     host = data.get("host", "?")
