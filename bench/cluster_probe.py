@@ -282,8 +282,10 @@ def projection(rows: dict[int, dict]) -> list[str]:
         f"{per_host * 1000:.1f} ms per host; raw ssh {raw_per_host * 1000:.1f} ms per host):",
         f"  controller CPU {cpu_1000:.0f} s per probe -> at least {cpu_1000 / cores:.0f} s wall on this machine's "
         f"{cores} cores, {cpu_1000 / 32:.1f} s on 32 cores: CPU runs out first.",
-        f"  forks = hosts would mean 1,000 worker processes (~40-60 MB RSS each before sharing) and 1,000 ssh "
-        f"masters (3 fds each + one per session; this shell's open-file limit is {soft}); cap forks at "
+        f"  forks = hosts would mean 1,000 worker processes (the largest controller process measured here had "
+        f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MB resident, forks share most of "
+        f"it copy-on-write) and 1,000 ssh masters (3 fds each + one per session; this shell's open-file limit "
+        f"is {soft}); cap forks at "
         f"{max(8, cores * 8)} ({cores} cores x 8) and waves of hosts follow: about "
         f"{(1000 / max(8, cores * 8)):.0f} waves of one module run each.",
     ]
