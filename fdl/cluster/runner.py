@@ -61,6 +61,7 @@ from fdl.signals import Interrupts as Interrupts  # the shared policy, also name
 
 RUN_ID_VAR = "fdl_run_id"  # extra variable every playbook exports as FDL_RUN_ID (play-level environment:)
 KEEP_ARTIFACTS = 5
+VALIDATION_TAG = "always"  # the tag Ansible gives a role's argument-validation task (no fdl task uses it)
 PEXPECT_TIMEOUT = 0.2  # how often ansible-runner polls the cancel flag
 REAP_TIMEOUT = 30.0
 _MAX_SOCKET_PATH = 104  # sun_path is 108 bytes; ssh appends ".XXXXXXXXXXXXXXXX" while it binds
@@ -113,6 +114,12 @@ class HostResult:
         for outcome in reversed(self.tasks):
             if outcome.res is not None:
                 return outcome.res
+        return None
+
+    def result_of(self, task: str) -> TaskOutcome | None:
+        for outcome in self.tasks:
+            if outcome.task == task:
+                return outcome
         return None
 
 
@@ -367,6 +374,7 @@ def run_playbook(
     cancel: threading.Event | None = None,
     timeout: float | None = None,
     title: str | None = None,
+    skip_validation: bool = False,
 ) -> RunResult:
     """Run a playbook against the inventory's hosts (or `limit`) and return per-host results.
 
@@ -376,6 +384,9 @@ def run_playbook(
     progress: live per-host progress on stderr (default: when stderr is a terminal).
     cancel: set it from another thread to stop the run; Ctrl-C does the same in the main thread.
     timeout: seconds before the run is stopped (status "timeout").
+    skip_validation: leave out the roles' argument validation (a task of its own on every host, which Ansible
+    tags `always`), for callers whose variables come from fdl's checked configuration; the modules still check
+    their own arguments.
 
     Raises RemoteError when ansible-playbook itself fails before any host ran
     (a playbook or inventory it cannot read), and KeyboardInterrupt after a
@@ -413,7 +424,8 @@ def run_playbook(
                 display.start()
             try:
                 runner = _invoke(pdd, run_id, path, inventory_file, vars_file, len(hosts), timeout=timeout,
-                                 event_handler=collector, cancel_callback=cancel.is_set)
+                                 event_handler=collector, cancel_callback=cancel.is_set,
+                                 skip_tags=(VALIDATION_TAG,) if skip_validation else ())
             finally:
                 if display is not None:
                     display.stop()
@@ -471,13 +483,17 @@ def _sweep(inventory: ClusterInventory, hosts: list[str], run_id: str) -> None:
 
 def _invoke(pdd: Path, ident: str, playbook: Path, inventory_file: Path, vars_file: Path, forks: int, *,
             timeout: float | None, event_handler: Callable[[dict[str, Any]], bool] | None,
-            cancel_callback: Callable[[], bool]) -> Any:
+            cancel_callback: Callable[[], bool], skip_tags: Sequence[str] = ()) -> Any:
     """The one ansible_runner.run call: fdl's environment, extra variables from a 0600 file, quiet, rotated."""
     import ansible_runner
 
+    cmdline = f"-e @{shlex.quote(str(vars_file))}"
+    if skip_tags:
+        cmdline += f" --skip-tags {shlex.quote(','.join(skip_tags))}"
+
     return ansible_runner.run(
         private_data_dir=str(pdd), ident=ident, playbook=str(playbook), inventory=str(inventory_file),
-        cmdline=f"-e @{shlex.quote(str(vars_file))}", envvars=ansible_environment(forks), forks=forks,
+        cmdline=cmdline, envvars=ansible_environment(forks), forks=forks,
         quiet=True, rotate_artifacts=KEEP_ARTIFACTS, suppress_env_files=True,
         settings={"pexpect_timeout": PEXPECT_TIMEOUT, "suppress_ansible_output": True},
         timeout=int(timeout) if timeout else None, event_handler=event_handler or _keep,
