@@ -1,6 +1,6 @@
 """`fdl @cluster probe --json` against plain parallel ssh and stock Ansible, on the testbed, in one run.
 
-    sudo python bench/cluster_probe.py [--sizes 4,16,32] [--runs 3]
+    sudo python bench/cluster_probe.py [--sizes 4,16,32,64] [--runs 3] [--cold]
 
 For each size N a testbed of N sshd hosts is built (network namespaces on a
 bridge, tests/testbed), every host with a fake GPU, a libtorch tree with a
@@ -17,8 +17,14 @@ bundled NCCL, and the shared data mount, all reached through each worker's
   Ansible's defaults (forks 5, facts gathered, no pipelining).
 
 The warm, raw and stock commands are sampled round-robin so machine noise
-hits them alike. Prints the medians and the ratios to raw ssh. Target: warm
-fdl <= 1.5x raw ssh at N=16. Needs root (the testbed does).
+hits them alike. For each command it measures wall time and controller CPU:
+user+system time of the command and every process it waited for (getrusage
+of children), plus the CPU the persistent SSH masters it left running spent
+meanwhile (they detach, so getrusage does not see them; read from /proc).
+Prints the medians, the ratios to raw ssh, CPU per host, and a projection to
+1,000 hosts from the measured per-host controller CPU. Targets: fdl <= 1.5x
+raw ssh wall at every size, controller CPU <= 1.2x at N=16. Needs root (the
+testbed does); FDL_TESTBED_PREFIX / FDL_TESTBED_NET pick the testbed.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import base64
 import io
 import json
 import os
+import resource
 import shlex
 import shutil
 import statistics
@@ -51,7 +58,10 @@ from tests.fakes import FakeNvml, build_fake_nvml, make_libtorch  # noqa: E402
 from tests.testbed import Testbed  # noqa: E402
 
 TARGET = 1.5
-PREFIX, NET = "fdltb", "10.231.3"
+CPU_TARGET = 1.2
+PREFIX = os.environ.get("FDL_TESTBED_PREFIX", "fdltb")
+NET = os.environ.get("FDL_TESTBED_NET", "10.231.3")
+TICK = os.sysconf("SC_CLK_TCK")
 
 
 def check_script() -> str:
@@ -94,17 +104,43 @@ def close_masters(cp_dir: Path) -> None:
         subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True, timeout=10)
 
 
-def timed(argv: list[str], cwd: Path, env: dict) -> tuple[float, subprocess.CompletedProcess]:
+def master_cpu(under: Path) -> float:
+    """CPU seconds used so far by the detached ssh masters whose control socket lies under `under`."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if not cmdline.startswith("ssh: ") or str(under) not in cmdline:
+                continue
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / TICK
+
+
+def timed(argv: list[str], cwd: Path, env: dict, masters: Path | None = None
+          ) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Wall seconds, controller CPU seconds (the process tree plus the ssh masters under `masters`), result."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    mbefore = master_cpu(masters) if masters else 0.0
     start = time.perf_counter()
     done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    return time.perf_counter() - start, done
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if masters:
+        cpu += max(0.0, master_cpu(masters) - mbefore)
+    return wall, cpu, done
 
 
-def bench_size(n: int, runs: int) -> dict:
+def bench_size(n: int, runs: int, cold: bool) -> dict:
     with Testbed.up(n, prefix=PREFIX, net=NET) as bed:
         work = Path(tempfile.mkdtemp(prefix="fdltb", dir="/tmp"))
         try:
-            return _bench(bed, work, runs)
+            return _bench(bed, work, runs, cold)
         finally:
             for cp in work.glob("**/cp"):
                 close_masters(cp)
@@ -112,7 +148,8 @@ def bench_size(n: int, runs: int) -> dict:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _bench(bed: Testbed, work: Path, runs: int) -> dict:
+def _setup(bed: Testbed, work: Path) -> tuple[Path, dict, dict[str, tuple[list[str], dict]]]:
+    """The project, fdl's environment and the three contenders' commands, each checked to work once."""
     nvml = FakeNvml(build_fake_nvml(bed.shared / "nvml"))
     libtorch = make_libtorch(bed.shared / "libtorch", nccl="2.27.5")
     subprocess.run(["chmod", "-R", "a+rX", str(bed.shared)], check=True)
@@ -143,59 +180,159 @@ def _bench(bed: Testbed, work: Path, runs: int) -> dict:
     stock_env = {**env, "ANSIBLE_CONFIG": str(stock_dir / "ansible.cfg")}
     stock = [str(Path(PY).parent / "ansible-playbook"), "-i", "hosts.fdl.yml", str(stock_dir / "probe.yml")]
 
-    # every contender must actually work before it is timed
-    _, done = timed(fdl, project, env)
+    # every contender must actually work before it is timed (this also warms fdl's SSH masters)
+    _, _, done = timed(fdl, project, env)
     assert done.returncode == 0 and json.loads(done.stdout)["ok"], done.stdout[-2000:] + done.stderr[-2000:]
-    _, done = timed(raw, project, env)
+    _, _, done = timed(raw, project, env)
     reports = [json.loads((raw_out / h.name).read_text()) for h in bed.hosts]
     assert done.returncode == 0 and all(r["ok"] for r in reports), done.stderr
-    _, done = timed(stock, project, stock_env)
+    _, _, done = timed(stock, project, stock_env)
     assert done.returncode == 0, done.stdout[-3000:]
+    return project, env, {"fdl": (fdl, env), "raw ssh": (raw, env), "stock ansible": (stock, stock_env)}
 
-    cold = []
-    for i in range(runs):
+
+def _bench(bed: Testbed, work: Path, runs: int, cold: bool) -> dict:
+    project, env, commands = _setup(bed, work)
+    fdl = commands["fdl"][0]
+    samples: dict[str, list[tuple[float, float]]] = {"fdl cold": [], "fdl": [], "raw ssh": [], "stock ansible": []}
+    for i in range(runs if cold else 0):
         cache = work / f"cold-{i}"
-        cold_env = {**env, "XDG_CACHE_HOME": str(cache)}
-        seconds, done = timed(fdl, project, cold_env)
+        wall, cpu, done = timed(fdl, project, {**env, "XDG_CACHE_HOME": str(cache)}, masters=cache)
         assert done.returncode == 0, done.stderr
-        cold.append(seconds)
+        samples["fdl cold"].append((wall, cpu))
         close_masters(cache / "fdl" / "cp")
-    samples: dict[str, list[float]] = {"fdl warm": [], "raw ssh": [], "stock ansible": []}
     for _ in range(runs):
-        for name, (argv, run_env) in (("fdl warm", (fdl, env)), ("raw ssh", (raw, env)),
-                                      ("stock ansible", (stock, stock_env))):
-            seconds, done = timed(argv, project, run_env)
+        for name, (argv, run_env) in commands.items():
+            wall, cpu, done = timed(argv, project, run_env, masters=work)
             assert done.returncode == 0, (name, done.stderr[-2000:])
-            samples[name].append(seconds)
-    result = {"fdl cold": statistics.median(cold)}
-    result.update({name: statistics.median(values) for name, values in samples.items()})
-    return result
+            samples[name].append((wall, cpu))
+    return {name: (statistics.median(w for w, _ in values), statistics.median(c for _, c in values))
+            for name, values in samples.items() if values}
+
+
+def profile_size(n: int, out: Path) -> list[str]:
+    """Where one warm `fdl @cluster probe --json` spends its time: phases from the runner's event stream."""
+    with Testbed.up(n, prefix=PREFIX, net=NET) as bed:
+        work = Path(tempfile.mkdtemp(prefix="fdltb", dir="/tmp"))
+        try:
+            project, env, commands = _setup(bed, work)
+            fdl = commands["fdl"][0]
+            timed(fdl, project, env)  # warm
+            out.mkdir(parents=True, exist_ok=True)
+            prof = out / f"fdl-{n}.prof"
+            argv = [PY, "-m", "cProfile", "-o", str(prof), "-m", "fdl", *fdl[1:]] if fdl[0] != PY else \
+                [PY, "-m", "cProfile", "-o", str(prof), *fdl[1:]]
+            start = time.time()
+            wall, cpu, done = timed(argv, project, env, masters=work)
+            end = time.time()
+            assert done.returncode == 0, done.stderr[-2000:]
+            return _phases(n, work / "home" / ".cache" / "fdl" / "runner", start, end, wall, cpu)
+        finally:
+            for cp in work.glob("**/cp"):
+                close_masters(cp)
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _phases(n: int, runner_dir: Path, start: float, end: float, wall: float, cpu: float) -> list[str]:
+    from datetime import datetime
+
+    jobs = sorted(runner_dir.glob("*/artifacts/*/job_events"), key=lambda p: p.stat().st_mtime)
+    if not jobs:
+        return [f"N={n}: no event files kept (fdl drops them); phases not available"]
+    events = [json.loads(f.read_text()) for f in jobs[-1].glob("*.json")]
+    events.sort(key=lambda e: e["counter"])
+
+    def at(event: dict) -> float:
+        return datetime.fromisoformat(event["created"]).timestamp()
+
+    first = {e["event"]: at(e) for e in reversed(events)}
+    last = {e["event"]: at(e) for e in events}
+    marks = [("fdl start -> ansible-playbook's first event", start, first["playbook_on_start"]),
+             ("playbook parsed -> play started", first["playbook_on_start"], first["playbook_on_play_start"]),
+             ("play start -> first task started", first["playbook_on_play_start"],
+              first["playbook_on_task_start"])]
+    answers = [last[k] for k in ("runner_on_ok", "runner_on_failed") if k in last]
+    if answers:  # per-host events kept (fdl before it stopped writing them)
+        marks += [("first task start -> last host's module answer", first["playbook_on_task_start"], max(answers)),
+                  ("last answer -> stats", max(answers), last["playbook_on_stats"])]
+    else:
+        marks += [("first task start -> every host answered (stats)", first["playbook_on_task_start"],
+                   last["playbook_on_stats"])]
+    marks += [("stats -> fdl exit", last["playbook_on_stats"], end)]
+    lines = [f"N={n}: wall {wall:.2f} s, controller CPU {cpu:.2f} s, {len(events)} events, "
+             f"{sum(1 for e in events if e['event'] == 'playbook_on_task_start')} task(s)"]
+    lines += [f"  {label:<48} {b - a:6.2f} s" for label, a, b in marks]
+    return lines
+
+
+def projection(rows: dict[int, dict]) -> list[str]:
+    """A paper projection to 1,000 hosts from the per-host controller CPU fdl was measured at."""
+    sizes = sorted(rows)
+    if len(sizes) < 2:
+        return ["projection: needs two sizes or more"]
+    lo, hi = sizes[0], sizes[-1]
+    per_host = (rows[hi]["fdl"][1] - rows[lo]["fdl"][1]) / (hi - lo)
+    fixed = rows[lo]["fdl"][1] - per_host * lo
+    cores = os.cpu_count() or 1
+    cpu_1000 = fixed + per_host * 1000
+    raw_per_host = (rows[hi]["raw ssh"][1] - rows[lo]["raw ssh"][1]) / (hi - lo)
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return [
+        f"projection to 1,000 hosts (fdl's controller CPU fitted over N={lo}..{hi}: {fixed:.2f} s fixed + "
+        f"{per_host * 1000:.1f} ms per host; raw ssh {raw_per_host * 1000:.1f} ms per host):",
+        f"  controller CPU {cpu_1000:.0f} s per probe -> at least {cpu_1000 / cores:.0f} s wall on this machine's "
+        f"{cores} cores, {cpu_1000 / 32:.1f} s on 32 cores: CPU runs out first.",
+        f"  forks = hosts would mean 1,000 worker processes (the largest controller process measured here had "
+        f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MB resident, forks share most of "
+        f"it copy-on-write) and 1,000 ssh masters (3 fds each + one per session; this shell's open-file limit "
+        f"is {soft}); cap forks at "
+        f"{max(8, cores * 8)} ({cores} cores x 8) and waves of hosts follow: about "
+        f"{(1000 / max(8, cores * 8)):.0f} waves of one module run each.",
+    ]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="4,16,32")
+    parser.add_argument("--sizes", default="4,16,32,64")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--cold", action="store_true", help="also time fdl with an empty cache (no SSH masters)")
+    parser.add_argument("--profile", metavar="DIR", help="instead: one warm run per size under cProfile (written to "
+                                                        "DIR) and its phases from the runner's event stream")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench/cluster_probe.py needs root: it builds the network-namespace testbed", file=sys.stderr)
         return 2
     compile_package()
     sizes = [int(s) for s in args.sizes.split(",")]
+    if args.profile:
+        for n in sizes:
+            for line in profile_size(n, Path(args.profile)):
+                print(line, flush=True)
+        return 0
     rows = {}
     for n in sizes:
         print(f"N={n}: building the testbed and measuring ({args.runs} runs each)...", file=sys.stderr, flush=True)
-        rows[n] = bench_size(n, args.runs)
-    print(f"{'N':>3} {'fdl cold':>9} {'fdl warm':>9} {'raw ssh':>9} {'stock':>9}   "
-          f"{'warm/raw':>8} {'cold/raw':>8} {'stock/raw':>9} {'stock/warm':>10}")
+        rows[n] = bench_size(n, args.runs, args.cold)
+    print("medians; wall in seconds, controller CPU in seconds (per host in ms)")
+    print(f"{'N':>3} | {'fdl':>6} {'raw':>6} {'stock':>6} {'fdl/raw':>7} {'stk/raw':>7} | "
+          f"{'fdl cpu':>7} {'raw cpu':>7} {'stk cpu':>7} {'fdl/raw':>7} | {'fdl ms/h':>8} {'raw ms/h':>8}"
+          + ("  | cold  cold/raw" if args.cold else ""))
     for n, r in rows.items():
-        raw = r["raw ssh"]
-        print(f"{n:>3} {r['fdl cold']:>8.2f}s {r['fdl warm']:>8.2f}s {raw:>8.2f}s {r['stock ansible']:>8.2f}s   "
-              f"{r['fdl warm'] / raw:>7.2f}x {r['fdl cold'] / raw:>7.2f}x {r['stock ansible'] / raw:>8.2f}x "
-              f"{r['stock ansible'] / r['fdl warm']:>9.2f}x")
+        (fw, fc), (rw, rc), (sw, sc) = r["fdl"], r["raw ssh"], r["stock ansible"]
+        line = (f"{n:>3} | {fw:>6.2f} {rw:>6.2f} {sw:>6.2f} {fw / rw:>6.2f}x {sw / rw:>6.2f}x | "
+                f"{fc:>7.2f} {rc:>7.2f} {sc:>7.2f} {fc / rc:>6.2f}x | {fc / n * 1000:>8.1f} {rc / n * 1000:>8.1f}")
+        if "fdl cold" in r:
+            line += f"  | {r['fdl cold'][0]:>5.2f} {r['fdl cold'][0] / rw:>6.2f}x"
+        print(line)
+    for n, r in rows.items():
+        ratio = r["fdl"][0] / r["raw ssh"][0]
+        print(f"target wall <= {TARGET}x raw ssh at N={n}: {ratio:.2f}x, {'met' if ratio <= TARGET else 'MISSED'}")
     if 16 in rows:
-        ratio = rows[16]["fdl warm"] / rows[16]["raw ssh"]
-        print(f"target: warm fdl <= {TARGET}x raw ssh at N=16: {ratio:.2f}x, {'met' if ratio <= TARGET else 'MISSED'}")
+        ratio = rows[16]["fdl"][1] / rows[16]["raw ssh"][1]
+        verdict = "met" if ratio <= CPU_TARGET else "MISSED"
+        print(f"target CPU <= {CPU_TARGET}x raw ssh at N=16: {ratio:.2f}x, {verdict}")
+    for line in projection(rows):
+        print(line)
     return 0
 
 

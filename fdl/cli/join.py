@@ -45,6 +45,7 @@ def join(
     """The options after CONTROLLER are the join settings' flags (`_flag_parameters`), passed as `flags`."""
     from fdl.agent.agent import JoinAgent, Stopped, print_note
     from fdl.agent.options import resolve_options
+    from fdl.signals import die_of, stop_on
 
     g = globals_of(ctx)
     controller = flags["controller"]
@@ -62,21 +63,17 @@ def join(
     options = resolve_options(defaults, flags, tail(ctx))
     note = print_note()
     agent = JoinAgent(options, note=note, environ=dict(os.environ))
-    previous = _install_stop_handlers()
     try:
-        code = agent.run()
+        with stop_on(Stopped):  # SIGTERM/SIGINT/SIGHUP stop the agent cleanly once; a second one kills
+            code = agent.run()
     except Stopped as stopped:
         # The teardown is done (ranks stopped, exit reported, tunnel closed). Die of the same signal, so
         # whoever started us sees what happened: a shell reads 128+N, and systemd counts a SIGTERM death
         # as a clean stop (an exit code of 143 would be a failure).
         print(f"fdl: join: stopped by {signal.Signals(stopped.signum).name}", file=sys.stderr, flush=True)
         sys.stdout.flush()
-        signal.signal(stopped.signum, signal.SIG_DFL)
-        os.kill(os.getpid(), stopped.signum)
+        die_of(stopped.signum)
         return 128 + stopped.signum  # only reached when the signal is blocked
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
     return code
 
 
@@ -106,21 +103,3 @@ def _declare_flags(command: Any) -> Any:
 
 app.command(name="join", cls=TailCommand, help=HELP,
             context_settings={"help_option_names": ["-h", "--help"]})(_declare_flags(join))
-
-
-def _install_stop_handlers() -> dict[signal.Signals, Any]:
-    """SIGTERM/SIGINT/SIGHUP stop the agent cleanly once; a second signal gets the default action."""
-    from fdl.agent.agent import Stopped
-
-    previous = {}
-    wanted = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-    def handler(signum: int, _frame: Any) -> None:
-        for sig in wanted:
-            signal.signal(sig, signal.SIG_DFL)
-        raise Stopped(signum)
-
-    for sig in wanted:
-        previous[sig] = signal.getsignal(sig)
-        signal.signal(sig, handler)
-    return previous

@@ -22,7 +22,7 @@ from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, CheckResult, HostRepo
 CLOCK_SKEW_LIMIT_S = 5.0
 
 
-def _usable_gpu(report: HostReport):
+def _usable_gpu(report: HostReport) -> CheckResult | None:
     check = report.check("gpu")
     if check is None or (check.status == ERROR and not check.data.get("devices")):
         return None

@@ -21,8 +21,12 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fdl.config.schema import DEFAULT_DATA_PATH, ClusterSpec, SshDefaults, WorkerSpec
+
+if TYPE_CHECKING:
+    from fdl.config.project import Config
 
 WORKERS_GROUP = "fdl_workers"
 CONTROLLER_GROUP = "fdl_controller"
@@ -49,7 +53,7 @@ class InventoryHost:
     """One inventory host: its name, variables, groups, and the worker entry it came from."""
 
     name: str
-    vars: dict
+    vars: dict[str, Any]
     groups: list[str] = field(default_factory=list)
     worker: WorkerSpec | None = None
 
@@ -60,7 +64,7 @@ class ClusterInventory:
 
     hosts: dict[str, InventoryHost] = field(default_factory=dict)
     groups: dict[str, list[str]] = field(default_factory=dict)
-    all_vars: dict = field(default_factory=dict)
+    all_vars: dict[str, Any] = field(default_factory=dict)
 
     @property
     def workers(self) -> list[InventoryHost]:
@@ -78,7 +82,7 @@ class ClusterInventory:
             all_vars=dict(self.all_vars),
         )
 
-    def to_ansible(self) -> dict:
+    def to_ansible(self) -> dict[str, Any]:
         """The inventory in Ansible's JSON/YAML inventory format."""
         children = {g: {"hosts": {n: None for n in members}} for g, members in self.groups.items() if members}
         return {"all": {"vars": dict(self.all_vars),
@@ -96,16 +100,16 @@ def _project_path(identity: str | None, root: Path | None) -> str | None:
     return str(path)
 
 
-def _ssh_args(ssh: SshDefaults | None, root: Path | None) -> dict:
+def _ssh_args(ssh: SshDefaults | None, root: Path | None) -> dict[str, Any]:
     known_hosts = _project_path(ssh.known_hosts if ssh is not None else None, root)
     if known_hosts is None:
         return {}
     return {"ansible_ssh_common_args": f"-o UserKnownHostsFile={shlex.quote(known_hosts)}"}
 
 
-def worker_vars(worker: WorkerSpec, root: Path | None, ssh: SshDefaults | None = None) -> dict:
+def worker_vars(worker: WorkerSpec, root: Path | None, ssh: SshDefaults | None = None) -> dict[str, Any]:
     """The host variables of one worker (the contract playbooks and roles rely on)."""
-    hostvars: dict = {
+    hostvars: dict[str, Any] = {
         "ansible_host": worker.address,
         "ansible_port": worker.port,
         "ansible_python_interpreter": worker.python or DEFAULT_PYTHON,
@@ -123,7 +127,7 @@ def worker_vars(worker: WorkerSpec, root: Path | None, ssh: SshDefaults | None =
     return hostvars
 
 
-def local_vars(python: str = DEFAULT_PYTHON) -> dict:
+def local_vars(python: str = DEFAULT_PYTHON) -> dict[str, Any]:
     """The host variables of this machine reached without ssh (connection: local)."""
     return {"ansible_connection": "local", "ansible_python_interpreter": python}
 
@@ -159,7 +163,7 @@ def build_inventory(cluster: ClusterSpec, root: Path | None = None) -> ClusterIn
         inv.hosts[worker.host] = host
     if not inv.groups[CONTROLLER_GROUP] and controller.host not in inv.hosts:
         # The controller runs no ranks here: it is still a host playbooks can target (fdl_controller).
-        hostvars: dict = {"ansible_host": controller.host, "ansible_python_interpreter": DEFAULT_PYTHON}
+        hostvars: dict[str, Any] = {"ansible_host": controller.host, "ansible_python_interpreter": DEFAULT_PYTHON}
         if is_loopback(controller.host):
             hostvars.update(local_vars())
         else:
@@ -186,7 +190,8 @@ def env_of_file(path: Path) -> tuple[bool, str | None]:
     return True, match.group("env")
 
 
-def inventory_from_file(path: Path, env: str | None = None, project_dir: Path | None = None):
+def inventory_from_file(path: Path, env: str | None = None,
+                        project_dir: Path | None = None) -> tuple[ClusterInventory, Config]:
     """Load the configuration a cluster file belongs to and build its inventory.
 
     `path` is an fdl config file (fdl.yml or fdl.<env>.yml); its env is taken

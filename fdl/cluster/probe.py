@@ -34,12 +34,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fdl.checks.report import ERROR, OK, SCHEMA_VERSION, SKIPPED, WARNING, CheckResult, HostReport
 from fdl.cluster.consistency import consistency_checks, host_groups
 from fdl.cluster.inventory import ClusterInventory, InventoryHost, build_inventory, is_loopback
 from fdl.config.schema import DEFAULT_DATA_PATH, WorkerSpec
 from fdl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fdl.config.project import Config
 
 NATIVE_TIMEOUT_S = 120.0
 
@@ -66,7 +70,7 @@ class ClusterReport:
     def ok(self) -> bool:
         return all(h.ok for h in self.hosts) and not any(c.status == ERROR for c in self.cluster)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 
         return {"schema_version": SCHEMA_VERSION, "ok": self.ok, "hosts": [h.to_dict() for h in self.hosts],
@@ -100,7 +104,7 @@ def is_this_machine(address: str, port: int = 22) -> bool:
     return True
 
 
-def host_options(worker: WorkerSpec, options: ClusterProbeOptions, *, local: bool) -> dict:
+def host_options(worker: WorkerSpec, options: ClusterProbeOptions, *, local: bool) -> dict[str, Any]:
     """The ProbeOptions fields for one worker: flags win, then the worker's own settings.
 
     The worker's `local_devices` is its declaration (a declared GPU that is
@@ -122,7 +126,7 @@ def host_options(worker: WorkerSpec, options: ClusterProbeOptions, *, local: boo
 # --------------------------------------------------------------------------- probing
 
 
-def probe_cluster(config, options: ClusterProbeOptions, *, progress: bool | None = None) -> ClusterReport:
+def probe_cluster(config: Config, options: ClusterProbeOptions, *, progress: bool | None = None) -> ClusterReport:
     """Probe every worker of config.cluster and run the cross-host checks."""
     if config.cluster is None or not config.cluster.workers:
         env = config.env.name or "(base)"
@@ -132,7 +136,7 @@ def probe_cluster(config, options: ClusterProbeOptions, *, progress: bool | None
             f"`fdl probe` without an env to probe this machine only.")
     inventory = build_inventory(config.cluster, config.root)
     workers = inventory.workers
-    local = [h for h in workers if is_this_machine(h.worker.address, h.worker.port)]
+    local = [h for h in workers if is_this_machine(_spec(h).address, _spec(h).port)]
     remote = [h for h in workers if h not in local]
     reports: dict[str, HostReport] = {}
 
@@ -151,13 +155,20 @@ def probe_cluster(config, options: ClusterProbeOptions, *, progress: bool | None
     return ClusterReport(hosts=ordered, cluster=cross_host_checks(ordered) + consistency_checks(ordered, windows))
 
 
+def _spec(host: InventoryHost) -> WorkerSpec:
+    """The worker entry a worker host of the inventory was built from (always set for them)."""
+    if host.worker is None:
+        raise ValueError(f"{host.name} is not a worker of the cluster")
+    return host.worker
+
+
 def _probe_native(host: InventoryHost, options: ClusterProbeOptions, root: Path | None,
                   out: dict[str, HostReport], windows: dict[str, tuple[float, float]]) -> None:
     """Probe this machine's own worker in a child process with the worker's env: applied, like a remote task."""
-    fields = host_options(host.worker, options, local=True)
+    fields = host_options(_spec(host), options, local=True)
     fields["project_root"] = str(root) if root is not None else None
     env = dict(os.environ)
-    env.update(host.worker.env_dict)
+    env.update(_spec(host).env_dict)
     try:
         sent = time.time()
         done = subprocess.run([sys.executable, "-m", "fdl.cluster.native_probe", host.name],
@@ -179,7 +190,7 @@ def _probe_remote(inventory: ClusterInventory, hosts: list[InventoryHost], optio
     from fdl.cluster.runner import FAILED, UNREACHABLE, run_playbook
     from fdl.cluster.runner import OK as HOST_OK
 
-    extravars: dict = {"fdl_probe_skip_mount": options.skip_mount}
+    extravars: dict[str, Any] = {"fdl_probe_skip_mount": options.skip_mount}
     if options.data_path is not None:
         extravars["fdl_probe_data_path"] = options.data_path
     if options.libtorch_path is not None:
@@ -189,7 +200,7 @@ def _probe_remote(inventory: ClusterInventory, hosts: list[InventoryHost], optio
     sent = time.time()
     wall_minus_monotonic = sent - time.monotonic()  # the runner stamps hosts with time.monotonic()
     result = run_playbook("probe.yml", inventory, extravars=extravars, limit=[h.name for h in hosts],
-                          progress=progress, title="probe")
+                          progress=progress, title="probe", skip_validation=True)
     reports = {}
     for host in hosts:
         outcome = result.hosts[host.name]
@@ -333,7 +344,8 @@ def _libtorch_match(reports: list[HostReport]) -> CheckResult:
 
 def _data_match(reports: list[HostReport]) -> CheckResult:
     name = "data_match"
-    present, missing = [], []
+    present: list[str] = []
+    missing: list[str] = []
     paths: dict[str, str] = {}
     for report in reports:
         check = report.check("data")

@@ -38,7 +38,6 @@ import hashlib
 import json
 import os
 import shlex
-import signal
 import stat
 import sys
 import sysconfig
@@ -49,16 +48,20 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any
 
 from fdl.cluster.inventory import ClusterInventory
 from fdl.collection import cache_dir
 from fdl.errors import FdlError, RemoteError
+from fdl.fsio import atomic_write
+from fdl.progress import HostsProgress
 from fdl.resources import ansible_cfg, collections_path
 from fdl.resources import playbook as shipped_playbook
+from fdl.signals import Interrupts as Interrupts  # the shared policy, also named here for its older importers
 
 RUN_ID_VAR = "fdl_run_id"  # extra variable every playbook exports as FDL_RUN_ID (play-level environment:)
 KEEP_ARTIFACTS = 5
+VALIDATION_TAG = "always"  # the tag Ansible gives a role's argument-validation task (no fdl task uses it)
 PEXPECT_TIMEOUT = 0.2  # how often ansible-runner polls the cancel flag
 REAP_TIMEOUT = 30.0
 _MAX_SOCKET_PATH = 104  # sun_path is 108 bytes; ssh appends ".XXXXXXXXXXXXXXXX" while it binds
@@ -85,7 +88,7 @@ class TaskOutcome:
 
     task: str
     status: str
-    res: dict | None = None
+    res: dict[str, Any] | None = None
     duration: float | None = None
 
 
@@ -106,7 +109,7 @@ class HostResult:
     finished: float | None = None
 
     @property
-    def res(self) -> dict | None:
+    def res(self) -> dict[str, Any] | None:
         """The last module return this host produced (the playbook's answer for one-task playbooks)."""
         for outcome in reversed(self.tasks):
             if outcome.res is not None:
@@ -136,8 +139,8 @@ class RunnerEvent:
     kind: str  # runner event name without the prefix: on_start, on_ok, on_failed, ...
     host: str | None
     task: str | None
-    res: dict | None
-    raw: dict = field(repr=False, default_factory=dict)
+    res: dict[str, Any] | None
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
 
 # --------------------------------------------------------------------------- environment
@@ -273,19 +276,14 @@ def private_data_dir(inventory: ClusterInventory) -> Path:
 
 
 def _write_private(path: Path, text: str) -> Path:
-    """Write text to path atomically with mode 0600."""
+    """Write text to path atomically with mode 0600 (kept as it is when it already holds text)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        if path.read_text() == text:
+            return path
+    except (OSError, UnicodeDecodeError):
+        pass
+    atomic_write(path, text, mode=0o600)
     return path
 
 
@@ -295,7 +293,8 @@ def _write_private(path: Path, text: str) -> Path:
 class _Collector:
     """Turns runner events into HostResults (called live from ansible-runner's loop; keep it fast)."""
 
-    def __init__(self, hosts: Sequence[str], on_event: Callable[[RunnerEvent], None] | None, progress):
+    def __init__(self, hosts: Sequence[str], on_event: Callable[[RunnerEvent], None] | None,
+                 progress: HostsProgress | None):
         self.hosts = {name: HostResult(host=name) for name in hosts}
         self.on_event = on_event
         self.progress = progress
@@ -306,7 +305,7 @@ class _Collector:
             self.hosts[name] = HostResult(host=name)
         return self.hosts[name]
 
-    def __call__(self, event: dict) -> bool:
+    def __call__(self, event: dict[str, Any]) -> bool:
         name = event.get("event", "")
         data = event.get("event_data") or {}
         host_name = data.get("host")
@@ -340,10 +339,10 @@ class _Collector:
         if self.on_event is not None:
             kind = name[len("runner_"):] if name.startswith("runner_") else name
             self.on_event(RunnerEvent(kind=kind, host=host_name, task=task, res=res, raw=event))
-        return True
+        return _keep(event)
 
 
-def _reason(res: dict | None) -> str | None:
+def _reason(res: dict[str, Any] | None) -> str | None:
     if not res:
         return None
     message = res.get("msg")
@@ -351,51 +350,25 @@ def _reason(res: dict | None) -> str | None:
         return message.strip()
     for key in ("stderr", "module_stderr", "exception"):
         if isinstance(res.get(key), str) and res[key].strip():
-            return res[key].strip().splitlines()[-1]
+            return str(res[key]).strip().splitlines()[-1]
     return None
 
 
 # --------------------------------------------------------------------------- running
 
 
-class Interrupts:
-    """While active (main thread only), SIGINT/SIGTERM set `cancel` instead of raising; a second Ctrl-C raises
-    KeyboardInterrupt (stop waiting for a graceful end). Also used by the launcher (fdl.launch.run)."""
-
-    def __init__(self, cancel: threading.Event):
-        self.cancel = cancel
-        self.signal: int | None = None
-        self._saved: dict = {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._saved[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.signal is not None and signum == signal.SIGINT:  # a second Ctrl-C: stop waiting for the sweep
-            raise KeyboardInterrupt
-        self.signal = signum
-        self.cancel.set()
-
-    def __exit__(self, *exc):
-        for sig, handler in self._saved.items():
-            signal.signal(sig, handler)
-        return False
-
-
 def run_playbook(
     playbook: str | Path,
     inventory: ClusterInventory,
     *,
-    extravars: dict | None = None,
+    extravars: dict[str, Any] | None = None,
     limit: Sequence[str] | None = None,
     on_event: Callable[[RunnerEvent], None] | None = None,
     progress: bool | None = None,
     cancel: threading.Event | None = None,
     timeout: float | None = None,
     title: str | None = None,
+    skip_validation: bool = False,
 ) -> RunResult:
     """Run a playbook against the inventory's hosts (or `limit`) and return per-host results.
 
@@ -405,13 +378,14 @@ def run_playbook(
     progress: live per-host progress on stderr (default: when stderr is a terminal).
     cancel: set it from another thread to stop the run; Ctrl-C does the same in the main thread.
     timeout: seconds before the run is stopped (status "timeout").
+    skip_validation: leave out the roles' argument validation (a task of its own on every host, which Ansible
+    tags `always`), for callers whose variables come from fdl's checked configuration; the modules still check
+    their own arguments.
 
     Raises RemoteError when ansible-playbook itself fails before any host ran
     (a playbook or inventory it cannot read), and KeyboardInterrupt after a
     Ctrl-C, once the hosts have been swept.
     """
-    import ansible_runner
-
     path = Path(playbook)
     if not path.is_absolute() and not path.exists():
         path = shipped_playbook(str(playbook))
@@ -436,29 +410,16 @@ def run_playbook(
     vars_file = _write_private(pdd / "tmp" / f"{run_id}.json", json.dumps(variables))
     cancel = cancel or threading.Event()
     show = sys.stderr.isatty() if progress is None else progress
-    display = _Progress(title or path.stem, hosts) if show else None
+    display = HostsProgress(title or path.stem, hosts) if show else None
     collector = _Collector(hosts, on_event, display)
     try:
         with Interrupts(cancel) as interrupts:
             if display is not None:
                 display.start()
             try:
-                runner = ansible_runner.run(
-                    private_data_dir=str(pdd),
-                    ident=run_id,
-                    playbook=str(path),
-                    inventory=str(inventory_file),
-                    cmdline=f"-e @{shlex.quote(str(vars_file))}",
-                    envvars=ansible_environment(len(hosts)),
-                    forks=len(hosts),
-                    quiet=True,
-                    rotate_artifacts=KEEP_ARTIFACTS,
-                    suppress_env_files=True,
-                    settings={"pexpect_timeout": PEXPECT_TIMEOUT, "suppress_ansible_output": True},
-                    timeout=int(timeout) if timeout else None,
-                    event_handler=collector,
-                    cancel_callback=cancel.is_set,
-                )
+                runner = _invoke(pdd, run_id, path, inventory_file, vars_file, len(hosts), timeout=timeout,
+                                 event_handler=collector, cancel_callback=cancel.is_set,
+                                 skip_tags=(VALIDATION_TAG,) if skip_validation else ())
             finally:
                 if display is not None:
                     display.stop()
@@ -500,8 +461,6 @@ def _sweep(inventory: ClusterInventory, hosts: list[str], run_id: str) -> None:
     """After a cancel: stop every process of this run left on the hosts (best effort, bounded)."""
     if not hosts:
         return
-    import ansible_runner
-
     sub = inventory.subset(hosts)
     pdd = private_data_dir(sub)
     inventory_file = _write_private(pdd / "inventory" / "hosts.json", json.dumps(sub.to_ansible()))
@@ -510,65 +469,33 @@ def _sweep(inventory: ClusterInventory, hosts: list[str], run_id: str) -> None:
                                json.dumps({"fdl_reap_run_id": run_id, RUN_ID_VAR: reap_id}))
     deadline = time.monotonic() + REAP_TIMEOUT
     try:
-        ansible_runner.run(
-            private_data_dir=str(pdd), ident=reap_id, playbook=str(shipped_playbook("reap.yml")),
-            inventory=str(inventory_file), cmdline=f"-e @{shlex.quote(str(vars_file))}",
-            envvars=ansible_environment(len(hosts)), forks=len(hosts), quiet=True,
-            rotate_artifacts=KEEP_ARTIFACTS, suppress_env_files=True,
-            settings={"pexpect_timeout": PEXPECT_TIMEOUT, "suppress_ansible_output": True},
-            timeout=int(REAP_TIMEOUT), cancel_callback=lambda: time.monotonic() > deadline,
-        )
+        _invoke(pdd, reap_id, shipped_playbook("reap.yml"), inventory_file, vars_file, len(hosts),
+                timeout=REAP_TIMEOUT, event_handler=None, cancel_callback=lambda: time.monotonic() > deadline)
     finally:
         vars_file.unlink(missing_ok=True)
 
 
-# --------------------------------------------------------------------------- progress
+def _invoke(pdd: Path, ident: str, playbook: Path, inventory_file: Path, vars_file: Path, forks: int, *,
+            timeout: float | None, event_handler: Callable[[dict[str, Any]], bool] | None,
+            cancel_callback: Callable[[], bool], skip_tags: Sequence[str] = ()) -> Any:
+    """The one ansible_runner.run call: fdl's environment, extra variables from a 0600 file, quiet, rotated."""
+    import ansible_runner
+
+    cmdline = f"-e @{shlex.quote(str(vars_file))}"
+    if skip_tags:
+        cmdline += f" --skip-tags {shlex.quote(','.join(skip_tags))}"
+
+    return ansible_runner.run(
+        private_data_dir=str(pdd), ident=ident, playbook=str(playbook), inventory=str(inventory_file),
+        cmdline=cmdline, envvars=ansible_environment(forks), forks=forks,
+        quiet=True, rotate_artifacts=KEEP_ARTIFACTS, suppress_env_files=True,
+        settings={"pexpect_timeout": PEXPECT_TIMEOUT, "suppress_ansible_output": True},
+        timeout=int(timeout) if timeout else None, event_handler=event_handler or _keep,
+        cancel_callback=cancel_callback)
 
 
-class _Progress:
-    """Live per-host progress on stderr with rich (terminals only)."""
-
-    _STYLE: ClassVar[dict[str, str]] = {PENDING: "dim", RUNNING: "cyan", OK: "green", FAILED: "red",
-                                        UNREACHABLE: "red", SKIPPED: "yellow"}
-
-    def __init__(self, title: str, hosts: list[str]):
-        self.title = title
-        self.hosts = hosts
-        self._live = None
-        self._start = time.monotonic()
-        self._state: dict[str, HostResult] = {}
-
-    def start(self) -> None:
-        from rich.console import Console
-        from rich.live import Live
-
-        # Live re-renders this object (its __rich__) on every refresh, so the clock ticks between events.
-        self._live = Live(self, console=Console(stderr=True), refresh_per_second=8, transient=True)
-        self._live.start()
-
-    def update(self, hosts: dict[str, HostResult]) -> None:
-        self._state = hosts
-
-    def stop(self) -> None:
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
-
-    def __rich__(self):
-        return self._render()
-
-    def _render(self):
-        from rich.table import Table
-
-        state = dict(self._state)  # a C-level copy: the event handler may add hosts while this renders
-        done = sum(1 for h in state.values() if h.status not in (PENDING, RUNNING))
-        table = Table(title=f"{self.title}: {done}/{len(self.hosts)} hosts done, "
-                            f"{time.monotonic() - self._start:.1f}s", title_justify="left", box=None)
-        table.add_column("host")
-        table.add_column("state")
-        table.add_column("task")
-        for name in self.hosts:
-            host = state.get(name) or HostResult(host=name)
-            style = self._STYLE.get(host.status, "")
-            table.add_row(name, f"[{style}]{host.status}[/]", host.current_task or (host.message or "")[:60])
-        return table
+def _keep(event: dict[str, Any]) -> bool:
+    """Whether ansible-runner writes the event into the artifacts: only the play-level ones (a handful per run,
+    whatever the host count: enough to see where a run's time went). Per-host events are read live, and
+    writing each as a file cost the controller CPU on every host."""
+    return str(event.get("event", "")).startswith("playbook_on_")

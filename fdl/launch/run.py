@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fdl import __version__
-from fdl.cluster.runner import Interrupts
 from fdl.controller.machine import DONE, FAILED, FORMING, TERMINAL, TRAINING, Refused
 from fdl.errors import ExitCode, FdlError
 from fdl.launch import live
@@ -38,6 +37,7 @@ from fdl.launch.dispatch import (
     stage_remote,
 )
 from fdl.launch.plan import SINGLE, LaunchPlan
+from fdl.signals import Interrupts
 
 if TYPE_CHECKING:
     from fdl.cluster.inventory import ClusterInventory

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from fdl.config.schema import ClusterSpec, WorkerSpec
 from fdl.errors import FdlError, RemoteError
 from fdl.nccl.plan import BuildPlan
+from fdl.progress import StatusLine
 
 if TYPE_CHECKING:  # the dry run never loads the Ansible side
     from fdl.cluster.inventory import ClusterInventory
@@ -71,31 +72,26 @@ class Progress:
     """Turns runner events into progress lines (on a terminal) and collects what the role reported."""
 
     def __init__(self, stream: TextIO, live: bool):
-        self.stream = stream
-        self.live = live
+        self.display = StatusLine(stream) if live else None
         self.failures: list[str] = []
         self.installed: dict[str, Any] | None = None
         self.context_ready = False
         self.build_started: float | None = None
-        self._ticking = False
 
     def __call__(self, event: RunnerEvent) -> None:
         kind = event.kind
         data = event.raw.get("event_data") or {}
-        if kind == "playbook_on_task_start" and self.live:
-            self._end_tick()
-            self.stream.write(f"  - {data.get('task', '')}\n")
-            self.stream.flush()
+        if kind == "playbook_on_task_start" and self.display is not None:
+            self.display.clear()
+            self.display.line(f"  - {data.get('task', '')}")
         elif kind == "on_ok" and (event.res or {}).get("ansible_job_id") and self.build_started is None:
             self.build_started = time.monotonic()  # the image build was started as a job
         elif kind == "retry":  # the role checked on the build job and found it still running
             if self.build_started is None:
                 self.build_started = time.monotonic()
-            if self.live:
+            if self.display is not None:
                 elapsed = int(time.monotonic() - self.build_started)
-                self.stream.write(f"\r    still building: {elapsed // 60}m{elapsed % 60:02d}s elapsed")
-                self.stream.flush()
-                self._ticking = True
+                self.display.status(f"    still building: {elapsed // 60}m{elapsed % 60:02d}s elapsed")
         elif kind == "on_ok" and data.get("task_action") == "flodl.fdl.fdl_nccl_install":
             self.installed = event.res or {}
         elif kind == "on_ok" and data.get("task_action") in ("ansible.builtin.template", "template"):
@@ -106,14 +102,9 @@ class Progress:
             res = event.res or {}
             self.failures.append(f"cannot reach {event.host} over ssh: {str(res.get('msg', '')).strip()}")
 
-    def _end_tick(self) -> None:
-        if self._ticking:
-            self.stream.write("\n")
-            self._ticking = False
-
     def close(self) -> None:
-        if self.live:
-            self._end_tick()
+        if self.display is not None:
+            self.display.clear()
 
 
 def describe_failure(data: dict[str, Any]) -> str:

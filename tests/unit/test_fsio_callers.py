@@ -15,8 +15,6 @@ ALLOWED = {
     "agent/data.py": "a writability probe: writes, fsyncs and removes a file, renames nothing",
     "publish/run.py": "swaps a whole served tree (a directory) into place",
     "farm/credentials.py": "moves ssh-keygen's own output files into place",
-    # Their own temp-file writers, still to move onto fdl.fsio.atomic_write:
-    "cluster/runner.py": "",
 }
 
 

@@ -66,6 +66,21 @@ def test_each_host_gets_its_own_outcome(testbed, home):
     assert not list((result.artifact_dir.parent.parent / "tmp").glob("*.json"))  # the vars file is gone
 
 
+def test_skip_validation_leaves_one_task_per_host(testbed, home):
+    """The probe as fdl runs it: the role's argument validation (a task of its own on every host) left out."""
+    from fdl.cluster.runner import run_playbook
+
+    inventory = inventory_for(testbed)
+    tasks = {}
+    for skip in (False, True):
+        events = []
+        run_playbook("probe.yml", inventory, extravars={"fdl_probe_skip_mount": True}, on_event=events.append,
+                     progress=False, skip_validation=skip)
+        tasks[skip] = [e.task for e in events if e.kind in ("on_ok", "on_failed") and e.host == "h1"]
+    assert len(tasks[False]) == 2 and tasks[False][0].startswith("Validating arguments against arg spec")
+    assert tasks[True] == tasks[False][1:]  # the probe itself, and nothing else
+
+
 def test_a_second_run_reuses_the_ssh_masters(testbed, home):
     from fdl.cluster.runner import control_path_dir, run_playbook
 

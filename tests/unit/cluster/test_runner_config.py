@@ -152,9 +152,10 @@ def test_a_local_probe_never_loads_ansible(tmp_path):
 def test_progress_table_shows_each_hosts_state_and_task():
     from rich.console import Console
 
-    from fdl.cluster.runner import HostResult, _Progress
+    from fdl.cluster.runner import HostResult
+    from fdl.progress import HostsProgress
 
-    progress = _Progress("probe", ["node-a", "node-b", "node-c"])
+    progress = HostsProgress("probe", ["node-a", "node-b", "node-c"])
     progress.update({"node-a": HostResult("node-a", status="ok"),
                      "node-b": HostResult("node-b", status="running", current_task="Probe this host"),
                      "node-c": HostResult("node-c", status="unreachable", message="Permission denied (publickey)")})
