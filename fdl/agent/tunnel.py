@@ -14,6 +14,26 @@ missing key or an unknown host key fail at once instead of prompting.
 `FDL_SSH_COMMAND` replaces the plain `ssh` (e.g. `ssh -F /etc/fdl/ssh_config`
 or `ssh -o UserKnownHostsFile=...`), for the tunnel and for sshfs alike, the
 way RSYNC_RSH and GIT_SSH_COMMAND do for rsync and git.
+
+A failed forward is classified from evidence, never from ssh's wording
+(which changes with the OpenSSH version, the locale and LogLevel, and
+with whatever FDL_SSH_COMMAND wraps). ssh exits 255 both when the door
+refused the session and when the network failed, so after a failure fdl
+asks `ssh -G` (the resolved configuration, one `key value` a line) where
+ssh really connects, opens a plain TCP connection there and reads the
+server's identification line (`SSH-2.0-...`, RFC 4253 section 4.2):
+- an SSH server answered and ssh still exited 255 before the forward came
+  up: the server refused this box's key, or this box refused the server's
+  host key (BatchMode forbids every prompt), and re-dialing with the same
+  key and known_hosts cannot change that: permanent (exit 2);
+- no connection, or no identification line in time (host down, sshd not
+  started, a firewall, a listener that is not sshd): transient (exit 1);
+- ssh goes through a ProxyJump/ProxyCommand (the door itself cannot be
+  reached directly), `ssh -G` fails, ssh did not exit 255 or never
+  finished: fdl cannot tell, and treats it as transient, the side that
+  never stops a `--persist` agent wrongly.
+ssh's last stderr lines are still shown to the user, only never used to
+decide.
 """
 
 from __future__ import annotations
@@ -33,8 +53,8 @@ from fdl.agent.supervisor import die_with_parent, stop_process_group
 from fdl.errors import ExitCode, FdlError, PermanentError
 
 CONNECT_TIMEOUT_S = 15
-# The door refused this box's credential: re-dialing with the same key cannot fix that.
-_PERMANENT_MARKERS = ("Permission denied", "Too many authentication failures")
+SSH_FAILED = 255  # ssh's own exit status for every error of its own (connection, host key, login, forward)
+_BANNER_MAX = 8192  # RFC 4253 4.2: lines before the version string are allowed; bound what is read
 
 
 class TunnelError(FdlError):
@@ -61,6 +81,32 @@ def _port_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def ssh_server_answers(host: str, port: int, timeout_s: float) -> bool:
+    """Whether an SSH server answers at host:port: a TCP connection and an `SSH-` identification line (RFC 4253 4.2).
+
+    Nothing is sent; the connection is closed as soon as the line (or the limit) is read.
+    """
+    deadline = time.monotonic() + timeout_s
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            data = b""
+            while len(data) < _BANNER_MAX:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                sock.settimeout(left)
+                chunk = sock.recv(1024)
+                if not chunk:
+                    return False
+                data += chunk
+                lines = data.split(b"\n")
+                if any(line.startswith(b"SSH-") for line in lines[:-1]):  # only whole lines count
+                    return True
+    except OSError:
+        return False
+    return False
 
 
 def local_address_toward(host: str, port: int = 22) -> str | None:
@@ -145,10 +191,11 @@ class Tunnel:
                           f"{self.target[0]}:{self.target[1]}")
                 return
             text = self._stderr_text()
+            status = self.proc.poll() if self.proc is not None else None
             self.close()
             if attempt < 2 and not _port_free(self.local_port):  # another process took the port we asked for
                 continue
-            raise self._failure(text)
+            raise self._failure(text, status)
 
     def _wait_listening(self) -> bool:
         assert self.proc is not None and self.local_port is not None
@@ -167,16 +214,50 @@ class Tunnel:
         self._stderr.seek(0)
         return self._stderr.read().decode("utf-8", "replace")
 
-    def _failure(self, text: str) -> TunnelError:
+    def endpoint(self) -> tuple[str, int] | None:
+        """Where ssh itself connects (HostName and Port after ~/.ssh/config), by `ssh -G`; None behind a proxy."""
+        argv = [*self.ssh, "-G", *(["-p", str(self.hop.port)] if self.hop.port else []), "--", self.hop.destination]
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=15)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if done.returncode != 0:
+            return None
+        conf: dict[str, str] = {}
+        for line in done.stdout.splitlines():
+            key, _, value = line.strip().partition(" ")
+            conf.setdefault(key.lower(), value.strip())
+        if conf.get("proxyjump", "none") != "none" or conf.get("proxycommand", "none") != "none":
+            return None
+        try:
+            return conf["hostname"], int(conf["port"])
+        except (KeyError, ValueError):
+            return None
+
+    def _failure(self, text: str, status: int | None) -> TunnelError:
         lines = [line for line in text.strip().splitlines() if line.strip()][-6:]
         detail = "\n    ".join(lines) if lines else "(ssh said nothing; it did not come up in time)"
-        permanent = any(marker in text for marker in _PERMANENT_MARKERS)
-        hint = ("The sshd refused this box's key: check --identity and that its public key is in the authorized "
-                "keys of the controller box's door." if "Permission denied" in text else
-                "Check the host, port and key, and that this box knows the host's key (ssh to it once by hand, "
-                "or add it to ~/.ssh/known_hosts).")
+        where = self.endpoint() if status == SSH_FAILED else None
+        wait_s = min(max(self.connect_timeout_s, 1.0), 10.0)
+        shown = "" if where is None else f"[{where[0]}]:{where[1]}" if ":" in where[0] else f"{where[0]}:{where[1]}"
+        if where is not None and ssh_server_answers(*where, wait_s):
+            return TunnelError(
+                f"the ssh tunnel through {self.hop} could not be brought up: the ssh server at {shown} answered, "
+                f"but the session was refused before the forward came up:\n    {detail}",
+                hint="Either the door does not accept this box's key (check --identity and that its public key is in "
+                     "the authorized keys of the controller box's door), or this box does not accept the door's host "
+                     "key (ssh to it once by hand, or fix ~/.ssh/known_hosts). Re-dialing cannot fix either, so fdl "
+                     "stops here even under --persist.",
+                exit_code=ExitCode.PERMANENT)
+        if where is not None:
+            hint = (f"No ssh server answered at {shown} (no connection, or no SSH identification within "
+                    f"{wait_s:g} s): check that the controller box and its door are up and that the host and port "
+                    "are right. This is transient: --persist re-dials.")
+        else:
+            hint = ("Check the host, port and key, and that this box knows the host's key (ssh to it once by hand, "
+                    "or add it to ~/.ssh/known_hosts).")
         return TunnelError(f"the ssh tunnel through {self.hop} could not be brought up:\n    {detail}", hint=hint,
-                           exit_code=ExitCode.PERMANENT if permanent else ExitCode.FAILURE)
+                           exit_code=ExitCode.FAILURE)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
