@@ -40,6 +40,22 @@ def write_program(path: Path, body: str, python: str | None = None) -> Path:
     return path
 
 
+def reworded_ssh(path: Path, command: str, words: str) -> str:
+    """`command` (an FDL_SSH_COMMAND starting with ssh) behind a wrapper at path that runs the real ssh, passes
+    its exit status and stdout through, and replaces each line ssh writes on stderr by `words`: ssh as another
+    locale, LogLevel or OpenSSH release might word it."""
+    write_program(path, f"""
+import subprocess, sys
+done = subprocess.run(["ssh", *sys.argv[1:]], stderr=subprocess.PIPE)
+for _ in done.stderr.splitlines():
+    sys.stderr.write({words!r} + "\\n")
+sys.exit(done.returncode)
+""")
+    words_of = command.split(" ", 1)
+    assert words_of[0] == "ssh", command
+    return " ".join([str(path), *words_of[1:]])
+
+
 class LoopbackSshd:
     """A real OpenSSH daemon on 127.0.0.1 that lets the current (root) user in with a key made for it.
 

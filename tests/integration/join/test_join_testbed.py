@@ -22,10 +22,11 @@ import pytest
 
 from tests.conftest import run_fdl
 from tests.integration.join.helpers import controller, finish, policy, results, spawn_join, train_binary, wait_for
-from tests.join_util import LoopbackSshd, free_port
+from tests.join_util import LoopbackSshd, free_port, reworded_ssh
 
 pytestmark = [pytest.mark.testbed(hosts=3), pytest.mark.slow]
-PREFIX, NET = "fdlj7", "10.207.0"
+PREFIX = os.environ.get("FDL_TESTBED_PREFIX") or "fdlj7"
+NET = os.environ.get("FDL_TESTBED_NET") or "10.207.0"
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +166,25 @@ def test_tunnel_only_controller_admits_through_the_door_only(bed, door):
     pids = subprocess.run(["ip", "netns", "pids", h1.namespace], capture_output=True, text=True).stdout.split()
     comms = [Path(f"/proc/{p}/comm").read_text().strip() for p in pids if Path(f"/proc/{p}/comm").exists()]
     assert "ssh" not in comms
+
+
+def test_a_door_that_refuses_the_key_is_permanent_and_a_door_that_is_down_transient(bed, door, tmp_path):
+    # regression: the class used to come from ssh's "Permission denied" wording; here ssh's stderr says the
+    # opposite of what happened, and only its exit status and the door's SSH identification line decide
+    h1 = bed.hosts[0]
+    binary = train_binary(bed.shared / "bin-door")
+    stranger = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    says_down = reworded_ssh(tmp_path / "down" / "ssh", door.ssh_command, "Connection timed out")
+    says_refused = reworded_ssh(tmp_path / "refused" / "ssh", door.ssh_command, "Permission denied (publickey).")
+    common = ("--controller", "127.0.0.1:1337", "--bin", str(binary), "--host", "h1", "--devices", "cpu:1")
+    refused, _, err_refused = finish(join_on(h1, "--ssh", f"root@{bed.gateway}:{door.port}", "--identity",
+                                             str(stranger), *common, "--persist", bed=bed,
+                                             env={"FDL_SSH_COMMAND": says_down}), timeout=60)
+    down, _, err_down = finish(join_on(h1, "--ssh", f"root@{bed.gateway}:{free_port(bed.gateway)}", "--identity",
+                                       str(door.key), *common, bed=bed, env={"FDL_SSH_COMMAND": says_refused}),
+                               timeout=60)
+    assert refused == 2, err_refused  # --persist stops: re-dialing with the same key cannot help
+    assert "Connection timed out" in err_refused and "--identity" in err_refused  # ssh's words shown, not used
+    assert down == 1, err_down
+    assert "Permission denied (publickey)." in err_down and "No ssh server answered" in err_down

@@ -16,7 +16,7 @@ from fdl.agent.options import SshHop
 from fdl.agent.tunnel import Tunnel, TunnelError, ssh_server_answers
 from fdl.errors import PermanentError
 from tests.conftest import need_root_or_skip
-from tests.join_util import LoopbackSshd, free_port, user_name, write_program
+from tests.join_util import LoopbackSshd, free_port, reworded_ssh, user_name
 
 
 @pytest.fixture(scope="module")
@@ -89,15 +89,7 @@ def test_no_sshd_listening_is_transient(sshd):
 # not change it; ssh's exit status and what the server at the resolved address answers decide.
 
 def _lying_ssh(tmp_path, sshd, words: str) -> str:
-    """FDL_SSH_COMMAND for the real ssh behind a wrapper that replaces each stderr line by `words`."""
-    wrapper = write_program(tmp_path / "bin" / "ssh-words", f"""
-import subprocess, sys
-done = subprocess.run(["ssh", *sys.argv[1:]], stderr=subprocess.PIPE)
-for _ in done.stderr.splitlines():
-    sys.stderr.write({words!r} + "\\n")
-sys.exit(done.returncode)
-""")
-    return sshd.ssh_command.replace("ssh ", f"{wrapper} ", 1)
+    return reworded_ssh(tmp_path / "bin" / "ssh-words", sshd.ssh_command, words)
 
 
 def test_a_refused_key_is_permanent_whatever_ssh_says(sshd, tmp_path, web):
