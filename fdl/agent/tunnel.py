@@ -33,7 +33,10 @@ server's identification line (`SSH-2.0-...`, RFC 4253 section 4.2):
   finished: fdl cannot tell, and treats it as transient, the side that
   never stops a `--persist` agent wrongly.
 ssh's last stderr lines are still shown to the user, only never used to
-decide.
+decide. The check runs after the failure, so two rare orders are misread:
+sshd coming up in the moment between ssh's refused connection and the
+check, and a link dropping in the middle of the key exchange, both read as
+refused (permanent); plain ssh wording had the same blind spots and more.
 """
 
 from __future__ import annotations
@@ -193,9 +196,10 @@ class Tunnel:
             text = self._stderr_text()
             status = self.proc.poll() if self.proc is not None else None
             self.close()
-            if attempt < 2 and not _port_free(self.local_port):  # another process took the port we asked for
+            taken = not _port_free(self.local_port)  # another process took the port we asked for
+            if taken and attempt < 2:
                 continue
-            raise self._failure(text, status)
+            raise self._failure(text, None if taken else status)  # a lost bind race says nothing of the door
 
     def _wait_listening(self) -> bool:
         assert self.proc is not None and self.local_port is not None
