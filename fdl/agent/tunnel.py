@@ -36,7 +36,7 @@ ssh's last stderr lines are still shown to the user, only never used to
 decide. The check runs after the failure, so two rare orders are misread:
 sshd coming up in the moment between ssh's refused connection and the
 check, and a link dropping in the middle of the key exchange, both read as
-refused (permanent); plain ssh wording had the same blind spots and more.
+refused (permanent).
 """
 
 from __future__ import annotations
