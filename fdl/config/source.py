@@ -115,8 +115,9 @@ def _cached_parse(path: Path, text: str, shown: str) -> tuple[Data, Origins]:
     from fdl import __version__
 
     json_file = path.suffix == ".json"
-    stamp = [CACHE_FORMAT, __version__, *_parser_stamp(), str(path.resolve()), shown, json_file]
-    entry_path = _cache_file(stamp)
+    where = [str(path.resolve()), shown, json_file]
+    stamp = [CACHE_FORMAT, __version__, *_parser_stamp(), *where]
+    entry_path = _cache_file(where)
     try:
         entry = json.loads(entry_path.read_bytes())
         if entry["stamp"] == stamp and entry["text"] == text and isinstance(entry["data"], dict):
@@ -155,12 +156,12 @@ def _parser_stamp() -> list[Any]:
     return stamp
 
 
-def _cache_file(stamp: list[Any]) -> Path:
-    """Where the cache entry of one (file, spelling) lives: one entry each, replaced when the text changes."""
+def _cache_file(where: list[Any]) -> Path:
+    """Where the entry of one (file, spelling) lives: one each, replaced when its text or the parser changes."""
     import zlib
 
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "fdl" / "config" / f"{zlib.crc32(repr(stamp).encode()):08x}.json"
+    return Path(base) / "fdl" / "config" / f"{zlib.crc32(repr(where).encode()):08x}.json"
 
 
 def _plain(value: Any) -> bool:

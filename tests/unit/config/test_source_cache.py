@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import fdl.config.source
 import fdl.config.yamldoc
 from fdl.config.source import read_layer
 from fdl.errors import ConfigError
@@ -68,9 +69,25 @@ def test_an_edit_is_parsed_again_even_with_the_same_size_and_time(tmp_path: Path
     path.write_text("commands:\n  test: {run: two}\n")
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert read_layer(path).data["commands"]["test"]["run"] == "two"
+    assert len(list(cache.iterdir())) == 1  # one entry per file, replaced
     path.write_text("commands:\n  test: {run: [two\n")
     with pytest.raises(ConfigError, match="invalid YAML"):
         read_layer(path)
+
+
+def test_a_changed_parser_parses_again(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "fdl.yml"
+    path.write_text(DOCUMENT)
+    read_layer(path)
+    calls: list[str] = []
+    parse = fdl.config.yamldoc.parse_text
+    monkeypatch.setattr(fdl.config.yamldoc, "parse_text", lambda *a, **k: calls.append("parse") or parse(*a, **k))
+    read_layer(path)
+    assert calls == []
+    monkeypatch.setattr(fdl.config.source, "_parser_stamp", lambda: [[1, 2], [3, 4]])
+    read_layer(path)
+    read_layer(path)
+    assert calls == ["parse"]
 
 
 def test_the_spelling_of_the_file_is_part_of_the_entry(tmp_path: Path, cache: Path,
