@@ -108,7 +108,8 @@ def _cached_parse(path: Path, text: str, shown: str) -> tuple[Data, Origins]:
     interpreter (bench/probe.py). An entry is used only when its text, file, spelling and fdl
     version all match, so an edit, a move or an upgrade parses again; an entry that cannot be
     read or written (a read-only home, a damaged file) costs only the parse. Documents with
-    values JSON cannot carry exactly (dates, bytes, keys that are not strings) are not cached.
+    values JSON cannot carry exactly (dates, bytes, keys that are not strings) or with a secret
+    (a join token, key material: what `fdl config show` masks) are not cached.
     """
     import json
 
@@ -127,8 +128,7 @@ def _cached_parse(path: Path, text: str, shown: str) -> tuple[Data, Origins]:
     from fdl.config.yamldoc import parse_text
 
     data, origins = parse_text(text, shown, json_file=json_file)
-    if _plain(data) and all(origin.file == shown and all(type(part) in (str, int) for part in keypath)
-                            for keypath, origin in origins.items()):
+    if _cacheable(data, origins, shown):
         entry = {"stamp": stamp, "text": text, "data": data,
                  "origins": [[list(keypath), origin.line] for keypath, origin in origins.items()]}
         try:
@@ -164,12 +164,19 @@ def _cache_file(where: list[Any]) -> Path:
     return Path(base) / "fdl" / "config" / f"{zlib.crc32(repr(where).encode()):08x}.json"
 
 
-def _plain(value: Any) -> bool:
-    """True when JSON gives value back exactly: str-keyed mappings, lists, text, numbers, booleans, null."""
-    if isinstance(value, dict):
-        return all(type(key) is str and _plain(sub) for key, sub in value.items())
-    if isinstance(value, list):
-        return all(_plain(sub) for sub in value)
-    return value is None or type(value) in (str, int, float, bool)
+def _cacheable(data: Data, origins: Origins, shown: str) -> bool:
+    """JSON gives the document back exactly (text-keyed mappings, lists, text, numbers, booleans, null), and it
+    holds no secret: a value `fdl config show` masks (a token, key material) is never copied into the cache."""
+    from fdl.config.show import is_secret
+
+    def plain(value: Any, path: KeyPath) -> bool:
+        if isinstance(value, dict):
+            return all(type(key) is str and plain(sub, (*path, key)) for key, sub in value.items())
+        if isinstance(value, list):
+            return all(plain(sub, (*path, index)) for index, sub in enumerate(value))
+        return (value is None or type(value) in (str, int, float, bool)) and not is_secret(path, value)
+
+    return plain(data, ()) and all(origin.file == shown and all(type(part) in (str, int) for part in keypath)
+                                   for keypath, origin in origins.items())
 
 

@@ -25,7 +25,7 @@ DOCUMENT = textwrap.dedent("""\
       controller:
         <<: *defaults
         host: 10.0.0.1
-        token: "0755"
+        label: "0755"
       workers:
         - {host: node-b, local_devices: [0, 1], note: null}
         - host: "nöde-ç"
@@ -121,6 +121,18 @@ def test_values_json_cannot_carry_are_not_cached(tmp_path: Path, cache: Path) ->
     for _ in range(2):
         data = read_layer(path).data
         assert data == {"when": datetime.date(2024, 1, 2), 1: "one"}
+    assert not cache.exists() or not list(cache.iterdir())
+
+
+@pytest.mark.parametrize("text", [
+    "cluster:\n  controller:\n    join: {token: 0123abcd}\n",
+    "commands:\n  test: {run: x, env: {HF_TOKEN: hf_abc}}\n",
+    "commands:\n  test: {run: x, description: '-----BEGIN OPENSSH PRIVATE KEY-----'}\n",
+])
+def test_a_document_holding_a_secret_is_not_copied_into_the_cache(tmp_path: Path, cache: Path, text: str) -> None:
+    path = tmp_path / "fdl.yml"
+    path.write_text(text)
+    read_layer(path)
     assert not cache.exists() or not list(cache.iterdir())
 
 
