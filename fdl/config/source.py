@@ -104,12 +104,15 @@ def _cached_parse(path: Path, text: str, shown: str) -> tuple[Data, Origins]:
     """parse_text(text), or what it returned for this very text, file and spelling before.
 
     PyYAML's import is most of what reading an unchanged fdl.yml costs: its regular expressions
-    are compiled at import. Skipping it took `fdl probe --json` in a project from 10.6x to 9.xx a bare
-    interpreter (bench/probe.py). An entry is used only when its text, file, spelling and fdl
-    version all match, so an edit, a move or an upgrade parses again; an entry that cannot be
-    read or written (a read-only home, a damaged file) costs only the parse. Documents with
-    values JSON cannot carry exactly (dates, bytes, keys that are not strings) or with a secret
-    (a join token, key material: what `fdl config show` masks) are not cached.
+    are compiled at import. Skipping it saved 13-48 ms of `fdl probe --json`'s CPU time in a project
+    (interleaved medians of 21-25 runs, loaded 2-core machine); with the collector pause of
+    fdl.cli.context, bench/probe.py --baseline measured 9.7x -> 8.0x a bare interpreter.
+
+    An entry is used only when its text, file, spelling, fdl version and parser sources all match,
+    so an edit, a move or an upgrade parses again; an entry that cannot be read or written (a
+    read-only home, a damaged file) costs only the parse. Documents with values JSON cannot carry
+    exactly (dates, bytes, keys that are not strings) or with a secret (a join token, key material:
+    what `fdl config show` masks) are not cached.
     """
     import json
 
