@@ -7,7 +7,7 @@ rejects non-UTF-8 bytes here; fdl.config.yamldoc parses the text with the
 rest of the bounds (depth, alias expansion, duplicate keys, tags).
 
 A file that parsed is remembered in fdl's cache directory with its exact text
-(`config/<crc>.json`), so the next command that reads the same unchanged file
+(`config/<crc>.marshal`), so the next command that reads the same unchanged file
 skips PyYAML altogether: its import alone is about a tenth of a short command
 such as `fdl probe --json` in a project (see _cached_parse).
 """
@@ -15,6 +15,7 @@ such as `fdl probe --json` in a project (see _cached_parse).
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -110,41 +111,45 @@ def _cached_parse(path: Path, text: str, shown: str) -> tuple[Data, Origins]:
 
     An entry is used only when its text, file, spelling, fdl version and parser sources all match,
     so an edit, a move or an upgrade parses again; an entry that cannot be read or written (a
-    read-only home, a damaged file) costs only the parse. Documents with values JSON cannot carry
-    exactly (dates, bytes, keys that are not strings) or with a secret (a join token, key material:
+    read-only home, a damaged file) costs only the parse. Entries are in marshal's format, the one
+    Python trusts for its own __pycache__ (json's import alone would cost `fdl config show` more than
+    the cache saves it). Documents with values that are not plain (dates, bytes, keys that are not
+    strings) or with a secret (a join token, key material:
     what `fdl config show` masks) are not cached.
     """
-    import json
+    import marshal
 
     from fdl import __version__
 
     json_file = path.suffix == ".json"
-    where = [str(path.resolve()), shown, json_file]
-    stamp = [CACHE_FORMAT, __version__, *_parser_stamp(), *where]
+    where = (str(path.resolve()), shown, json_file)
+    stamp = (CACHE_FORMAT, __version__, *_parser_stamp(), *where)
     entry_path = _cache_file(where)
     try:
-        entry = json.loads(entry_path.read_bytes())
-        if entry["stamp"] == stamp and entry["text"] == text and isinstance(entry["data"], dict):
-            return entry["data"], {tuple(keypath): Origin(shown, line) for keypath, line in entry["origins"]}
-    except (OSError, ValueError, KeyError, TypeError):
+        entry = marshal.loads(entry_path.read_bytes())
+        if isinstance(entry, dict) and entry["stamp"] == stamp and entry["text"] == text \
+                and isinstance(entry["data"], dict):
+            return entry["data"], {keypath: Origin(shown, line) for keypath, line in entry["origins"]}
+    except (OSError, EOFError, ValueError, KeyError, TypeError):
         pass
     from fdl.config.yamldoc import parse_text
 
     data, origins = parse_text(text, shown, json_file=json_file)
     if _cacheable(data, origins, shown):
         entry = {"stamp": stamp, "text": text, "data": data,
-                 "origins": [[list(keypath), origin.line] for keypath, origin in origins.items()]}
+                 "origins": [(keypath, origin.line) for keypath, origin in origins.items()]}
         try:
             from fdl.fsio import atomic_write
 
             entry_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            atomic_write(entry_path, json.dumps(entry), mode=0o600)
-        except OSError:
+            atomic_write(entry_path, marshal.dumps(entry), mode=0o600)
+        except (OSError, ValueError):
             pass
     return data, origins
 
 
-def _parser_stamp() -> list[Any]:
+@lru_cache(maxsize=1)
+def _parser_stamp() -> tuple[Any, ...]:
     """Size and mtime of the parser's sources (fdl.config.yamldoc, PyYAML): a changed parser parses again."""
     import importlib.util
 
@@ -155,21 +160,22 @@ def _parser_stamp() -> list[Any]:
             info = os.stat(source) if source is not None else None
         except OSError:
             info = None
-        stamp.append([info.st_size, info.st_mtime_ns] if info is not None else None)
-    return stamp
+        stamp.append((info.st_size, info.st_mtime_ns) if info is not None else None)
+    return tuple(stamp)
 
 
-def _cache_file(where: list[Any]) -> Path:
+def _cache_file(where: tuple[Any, ...]) -> Path:
     """Where the entry of one (file, spelling) lives: one each, replaced when its text or the parser changes."""
     import zlib
 
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "fdl" / "config" / f"{zlib.crc32(repr(where).encode()):08x}.json"
+    return Path(base) / "fdl" / "config" / f"{zlib.crc32(repr(where).encode()):08x}.marshal"
 
 
 def _cacheable(data: Data, origins: Origins, shown: str) -> bool:
-    """JSON gives the document back exactly (text-keyed mappings, lists, text, numbers, booleans, null), and it
-    holds no secret: a value `fdl config show` masks (a token, key material) is never copied into the cache."""
+    """The document is plain (text-keyed mappings, lists, text, numbers, booleans, null), so the cache gives
+    it back exactly, and it holds no secret: a value `fdl config show` masks (a token, key material) is never
+    copied into the cache."""
     from fdl.config.show import is_secret
 
     def plain(value: Any, path: KeyPath) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime
-import json
+import marshal
 import os
 import subprocess
 import sys
@@ -105,13 +105,14 @@ def test_a_damaged_entry_costs_only_a_parse(tmp_path: Path, cache: Path) -> None
     path.write_text(DOCUMENT)
     parsed = read_layer(path)
     (entry,) = cache.iterdir()
-    for damage in (b"\xff not json", b"[]", json.dumps({"stamp": 1}).encode()):
+    for damage in (b"\xff not marshal", marshal.dumps([]), marshal.dumps({"stamp": 1}), entry.read_bytes()[:-9]):
         entry.write_bytes(damage)
         again = read_layer(path)
         assert again.data == parsed.data and again.origins == parsed.origins
-    stored = json.loads(entry.read_bytes())
+    read_layer(path)
+    stored = marshal.loads(entry.read_bytes())
     stored["data"] = ["not", "a", "mapping"]
-    entry.write_text(json.dumps(stored))
+    entry.write_bytes(marshal.dumps(stored))
     assert read_layer(path).data == parsed.data
 
 
