@@ -165,11 +165,16 @@ def _parser_stamp() -> tuple[Any, ...]:
 
 
 def _cache_file(where: tuple[Any, ...]) -> Path:
-    """Where the entry of one (file, spelling) lives: one each, replaced when its text or the parser changes."""
+    """Where the entry of one (file, spelling) lives: one each, replaced when its text or the parser changes.
+
+    The directory is $FDL_CONFIG_CACHE when set (the test suite points it at a directory of its own), else
+    config/ in fdl's cache directory ($XDG_CACHE_HOME/fdl, else ~/.cache/fdl)."""
     import zlib
 
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "fdl" / "config" / f"{zlib.crc32(repr(where).encode()):08x}.marshal"
+    directory = os.environ.get("FDL_CONFIG_CACHE")
+    if not directory:
+        directory = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fdl" / "config")
+    return Path(directory) / f"{zlib.crc32(repr(where).encode()):08x}.marshal"
 
 
 def _cacheable(data: Data, origins: Origins, shown: str) -> bool:

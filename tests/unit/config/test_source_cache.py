@@ -37,6 +37,7 @@ DOCUMENT = textwrap.dedent("""\
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv("FDL_CONFIG_CACHE", raising=False)  # the suite's own: these tests look at fdl's default
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
     return tmp_path / "cache" / "fdl" / "config"
@@ -137,8 +138,17 @@ def test_a_document_holding_a_secret_is_not_copied_into_the_cache(tmp_path: Path
     assert not cache.exists() or not list(cache.iterdir())
 
 
+def test_fdl_config_cache_names_the_directory(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FDL_CONFIG_CACHE", str(tmp_path / "elsewhere"))
+    path = tmp_path / "fdl.yml"
+    path.write_text(DOCUMENT)
+    read_layer(path)
+    assert len(list((tmp_path / "elsewhere").iterdir())) == 1 and not cache.exists()
+
+
 def test_an_unwritable_cache_is_no_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FDL_CONFIG_CACHE", raising=False)
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
@@ -150,7 +160,7 @@ def test_an_unwritable_cache_is_no_error(tmp_path: Path, monkeypatch: pytest.Mon
 def test_a_command_reading_an_unchanged_config_does_not_import_yaml(tmp_path: Path) -> None:
     text = "cluster:\n  controller: {host: 10.0.0.1}\ncommands:\n  test: {run: cargo test}\n"
     (tmp_path / "fdl.yml").write_text(text)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FDL_CONFIG_CACHE": str(tmp_path / "cache")}
     code = ("import sys; from pathlib import Path; from fdl.config import EnvSelection, load_config; "
             "load_config(Path.cwd(), EnvSelection.choose(None, None)); print('yaml' in sys.modules)")
     runs = [subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
