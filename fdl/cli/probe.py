@@ -17,7 +17,7 @@ import typer
 from fdl.checks.data import DEFAULT_DATA_PATH
 from fdl.checks.probe import ProbeOptions, run_probe
 from fdl.checks.report import HostReport
-from fdl.cli.context import Globals, globals_of
+from fdl.cli.context import Globals, globals_of, resume_collector
 from fdl.cli.render.probe import echo_human, render_human, render_json
 from fdl.config.discover import find_base
 
@@ -73,6 +73,8 @@ def probe(
     project_root, workers = project_context(g)
     gpus = None if g.gpus is None or g.gpus.ids is None else list(g.gpus.ids)
     plan = collective_plan(collective_devices, collective_max_size, collective_timeout) if collective else None
+    if workers or plan is not None:  # a fan-out or a smoke test runs for seconds to minutes: collect as usual
+        resume_collector()
     if workers:  # a cluster env: every worker, over Ansible (imported only on this path)
         if plan is not None and plan[0] is not None:
             from fdl.errors import UsageError
