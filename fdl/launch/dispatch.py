@@ -32,7 +32,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from fdl.agent.supervisor import NOTE_PREFIX, RESULT_PREFIX, GroupResult, Supervisor
 from fdl.controller.protocol import without_secrets
@@ -47,10 +47,18 @@ GRACE_S = 10.0
 STAGE_ROOT = "~/.flodl/launch"
 
 
+class TextSink(Protocol):
+    """Where a Printer writes: a text stream, or anything with its write and flush."""
+
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
 class Printer:
     """Rank lines to stdout, launcher notes to stderr; one lock, so lines never interleave."""
 
-    def __init__(self, out: IO[str] | None = None, err: IO[str] | None = None):
+    def __init__(self, out: TextSink | None = None, err: TextSink | None = None):
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self._lock = threading.Lock()
