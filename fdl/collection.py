@@ -55,7 +55,7 @@ MODULE_UTILS = {
 }
 PYNVML_LICENSE = "pynvml.LICENSE.txt"
 PYNVML_PACKED = "plugins/module_utils/pynvml_packed.py"
-_PACK_FORMAT = b"zlib+base64 v1"  # part of the content key: a new packing makes a new tree
+_PACK_FORMAT = b"zlib+base64 v1"  # in the content key: change it with pack_pynvml() so caches get a new tree
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
 
 
