@@ -14,7 +14,7 @@ source copied, and those files copied in as real files under
     plugins/module_utils/fsio.py            fdl/fsio.py (atomic writes; farm/ imports it as ..fsio)
     plugins/module_utils/supervisor.py      fdl/agent/supervisor.py
     plugins/module_utils/hoststage.py       fdl/launch/hoststage.py (the launcher's staging layout)
-    plugins/module_utils/pynvml.py          nvidia-ml-py's pynvml.py, and its licence beside it
+    plugins/module_utils/pynvml_packed.py   nvidia-ml-py's pynvml.py, packed (below), its licence beside it
 
 Three callers, one tree: `scripts/build-collection` (then `ansible-galaxy
 collection build` makes the tarball), the wheel build (hatch_build.py puts
@@ -26,12 +26,14 @@ rewritten). Standard library and fdl.errors only: the wheel build imports this f
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib.util
 import os
 import re
 import shutil
 import tempfile
+import zlib
 from functools import lru_cache
 from pathlib import Path
 
@@ -52,6 +54,8 @@ MODULE_UTILS = {
     "hoststage.py": ("launch/hoststage.py",),
 }
 PYNVML_LICENSE = "pynvml.LICENSE.txt"
+PYNVML_PACKED = "plugins/module_utils/pynvml_packed.py"
+_PACK_FORMAT = b"zlib+base64 v1"  # in the content key: change it with pack_pynvml() so caches get a new tree
 _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
 
 
@@ -91,6 +95,35 @@ def pynvml_license(source: str) -> str:
     return "pynvml.py is vendored from NVIDIA's nvidia-ml-py distribution under this licence:\n\n" + text + "\n"
 
 
+def pack_pynvml(source: bytes) -> str:
+    """pynvml.py as a module_utils file that parses instantly: the source compressed into one literal, and
+    `load()` that runs it as the module `pynvml` (once per process; Python 3.8+ on the host, standard library)."""
+    blob = base64.b64encode(zlib.compress(source, 9)).decode("ascii")
+    chunks = "".join(f'    "{blob[i:i + 100]}"\n' for i in range(0, len(blob), 100))
+    return (
+        '"""NVIDIA\'s pynvml.py (nvidia-ml-py, BSD licence in pynvml.LICENSE.txt beside this file), packed by fdl:\n'
+        "the unchanged source, zlib-compressed and base64-encoded, so that Ansible's payload builder does not\n"
+        'parse 330 KB of Python on every run. `load()` runs it as the module `pynvml`."""\n\n'
+        "from __future__ import annotations\n\nimport base64\nimport sys\nimport types\nimport zlib\n\n"
+        f"_PACKED = (\n{chunks})\n\n\n"
+        "def load():\n"
+        '    """The module pynvml, run from the packed source on first use."""\n'
+        '    module = sys.modules.get("pynvml")\n'
+        "    if module is not None:\n"
+        "        return module\n"
+        '    module = types.ModuleType("pynvml")\n'
+        '    module.__file__ = __file__\n'
+        '    sys.modules["pynvml"] = module\n'
+        "    try:\n"
+        '        exec(compile(zlib.decompress(base64.b64decode("".join(_PACKED))), "pynvml.py", "exec"),\n'
+        "             module.__dict__)\n"
+        "    except BaseException:\n"
+        '        del sys.modules["pynvml"]\n'
+        "        raise\n"
+        "    return module\n"
+    )
+
+
 def _inputs(source: Path) -> list[tuple[str, Path]]:
     """(path in the tree, file it comes from) for every file of the complete collection."""
     files = []
@@ -107,7 +140,7 @@ def _inputs(source: Path) -> list[tuple[str, Path]]:
                 files.append((f"plugins/module_utils/{name}", origin))
             else:
                 files.append((f"plugins/module_utils/{name}/{origin.name}", origin))
-    files.append(("plugins/module_utils/pynvml.py", pynvml_file()))
+    files.append((PYNVML_PACKED, pynvml_file()))
     return files
 
 
@@ -126,17 +159,20 @@ def assemble(dest: Path, source: Path | None = None) -> Path:
         if target.exists():
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(origin, target)
+        if rel == PYNVML_PACKED:
+            target.write_text(pack_pynvml(origin.read_bytes()))
+        else:
+            shutil.copyfile(origin, target)
     farm_init = root / "plugins" / "module_utils" / "farm" / "__init__.py"
     farm_init.touch()
-    nvml = (root / "plugins" / "module_utils" / "pynvml.py").read_text()
+    nvml = pynvml_file().read_text()
     (root / "plugins" / "module_utils" / PYNVML_LICENSE).write_text(pynvml_license(nvml))
     return root
 
 
 def content_key(source: Path | None = None) -> str:
     """fdl's version and a hash of every input of the tree (names and contents)."""
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(_PACK_FORMAT)
     for rel, origin in _inputs(source or SOURCE_IN_REPO):
         digest.update(rel.encode() + b"\0" + origin.read_bytes() + b"\0")
     return f"{version()}-{digest.hexdigest()[:16]}"

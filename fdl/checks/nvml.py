@@ -1,7 +1,7 @@
 """Thin access to NVML through NVIDIA's own bindings (pynvml, from nvidia-ml-py).
 
 Standard library and pynvml only: this file also runs inside Ansible modules on
-remote hosts, where the flodl.fdl collection ships pynvml next to it as module_utils.
+remote hosts, where the flodl.fdl collection ships pynvml beside it, packed (module_utils/pynvml_packed.py).
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ def load_pynvml() -> Any:
         import pynvml
     except ImportError:
         try:
-            from ansible_collections.flodl.fdl.plugins.module_utils import pynvml
+            from ansible_collections.flodl.fdl.plugins.module_utils.pynvml_packed import load
         except ImportError:
             return None
+        pynvml = load()
     return pynvml
 
 

@@ -27,7 +27,7 @@ def test_wheel_carries_the_collection_and_the_shipped_files(tmp_path: Path) -> N
     for path in ("galaxy.yml", "meta/runtime.yml", "playbooks/probe.yml", "roles/fdl_probe/tasks/main.yml",
                  "plugins/modules/fdl_probe.py", "plugins/inventory/cluster.py",
                  "plugins/module_utils/checks/probe.py", "plugins/module_utils/supervisor.py",
-                 "plugins/module_utils/farm/doors.py", "plugins/module_utils/pynvml.py",
+                 "plugins/module_utils/farm/doors.py", "plugins/module_utils/pynvml_packed.py",
                  "plugins/module_utils/pynvml.LICENSE.txt"):
         assert tree + path in names, path
     # the module_utils are the package's own files, copied at build time (not links, not a second source)

@@ -30,7 +30,7 @@ def shipped_to_targets() -> list[Path]:
 def test_the_shipped_list_holds_the_check_library_supervisor_and_modules():
     names = {str(p.relative_to(p.parents[1])) for p in shipped_to_targets()}
     assert {"checks/probe.py", "checks/nvml.py", "module_utils/supervisor.py", "farm/authorized_keys.py",
-            "modules/fdl_probe.py", "modules/fdl_dispatch_stage.py", "module_utils/pynvml.py"} <= names, names
+            "modules/fdl_probe.py", "modules/fdl_dispatch_stage.py", "module_utils/pynvml_packed.py"} <= names, names
 
 
 def test_everything_shipped_to_targets_is_python_3_8_compatible():
@@ -56,11 +56,12 @@ def test_every_module_util_imports_and_the_checks_run_under_python_3_8(tmp_path,
     layout = module_utils_layout(tmp_path / "mu")
     names = sorted(".".join(p.relative_to(layout).with_suffix("").parts).removesuffix(".__init__")
                    for p in layout.rglob("*.py"))
-    assert {"checks.probe", "supervisor", "farm.doors", "pynvml"} <= set(names)
+    assert {"checks.probe", "supervisor", "farm.doors", "pynvml_packed"} <= set(names)
     modules = [p for p in shipped_to_targets() if p.parent.name == "modules"]
     code = ("import importlib, json, sys\n"
             "for name in json.loads(sys.argv[1]): importlib.import_module(name)\n"
             "for path in json.loads(sys.argv[2]): compile(open(path).read(), path, 'exec')\n"
+            "import pynvml_packed; pynvml_packed.load()\n"  # pynvml itself, run from its packed source under 3.8
             "from checks.probe import ProbeOptions, run_probe\n"
             "report = run_probe(ProbeOptions(skip_mount=True), host='old')\n"
             "print(json.dumps({'python': list(sys.version_info[:2]), 'report': report.to_dict()}))\n")

@@ -14,7 +14,7 @@ from tests.conftest import REPO
 
 CHECKS = REPO / "fdl" / "checks"
 ALLOWED_THIRD_PARTY = {"pynvml", "ansible_collections"}  # the collection's vendored pynvml, on a host
-VENDORED_PYNVML = "ansible_collections.flodl.fdl.plugins.module_utils"
+VENDORED_PYNVML = "ansible_collections.flodl.fdl.plugins.module_utils.pynvml_packed"
 
 
 def test_checks_import_only_stdlib_pynvml_and_siblings() -> None:

@@ -128,6 +128,32 @@ def test_a_clone_runs_the_collection_built_into_the_cache_once_per_content(monke
         "# edit\n")
 
 
+def test_pynvml_ships_packed_and_loads_as_pynvml_on_a_bare_interpreter(tmp_path):
+    """The collection carries pynvml as one compressed literal (Ansible would parse 330 KB of source on every
+    run otherwise); on a host without pynvml, load() must give the very module, once, under the name pynvml."""
+    from fdl import collection
+
+    utils = collection.assemble(tmp_path / "tree") / "plugins" / "module_utils"
+    assert not (utils / "pynvml.py").exists()
+    packed = (utils / "pynvml_packed.py").read_text()
+    assert max(len(line) for line in packed.splitlines()) <= 120  # the collection's pep8 sanity, no exception
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import pynvml_packed as p\n"
+            "m = p.load(); assert p.load() is m and sys.modules['pynvml'] is m\n"
+            "import pynvml; assert pynvml is m\n"
+            "print(m.nvmlInit.__name__, m.NVML_SUCCESS)")
+    done = subprocess.run([sys.executable, "-S", "-c", code, str(utils)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["nvmlInit", "0"]
+    # the code the hosts run is NVIDIA's, byte for byte
+    import base64
+    import zlib
+
+    scope: dict = {}
+    exec(packed, scope)
+    assert zlib.decompress(base64.b64decode("".join(scope["_PACKED"]))) == collection.pynvml_file().read_bytes()
+
+
 def test_every_shipped_playbook_marks_its_processes_with_the_run_id():
     """The Ctrl-C sweep finds a run's remote processes by FDL_RUN_ID: every play must export it."""
     for path in sorted((collection_root() / "playbooks").glob("*.yml")):
