@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from fdl.cli.context import Globals
-
-if TYPE_CHECKING:  # the wizard is imported when the command runs (start-up speed of every other command)
-    from fdl.checks.report import CheckResult
-    from fdl.farm.wizard import FarmReport, Plan
-    from fdl.farm.wizard.report import AuthorizedKeysReport
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
@@ -99,6 +93,7 @@ def join_config(
     Exit 0 with the report; 1 on a refusal (contradictory flags, a decision needed without a terminal,
     a permission that cannot be fixed).
     """
+    from fdl.cli.render.join_config import render_doctor, render_header, render_json, render_rest
     from fdl.farm import wizard
 
     g = ctx.find_object(Globals)
@@ -121,90 +116,6 @@ def join_config(
     for note in report.notes:
         typer.echo(f"fdl: note: {note}", err=True)
     if as_json:
-        typer.echo(wizard.report_json(report))
+        typer.echo(render_json(report))
     else:
         typer.echo(render_rest(report, request.cwd))
-
-
-# --------------------------------------------------------------------------- human rendering
-
-
-def render_header(plan: Plan) -> str:
-    from fdl.farm.doors import TITLES
-
-    shape = plan.shape
-    lines = [f"farm {plan.label}: door {shape.door} ({TITLES[shape.door]})",
-             f"  workers dial {shape.controller} and forward to 127.0.0.1:{shape.controller_port}"]
-    if shape.served:
-        lines.append(f"  served: {shape.served}")
-    recovered = plan.shape_from.recovered()
-    if recovered:
-        lines.append(f"  ({', '.join(recovered)} recovered from the farm's worker yml)")
-    return "\n".join(lines)
-
-
-_STATUS = {"ok": "ok", "warning": "WARN", "error": "ERROR", "skipped": "skip"}
-
-
-def render_doctor(findings: Sequence[CheckResult]) -> str:
-    lines = ["", "host doctor (before anything is written):"]
-    width = max((len(f.name) for f in findings), default=6)
-    for f in findings:
-        status = _STATUS.get(f.status, f.status)
-        lines.append(f"  {status:<5}  {f.name:<{width}}  {f.message}")
-        if f.hint and f.status != "ok":
-            lines.append(f"  {'':<5}  {'':<{width}}  fix: {f.hint}")
-    return "\n".join(lines)
-
-
-def _render_files(report: FarmReport, cwd: Path) -> list[str]:
-    from fdl.farm.wizard import spell_path
-
-    cred = report.credentials
-    lines = ["", f"credentials: {cred.action} (key {cred.fingerprint}; the token is in {spell_path(cred.token, cwd)})",
-             f"files in {spell_path(report.farm_dir, cwd)}/:",
-             "  key, key.pub, token     the farm's key pair and admission token (0600)",
-             "  worker.yml              the worker's fdl.yml join block (holds the token)",
-             f"  sshd-door.conf          the sshd drop-in (Match LocalPort {report.shape.door_port})",
-             f"  authorized_keys.line    the key line for door {report.door}",
-             "  door-selftest.sh        the door self-test"]
-    if report.files.cloud_init:
-        lines.append("  cloud-init.yml          user-data for workers (holds the key and token)")
-    lines.append(f"overlay: {report.overlay.message}")
-    if report.overlay.snippet_text:
-        lines += ["  " + line for line in report.overlay.snippet_text.rstrip("\n").splitlines()]
-    return lines
-
-
-def _render_key_file(ak: AuthorizedKeysReport) -> list[str]:
-    from fdl.farm.wizard.report import KeyAction
-
-    if ak.action == KeyAction.JAILED:
-        lines = [f"authorized_keys: door a's key goes into {ak.path}, the jailed account's own file (setup step "
-                 f"below)"]
-        if ak.removed_unconfined:
-            gone = ak.removed_unconfined
-            lines.append(f"  removed the unconfined door-a line {gone.line} from {gone.path}")
-    elif ak.installed:
-        lines = [f"authorized_keys: {ak.action} in {ak.path} (line {ak.line})"]
-    else:
-        lines = [f"authorized_keys: not installed into {ak.path}"]
-    for issue in ak.permissions:
-        state = "fixed" if ak.permissions_fixed and issue.fixable else "left as found"
-        lines.append(f"  permissions: {issue.path} was {issue.mode:04o} ({issue.problem}): {issue.command} [{state}]")
-    if ak.listening is not None:
-        where = f"{ak.listening.host}:{ak.listening.port}"
-        lines.append(f"  {'something answers' if ak.listening.answering else 'nothing listens yet'} on {where}")
-    return lines
-
-
-def render_rest(report: FarmReport, cwd: Path) -> str:
-    lines = _render_files(report, cwd) + _render_key_file(report.authorized_keys)
-    lines += ["", "setup on this box:"]
-    for step in report.steps:
-        mark = "done: " if step.done else ""
-        lines.append(f"  {step.n}. {mark}{step.title}")
-        if step.command:
-            lines.append(f"       {step.command}")
-    lines += ["", "on each worker:"] + [f"  - {w}" for w in report.worker_steps]
-    return "\n".join(lines)

@@ -21,7 +21,7 @@ records the CLI renders (fdl/cli/join_config.py).
 from fdl.farm.wizard.apply import apply
 from fdl.farm.wizard.decide import Decisions, decide
 from fdl.farm.wizard.plan import Observe, Plan, prepare
-from fdl.farm.wizard.report import FarmReport, report_json, spell_path
+from fdl.farm.wizard.report import FarmReport, spell_path
 from fdl.farm.wizard.shape import Prompter, Request, Shape, refusal
 
 __all__ = [
@@ -36,6 +36,5 @@ __all__ = [
     "decide",
     "prepare",
     "refusal",
-    "report_json",
     "spell_path",
 ]

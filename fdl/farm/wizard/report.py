@@ -3,7 +3,6 @@ twin, carrying the same data (secrets as file paths, never their contents)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -232,7 +231,3 @@ class FarmReport:
             "worker_steps": list(self.worker_steps),
             "notes": list(self.notes),
         }
-
-
-def report_json(report: FarmReport) -> str:
-    return json.dumps(report.to_dict(), indent=2, sort_keys=False)

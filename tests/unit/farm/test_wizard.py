@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from fdl.cli.render.join_config import render_json
 from fdl.errors import FdlError
 from fdl.farm import wizard
 from fdl.farm.authorized_keys import find_key
@@ -168,7 +169,7 @@ def test_a_fresh_farm_is_written_with_private_modes_and_reported(box):
 
 def test_the_json_twin_carries_the_records_and_no_secret(box):
     report = box.run(controller=box.controller, assume_yes=True)
-    doc = json.loads(wizard.report_json(report))
+    doc = json.loads(render_json(report))
     assert doc["controller"] == {"user": "op", "host": "127.0.0.1", "door_port": box.door_port,
                                  "training_port": 1337, "ssh": box.controller}
     assert doc["credentials"]["action"] == "created" and doc["credentials"]["modes_fixed"] == []
@@ -280,7 +281,7 @@ def test_door_a_logs_in_as_its_jailed_account_and_installs_nothing_here(box):
     assert any(t.startswith("Create the door's own account fdl-lab") for t in titles)
     assert any(t.startswith("Build the jail") for t in titles)
     assert not any(t.startswith("Install the key line") for t in titles)
-    assert json.loads(wizard.report_json(report))["authorized_keys"]["removed_unconfined"] is None
+    assert json.loads(render_json(report))["authorized_keys"]["removed_unconfined"] is None
 
 
 def test_door_a_removes_an_unconfined_farm_line_only_with_consent(box):
