@@ -15,6 +15,7 @@ such as `fdl probe --json` in a project (see _cached_parse).
 from __future__ import annotations
 
 import os
+import stat
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -126,7 +127,7 @@ def _cached_parse(path: Path, text: str, shown: str) -> tuple[Data, Origins]:
     stamp = (CACHE_FORMAT, __version__, *_parser_stamp(), *where)
     entry_path = _cache_file(where)
     try:
-        entry = marshal.loads(entry_path.read_bytes())
+        entry = marshal.loads(_own_bytes(entry_path))
         if isinstance(entry, dict) and entry["stamp"] == stamp and entry["text"] == text \
                 and isinstance(entry["data"], dict):
             return entry["data"], {keypath: Origin(shown, line) for keypath, line in entry["origins"]}
@@ -146,6 +147,20 @@ def _cached_parse(path: Path, text: str, shown: str) -> tuple[Data, Origins]:
         except (OSError, ValueError):
             pass
     return data, origins
+
+
+def _own_bytes(entry_path: Path) -> bytes:
+    """The entry's bytes, when it and its directory belong to this user and nobody else may write them.
+
+    marshal is safe only for data its reader wrote: an entry someone else could have written (a cache
+    directory pointed at a shared place, a group-writable file) is ignored (OSError: parse instead)."""
+    me = os.geteuid()
+    for place in (entry_path.parent, entry_path):
+        info = os.lstat(place)
+        if info.st_uid != me or info.st_mode & 0o022 or not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+            raise PermissionError(f"{place} is not this user's own")
+    with open(entry_path, "rb") as handle:
+        return handle.read()
 
 
 @lru_cache(maxsize=1)

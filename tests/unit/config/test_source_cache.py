@@ -166,3 +166,32 @@ def test_a_command_reading_an_unchanged_config_does_not_import_yaml(tmp_path: Pa
     runs = [subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=60) for _ in range(2)]
     assert [r.stdout.strip() for r in runs] == ["True", "False"], [r.stderr for r in runs]
+
+
+def _entry_with(path: Path, cache: Path, run: str) -> Path:
+    """Rewrite the one cache entry so that it claims `run` for the file's unchanged text (a forged entry)."""
+    (entry,) = cache.iterdir()
+    forged = marshal.loads(entry.read_bytes())
+    forged["data"]["commands"]["test"]["run"] = run
+    entry.write_bytes(marshal.dumps(forged))
+    return entry
+
+
+def test_an_entry_others_could_write_is_not_trusted(tmp_path: Path, cache: Path) -> None:
+    # regression: marshal is safe only for data its own reader wrote, so an entry in a file or a directory
+    # that another user may write is ignored and the file parsed again.
+    path = tmp_path / "fdl.yml"
+    path.write_text("commands:\n  test: {run: one}\n")
+    read_layer(path)
+    entry = _entry_with(path, cache, "forged")
+    assert read_layer(path).data["commands"]["test"]["run"] == "forged"  # the owner's own entry is used
+    _entry_with(path, cache, "forged")
+    entry.chmod(0o620)
+    assert read_layer(path).data["commands"]["test"]["run"] == "one"
+    _entry_with(path, cache, "forged")
+    entry.chmod(0o600)
+    cache.chmod(0o777)
+    try:
+        assert read_layer(path).data["commands"]["test"]["run"] == "one"
+    finally:
+        cache.chmod(0o700)
