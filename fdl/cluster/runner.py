@@ -57,7 +57,7 @@ from fdl.fsio import atomic_write
 from fdl.progress import HostsProgress
 from fdl.resources import ansible_cfg, collections_path
 from fdl.resources import playbook as shipped_playbook
-from fdl.signals import Interrupts as Interrupts  # the shared policy, also named here for its older importers
+from fdl.signals import Interrupts
 
 RUN_ID_VAR = "fdl_run_id"  # extra variable every playbook exports as FDL_RUN_ID (play-level environment:)
 KEEP_ARTIFACTS = 5
