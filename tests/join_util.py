@@ -91,8 +91,8 @@ class LoopbackSshd:
             "KbdInteractiveAuthentication no", "PubkeyAuthentication yes", "PermitRootLogin prohibit-password",
             f"AuthorizedKeysFile {authorized}", "StrictModes no", "AllowTcpForwarding yes",
             f"Subsystem sftp {SFTP_SERVER}", "LogLevel VERBOSE", *self.extra, ""]))
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd -t needs its privilege separation directory
         subprocess.run([SSHD, "-t", "-f", str(conf)], check=True, capture_output=True)
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         self.proc = subprocess.Popen([SSHD, "-D", "-f", str(conf), "-E", str(self.dir / "sshd.log")],
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         kind, blob = host_key.with_suffix(".pub").read_text().split()[:2]
