@@ -72,6 +72,7 @@ class LoopbackSshd:
     # ---- lifecycle
 
     def check(self) -> subprocess.CompletedProcess:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd -t needs its privilege separation directory
         return subprocess.run([SSHD, "-t", "-f", str(self.config)], capture_output=True, text=True, timeout=30)
 
     def start(self) -> None:
