@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, TypeVar
@@ -123,7 +124,7 @@ def run_probe(options: ProbeOptions | None = None, host: str | None = None,
     def libtorch_check() -> tuple[CheckResult, Libtorch | None, None]:
         result, info = check_libtorch(options.libtorch_path, environ, options.project_root,
                                       inventory=inventory, selection=selection)
-        return result, info, None
+        return with_interpreter(result), info, None
 
     libtorch, info, _unused = _guarded("libtorch", libtorch_check)
     report.checks.append(libtorch)
@@ -153,6 +154,19 @@ def run_probe(options: ProbeOptions | None = None, host: str | None = None,
     return report
 
 
+def with_interpreter(result: CheckResult) -> CheckResult:
+    """Name the Python the probe ran under: the last place libtorch is looked for is that Python's PyTorch.
+
+    A cluster worker is probed under its `python:` over SSH, and under fdl's own
+    Python when it is this machine, so on one machine the two can see different
+    PyTorch installs; the report says which interpreter each verdict is about.
+    """
+    result.data.setdefault("python", sys.executable)
+    if result.status == ERROR and "tried" in result.data:  # nothing found anywhere, that Python's PyTorch included
+        result.message += f" (The Python this probe ran under: {sys.executable}.)"
+    return result
+
+
 def cpu_ranks(local_devices: object) -> str | None:
     """"cpu:N" when the declared devices are CPU ranks (the host is then judged as a CPU host), else None."""
     if local_devices is None:
@@ -169,8 +183,8 @@ def _cpu_host(report: HostReport, options: ProbeOptions, cpu: str, environ: Mapp
     data = {"cpu_host": True, "declared": cpu}
     report.checks.append(CheckResult("gpu", SKIPPED, f"Not checked: this host runs CPU ranks ({cpu}), which "
                                                      f"need no GPU or NVIDIA driver.", data=dict(data)))
-    report.checks.append(_single("libtorch", lambda: check_libtorch(options.libtorch_path, environ,
-                                                                    options.project_root)[0]))
+    report.checks.append(_single("libtorch", lambda: with_interpreter(
+        check_libtorch(options.libtorch_path, environ, options.project_root)[0])))
     report.checks.append(CheckResult("nccl", SKIPPED, "Not checked: CPU ranks talk over gloo; NCCL is not used.",
                                      data=dict(data)))
     report.checks.append(_single("data", lambda: check_data_path(options.data_path, options.skip_mount)))

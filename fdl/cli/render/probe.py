@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-import typer
-
 from fdl.checks.probe import CORE_CHECKS
 from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, HostReport
 
@@ -59,6 +57,8 @@ def render_human(reports: list[HostReport], *, quiet: bool = False) -> tuple[str
 
 def echo_human(out: str, err: str, tables: list[str], *, quiet: bool) -> None:
     """Print a rendered report (stdout, stderr), with the all-reduce table under stdout unless quiet."""
+    import typer  # the renderers themselves are plain functions over reports
+
     if tables and not quiet:
         out = "\n".join(filter(None, [out, "all-reduce:", *("  " + line for line in tables)]))
     if out:
