@@ -52,6 +52,13 @@ def probe(
     docker: Annotated[str | None, typer.Option("--docker", metavar="SERVICE",
                                                help="NCCL comes from this docker compose service's image: "
                                                     "check the service instead of the host's NCCL.")] = None,
+    devices: Annotated[str | None, typer.Option("--devices", metavar="SPEC",
+                                                help="What this host offers its ranks: GPU ids (0,1: each must "
+                                                     "be present), all, or cpu:N for N CPU ranks (judged as a "
+                                                     "CPU host).")] = None,
+    cpu: Annotated[bool, typer.Option("--cpu", help="Judge this host as a CPU host (--devices cpu:2): the GPU, "
+                                                    "NVML, GPU health and NCCL checks are skipped, and the "
+                                                    "verdict rests on libtorch and the data path.")] = False,
     collective: Annotated[bool, typer.Option("--collective", help="Also run an all-reduce smoke test across "
                                                                   "the ranks (PyTorch: nccl on GPUs, gloo on "
                                                                   "CPU ranks) and report its bandwidth.")
@@ -61,17 +68,10 @@ def probe(
                                                            "test is abandoned.")] = 120.0,
     collective_devices: Annotated[str | None, typer.Option("--collective-devices", metavar="SPEC",
                                                            help="Ranks of the smoke test on this host: GPU ids "
-                                                                "(0,1) or cpu:N. Default: one per selected GPU, "
-                                                                "else cpu:2.")] = None,
+                                                                "(0,1) or cpu:N. Default: a CPU host's ranks, "
+                                                                "else one per selected GPU, else cpu:2.")] = None,
     collective_max_size: Annotated[str, typer.Option("--collective-max-size", metavar="SIZE",
                                                      help="Largest all-reduce message (8K to 1G).")] = "64M",
-    devices: Annotated[str | None, typer.Option("--devices", metavar="SPEC",
-                                                help="What this host offers its ranks: GPU ids (0,1: each must "
-                                                     "be present), all, or cpu:N for N CPU ranks (judged as a "
-                                                     "CPU host).")] = None,
-    cpu: Annotated[bool, typer.Option("--cpu", help="Judge this host as a CPU host (--devices cpu:2): the GPU, "
-                                                    "NVML, GPU health and NCCL checks are skipped, and the "
-                                                    "verdict rests on libtorch and the data path.")] = False,
 ) -> int:
     """Audit this host's readiness for a training run: GPU, libtorch, NCCL and shared data.
 
