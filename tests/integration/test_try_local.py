@@ -140,7 +140,8 @@ def clone_status() -> str:
                           capture_output=True, text=True, check=True).stdout
 
 
-@pytest.mark.testbed(hosts=1)
+@pytest.mark.testbed
+@pytest.mark.parametrize("testbed", [1], indirect=True)  # one host: its user is the ordinary account
 def test_an_ordinary_account_probes_and_trains_over_ssh_and_leaves_nothing(testbed, tmp_path: Path) -> None:
     """As the docs say: `examples/cluster/try-local`, with fdl and PyTorch installed and nothing else set up."""
     need_torch()
