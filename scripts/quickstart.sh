@@ -5,7 +5,8 @@
 # it prints is that verdict.
 #
 # `fdl probe` exits 1 on a machine without an NVIDIA GPU (or without libtorch/NCCL): that is its verdict on
-# this box as a GPU training host, not a failure of the quickstart, so it is reported and the demo goes on.
+# this box as a GPU training host, not a failure of the quickstart, so it is reported, the box is probed again
+# as a CPU host (`fdl probe --cpu`: what the demo's CPU ranks need), and the demo goes on.
 # If the demo's port (1337) is taken, the run moves to a free port and says so; `fdl status` still finds it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,13 @@ echo "== fdl probe"
 if fdl probe; then
     echo "== probe: this machine is ready for GPU training"
 else
-    echo "== probe exited $? (expected on a machine without a GPU, libtorch or NCCL); the CPU demo runs anyway"
+    echo "== probe exited $? (expected on a machine without a GPU, libtorch or NCCL); as a CPU host:"
+    echo "== fdl probe --cpu --skip-mount"
+    if fdl probe --cpu --skip-mount; then
+        echo "== probe: this machine is ready for training on CPU ranks"
+    else
+        echo "== probe --cpu exited $?; the demo runs anyway"
+    fi
 fi
 
 echo "== fdl train (examples/quickstart: 2 CPU ranks, gloo)"
@@ -47,6 +54,7 @@ wait || true   # and tee, so every rank line is in the log
 echo
 echo "fdl is installed in $here/.venv/bin/fdl. To use it from any directory:"
 echo "    export PATH=\"$here/.venv/bin:\$PATH\"    (or: source $here/.venv/bin/activate)"
+echo "To see the same demo run as a cluster over SSH on this machine: examples/cluster/try-local"
 sums=$(grep -o 'weights checksum [0-9a-f]*' "$log" | awk '{print $3}' | sort -u || true)
 ranks=$(grep -c 'weights checksum' "$log" || true)
 if [ "$code" -eq 0 ] && [ "$ranks" -eq 2 ] && [ "$(wc -w <<<"$sums")" -eq 1 ]; then

@@ -22,6 +22,8 @@ NAME = "gpu"
 
 CONTAINER_HINT = ("inside a container, start it with GPU access (docker run --gpus all, or the compose "
                   "`deploy.resources.reservations.devices` block, with the NVIDIA Container Toolkit installed)")
+CPU_HOST_HINT = ("a host that trains on CPU ranks needs no GPU: say so (`fdl probe --cpu`; a cluster worker: "
+                 "local_devices: cpu:N) and it is judged as a CPU host")
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ def check_gpu(gpus: str | Iterable[Any] | None = None, environ: Mapping[str, str
         if exc.reason == "library-missing":
             return CheckResult(
                 NAME, ERROR, "No NVIDIA driver found: the NVML library libnvidia-ml.so.1 is not installed.",
-                hint=f"install the NVIDIA driver (it provides libnvidia-ml.so.1); {CONTAINER_HINT}",
+                hint=f"install the NVIDIA driver (it provides libnvidia-ml.so.1); {CONTAINER_HINT}; {CPU_HOST_HINT}",
                 data=data), None, None
         if exc.code == NVML_ERROR_LIB_RM_VERSION_MISMATCH:
             message = "The NVIDIA driver's kernel module and its user-space library are different versions."
@@ -157,7 +159,7 @@ def check_gpu(gpus: str | Iterable[Any] | None = None, environ: Mapping[str, str
     if not devices:
         return CheckResult(
             NAME, ERROR, f"NVML works ({driver}) but reports no GPU on this host.",
-            hint=f"check the card is seen by the system (lspci | grep -i nvidia); {CONTAINER_HINT}",
+            hint=f"check the card is seen by the system (lspci | grep -i nvidia); {CONTAINER_HINT}; {CPU_HOST_HINT}",
             data=data), inventory, selection
     listing = ", ".join(f"{d.index}: {d.name} {d.sm} {_gib(d.memory_total)}"
                         + ("" if d.index in selected else " (not selected)") for d in inventory.devices)

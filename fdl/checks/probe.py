@@ -9,6 +9,11 @@ ProbeOptions holds plain JSON values only and run_probe never raises for
 anything it finds on the host: every finding is a CheckResult. A check that
 crashes becomes an error result naming the crash.
 
+A host whose declared devices are CPU ranks (`local_devices="cpu:N"`) is
+judged as a CPU host: the checks that only matter to GPU ranks (gpu, NCCL,
+GPU health, the GPU software stack) are skipped, each saying so in one line
+and carrying `data.cpu_host`, and libtorch and the data path decide.
+
 Standard library (+ pynvml, inside the GPU check) only; sibling imports
 relative, so this package doubles as Ansible module_utils.
 """
@@ -17,11 +22,13 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, TypeVar
 
 from .data import DEFAULT_DATA_PATH, check_data_path
+from .devices import parse_devices
 from .gpu import check_gpu
 from .health import (
     GPU_CHECKS,
@@ -37,7 +44,7 @@ from .health import (
 )
 from .libtorch import Libtorch, check_libtorch
 from .nccl import NcclLibrary, check_nccl
-from .report import ERROR, CheckResult, HostReport
+from .report import ERROR, SKIPPED, CheckResult, HostReport
 from .stack import STACK_CHECKS, check_cuda_driver, check_device_nodes, check_nouveau
 
 CORE_CHECKS = ("gpu", "libtorch", "nccl", "data")
@@ -57,9 +64,10 @@ class ProbeOptions:
     project_root  directory holding fdl.yml (its libtorch/ tree; docker compose runs there)
     gpus          GPU selection: a list of indices or "all"/"0,1"; None: local_devices, then
                   CUDA_VISIBLE_DEVICES, else all
-    local_devices the GPUs this host is declared to offer (a cluster worker's local_devices:
-                  [0, 1], "0,1", or "cpu:N" for CPU ranks); a declared GPU that is missing is
-                  an error (gpu_count)
+    local_devices the devices this host is declared to offer (a cluster worker's local_devices:
+                  [0, 1], "0,1", or "cpu:N" for CPU ranks; `fdl probe --devices`/`--cpu`); a
+                  declared GPU that is missing is an error (gpu_count); "cpu:N" makes this a
+                  CPU host, whose GPU, NCCL, GPU health and stack checks are skipped
     whole_gpus    whether ranks get whole GPUs, so MIG mode on a selected GPU is an error;
                   None: yes, unless the ranks are CPU ranks or CUDA_VISIBLE_DEVICES names MIG
                   instances
@@ -106,13 +114,17 @@ def run_probe(options: ProbeOptions | None = None, host: str | None = None,
     root = environ.get(ROOT_VARIABLE) or "/"
     report = HostReport(host=host or socket.gethostname(), time=time.time())
 
+    cpu = cpu_ranks(options.local_devices)
+    if cpu is not None:
+        return _cpu_host(report, options, cpu, environ)
+
     gpu, inventory, selection = _guarded("gpu", lambda: check_gpu(options.gpus, environ, options.local_devices))
     report.checks.append(gpu)
 
     def libtorch_check() -> tuple[CheckResult, Libtorch | None, None]:
         result, info = check_libtorch(options.libtorch_path, environ, options.project_root,
                                       inventory=inventory, selection=selection)
-        return result, info, None
+        return with_interpreter(result), info, None
 
     libtorch, info, _unused = _guarded("libtorch", libtorch_check)
     report.checks.append(libtorch)
@@ -139,6 +151,46 @@ def run_probe(options: ProbeOptions | None = None, host: str | None = None,
     )
     for name, run in depth:
         report.checks.append(_single(name, run))
+    return report
+
+
+def with_interpreter(result: CheckResult) -> CheckResult:
+    """Name the Python the probe ran under: the last place libtorch is looked for is that Python's PyTorch.
+
+    A cluster worker is probed under its `python:` over SSH, and under fdl's own
+    Python when it is this machine, so on one machine the two can see different
+    PyTorch installs; the report says which interpreter each verdict is about.
+    """
+    result.data.setdefault("python", sys.executable)
+    if result.status == ERROR and "tried" in result.data:  # nothing found anywhere, that Python's PyTorch included
+        result.message += f" (The Python this probe ran under: {sys.executable}.)"
+    return result
+
+
+def cpu_ranks(local_devices: object) -> str | None:
+    """"cpu:N" when the declared devices are CPU ranks (the host is then judged as a CPU host), else None."""
+    if local_devices is None:
+        return None
+    try:
+        devices = parse_devices(local_devices)
+    except ValueError:  # not a device spec this probe can read; the GPU checks judge the host
+        return None
+    return str(devices) if devices.is_cpu else None
+
+
+def _cpu_host(report: HostReport, options: ProbeOptions, cpu: str, environ: Mapping[str, str]) -> HostReport:
+    """A CPU host: libtorch (no GPUs to cover) and the data path decide; every GPU-only check is skipped."""
+    data = {"cpu_host": True, "declared": cpu}
+    report.checks.append(CheckResult("gpu", SKIPPED, f"Not checked: this host runs CPU ranks ({cpu}), which "
+                                                     f"need no GPU or NVIDIA driver.", data=dict(data)))
+    report.checks.append(_single("libtorch", lambda: with_interpreter(
+        check_libtorch(options.libtorch_path, environ, options.project_root)[0])))
+    report.checks.append(CheckResult("nccl", SKIPPED, "Not checked: CPU ranks talk over gloo; NCCL is not used.",
+                                     data=dict(data)))
+    report.checks.append(_single("data", lambda: check_data_path(options.data_path, options.skip_mount)))
+    for name in GPU_CHECKS + STACK_CHECKS:
+        report.checks.append(CheckResult(name, SKIPPED, f"Not checked: a CPU host ({cpu}) uses no GPU.",
+                                         data=dict(data)))
     return report
 
 

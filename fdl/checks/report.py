@@ -50,6 +50,12 @@ class HostReport:
     def ok(self) -> bool:
         return not self.errors
 
+    @property
+    def cpu_host(self) -> bool:
+        """Judged as a CPU host (its devices are CPU ranks): the GPU-only checks were skipped."""
+        gpu = self.check("gpu")
+        return gpu is not None and gpu.status == SKIPPED and bool(gpu.data.get("cpu_host"))
+
     def to_dict(self) -> dict[str, Any]:
         return {"schema_version": self.schema_version, "host": self.host, "ok": self.ok, "time": self.time,
                 "checks": [asdict(c) for c in self.checks]}

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
+CPU_FLAG_DEVICES = "cpu:2"  # what --cpu declares: the CPU ranks a single-host run and the smoke test default to
+
 
 @app.command()
 def probe(
@@ -50,6 +52,13 @@ def probe(
     docker: Annotated[str | None, typer.Option("--docker", metavar="SERVICE",
                                                help="NCCL comes from this docker compose service's image: "
                                                     "check the service instead of the host's NCCL.")] = None,
+    devices: Annotated[str | None, typer.Option("--devices", metavar="SPEC",
+                                                help="What this host offers its ranks: GPU ids (0,1: each must "
+                                                     "be present), all, or cpu:N for N CPU ranks (judged as a "
+                                                     "CPU host).")] = None,
+    cpu: Annotated[bool, typer.Option("--cpu", help="Judge this host as a CPU host (--devices cpu:2): the GPU, "
+                                                    "NVML, GPU health and NCCL checks are skipped, and the "
+                                                    "verdict rests on libtorch and the data path.")] = False,
     collective: Annotated[bool, typer.Option("--collective", help="Also run an all-reduce smoke test across "
                                                                   "the ranks (PyTorch: nccl on GPUs, gloo on "
                                                                   "CPU ranks) and report its bandwidth.")
@@ -59,8 +68,8 @@ def probe(
                                                            "test is abandoned.")] = 120.0,
     collective_devices: Annotated[str | None, typer.Option("--collective-devices", metavar="SPEC",
                                                            help="Ranks of the smoke test on this host: GPU ids "
-                                                                "(0,1) or cpu:N. Default: one per selected GPU, "
-                                                                "else cpu:2.")] = None,
+                                                                "(0,1) or cpu:N. Default: a CPU host's ranks, "
+                                                                "else one per selected GPU, else cpu:2.")] = None,
     collective_max_size: Annotated[str, typer.Option("--collective-max-size", metavar="SIZE",
                                                      help="Largest all-reduce message (8K to 1G).")] = "64M",
 ) -> int:
@@ -72,23 +81,35 @@ def probe(
     g = globals_of(ctx)
     project_root, workers = project_context(g)
     gpus = None if g.gpus is None or g.gpus.ids is None else list(g.gpus.ids)
+    declared = declared_devices(devices, cpu, gpus_given=g.gpus is not None)
     plan = collective_plan(collective_devices, collective_max_size, collective_timeout) if collective else None
+    if plan is not None and plan[0] is None and declared is not None and declared.is_cpu:
+        plan = (declared, plan[1])  # the smoke test runs the ranks this CPU host offers
     if workers or plan is not None:  # a fan-out or a smoke test runs for seconds to minutes: collect as usual
         resume_collector()
     if workers:  # a cluster env: every worker, over Ansible (imported only on this path)
-        if plan is not None and plan[0] is not None:
-            from fdl.errors import UsageError
+        from fdl.errors import UsageError
 
+        if plan is not None and collective_devices is not None:
             raise UsageError("--collective-devices sets the ranks of a single-host smoke test; across a cluster "
                              "every worker offers its own local_devices (fdl.cluster.yml). Drop the flag, or run "
                              "`fdl probe --collective --collective-devices ...` on one host.")
+        if declared is not None:
+            flag = "--cpu" if cpu else f"--devices {devices}"
+            raise UsageError(f"{flag} says what this one host offers; across a cluster every worker declares its "
+                             f"own local_devices in fdl.cluster.yml (cpu:N for a CPU host). Drop the flag, or run "
+                             f"`fdl probe {flag}` without the env to probe this host alone.")
         from fdl.cli._cluster_probe import probe_cluster_command
 
         return probe_cluster_command(g, as_json=as_json, quiet=quiet, skip_mount=skip_mount, data_path=data_path,
                                      libtorch_path=libtorch_path, docker=docker, gpus=gpus,
                                      collective=plan[1] if plan is not None else None)
+    local_devices: list[int] | str | None = None
+    if declared is not None and (declared.is_cpu or declared.ids is not None):
+        local_devices = str(declared) if declared.is_cpu else list(declared.ids or ())
     options = ProbeOptions(data_path=data_path or DEFAULT_DATA_PATH, skip_mount=skip_mount,
-                           libtorch_path=libtorch_path, docker=docker, project_root=project_root, gpus=gpus)
+                           libtorch_path=libtorch_path, docker=docker, project_root=project_root, gpus=gpus,
+                           local_devices=local_devices)
     reports = collect_reports(options)
     tables: list[str] = []
     if plan is not None:
@@ -104,6 +125,28 @@ def probe(
     else:
         echo_human(*render_human(reports, quiet=quiet), tables, quiet=quiet)
     return 0 if all(r.ok for r in reports) else 1
+
+
+def declared_devices(devices: str | None, cpu: bool, *, gpus_given: bool) -> Devices | None:
+    """What --devices or --cpu declare this host offers (None: nothing declared); contradictions exit 2."""
+    from fdl.config.schema import parse_devices
+    from fdl.errors import UsageError
+
+    if cpu and devices is not None:
+        raise UsageError(f"--cpu and --devices {devices} both say what this host offers; give one of them.")
+    if cpu:
+        devices = CPU_FLAG_DEVICES
+    if devices is None:
+        return None
+    try:
+        parsed = parse_devices(devices)
+    except ValueError as exc:
+        raise UsageError(f"--devices {devices!r}: {exc}.",
+                         hint="Name GPU ids (0,1), all, or cpu:N for N CPU ranks.") from None
+    if parsed.is_cpu and gpus_given:
+        raise UsageError(f"{'--cpu' if cpu else '--devices ' + devices} judges this host as a CPU host, and --gpus "
+                         f"selects GPUs to judge; give one of them.")
+    return parsed
 
 
 def collective_plan(devices: str | None, max_size: str, timeout: float) -> CollectivePlan:

@@ -24,9 +24,15 @@ CLOCK_SKEW_LIMIT_S = 5.0
 
 def _usable_gpu(report: HostReport) -> CheckResult | None:
     check = report.check("gpu")
-    if check is None or (check.status == ERROR and not check.data.get("devices")):
+    if check is None or check.status == SKIPPED or (check.status == ERROR and not check.data.get("devices")):
         return None
     return check
+
+
+def _cpu_note(reports: list[HostReport]) -> str:
+    """" (CPU hosts, which have none: a, b)" when some hosts were judged as CPU hosts, else ""."""
+    cpu = [r.host for r in reports if r.cpu_host]
+    return f" (CPU hosts, which have none: {', '.join(cpu)})" if cpu else ""
 
 
 def host_groups(values: dict[str, str]) -> str:
@@ -47,8 +53,8 @@ def driver_match(reports: list[HostReport]) -> CheckResult:
             versions[report.host] = str(check.data["driver_version"])
     data = {"versions": versions}
     if len(versions) < 2:
-        return CheckResult(name, SKIPPED, "Fewer than two hosts report an NVIDIA driver; nothing to compare.",
-                           data=data)
+        return CheckResult(name, SKIPPED, f"Fewer than two hosts report an NVIDIA driver{_cpu_note(reports)}; "
+                                          f"nothing to compare.", data=data)
     if len(set(versions.values())) == 1:
         return CheckResult(name, OK, f"Every host runs NVIDIA driver {next(iter(versions.values()))}.", data=data)
     return CheckResult(
@@ -74,7 +80,7 @@ def gpu_models(reports: list[HostReport]) -> CheckResult:
     kinds = sorted({n for names in models.values() for n in names})
     data = {"models": models, "heterogeneous": len(kinds) > 1}
     if not models:
-        return CheckResult(name, SKIPPED, "No host reports a GPU.", data=data)
+        return CheckResult(name, SKIPPED, f"No host reports a GPU{_cpu_note(reports)}.", data=data)
     if len(kinds) == 1:
         return CheckResult(name, OK, f"One GPU model across the cluster: {kinds[0]}.", data=data)
     listing = "; ".join(f"{host}: {text}" for host, text in described.items())

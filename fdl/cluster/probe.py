@@ -295,6 +295,12 @@ def _nccl_match(reports: list[HostReport]) -> CheckResult:
     name = "nccl_match"
     versions: dict[str, str] = {}
     full: dict[str, str] = {}
+    cpu_hosts = [r.host for r in reports if r.cpu_host]
+    if cpu_hosts:  # the world's backend is gloo as soon as one host offers CPU ranks (fdl.controller.world)
+        who = "every host runs" if len(cpu_hosts) == len(reports) else \
+            f"{', '.join(cpu_hosts)} {'runs' if len(cpu_hosts) == 1 else 'run'}"
+        return CheckResult(name, SKIPPED, f"Not compared: {who} CPU ranks, so the world trains over gloo and "
+                                          f"NCCL is not used.", data={"versions": {}, "cpu_hosts": cpu_hosts})
     for report in reports:
         check = report.check("nccl")
         if check is None or check.status == SKIPPED or check.data.get("docker"):

@@ -152,6 +152,87 @@ def test_zero_gpus(ready, fake_nvml) -> None:
     assert "lspci" in result.stdout
 
 
+# ---- a CPU host: --cpu, --devices cpu:N ----
+
+def test_this_machine_as_a_cpu_host_passes_without_any_gpu(tmp_path: Path) -> None:
+    """`fdl probe --cpu --skip-mount` with no NVIDIA library reachable: the PyTorch of fdl's environment is its
+    libtorch, and nothing GPU-only is judged."""
+    result = run_fdl("probe", "--cpu", "--skip-mount", cwd=tmp_path, env={})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stderr == ""
+    line = result.stdout.strip()
+    assert ": ready: CPU host (cpu:2, gloo; GPU and NCCL checks skipped), libtorch 2.13.0 " in line, line
+    assert line.endswith(", data skipped")  # the skipped GPU checks are not counted as "more checks skipped"
+    doc = _json(run_fdl("probe", "--cpu", "--skip-mount", "--json", cwd=tmp_path, env={}))
+    assert doc["ok"] is True
+    gpu = _check(doc, "gpu")
+    assert gpu["status"] == "skipped" and gpu["data"] == {"cpu_host": True, "declared": "cpu:2"}
+    assert _check(doc, "libtorch")["data"]["python"] == sys.executable  # the Python whose PyTorch it found
+
+
+def test_the_smoke_test_of_a_cpu_host_runs_the_cpu_ranks_it_declares(tmp_path: Path) -> None:
+    result = run_fdl("probe", "--devices", "cpu:3", "--skip-mount", "--json", "--collective",
+                     "--collective-max-size", "8K", "--collective-timeout", "90", cwd=tmp_path, env={}, timeout=150)
+    check = _check(_json(result), "collective")
+    assert check["status"] == "ok", check["message"] + result.stderr
+    assert check["data"]["world_size"] == 3 and check["data"]["backend"] == "gloo"
+    assert result.returncode == 0
+
+
+def test_devices_cpu_n_is_a_cpu_host_and_a_problem_report_says_why_gpu_checks_are_missing(tmp_path: Path,
+                                                                                          fake_nvml) -> None:
+    make_libtorch(tmp_path / "libtorch", "precompiled/cpu", cuda="none", archs="cpu")
+    args = ("probe", "--devices", "cpu:3", "--data-path", str(tmp_path / "absent"))
+    result = run_fdl(*args, cwd=tmp_path, env=fake_nvml.env("init-fail"))
+    assert result.returncode == 1  # the data path, nothing GPU-related
+    out = result.stdout
+    assert "NOT READY (1 error)" in out
+    assert "skipped  gpu       Not checked: this host runs CPU ranks (cpu:3), which need no GPU or NVIDIA " \
+           "driver." in out
+    assert "skipped  nccl      Not checked: CPU ranks talk over gloo; NCCL is not used." in out
+    assert "10 GPU health and stack checks skipped: a CPU host uses no GPU" in out
+    assert "ERROR    data" in out
+
+
+def test_declared_gpus_on_a_host_without_gpus_still_fail(tmp_path: Path, fake_nvml) -> None:
+    make_libtorch(tmp_path / "libtorch", "precompiled/cu128", nccl="2.27.5")
+    result = run_fdl("probe", "--devices", "0", "--skip-mount", "--json", cwd=tmp_path, env=fake_nvml.env("none"))
+    assert result.returncode == 1
+    doc = _json(result)
+    assert _check(doc, "gpu")["status"] == "error" and _check(doc, "gpu_count")["status"] == "error"
+    assert "fdl probe --cpu" in _check(doc, "gpu")["hint"]
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("--cpu", "--devices", "0"), "--cpu and --devices 0 both say what this host offers; give one of them."),
+    (("--devices", "cpu:x"), "--devices 'cpu:x': cpu:N needs N from 1 to 256."),
+    (("--devices", "0,0"), "--devices '0,0': GPU 0 is listed twice."),
+])
+def test_contradictory_or_bad_device_flags_are_usage_errors(tmp_path: Path, args: tuple, words: str) -> None:
+    result = run_fdl("probe", *args, cwd=tmp_path, env={})
+    assert result.returncode == 2, result.stderr
+    assert words in result.stderr and "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_cpu_with_a_gpu_selection_is_a_usage_error(ready) -> None:
+    project, env = ready
+    result = run_fdl("--gpus", "0", "probe", "--cpu", cwd=project, env=env)
+    assert result.returncode == 2
+    assert "--cpu judges this host as a CPU host, and --gpus selects GPUs to judge; give one of them." \
+        in result.stderr
+
+
+def test_cpu_is_refused_under_a_cluster_env(ready) -> None:
+    project, env = ready
+    (project / "fdl.yml").write_text("commands:\n  test: {run: 'true'}\n")
+    (project / "fdl.cluster.yml").write_text("cluster:\n  workers:\n    - {host: node-b, address: 10.0.0.12}\n")
+    result = run_fdl("@cluster", "probe", "--cpu", cwd=project, env=env)
+    assert result.returncode == 2, result.stderr
+    assert "--cpu says what this one host offers; across a cluster every worker declares its own " \
+           "local_devices in fdl.cluster.yml (cpu:N for a CPU host)." in result.stderr
+
+
 def test_gpu_outside_the_libtorch_arch_list_blocks(tmp_path: Path, fake_nvml) -> None:
     make_libtorch(tmp_path / "libtorch", "precompiled/cu128", archs="7.0 8.0 9.0", nccl="2.27.5")
     env = fake_nvml.env("H100:9.0:80G,RTX 5090:12.0:32G")

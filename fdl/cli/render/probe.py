@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-import typer
-
 from fdl.checks.probe import CORE_CHECKS
 from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, HostReport
 
@@ -38,14 +36,19 @@ def render_human(reports: list[HostReport], *, quiet: bool = False) -> tuple[str
                        for c in problems)
             continue
         out.append(headline(report))
-        hidden = 0
+        hidden = cpu_skipped = 0
         for check in report.checks:
             if check.status not in (ERROR, WARNING) and check.name not in CORE_CHECKS:
-                hidden += check.status == SKIPPED
+                if check.status == SKIPPED and check.data.get("cpu_host"):
+                    cpu_skipped += 1
+                else:
+                    hidden += check.status == SKIPPED
                 continue  # the depth checks (GPU health, stack) show up only when they found something
             out.append(f"  {mark(check.status):<8} {check.name:<9} {check.message}")
             if check.hint and check.status in (ERROR, WARNING):
                 out.append(f"  {'':<8} {'':<9} hint: {check.hint}")
+        if cpu_skipped:
+            out.append(f"  {cpu_skipped} GPU health and stack checks skipped: a CPU host uses no GPU")
         if hidden:
             out.append(f"  {hidden} more check{'s' if hidden != 1 else ''} skipped (`fdl probe --json` shows "
                        f"{'them' if hidden != 1 else 'it'} and why)")
@@ -54,6 +57,8 @@ def render_human(reports: list[HostReport], *, quiet: bool = False) -> tuple[str
 
 def echo_human(out: str, err: str, tables: list[str], *, quiet: bool) -> None:
     """Print a rendered report (stdout, stderr), with the all-reduce table under stdout unless quiet."""
+    import typer  # the renderers themselves are plain functions over reports
+
     if tables and not quiet:
         out = "\n".join(filter(None, [out, "all-reduce:", *("  " + line for line in tables)]))
     if out:
@@ -80,6 +85,10 @@ def summary_line(report: HostReport) -> str:
         data = check.data
         if check.name not in CORE_CHECKS:
             continue  # green depth checks stay out of the one-line summary
+        if check.status == SKIPPED and data.get("cpu_host"):
+            if check.name == "gpu":
+                parts.append(f"CPU host ({data.get('declared')}, gloo; GPU and NCCL checks skipped)")
+            continue
         if check.status == SKIPPED:
             parts.append(f"{check.name} skipped")
         elif check.name == "gpu":
@@ -95,13 +104,24 @@ def summary_line(report: HostReport) -> str:
             parts.append(f"data {data.get('path')}")
         else:
             parts.append(f"{check.name} ok")
-    hidden = sum(1 for c in report.checks if c.status == SKIPPED and c.name not in CORE_CHECKS)
+    hidden = sum(1 for c in report.checks
+                 if c.status == SKIPPED and c.name not in CORE_CHECKS and not c.data.get("cpu_host"))
     more = f" ({hidden} more check{'s' if hidden != 1 else ''} skipped: `fdl probe --json` says why)" if hidden else ""
     return f"{report.host}: ready: " + ", ".join(parts) + more
 
 
+# What a cross-host check that came out ok says the hosts agree on (the green verdict names them).
+AGREEMENT = (("nccl_match", "NCCL"), ("libtorch_match", "libtorch"), ("data_match", "data"),
+             ("driver_match", "driver"), ("clock_skew", "clocks"))
+
+
 def render_cluster(report: ClusterReport, *, quiet: bool = False) -> tuple[str, str]:
-    """(stdout, stderr): each host as `fdl probe` shows it, then the cross-host checks, then a verdict."""
+    """(stdout, stderr): each host as `fdl probe` shows it, the cross-host checks in one block, then a verdict.
+
+    The block lists every cross-host check, whatever its status: ok, skipped
+    with the reason, or a warning or error with its hint. --quiet keeps only
+    the problems, on stderr.
+    """
     out, err = render_human(report.hosts, quiet=quiet)
     lines_out = [out] if out else []
     lines_err = [err] if err else []
@@ -110,20 +130,15 @@ def render_cluster(report: ClusterReport, *, quiet: bool = False) -> tuple[str, 
         lines_err += [f"cluster: {c.status}: {c.name}: {c.message}" + (f"\n  hint: {c.hint}" if c.hint else "")
                       for c in problems]
         return "\n".join(lines_out), "\n".join(lines_err)
-    if problems:
-        lines_out.append("cluster: NOT READY" if any(c.status == ERROR for c in problems) else "cluster: warnings")
-        for check in report.cluster:
-            lines_out.append(f"  {mark(check.status):<8} {check.name:<15} {check.message}")
-            if check.hint and check.status in (ERROR, WARNING):
-                lines_out.append(f"  {'':<8} {'':<15} hint: {check.hint}")
-    mixed = next((c for c in report.cluster if c.name == "gpu_models" and c.data.get("heterogeneous")), None)
-    if mixed is not None and not problems:  # reported, never a failure: a mixed rig should be visible
-        lines_out.append(f"cluster: note: {mixed.message}")
+    lines_out += cross_host_block(report)
     ready = sum(1 for h in report.hosts if h.ok)
     total = len(report.hosts)
     hosts = f"{total} host{'s' if total != 1 else ''}"
     if report.ok and not problems:
-        verdict = f"cluster: ready: {hosts}, hosts agree on NCCL, libtorch, data, driver and clocks"
+        agreed = [what for name, what in AGREEMENT
+                  if any(c.name == name and c.status == OK for c in report.cluster)]
+        verdict = f"cluster: ready: {hosts}, " + (
+            f"hosts agree on {_and(agreed)}" if agreed else "no cross-host check had two hosts to compare")
     elif report.ok:
         verdict = f"cluster: ready: {hosts}, with the warnings above"
     else:
@@ -131,3 +146,20 @@ def render_cluster(report: ClusterReport, *, quiet: bool = False) -> tuple[str, 
             "; cross-host checks failed" if any(c.status == ERROR for c in problems) else "")
     lines_out.append(verdict)
     return "\n".join(lines_out), "\n".join(lines_err)
+
+
+def cross_host_block(report: ClusterReport) -> list[str]:
+    """The cross-host checks, one line each (a hint under a warning or an error)."""
+    if not report.cluster:
+        return []
+    width = max(len(c.name) for c in report.cluster)
+    lines = ["cross-host checks:"]
+    for check in report.cluster:
+        lines.append(f"  {mark(check.status):<8} {check.name:<{width}}  {check.message}")
+        if check.hint and check.status in (ERROR, WARNING):
+            lines.append(f"  {'':<8} {'':<{width}}  hint: {check.hint}")
+    return lines
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

@@ -52,6 +52,45 @@ def test_four_green_hosts(kit, short_tmp, testbed_home):
         "cluster: ready: 4 hosts, hosts agree on NCCL, libtorch, data, driver and clocks")
 
 
+def test_a_cluster_of_cpu_workers_is_ready_and_a_gpu_worker_without_gpus_is_not(kit, short_tmp, testbed_home):
+    """Workers declaring cpu:N, with no NVIDIA library reachable (their env: names no fake NVML): judged as CPU
+    hosts by the probe module on each host. A worker declaring a GPU it does not have still fails."""
+    from tests.fakes import make_libtorch
+
+    cpu_libtorch = make_libtorch(kit.bed.shared / "lt-cpu", "", cuda="none", archs="cpu")
+    subprocess.run(["chmod", "-R", "a+rX", str(cpu_libtorch)], check=True)
+    workers = [host.worker(env={"LIBTORCH": str(cpu_libtorch)}, data_path=str(kit.data), local_devices="cpu:1")
+               for host in kit.bed.hosts]
+    project = kit.project(short_tmp / "cpu", workers)
+    done, doc = probe(project, testbed_home, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert doc["ok"] is True
+    for host, checks in by_host(doc).items():
+        for name in ("gpu", "nccl", "gpu_count", "gpu_mig", "device_nodes", "cuda_driver"):
+            assert checks[name]["status"] == "skipped", (host, name, checks[name])
+            assert checks[name]["data"]["cpu_host"] is True
+        assert checks["libtorch"]["status"] == "ok" and checks["libtorch"]["data"]["kind"] == "cpu"
+        assert checks["libtorch"]["data"]["python"] == "/usr/bin/python3"  # the worker's python: ran the module
+    assert {n: c["status"] for n, c in cluster_checks(doc).items()} == {
+        "nccl_match": "skipped", "libtorch_match": "ok", "data_match": "ok", "driver_match": "skipped",
+        "gpu_models": "skipped", "clock_skew": "ok"}
+    human = run_fdl("@cluster", "probe", cwd=project, env=testbed_home, timeout=180)
+    assert human.returncode == 0, human.stdout + human.stderr
+    assert "h2: ready: CPU host (cpu:1, gloo; GPU and NCCL checks skipped), libtorch 2.10.0 cpu, data " in human.stdout
+    assert "  skipped  nccl_match      Not compared: every host runs CPU ranks, so the world trains over gloo and " \
+           "NCCL is not used." in human.stdout
+    assert human.stdout.strip().endswith("cluster: ready: 4 hosts, hosts agree on libtorch, data and clocks")
+
+    workers[1].update(local_devices=[0], env=kit.worker_env("none", libtorch=cpu_libtorch))  # a GPU it lacks
+    done, doc = probe(kit.project(short_tmp / "gpu", workers), testbed_home, "--json")
+    assert done.returncode == 1
+    h2 = by_host(doc)["h2"]
+    assert h2["gpu"]["status"] == "error" and "reports no GPU on this host" in h2["gpu"]["message"]
+    assert h2["gpu_count"]["status"] == "error" and "fdl probe --cpu" in h2["gpu"]["hint"]
+    assert all(by_host(doc)[h]["gpu"]["status"] == "skipped" for h in ("h1", "h3", "h4"))
+    assert cluster_checks(doc)["nccl_match"]["status"] == "skipped"  # h1, h3 and h4 still make the world gloo
+
+
 def test_a_host_with_the_wrong_key_is_an_error_naming_it(kit, short_tmp, testbed_home):
     stranger = kit.bed.new_key("wrong-key")
     project = kit.project(short_tmp / "proj", kit.workers(h2={"identity": str(stranger)}))

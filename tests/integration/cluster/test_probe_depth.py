@@ -113,7 +113,10 @@ def test_driver_skew_mixed_models_and_a_fast_clock_are_reported(kit, short_tmp, 
 
     human = run_fdl("@cluster", "probe", cwd=project, env=testbed_home, timeout=240)
     assert human.returncode == 0
-    assert "cluster: warnings" in human.stdout and "clock_skew" in human.stdout
+    block = human.stdout[human.stdout.index("cross-host checks:"):]
+    assert "  warning  driver_match    NVIDIA driver versions differ across hosts (570.133.20 on h1, h3, h4; " \
+           "550.54.15 on h2)." in block
+    assert "  warning  clock_skew      The clock of h3 is" in block
     assert "hint: synchronise every host's clock with NTP" in human.stdout
     assert human.stdout.strip().endswith("cluster: ready: 4 hosts, with the warnings above")
 
@@ -123,5 +126,7 @@ def test_a_mixed_rig_alone_is_a_note_on_a_green_cluster(kit, short_tmp, testbed_
     human = run_fdl("@cluster", "probe", cwd=kit.project(short_tmp / "proj", workers), env=testbed_home,
                     timeout=240)
     assert human.returncode == 0, human.stdout
-    assert "cluster: note: Heterogeneous GPUs (h1: 1x H100 (sm_90); h2: 1x H100 (sm_90); h3: 1x H100 " \
-           "(sm_90); h4: 1x RTX3090 (sm_86))" in human.stdout
+    assert "  ok       gpu_models      Heterogeneous GPUs (h1: 1x H100 (sm_90); h2: 1x H100 (sm_90); h3: 1x " \
+           "H100 (sm_90); h4: 1x RTX3090 (sm_86))" in human.stdout
+    assert human.stdout.strip().endswith("cluster: ready: 4 hosts, hosts agree on NCCL, libtorch, data, driver "
+                                         "and clocks")

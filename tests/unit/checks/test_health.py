@@ -170,9 +170,8 @@ def test_mig_instances_selected_by_uuid_are_what_the_run_expects(probe) -> None:
     assert [d["selected"] for d in checks["gpu"]["data"]["devices"]] == [False, True]
 
 
-@pytest.mark.parametrize("options", [{"whole_gpus": False}, {"local_devices": "cpu:2"}])
-def test_mig_is_reported_not_refused_when_whole_gpus_are_not_expected(probe, options: dict) -> None:
-    check = probe("A100:8.0:40G:mig=on", **options)["gpu_mig"]
+def test_mig_is_reported_not_refused_when_whole_gpus_are_not_expected(probe) -> None:
+    check = probe("A100:8.0:40G:mig=on", whole_gpus=False)["gpu_mig"]
     assert check["status"] == "ok" and check["data"]["whole_gpus"] is False
 
 
@@ -303,3 +302,46 @@ def test_without_nvml_the_health_checks_skip(probe) -> None:
                  "gpu_mig", "device_nodes", "cuda_driver"):
         assert status(checks, name) == "skipped", name
     assert status(checks, "gpu") == "error"
+
+
+# ---- a CPU host: the ranks are CPU ranks, so nothing GPU-only is judged ----
+
+GPU_ONLY = ("gpu", "nccl", "gpu_count", "gpu_persistence", "gpu_ecc", "gpu_retired_memory", "gpu_pcie",
+            "gpu_throttle", "gpu_mig", "nouveau", "device_nodes", "cuda_driver")
+
+
+@pytest.mark.parametrize("nvml", ["none", "init-fail:9", "A100:8.0:40G:mig=on:ecc_vol=3"])
+def test_a_cpu_host_skips_every_gpu_check_with_its_reason_and_passes(probe, tmp_path: Path, nvml: str) -> None:
+    """No GPU, a driver that does not start, or a faulty GPU the CPU ranks will not use: all the same to it."""
+    cpu = make_libtorch(tmp_path / "cpu", "", cuda="none", archs="cpu")
+    checks = probe(nvml, local_devices="cpu:2", libtorch_path=str(cpu))
+    for name in GPU_ONLY:
+        check = checks[name]
+        assert check["status"] == "skipped", (name, check)
+        assert check["data"]["cpu_host"] is True and check["data"]["declared"] == "cpu:2"
+        assert check["message"].startswith("Not checked: ") and "\n" not in check["message"]
+    assert checks["gpu"]["message"] == ("Not checked: this host runs CPU ranks (cpu:2), which need no GPU or "
+                                        "NVIDIA driver.")
+    assert checks["nccl"]["message"] == "Not checked: CPU ranks talk over gloo; NCCL is not used."
+    assert checks["gpu_mig"]["message"] == "Not checked: a CPU host (cpu:2) uses no GPU."
+    assert checks["libtorch"]["status"] == "ok" and checks["libtorch"]["data"]["kind"] == "cpu"
+    assert {n: c["status"] for n, c in checks.items() if n not in GPU_ONLY} == {"libtorch": "ok", "data": "skipped"}
+
+
+def test_a_cpu_host_still_needs_a_libtorch(probe, tmp_path: Path) -> None:
+    checks = probe("none", local_devices="cpu:1", libtorch_path=str(tmp_path / "nowhere"))
+    assert checks["libtorch"]["status"] == "error"
+    assert checks["gpu"]["status"] == "skipped"
+
+
+@pytest.mark.parametrize(("nvml", "words"), [
+    ("none", "reports no GPU on this host"),
+    ("init-fail:9", "The NVIDIA kernel driver is not loaded."),
+])
+def test_a_host_that_declares_gpus_and_has_none_still_fails(probe, nvml: str, words: str) -> None:
+    checks = probe(nvml, local_devices="0")
+    assert checks["gpu"]["status"] == "error" and words in checks["gpu"]["message"]
+    assert "cpu_host" not in checks["gpu"]["data"]
+    if nvml == "none":
+        assert checks["gpu_count"]["status"] == "error"
+        assert "fdl probe --cpu" in checks["gpu"]["hint"]  # the way out for a box that trains on CPU ranks

@@ -126,3 +126,38 @@ def test_flags_win_over_worker_settings_and_gpus_apply_to_this_machine_only():
     assert host_options(cpu, ClusterProbeOptions(), local=False) == {
         "data_path": "/flodl/data", "skip_mount": False, "libtorch_path": None, "docker": None, "gpus": None,
         "local_devices": "cpu:2"}
+
+
+# ---- CPU hosts: real reports of the check library for hosts declared cpu:N ----
+
+def cpu_host(name: str, root) -> HostReport:
+    from fdl.checks.probe import ProbeOptions, run_probe
+    from tests.fakes import make_libtorch
+
+    libtorch = make_libtorch(root / name, "", cuda="none", archs="cpu")
+    return run_probe(ProbeOptions(local_devices="cpu:2", libtorch_path=str(libtorch), skip_mount=True), host=name,
+                     environ={"HOME": str(root)})
+
+
+def test_a_cpu_host_makes_the_world_gloo_so_nccl_versions_are_not_compared(tmp_path):
+    reports = [host("a", "2.27.5"), host("b", "2.21.5"), cpu_host("c", tmp_path)]
+    assert reports[2].cpu_host and not reports[0].cpu_host
+    got = checks(reports)
+    nccl = got["nccl_match"]
+    assert nccl.status == "skipped" and nccl.data["cpu_hosts"] == ["c"]
+    assert nccl.message == "Not compared: c runs CPU ranks, so the world trains over gloo and NCCL is not used."
+    assert got["libtorch_match"].status == "ok"  # a CPU host's libtorch still counts
+
+
+def test_an_all_cpu_cluster_is_ready_and_says_what_it_could_not_compare(tmp_path):
+    from fdl.cluster.consistency import consistency_checks
+
+    reports = [cpu_host("a", tmp_path), cpu_host("b", tmp_path)]
+    assert all(r.ok for r in reports)
+    got = {c.name: c for c in cross_host_checks(reports) + consistency_checks(reports)}
+    assert got["nccl_match"].message.startswith("Not compared: every host runs CPU ranks")
+    assert got["libtorch_match"].status == "ok" and got["libtorch_match"].message == "Every host has libtorch 2.10.0."
+    driver = got["driver_match"]
+    assert driver.status == "skipped" and "(CPU hosts, which have none: a, b)" in driver.message
+    assert got["gpu_models"].message == "No host reports a GPU (CPU hosts, which have none: a, b)."
+    assert ClusterReport(hosts=reports, cluster=list(got.values())).ok

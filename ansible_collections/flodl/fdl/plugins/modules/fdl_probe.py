@@ -46,6 +46,8 @@ options:
         C(all), or C(cpu:N) for CPU ranks.
       - A declared GPU that is missing is an error (check C(gpu_count)); declared ids also select the GPUs
         the health checks judge.
+      - C(cpu:N) makes the host a CPU host - the GPU, NCCL, GPU health and GPU stack checks are skipped with
+        the reason, and libtorch and the data path decide the verdict.
     type: str
   whole_gpus:
     description: Whether ranks get whole GPUs, so MIG mode on a selected GPU is an error; default yes, unless
