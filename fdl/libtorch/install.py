@@ -35,6 +35,7 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO, NamedTuple
+from urllib.parse import urljoin
 
 from fdl.errors import FdlError, PermanentError
 from fdl.fsio import atomic_write, fsync_dir
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 CONNECT_TIMEOUT_S = 15
 READ_TIMEOUT_S = 60
 MAX_CHECKSUM_BYTES = 4096
+MAX_REDIRECTS = 10
 MAX_BUILD_VERSION_BYTES = 256
 CHUNK = 1 << 20
 Note = Callable[[str], None]
@@ -231,27 +233,37 @@ def _checksum(session: requests.Session, url: str, source: Source) -> str | None
 
 
 def _get(session: requests.Session, url: str, source: Source, *, absent_ok: bool = False) -> requests.Response | None:
+    """GET url (streamed), following redirects by hand so that an https:// URL never takes an http:// hop:
+    such a hop is refused before anything is sent to it."""
     import requests
 
-    try:
-        resp = session.get(url, stream=True, timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S))
-    except requests.exceptions.RequestException as exc:
-        raise LibtorchFetchError(f"cannot download {url}: {_short(exc)}.",
-                                 hint=f"Check this box's network and {source.describe()}, then try again (a "
-                                      f"joining worker retries on its next dial).") from None
-    hops = [r.url for r in resp.history] + [resp.url]
-    if url.startswith("https://") and any(not hop.startswith("https://") for hop in hops):
+    current = url
+    for _hop in range(MAX_REDIRECTS + 1):
+        try:
+            resp = session.get(current, stream=True, allow_redirects=False,
+                               timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S))
+        except requests.exceptions.RequestException as exc:
+            raise LibtorchFetchError(f"cannot download {current}: {_short(exc)}.",
+                                     hint=f"Check this box's network and {source.describe()}, then try again (a "
+                                          f"joining worker retries on its next dial).") from None
+        if not resp.is_redirect:
+            break
+        following = urljoin(current, resp.headers.get("Location", ""))
         resp.close()
-        raise LibtorchFetchError(f"{url} redirected to {next(h for h in hops if not h.startswith('https://'))}, "
-                                 f"which is not HTTPS; nothing was downloaded from there.",
-                                 hint="A libtorch fetched over HTTPS stays on HTTPS; check the network path "
-                                      "(a proxy or captive portal) or the mirror's redirects.")
+        if url.startswith("https://") and not following.startswith("https://"):
+            raise LibtorchFetchError(f"{url} redirected to {following}, which is not HTTPS; nothing was "
+                                     f"downloaded from there.",
+                                     hint="A libtorch fetched over HTTPS stays on HTTPS; check the network path "
+                                          "(a proxy or captive portal) or the mirror's redirects.")
+        current = following
+    else:
+        raise LibtorchFetchError(f"{url} redirected more than {MAX_REDIRECTS} times; nothing was downloaded.")
     if absent_ok and resp.status_code in (403, 404):
         resp.close()
         return None
     if resp.status_code != 200:
         resp.close()
-        raise LibtorchFetchError(f"cannot download {url}: HTTP {resp.status_code}.",
+        raise LibtorchFetchError(f"cannot download {current}: HTTP {resp.status_code}.",
                                  hint=f"Check that {source.describe()} serves this variant (docs/cli.md shows a "
                                       f"mirror's layout).")
     return resp

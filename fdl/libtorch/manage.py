@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from fdl.errors import FdlError
+from fdl.errors import FdlError, UsageError
 from fdl.libtorch.install import Installed, Progress, ensure_variant, write_active
 from fdl.libtorch.resolve import (
     LibtorchNotFound,
@@ -31,8 +31,12 @@ if TYPE_CHECKING:
 Note = Callable[[str], None]
 
 
-class LibtorchUsageError(FdlError):
-    """A libtorch variant name or location that fdl cannot act on (a fix on the command line mends it)."""
+class LibtorchUsageError(UsageError):
+    """A libtorch variant name that does not parse (exit 2, like any command line that does not)."""
+
+
+class LibtorchMissing(FdlError):
+    """The variant asked for is not installed (downloading it mends that)."""
 
 
 class Listed(NamedTuple):
@@ -144,7 +148,7 @@ def activate(name: str, project_root: str | None, environ: Mapping[str, str]) ->
     have = [f"{row.libtorch.active} ({row.libtorch.source})" for row in list_variants(project_root, environ)
             if row.root is not None]
     known = download_name(label)
-    raise LibtorchUsageError(
+    raise LibtorchMissing(
         f"libtorch variant {label} is not installed in {' or '.join(str(r.path) for r in found)}"
         + (f"; installed: {', '.join(have)}." if have else "; no variant is installed."),
         hint=(f"Download it first: fdl libtorch download {known}" if known else
