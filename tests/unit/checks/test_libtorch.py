@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from fdl.checks.libtorch import check_libtorch
-from fdl.libtorch.resolve import LibtorchNotFound, resolve_libtorch
-from fdl.libtorch.variants import arch_covers, normalise_arch, parse_archs
 from fdl.checks.nvml import NvmlDevice, NvmlInventory
 from fdl.checks.report import ERROR, OK, WARNING
+from fdl.libtorch.resolve import LibtorchNotFound, resolve_libtorch
+from fdl.libtorch.variants import arch_covers, normalise_arch, parse_archs
 from tests.fakes import make_libtorch
 
 

@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fdl.agent.options import LIBTORCH_CHOICES, JoinOptions, resolve_options
+from fdl.agent.options import JoinOptions, resolve_options
 from fdl.checks.devices import Devices
 from fdl.config import load_config, schema
 from fdl.config.join_fields import CLI_FIELDS, JOIN_KEYS, SETTINGS, JoinDefaults, Setting, flag_of
 from fdl.errors import ConfigError
+from fdl.libtorch.variants import CHOICES as LIBTORCH_CHOICES
 
 REPO = Path(__file__).resolve().parents[3]
 ROLE = REPO / "ansible_collections" / "flodl" / "fdl" / "roles" / "fdl_join_worker"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from fdl.libtorch.variants import Libtorch
 from fdl.publish.gate import (
     GateError,
     check_gate_headers,
@@ -13,7 +14,6 @@ from fdl.publish.gate import (
     headers_present,
     package_manager,
 )
-from fdl.libtorch.variants import Libtorch
 
 
 def fake_tool(directory: Path, name: str) -> None:
