@@ -40,7 +40,15 @@ from urllib.parse import urljoin
 from fdl.errors import FdlError, PermanentError
 from fdl.fsio import atomic_write, fsync_dir
 from fdl.libtorch.resolve import RECORD, describe_variant, home_of, home_root, read_active
-from fdl.libtorch.source import PYTORCH_RELEASE, Source, check_served, fdl_file, is_sha256, official_url
+from fdl.libtorch.source import (
+    PYTORCH_RELEASE,
+    Source,
+    check_served,
+    fdl_file,
+    is_sha256,
+    official_file,
+    official_url,
+)
 from fdl.libtorch.variants import DOWNLOADS, Libtorch
 
 if TYPE_CHECKING:
@@ -101,10 +109,21 @@ def ensure_variant(variant: str, *, source: Source, environ: Mapping[str, str] |
             note(f"libtorch: {label} already installed in {target}")
         else:
             check_served(variant, source)
-            _download_and_install(variant, source, target, note, progress)
+            try:
+                _download_and_install(variant, source, target, note, progress)
+            except OSError as exc:  # the box's own disk: full, read-only, permissions
+                raise LibtorchFetchError(f"cannot write libtorch {variant} under {root}: {exc.strerror or exc}; "
+                                         f"nothing was installed.",
+                                         hint="Free some space or fix the permissions there, then try again.") \
+                    from None
             acquired = True
         if activate:
-            write_active(root, label)
+            try:
+                write_active(root, label)
+            except OSError as exc:
+                raise LibtorchFetchError(f"libtorch {variant} is installed in {target}, but {root / '.active'} "
+                                         f"could not be written: {exc.strerror or exc}.",
+                                         hint=f"Fix that, then: fdl libtorch activate {variant}") from None
     return Installed(describe_variant(target, "home", label), variant, acquired)
 
 
@@ -175,7 +194,7 @@ def _download_and_install(variant: str, source: Source, target: Path, note: Note
         fd, part = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".zip.part")
         try:
             with os.fdopen(fd, "wb") as handle:
-                digest, size = _stream(session, located.url, source, handle, progress)
+                digest, size = _stream(session, located.url, variant, source, handle, progress)
             checked = "no pin to check against"
             if located.expected is not None:
                 if digest != located.expected:
@@ -232,7 +251,8 @@ def _checksum(session: requests.Session, url: str, source: Source) -> str | None
     return value
 
 
-def _get(session: requests.Session, url: str, source: Source, *, absent_ok: bool = False) -> requests.Response | None:
+def _get(session: requests.Session, url: str, source: Source, *, absent_ok: bool = False,
+         missing: str | None = None) -> requests.Response | None:
     """GET url (streamed), following redirects by hand so that an https:// URL never takes an http:// hop:
     such a hop is refused before anything is sent to it."""
     import requests
@@ -264,16 +284,20 @@ def _get(session: requests.Session, url: str, source: Source, *, absent_ok: bool
     if resp.status_code != 200:
         resp.close()
         raise LibtorchFetchError(f"cannot download {current}: HTTP {resp.status_code}.",
-                                 hint=f"Check that {source.describe()} serves this variant (docs/cli.md shows a "
-                                      f"mirror's layout).")
+                                 hint=missing or f"Check that {source.describe()} serves this variant (docs/cli.md "
+                                                 f"shows a mirror's layout).")
     return resp
 
 
-def _stream(session: requests.Session, url: str, source: Source, handle: BinaryIO,
+def _stream(session: requests.Session, url: str, variant: str, source: Source, handle: BinaryIO,
             progress: Progress | None) -> tuple[str, int]:
     import requests
 
-    resp = _get(session, url, source)
+    missing = None
+    if not source.official:
+        missing = (f"Put the archive on {source.describe()}: as {fdl_file(variant)} with its .sha256 (fdl's "
+                   f"naming), or as {variant}/{official_file(variant)} (PyTorch's); docs/cli.md shows both layouts.")
+    resp = _get(session, url, source, missing=missing)
     assert resp is not None
     length = resp.headers.get("Content-Length", "")
     total = int(length) if length.isdigit() else None
@@ -282,11 +306,11 @@ def _stream(session: requests.Session, url: str, source: Source, handle: BinaryI
     try:
         for chunk in resp.iter_content(CHUNK):
             digest.update(chunk)
-            handle.write(chunk)
+            handle.write(chunk)  # an OSError here is this box's disk: ensure_variant reports it
             size += len(chunk)
             if progress is not None:
                 progress(size, total)
-    except (requests.exceptions.RequestException, OSError) as exc:
+    except requests.exceptions.RequestException as exc:
         raise LibtorchFetchError(f"the download of {url} broke off after {size} bytes: {_short(exc)}. Nothing "
                                  f"was installed.", hint="Try again.") from None
     finally:
@@ -349,6 +373,9 @@ def _check_members(zf: zipfile.ZipFile, url: str) -> str:
         if info.filename.startswith("/") or ".." in name.parts or "\\" in info.filename or "\0" in info.filename:
             raise LibtorchFetchError(f"{url} contains an unsafe path ({info.filename!r}); nothing was installed.")
         if stat.S_ISLNK(info.external_attr >> 16):
+            if info.file_size > 4096:
+                raise LibtorchFetchError(f"{url} contains a link with a {info.file_size}-byte target "
+                                         f"({info.filename!r}); nothing was installed.")
             link = zf.read(info).decode("utf-8", "replace")
             inside = PurePosixPath(*name.parts[:-1], link).parts
             depth = 0
