@@ -27,7 +27,7 @@ from fdl.config.schema import (
     check_cluster,
     check_commands,
     check_join,
-    check_libtorch,
+    check_libtorch_block,
     check_publish,
 )
 from fdl.config.source import Data, Layer, Origins, display_path, read_layer
@@ -166,6 +166,6 @@ def validate(config: Config) -> Config:
     if data.get("publish") is not None:
         config.publish = check_publish(checker, data["publish"])
     if data.get("libtorch") is not None:
-        config.libtorch = check_libtorch(checker, data["libtorch"])
+        config.libtorch = check_libtorch_block(checker, data["libtorch"])
     config.warnings.extend(checker.warnings)
     return config

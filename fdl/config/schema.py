@@ -479,7 +479,7 @@ def check_publish(c: Checker, value: Any) -> PublishDefaults:
     return PublishDefaults(**kwargs)
 
 
-def check_libtorch(c: Checker, value: Any) -> LibtorchDefaults:
+def check_libtorch_block(c: Checker, value: Any) -> LibtorchDefaults:
     """The libtorch: block: mirror: a base URL, sha256: {variant: hex} pins (docs/config.md)."""
     from fdl.libtorch.source import is_sha256, mirror_problem
     from fdl.libtorch.variants import DOWNLOADS

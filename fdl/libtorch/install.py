@@ -152,12 +152,15 @@ def root_lock(root: Path) -> Iterator[None]:
     try:
         yield
     finally:
+        for group in (root / "precompiled", root / "builds"):  # while held: nobody is installing into them
+            with contextlib.suppress(OSError):
+                group.rmdir()  # only when empty
         with contextlib.suppress(OSError):
             os.unlink(root / ".lock")
         os.close(fd)
-        for directory in (root / "precompiled", root / "builds", root) + ((root.parent,) if parent_made else ()):
+        for directory in (root,) + ((root.parent,) if parent_made else ()):
             with contextlib.suppress(OSError):
-                directory.rmdir()  # only when empty
+                directory.rmdir()  # only when empty (a next holder's lock file keeps the root)
 
 
 def _lock(root: Path) -> int:
