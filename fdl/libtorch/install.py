@@ -39,7 +39,7 @@ from urllib.parse import urljoin
 
 from fdl.errors import FdlError, PermanentError
 from fdl.fsio import atomic_write, fsync_dir
-from fdl.libtorch.resolve import RECORD, describe_variant, home_of, home_root, read_active
+from fdl.libtorch.resolve import ACTIVE, RECORD, describe_variant, home_of, home_root, read_active
 from fdl.libtorch.source import (
     PYTORCH_RELEASE,
     Source,
@@ -87,7 +87,7 @@ def write_active(root: Path, label: str) -> None:
     """Point the root's `.active` at label (atomically: temp file, fsync, rename)."""
     if read_active(root) == label:
         return
-    atomic_write(root / ".active", label + "\n", mode=0o644)
+    atomic_write(root / ACTIVE, label + "\n", mode=0o644)
 
 
 def ensure_variant(variant: str, *, source: Source, environ: Mapping[str, str] | None = None,
@@ -121,7 +121,7 @@ def ensure_variant(variant: str, *, source: Source, environ: Mapping[str, str] |
             try:
                 write_active(root, label)
             except OSError as exc:
-                raise LibtorchFetchError(f"libtorch {variant} is installed in {target}, but {root / '.active'} "
+                raise LibtorchFetchError(f"libtorch {variant} is installed in {target}, but {root / ACTIVE} "
                                          f"could not be written: {exc.strerror or exc}.",
                                          hint=f"Fix that, then: fdl libtorch activate {variant}") from None
     return Installed(describe_variant(target, "home", label), variant, acquired)

@@ -37,6 +37,8 @@ from .variants import VARIANT_GROUPS, Libtorch, is_variant_name, parse_archs
 #: the user's libtorch root, under the home directory, as its parts and as messages spell it
 HOME_ROOT = (".flodl", "libtorch")
 HOME_ROOT_SHOWN = "~/.flodl/libtorch"
+#: the file in a root naming its active variant (precompiled/cu128); pointer files start with it too
+ACTIVE = ".active"
 #: fdl's install record in a variant it downloaded: url=, sha256=, bytes=, build=, pin= lines
 RECORD = ".fdl-download"
 DOWNLOAD_HINT = ("install a variant (fdl libtorch download auto, or --cpu), point --libtorch-path or LIBTORCH at "
@@ -84,7 +86,7 @@ def roots(project_root: str | os.PathLike[str] | None, home: str | os.PathLike[s
 def read_active(root: Path) -> str | None:
     """The variant a root's `.active` names (precompiled/cu128), or None when there is none."""
     try:
-        return (root / ".active").read_text(encoding="utf-8", errors="replace").strip() or None
+        return (root / ACTIVE).read_text(encoding="utf-8", errors="replace").strip() or None
     except OSError:
         return None
 
@@ -107,7 +109,7 @@ def holds_libtorch(root: Path) -> bool:
 
     An empty root, or one holding only half-made or hidden directories (an interrupted download's), is
     nothing installed."""
-    return (root / "lib").is_dir() or (root / ".active").exists() or bool(installed_variants(root))
+    return (root / "lib").is_dir() or (root / ACTIVE).exists() or bool(installed_variants(root))
 
 
 def read_key_values(path: Path) -> dict[str, str]:
@@ -282,13 +284,13 @@ def _at(path: Path, source: str) -> Libtorch:
         raise LibtorchNotFound(f"libtorch not found: {label} does not exist.",
                                f"correct the path, or unset it to let fdl search the project and {HOME_ROOT_SHOWN}")
     if path.is_file():
-        if path.name.startswith(".active"):
+        if path.name.startswith(ACTIVE):
             return _from_pointer(path, path.parent, source)
         raise LibtorchNotFound(f"libtorch not found: {label} is a file, not a libtorch directory.",
                                "point it at the directory holding lib/ (or at a libtorch root with .active)")
     if (path / "lib").is_dir():
         return describe_variant(path, source, None)
-    if (path / ".active").exists() or any((path / group).is_dir() for group in VARIANT_GROUPS):
+    if (path / ACTIVE).exists() or any((path / group).is_dir() for group in VARIANT_GROUPS):
         return _from_root(path, source)
     raise LibtorchNotFound(f"libtorch not found: {label} has no lib/ directory.",
                            "point it at an unpacked libtorch (the directory holding lib/libtorch.so)")
@@ -314,7 +316,7 @@ def _from_pointer(pointer: Path, root: Path, source: str) -> Libtorch:
 
 
 def _from_root(root: Path, source: str) -> Libtorch:
-    pointer = root / ".active"
+    pointer = root / ACTIVE
     if pointer.exists():
         return _from_pointer(pointer, root, source)
     installed = installed_variants(root)
