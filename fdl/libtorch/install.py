@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 from urllib.parse import urljoin
 
 from fdl.errors import FdlError, PermanentError
-from fdl.fsio import atomic_write, fsync_dir
+from fdl.fsio import TEMP_SUFFIX, atomic_write, fsync_dir
 from fdl.libtorch.resolve import ACTIVE, RECORD, describe_variant, home_of, home_root, read_active
 from fdl.libtorch.source import (
     PYTORCH_RELEASE,
@@ -49,7 +49,7 @@ from fdl.libtorch.source import (
     official_file,
     official_url,
 )
-from fdl.libtorch.variants import DOWNLOADS, Libtorch
+from fdl.libtorch.variants import DOWNLOADS, VARIANT_GROUPS, Libtorch
 
 if TYPE_CHECKING:
     import requests
@@ -150,6 +150,7 @@ def root_lock(root: Path) -> Iterator[None]:
     parent_made = not root.parent.exists()
     fd = _lock(root)
     try:
+        _sweep(root)
         yield
     finally:
         for group in (root / "precompiled", root / "builds"):  # while held: nobody is installing into them
@@ -161,6 +162,27 @@ def root_lock(root: Path) -> Iterator[None]:
         for directory in (root,) + ((root.parent,) if parent_made else ()):
             with contextlib.suppress(OSError):
                 directory.rmdir()  # only when empty (a next holder's lock file keeps the root)
+
+
+def _sweep(root: Path) -> None:
+    """Remove what an install killed outright (SIGKILL, power loss) left: its temporary archive and tree in a
+    variant group, and an `.active` write's temporary file. Only under the lock: nobody else is writing them."""
+    leftovers = [p for group in VARIANT_GROUPS for p in _entries(root / group)
+                 if p.name.startswith(".") and p.name.endswith((".zip.part", ".tmp"))]
+    leftovers += [p for p in _entries(root) if p.name.startswith(ACTIVE + ".") and p.name.endswith(TEMP_SUFFIX)]
+    for path in leftovers:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _entries(directory: Path) -> list[Path]:
+    try:
+        return list(directory.iterdir())
+    except OSError:
+        return []
 
 
 def _lock(root: Path) -> int:

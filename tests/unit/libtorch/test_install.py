@@ -177,10 +177,12 @@ def test_a_connection_dropped_mid_download_installs_nothing(server, tmp_path):
 
 
 def test_old_leftovers_are_cleaned_by_the_next_attempt(server, tmp_path):
-    """An older fdl's failed download left an empty precompiled/ and a .lock: the next attempt, failing too,
-    takes them away."""
+    """An older fdl's failed download left a .lock, an install killed outright its temporary files: the next
+    attempt, failing too, takes them away."""
     lt = tmp_path / "home" / ".flodl" / "libtorch"
-    (lt / "precompiled").mkdir(parents=True)
+    (lt / "precompiled" / ".cpu.k1ll3d.tmp" / "lib").mkdir(parents=True)  # an install killed outright
+    (lt / "precompiled" / ".cpu.k1ll3d.zip.part").write_bytes(b"PK")
+    (lt / ".active.x1.fdl-tmp").write_text("precompiled/cpu\n")
     (lt / ".lock").write_text("")
     with pytest.raises(LibtorchFetchError, match="HTTP 404"):
         ensure_variant("cpu", source=mirror(server), environ={"HOME": str(tmp_path / "home")})
