@@ -10,6 +10,7 @@ source copied, and those files copied in as real files under
 `plugins/module_utils/`:
 
     plugins/module_utils/checks/            fdl/checks/ (the package)
+    plugins/module_utils/libtorch/          fdl/libtorch/{__init__,variants,resolve}.py (the host-side core)
     plugins/module_utils/farm/              fdl/farm/{authorized_keys,doors,sshd_config}.py
     plugins/module_utils/fsio.py            fdl/fsio.py (atomic writes; farm/ imports it as ..fsio)
     plugins/module_utils/supervisor.py      fdl/agent/supervisor.py
@@ -48,6 +49,7 @@ RELATIVE = Path("ansible_collections") / NAMESPACE / NAME
 # plugins/module_utils/<name> <- fdl/<path>: a directory is copied as a package (its *.py files)
 MODULE_UTILS = {
     "checks": ("checks",),
+    "libtorch": ("libtorch/__init__.py", "libtorch/variants.py", "libtorch/resolve.py"),  # checks/ imports ..libtorch
     "farm": ("farm/authorized_keys.py", "farm/doors.py", "farm/sshd_config.py"),
     "fsio.py": ("fsio.py",),  # farm/authorized_keys.py writes through it (imported as ..fsio)
     "supervisor.py": ("agent/supervisor.py",),

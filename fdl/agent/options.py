@@ -10,25 +10,17 @@ so a `--persist` box stops instead of looping on it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from fdl.checks.devices import Devices, parse_devices
 from fdl.config.join_fields import CLI_FIELDS, SETTINGS, JoinDefaults, flag_of
 from fdl.config.parse import DEFAULT_PORT, is_login_name, is_valid_host, split_host_port
-from fdl.config.schema import DEFAULT_DATA_PATH
-from fdl.errors import UsageError
+from fdl.config.schema import DEFAULT_DATA_PATH, LibtorchDefaults
+from fdl.errors import FdlError, UsageError
+from fdl.libtorch.source import Source, choose_source
+from fdl.libtorch.variants import CHOICES
 
-#: --libtorch values; the directory each installs to, under ~/.flodl/libtorch/.
-LIBTORCH_VARIANTS = {
-    "cpu": "precompiled/cpu",
-    "cu126": "precompiled/cu126",
-    "cu128": "precompiled/cu128",
-    "rocm7.0": "precompiled/rocm70",
-    "rocm7.1": "precompiled/rocm71",
-}
-LIBTORCH_CHOICES = ("auto", *LIBTORCH_VARIANTS)
 TUNNEL_DEFAULT_CONTROLLER = ("127.0.0.1", DEFAULT_PORT)
 _SECRET = frozenset(name for name, setting in SETTINGS if setting.secret)
 
@@ -80,7 +72,7 @@ class JoinOptions(NamedTuple):
     source_cwd: str | None = None
     source_build: str | None = None
     source_bin: str | None = None
-    libtorch: str | None = None  # one of LIBTORCH_CHOICES, None: whatever is active here
+    libtorch: str | None = None  # one of fdl.libtorch.variants.CHOICES, None: whatever is active here
     host: str | None = None  # None: this machine's hostname
     devices: Devices = Devices()
     persist: bool = False
@@ -89,7 +81,7 @@ class JoinOptions(NamedTuple):
     gpu_ram_share: float | None = None
     no_sig_probe: bool = False
     args: tuple[str, ...] | None = None  # None: nothing given (the manifest or the world may fill in)
-    libtorch_mirror: str | None = None
+    libtorch_source: Source = Source()  # where --libtorch downloads from, with the libtorch: block's pins
     args_given: bool = False  # args came from the command line (a `--` tail, even an empty one)
 
     def __repr__(self) -> str:
@@ -179,8 +171,11 @@ def _absolute(value: str, flag: str) -> str:
 
 
 def resolve_options(defaults: JoinDefaults | None, flags: dict[str, Any], tail: list[str] | None, *,
-                    environ: Mapping[str, str] | None = None) -> JoinOptions:
+                    environ: Mapping[str, str] | None = None,
+                    libtorch_block: LibtorchDefaults | None = None) -> JoinOptions:
     """Merge command-line flags over the `join:` block and validate the result.
+
+    `libtorch_block` is the configuration's `libtorch:` block (its mirror and sha256 pins), if any.
 
     `flags` maps join fields that are flags (join_fields.CLI_FIELDS) to the
     flag's value, None when the flag was not given; `devices` may be text (a
@@ -246,9 +241,14 @@ def resolve_options(defaults: JoinDefaults | None, flags: dict[str, Any], tail: 
             raise _bad(f"--devices {merged['devices']!r}: {exc}.",
                        "Offer GPU ids like 0,1, 'all', or cpu:N for N CPU ranks.") from None
     libtorch = merged["libtorch"]
-    if libtorch is not None and libtorch not in LIBTORCH_CHOICES:
+    if libtorch is not None and libtorch not in CHOICES:
         raise _bad(f"--libtorch {libtorch!r} is not a variant fdl acquires.",
-                   f"Choose one of: {', '.join(LIBTORCH_CHOICES)}.")
+                   f"Choose one of: {', '.join(CHOICES)}.")
+    try:
+        source = choose_source(None, env, libtorch_block.mirror if libtorch_block else None, block.libtorch_mirror,
+                               libtorch_block.sha256 if libtorch_block else ())
+    except FdlError as exc:
+        raise _bad(exc.message, exc.hint) from None
     host = merged["host"]
     if host is not None and not is_valid_host(str(host)):
         raise _bad(f"--host {host!r} is not a host name (letters, digits, '.', '-', '_').")
@@ -271,15 +271,10 @@ def resolve_options(defaults: JoinDefaults | None, flags: dict[str, Any], tail: 
         args, given = tuple(block.args), False
     else:
         args, given = None, False
-    mirror = (env.get("FDL_LIBTORCH_MIRROR") or "").strip() or block.libtorch_mirror
-    if mirror is not None and not re.match(r"^https?://[^\s/]+", mirror):
-        raise _bad(f"libtorch mirror {mirror!r} is not an http:// or https:// base URL.",
-                   "Set FDL_LIBTORCH_MIRROR (or libtorch_mirror: in the join: block) to e.g. "
-                   "https://mirror.example/libtorch.")
     return JoinOptions(
         controller=controller, ssh=ssh, identity=identity, token=merged["token"] or None, bin=merged["bin"],
         source=merged["source"], source_cwd=merged["source_cwd"], source_build=merged["source_build"],
         source_bin=merged["source_bin"], libtorch=libtorch, host=host, devices=devices,
         persist=bool(merged["persist"]), data_path=data_path, data_source=data_source, gpu_ram_share=share,
-        no_sig_probe=bool(merged["no_sig_probe"]), args=args, args_given=given, libtorch_mirror=mirror,
+        no_sig_probe=bool(merged["no_sig_probe"]), args=args, args_given=given, libtorch_source=source,
     )

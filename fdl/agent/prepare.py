@@ -8,8 +8,8 @@ data source on its next re-dial without reprovisioning):
 1. GPU stack check (no GPU: permanent, except `--devices cpu:N`);
 2. the stage directories proven writable (unwritable: permanent);
 3. the dataset root (`--data-path`, mounted from `--data-source` when absent);
-4. libtorch (`--libtorch`: acquired from the mirror when missing; default:
-   whatever is active here);
+4. libtorch (`--libtorch`: downloaded when missing, from PyTorch's location or
+   the configured mirror, fdl.libtorch.install; default: whatever is active here);
 5. the training binary (`--bin`, or `--source` fetched and built here);
 6. the model-signature probe (unless `--no-sig-probe`).
 
@@ -26,13 +26,12 @@ from typing import IO, TYPE_CHECKING, NamedTuple
 
 from fdl.agent.data import prepare_data, prove_writable
 from fdl.agent.gpu import Offer, check_gpu_stack
-from fdl.agent.libtorch import ensure_variant, home_of, libtorch_root, route_auto
 from fdl.agent.options import JoinOptions
 from fdl.agent.signature import probe_signature, probe_timeout
 from fdl.errors import PermanentError
 
 if TYPE_CHECKING:
-    from fdl.publish.libtorch import Libtorch
+    from fdl.libtorch.variants import Libtorch
 
 Note = Callable[[str], None]
 
@@ -53,7 +52,7 @@ class Prepared(NamedTuple):
     def rank_env(self, options: JoinOptions, base: Mapping[str, str]) -> dict[str, str]:
         """The environment every rank starts from: base, plus libtorch's libraries and the data plane."""
         from fdl.controller.protocol import without_secrets
-        from fdl.publish.libtorch import build_env
+        from fdl.libtorch.gate import build_env
 
         env = without_secrets(dict(base))  # the join token never reaches a rank (nor the signature probe)
         if self.libtorch is not None:
@@ -78,18 +77,21 @@ def stage_root(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def _resolve_libtorch(options: JoinOptions, offer: Offer, environ: Mapping[str, str], note: Note) -> Libtorch | None:
-    from fdl.publish.libtorch import Libtorch, resolve_active
+    from fdl.libtorch.gate import resolve_active
+    from fdl.libtorch.install import ensure_variant
+    from fdl.libtorch.source import route_auto
 
     if options.libtorch is None:
-        active = resolve_active(None, environ, home_of(environ))
+        active = resolve_active(None, environ)
         if active is not None:
             note(f"libtorch: using the active {active.label} ({active.path})")
         return active
-    variant = route_auto(offer) if options.libtorch == "auto" else options.libtorch
+    variant = route_auto(offer.vendor, offer.capabilities) if options.libtorch == "auto" else options.libtorch
     if options.libtorch == "auto":
         note(f"libtorch: auto picked {variant} for {offer.summary}")
-    installed = ensure_variant(variant, mirror=options.libtorch_mirror, environ=environ, note=note)
-    return Libtorch(path=installed.path, label=installed.label, vendor=installed.vendor, found_by="fdl join")
+    installed = ensure_variant(variant, source=options.libtorch_source, environ=environ, note=note)
+    installed.libtorch.source = "fdl join"
+    return installed.libtorch
 
 
 def prepare(options: JoinOptions, *, environ: Mapping[str, str] | None = None, note: Note = lambda _: None,
@@ -103,8 +105,6 @@ def prepare(options: JoinOptions, *, environ: Mapping[str, str] | None = None, n
     writable = [stage, stage / "logs"]
     if options.source is not None:
         writable.append(stage / "source")
-    if options.libtorch is not None:
-        writable.append(libtorch_root(environ))
     prove_writable(writable, note=note)
 
     data_root = prepare_data(options.data_root, options.data_source, identity=options.identity, environ=environ,

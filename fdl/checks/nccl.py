@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from .report import ERROR, OK, SKIPPED, WARNING, CheckResult
 
 if TYPE_CHECKING:
-    from .libtorch import Libtorch
+    from ..libtorch.variants import Libtorch
 
 NAME = "nccl"
 SONAME = "libnccl.so.2"

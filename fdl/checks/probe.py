@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, TypeVar
 
+from ..libtorch.variants import Libtorch
 from .data import DEFAULT_DATA_PATH, check_data_path
 from .devices import parse_devices
 from .gpu import check_gpu
@@ -42,7 +43,7 @@ from .health import (
     expects_whole_gpus,
     selected_devices,
 )
-from .libtorch import Libtorch, check_libtorch
+from .libtorch import check_libtorch
 from .nccl import NcclLibrary, check_nccl
 from .report import ERROR, SKIPPED, CheckResult, HostReport
 from .stack import STACK_CHECKS, check_cuda_driver, check_device_nodes, check_nouveau

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from .report import ERROR, OK, SKIPPED, WARNING, CheckResult
 
 if TYPE_CHECKING:
-    from .libtorch import Libtorch
+    from ..libtorch.variants import Libtorch
     from .nvml import NvmlDevice, NvmlInventory
 
 STACK_CHECKS = ("nouveau", "device_nodes", "cuda_driver")

@@ -57,10 +57,10 @@ def join(
     if flags["devices"] is None and g.gpus is not None and g.gpus.ids is not None:
         flags["devices"] = Devices(ids=g.gpus.ids)
     try:
-        defaults = g.config(required=False).join
+        config = g.config(required=False)
     except ConfigError as exc:  # a worker's config that does not parse will not parse on the next dial either
         raise PermanentError(exc.message, hint=exc.hint) from None
-    options = resolve_options(defaults, flags, tail(ctx))
+    options = resolve_options(config.join, flags, tail(ctx), libtorch_block=config.libtorch)
     note = print_note()
     agent = JoinAgent(options, note=note, environ=dict(os.environ))
     try:

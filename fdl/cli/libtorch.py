@@ -27,6 +27,7 @@ def _project_root(ctx: typer.Context) -> str:
 
 
 def _describe(data: dict[str, Any]) -> str:
+    """One line: version, variant, CUDA version, arch list."""
     bits = [data.get("version") or "(version unrecorded)", data.get("variant") or "(variant unrecorded)"]
     if data.get("cuda"):
         bits.append(f"CUDA {data['cuda']}")
@@ -44,14 +45,14 @@ def list_(
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
 ) -> None:
     """The installed variants (project libtorch/, ~/.flodl/libtorch, this environment's PyTorch)."""
-    from fdl import libtorch as lt
+    from fdl.libtorch import manage
 
     root = _project_root(ctx)
-    variants = lt.list_variants(root)
-    resolved = lt.resolve(root)
+    variants = manage.list_variants(root, os.environ)
+    resolved = manage.resolve(root, os.environ)
     in_use = resolved.libtorch.path if resolved.libtorch else None
     if as_json:
-        typer.echo(json.dumps({"variants": [dict(v.to_data(), in_use=v.info.path == in_use) for v in variants],
+        typer.echo(json.dumps({"variants": [dict(v.to_data(), in_use=v.libtorch.path == in_use) for v in variants],
                                "in_use": resolved.to_data()["libtorch"]}, indent=2))
         return
     if not variants:
@@ -60,10 +61,11 @@ def list_(
         typer.echo("Get one: fdl libtorch download auto   (or --cpu)")
         return
     for v in variants:
-        mark = "*" if v.info.path == in_use else " "
-        where = v.root or v.info.path
+        mark = "*" if v.libtorch.path == in_use else " "
+        where = v.root or v.libtorch.path
         active = " [active]" if v.active else ""
-        typer.echo(f"{mark} {v.label:<24} {v.scope:<8} {_describe(v.info.to_data())}{active}  ({where})")
+        data = v.to_data()
+        typer.echo(f"{mark} {data['label']:<24} {data['scope']:<8} {_describe(data)}{active}  ({where})")
     typer.echo("* = what fdl probe resolves now (fdl libtorch info says why)")
 
 
@@ -74,10 +76,10 @@ def info(
                                                       help="Resolve as if fdl probe had this option.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
 ) -> int:
-    """What fdl probe would resolve, and the order it looked in (exit 1 when it resolves nothing)."""
-    from fdl import libtorch as lt
+    """What fdl probe would resolve, the order it looked in, and the SHA-256 fdl recorded for it."""
+    from fdl.libtorch import manage
 
-    resolution = lt.resolve(_project_root(ctx), explicit=libtorch_path)
+    resolution = manage.resolve(_project_root(ctx), os.environ, explicit=libtorch_path)
     if as_json:
         typer.echo(json.dumps(resolution.to_data(), indent=2))
     else:
@@ -87,6 +89,11 @@ def info(
         if resolution.libtorch is not None:
             data = resolution.libtorch.to_data()
             typer.echo(f"Resolved: {data['path']} (from {data['source']}): {_describe(data)}")
+            if data["sha256"]:
+                typer.echo(f"Downloaded by fdl: archive sha256 {data['sha256']} (pin it in fdl.yml: libtorch: "
+                           f"sha256: {{{data['variant'] or 'VARIANT'}: {data['sha256']}}})")
+            else:
+                typer.echo("Not downloaded by fdl: no archive SHA-256 is recorded for it.")
         else:
             typer.echo(f"Resolved: nothing. {resolution.error}")
             typer.echo(f"  hint: {resolution.hint}")
@@ -97,39 +104,50 @@ def info(
 def download(
     ctx: typer.Context,
     variant: Annotated[str | None, typer.Argument(metavar="VARIANT",
-                                                  help="cpu, cu126, cu128, rocm7.0, rocm7.1, or auto (picked "
-                                                       "for this box's GPUs).")] = None,
+                                                  help="cpu, cu126, cu130, rocm7.2 (what PyTorch publishes for "
+                                                       "the pinned release), cu128, rocm7.0, rocm7.1 (from a "
+                                                       "mirror), or auto (picked for this box's GPUs).")] = None,
     cpu: Annotated[bool, typer.Option("--cpu", help="Shorthand for the cpu variant.")] = False,
     mirror: Annotated[str | None, typer.Option("--mirror", metavar="URL",
-                                               help="Base URL serving libtorch-VARIANT.zip and its .sha256 "
-                                                    "(default: FDL_LIBTORCH_MIRROR, then join.libtorch_mirror).")]
-    = None,
+                                               help="Download from this mirror instead of PyTorch's own location "
+                                                    "(default: FDL_LIBTORCH_MIRROR, then libtorch.mirror, then "
+                                                    "join.libtorch_mirror in fdl.yml).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
 ) -> None:
-    """Download a variant into ~/.flodl/libtorch, checksum-verified, installed atomically."""
-    from fdl import libtorch as lt
+    """Download a variant into ~/.flodl/libtorch: verified (HTTPS, CRCs, build-version, pins), installed in one
+    step, or not at all."""
+    from fdl.libtorch import manage
+    from fdl.libtorch.source import choose_source
+    from fdl.libtorch.variants import CHOICES
 
     if cpu and variant not in (None, "cpu"):
         raise typer.BadParameter(f"--cpu and {variant} name different variants; give one.")
     name = "cpu" if cpu else variant
     if name is None:
-        raise typer.BadParameter("name a variant (cpu, cu126, cu128, rocm7.0, rocm7.1, auto) or pass --cpu.")
-    g = globals_of(ctx)
-    join = getattr(g.config(required=False), "join", None)
-    chosen = lt.choose_variant(name)
+        raise typer.BadParameter(f"name a variant ({', '.join(CHOICES)}) or pass --cpu.")
+    config = globals_of(ctx).config(required=False)
+    block, join = config.libtorch, config.join
+    source = choose_source(mirror, os.environ, block.mirror if block else None,
+                           join.libtorch_mirror if join else None, block.sha256 if block else ())
+    chosen = manage.choose_variant(name)
     if name == "auto":
         typer.echo(f"fdl: auto picked {chosen} for this box", err=True)
-    url = lt.mirror_url(mirror, os.environ, getattr(join, "libtorch_mirror", None))
     bar = _ProgressBar(chosen) if sys.stderr.isatty() and not as_json else None
-    installed, activated = lt.download(chosen, mirror=url, note=lambda text: typer.echo(f"fdl: {text}", err=True),
-                                       progress=bar)
-    if bar is not None:
-        bar.finish()
+    try:
+        installed, activated = manage.download(chosen, source=source, environ=os.environ, progress=bar,
+                                               note=lambda text: typer.echo(f"fdl: {text}", err=True))
+    finally:
+        if bar is not None:
+            bar.finish()
+    lt = installed.libtorch
     if as_json:
-        typer.echo(json.dumps({"variant": installed.variant, "label": installed.label, "path": str(installed.path),
-                               "downloaded": installed.acquired, "activated": activated}, indent=2))
+        typer.echo(json.dumps({"variant": installed.variant, "label": lt.label, "path": lt.path,
+                               "downloaded": installed.acquired, "activated": activated, "sha256": lt.sha256,
+                               "source": source.base}, indent=2))
         return
-    typer.echo(f"libtorch {installed.label} is installed in {installed.path}.")
+    typer.echo(f"libtorch {lt.label} is installed in {lt.path}.")
+    if lt.sha256:
+        typer.echo(f"Archive sha256: {lt.sha256}")
     if activated:
         typer.echo("It is now the active variant (nothing was active before).")
     else:
@@ -144,10 +162,11 @@ def activate(
                                                 "download name such as cpu.")],
 ) -> None:
     """Make an installed variant the active one (writes the .active marker probe and publish read)."""
-    from fdl import libtorch as lt
+    from fdl.libtorch import manage
 
-    chosen = lt.activate(variant, _project_root(ctx))
-    typer.echo(f"Active libtorch in {chosen.root}: {chosen.label} ({_describe(chosen.info.to_data())}).")
+    chosen = manage.activate(variant, _project_root(ctx), os.environ)
+    data = chosen.to_data()
+    typer.echo(f"Active libtorch in {chosen.root}: {data['label']} ({_describe(data)}).")
 
 
 class _ProgressBar:

@@ -17,6 +17,7 @@ a real object in `JoinDefaults.__annotations__`, read without evaluating text.
 from typing import Annotated, NamedTuple
 
 from fdl.checks.devices import Devices
+from fdl.libtorch.variants import CHOICES as LIBTORCH_CHOICES
 
 
 class Setting(NamedTuple):
@@ -58,7 +59,7 @@ class JoinDefaults(NamedTuple):
     source_bin: Annotated[str | None, Setting(
         "Built artifact relative to the project dir, e.g. target/release/train.", "PATH")] = None
     libtorch: Annotated[str | None, Setting(
-        "Acquire libtorch into ~/.flodl/libtorch first: auto, cpu, cu126, cu128, rocm7.0, rocm7.1 "
+        f"Acquire libtorch into ~/.flodl/libtorch first: {', '.join(LIBTORCH_CHOICES)} "
         "(default: whatever is active here).", "VARIANT")] = None
     host: Annotated[str | None, Setting(
         "Name in the roster (default: this machine's hostname).", "NAME", check="host")] = None
@@ -82,7 +83,8 @@ class JoinDefaults(NamedTuple):
         "Arguments for the training binary (a -- tail on the command line wins).", check="args",
         cli=False)] = None
     libtorch_mirror: Annotated[str | None, Setting(
-        "Base URL of the libtorch mirror (FDL_LIBTORCH_MIRROR wins).", cli=False)] = None
+        "Base URL of a libtorch mirror (FDL_LIBTORCH_MIRROR and the libtorch: block's mirror: win).",
+        cli=False)] = None
 
 
 def _declared() -> tuple[tuple[str, Setting], ...]:

@@ -22,10 +22,12 @@ from fdl.config.schema import (
     ClusterSpec,
     CommandSpec,
     JoinDefaults,
+    LibtorchDefaults,
     PublishDefaults,
     check_cluster,
     check_commands,
     check_join,
+    check_libtorch_block,
     check_publish,
 )
 from fdl.config.source import Data, Layer, Origins, display_path, read_layer
@@ -69,6 +71,7 @@ class Config:
         self.cluster: ClusterSpec | None = None
         self.join: JoinDefaults | None = None
         self.publish: PublishDefaults | None = None
+        self.libtorch: LibtorchDefaults | None = None
         self.warnings: list[str] = []
 
     @property
@@ -162,5 +165,7 @@ def validate(config: Config) -> Config:
         config.join = check_join(checker, data["join"])
     if data.get("publish") is not None:
         config.publish = check_publish(checker, data["publish"])
+    if data.get("libtorch") is not None:
+        config.libtorch = check_libtorch_block(checker, data["libtorch"])
     config.warnings.extend(checker.warnings)
     return config

@@ -118,6 +118,13 @@ class PublishDefaults(NamedTuple):
     gate: tuple[str, ...] = ()
 
 
+class LibtorchDefaults(NamedTuple):
+    """The libtorch: block: where `fdl libtorch download` and `fdl join --libtorch` fetch from, and pins."""
+
+    mirror: str | None = None  # a base URL (FDL_LIBTORCH_MIRROR and --mirror win); None: PyTorch's location
+    sha256: tuple[tuple[str, str], ...] = ()  # (variant, SHA-256 every box insists its archive has)
+
+
 # --------------------------------------------------------------------------- checking
 
 
@@ -250,7 +257,8 @@ _WORKER_KEYS = WorkerSpec._fields
 _COMMAND_KEYS = tuple(f for f in CommandSpec._fields if f != "name")
 JOIN_KEYS = JoinDefaults._fields
 PUBLISH_KEYS = PublishDefaults._fields
-TOP_KEYS = ("cluster", "commands", "join", "publish")
+LIBTORCH_KEYS = LibtorchDefaults._fields
+TOP_KEYS = ("cluster", "commands", "join", "libtorch", "publish")
 MAX_WORKERS = 4096
 
 
@@ -469,3 +477,31 @@ def check_publish(c: Checker, value: Any) -> PublishDefaults:
         else:
             kwargs[key] = c.string(block[key], here)
     return PublishDefaults(**kwargs)
+
+
+def check_libtorch_block(c: Checker, value: Any) -> LibtorchDefaults:
+    """The libtorch: block: mirror: a base URL, sha256: {variant: hex} pins (docs/config.md)."""
+    from fdl.libtorch.source import is_sha256, mirror_problem
+    from fdl.libtorch.variants import DOWNLOADS
+
+    path = ("libtorch",)
+    block = c.mapping(value, path, LIBTORCH_KEYS)
+    mirror = c.opt_string(block, "mirror", path)
+    if mirror is not None:
+        problem = mirror_problem(mirror.strip())
+        if problem is not None:
+            raise c.fail(path + ("mirror",), "an http:// or https:// base URL", mirror,
+                         "Leave it out to download from PyTorch's own location (docs/cli.md).")
+        mirror = mirror.strip()
+    pins: list[tuple[str, str]] = []
+    if block.get("sha256") is not None:
+        here = path + ("sha256",)
+        given = c.mapping(block["sha256"], here, tuple(DOWNLOADS))
+        for variant, digest in given.items():
+            if variant not in DOWNLOADS:
+                continue  # warned about (did-you-mean) by mapping()
+            text = c.string(digest, here + (variant,)).strip().lower()
+            if not is_sha256(text):
+                raise c.fail(here + (variant,), "a SHA-256 in hex (64 characters, as sha256sum prints)", digest)
+            pins.append((variant, text))
+    return LibtorchDefaults(mirror=mirror, sha256=tuple(pins))

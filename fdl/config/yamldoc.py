@@ -68,7 +68,7 @@ def parse_text(text: str, shown: str, *, json_file: bool) -> tuple[Data, Origins
         kind = "a list" if isinstance(node, yaml.SequenceNode) else "a single value"
         raise ConfigError(
             f"{shown}:{node.start_mark.line + 1}: the document is {kind}, but an fdl configuration "
-            f"file is a mapping of sections (cluster:, commands:, join:, publish:). Start the file "
+            f"file is a mapping of sections (cluster:, commands:, join:, libtorch:, publish:). Start the file "
             f"with a key such as 'commands:'."
         )
     builder = _Builder(shown)

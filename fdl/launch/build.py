@@ -31,7 +31,7 @@ from fdl.launch.plan import SINGLE, LaunchHost, LaunchPlan
 
 if TYPE_CHECKING:
     from fdl.cluster.runner import RunnerEvent
-    from fdl.publish.libtorch import Libtorch
+    from fdl.libtorch.variants import Libtorch
 
 DEFAULT_RECIPE = "cargo build --release"
 TARGET = "target"
@@ -86,7 +86,7 @@ def artifact_path(bin_: str, root: Path, target_dir: Path | None) -> Path:
 
 def host_libtorch(host: LaunchHost, root: Path) -> Libtorch | None:
     """The libtorch a host's build links against: its arch:'s variant, else this machine's own (or None)."""
-    from fdl.publish.libtorch import LibtorchError, resolve_active, resolve_variant
+    from fdl.libtorch.gate import LibtorchError, resolve_active, resolve_variant
 
     if host.arch:
         return resolve_variant(host.arch, root, what=f"host {host.name}: arch {host.arch}")
@@ -99,7 +99,7 @@ def host_libtorch(host: LaunchHost, root: Path) -> Libtorch | None:
 
 def build_overrides(libtorch: Libtorch | None) -> dict[str, str]:
     """What the publish gate's build environment adds for this libtorch (LIBTORCH too, for tch-rs)."""
-    from fdl.publish.libtorch import build_env
+    from fdl.libtorch.gate import build_env
 
     env = build_env(libtorch)
     out = {key: env[key] for key in _ENV_KEYS if key in env}

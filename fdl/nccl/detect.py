@@ -39,11 +39,11 @@ def bundled_nccl(root: Path) -> list[BundledNccl]:
     """The NCCL libraries the project's libtorch variants carry, oldest first.
 
     Variants are found and NCCL is dated the way `fdl probe` does it
-    (fdl.checks.libtorch / fdl.checks.nccl): ncclGetVersion when the library
+    (fdl.libtorch.resolve / fdl.checks.nccl): ncclGetVersion when the library
     loads, else the versioned file name.
     """
-    from fdl.checks.libtorch import installed_variants
     from fdl.checks.nccl import SONAME, library_version
+    from fdl.libtorch.resolve import installed_variants
 
     libtorch = root / "libtorch"
     found = []

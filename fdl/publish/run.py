@@ -37,9 +37,10 @@ from typing import IO, Any
 from fdl.config.schema import PublishDefaults
 from fdl.errors import FdlError
 from fdl.fsio import fsync_dir
+from fdl.libtorch.gate import resolve_active, resolve_variant
+from fdl.libtorch.variants import Libtorch
 from fdl.publish import fetch as fetch_mod
 from fdl.publish.gate import GateResult, check_gate_headers, primary_gate, rustc_version, variant_gate
-from fdl.publish.libtorch import Libtorch, resolve_active, resolve_variant
 from fdl.publish.manifest import (
     DEFAULT_BUILD,
     MANIFEST_NAME,
@@ -532,7 +533,7 @@ def publish(request: PublishRequest, *, project_root: Path | None = None, note: 
                     "a CPU libtorch is enough for a gate)")
             else:
                 say(f"gate: building `{request.build}` in {request.cwd} against libtorch {libtorch.label} "
-                    f"(from {libtorch.found_by})")
+                    f"(from {libtorch.source})")
             try:
                 gates.append(primary_gate(stage, request.cwd, request.build, request.bin, libtorch, output))
                 for variant in variants:

@@ -1,67 +1,59 @@
-"""`fdl libtorch`: list, download (from a real HTTP mirror on loopback), activate, info; and the
-probe finding what was activated. Also: every `fdl ...` command a hint names exists."""
+"""`fdl libtorch`: list, download (from real HTTP(S) servers on loopback: PyTorch's own location over TLS,
+mirrors in either naming), activate, info; the probe finding what was activated; what a failed download
+leaves (nothing) and what still works after it. Also: every `fdl ...` command a hint names exists."""
 
 from __future__ import annotations
 
 import ast
-import functools
 import hashlib
-import http.server
-import io
 import json
 import re
-import threading
+import sys
 import warnings
-import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import REPO, run_fdl
-
-
-def make_archive(torch_version: str = "2.13.0+cpu") -> bytes:
-    """A small libtorch zip in PyTorch's layout: one top-level libtorch/ with lib/ and build-version."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr("libtorch/lib/libtorch.so", b"\x7fELF not really\n")
-        zf.writestr("libtorch/include/torch/torch.h", b"// header\n")
-        zf.writestr("libtorch/build-version", torch_version + "\n")
-    return buf.getvalue()
-
-
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args) -> None:
-        pass
+from tests.fakes.libtorch_server import (
+    LibtorchServer,
+    PyTorchOverTls,
+    corrupt_crc,
+    fake_archive,
+    fdl_path,
+    official_path,
+)
+from tests.integration.launch.helpers import free_port
+from tests.integration.publish_support import publish_env
 
 
 @pytest.fixture
-def mirror(tmp_path: Path):
-    """A real HTTP server on 127.0.0.1 serving libtorch-cpu.zip and its .sha256 (sha256sum's format)."""
-    root = tmp_path / "mirror"
-    root.mkdir()
-    archive = make_archive()
-    (root / "libtorch-cpu.zip").write_bytes(archive)
-    (root / "libtorch-cpu.zip.sha256").write_text(f"{hashlib.sha256(archive).hexdigest()}  libtorch-cpu.zip\n")
-    handler = functools.partial(QuietHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield root, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+def mirror():
+    """A real HTTP server on 127.0.0.1 serving a fake cpu libtorch in fdl's naming, with its .sha256."""
+    with LibtorchServer() as server:
+        archive = fake_archive("cpu")
+        server.put(fdl_path("cpu"), archive)
+        server.put(fdl_path("cpu") + ".sha256",
+                   f"{hashlib.sha256(archive).hexdigest()}  libtorch-cpu.zip\n".encode())
+        yield server
 
 
 def env_for(home: Path, **extra: str) -> dict:
     # FDL_LIBTORCH_FROM_PYTORCH=0: the test venv's own PyTorch would otherwise be found last.
-    return {"HOME": str(home), "FDL_LIBTORCH_FROM_PYTORCH": "0", "LIBTORCH": "", "LIBTORCH_PATH": "", **extra}
+    return {"HOME": str(home), "FDL_LIBTORCH_FROM_PYTORCH": "0", "LIBTORCH": "", "LIBTORCH_PATH": "",
+            "FDL_LIBTORCH_MIRROR": "", **extra}
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def test_list_download_activate_then_probe_finds_it(tmp_path: Path, mirror) -> None:
-    _, url = mirror
     home, project = tmp_path / "home", tmp_path / "project"
     home.mkdir()
     project.mkdir()
-    env = env_for(home, FDL_LIBTORCH_MIRROR=url)
+    env = env_for(home, FDL_LIBTORCH_MIRROR=mirror.url)
 
     empty = run_fdl("libtorch", "list", cwd=project, env=env)
     assert empty.returncode == 0 and "No libtorch variant is installed" in empty.stdout
@@ -71,13 +63,14 @@ def test_list_download_activate_then_probe_finds_it(tmp_path: Path, mirror) -> N
     assert got.returncode == 0, got.stderr
     variant = home / ".flodl" / "libtorch" / "precompiled" / "cpu"
     assert (variant / "lib" / "libtorch.so").is_file()
-    assert "sha256 verified" in got.stderr and "now the active variant" in got.stdout
+    assert "sha256 verified against the mirror's .sha256" in got.stderr and "now the active variant" in got.stdout
     assert (home / ".flodl" / "libtorch" / ".active").read_text().strip() == "precompiled/cpu"
 
     listed = json.loads(run_fdl("libtorch", "list", "--json", cwd=project, env=env).stdout)
     [row] = listed["variants"]
     assert (row["label"], row["scope"], row["version"], row["variant"], row["active_in_root"], row["in_use"]) == \
         ("precompiled/cpu", "home", "2.13.0", "cpu", True, True)
+    assert row["sha256"] == sha(mirror.files["/libtorch-cpu.zip"])
 
     activated = run_fdl("libtorch", "activate", "cpu", cwd=project, env=env)
     assert activated.returncode == 0 and "precompiled/cpu" in activated.stdout
@@ -93,20 +86,152 @@ def test_list_download_activate_then_probe_finds_it(tmp_path: Path, mirror) -> N
     # A second download of an installed variant fetches nothing and leaves .active alone.
     again = run_fdl("libtorch", "download", "cpu", "--json", cwd=project, env=env)
     assert json.loads(again.stdout) == {"variant": "cpu", "label": "precompiled/cpu", "path": str(variant),
-                                        "downloaded": False, "activated": False}
+                                        "downloaded": False, "activated": False, "sha256": row["sha256"],
+                                        "source": mirror.url}
 
 
-def test_a_checksum_mismatch_installs_nothing(tmp_path: Path, mirror) -> None:
-    root, url = mirror
-    (root / "libtorch-cpu.zip.sha256").write_text("0" * 64 + "  libtorch-cpu.zip\n")
+def test_with_no_configuration_the_download_comes_from_pytorch_over_https(tmp_path: Path) -> None:
+    """download.pytorch.org as a real TLS server behind a CONNECT proxy (HTTPS_PROXY, REQUESTS_CA_BUNDLE):
+    nothing configured, the pinned release in PyTorch's naming, verified and recorded."""
     home = tmp_path / "home"
     home.mkdir()
-    result = run_fdl("libtorch", "download", "--cpu", cwd=tmp_path, env=env_for(home, FDL_LIBTORCH_MIRROR=url))
-    assert result.returncode == 1
-    assert "failed its checksum" in result.stderr and "Nothing was installed" in result.stderr
-    libroot = home / ".flodl" / "libtorch"
-    assert not (libroot / "precompiled" / "cpu").exists() and not (libroot / ".active").exists()
-    assert not [p for p in (libroot / "precompiled").iterdir()]  # no temp file or half-unpacked tree left
+    archive = fake_archive("cpu")
+    with PyTorchOverTls(tmp_path / "tls") as pytorch:
+        pytorch.server.put("/libtorch" + official_path("cpu"), archive)
+        got = run_fdl("libtorch", "download", "cpu", "--json", cwd=tmp_path, env=env_for(home, **pytorch.env))
+    assert got.returncode == 0, got.stderr
+    assert pytorch.proxy.connects == ["download.pytorch.org:443"]
+    assert json.loads(got.stdout)["source"] == "https://download.pytorch.org/libtorch"
+    assert json.loads(got.stdout)["sha256"] == sha(archive)
+    assert "downloading https://download.pytorch.org/libtorch/cpu/libtorch-shared-with-deps-2.13.0%2Bcpu.zip" \
+        in got.stderr and "no pin to check against" in got.stderr
+
+
+# --------------------------------------------------------------------------- a failed download leaves nothing
+
+def project_for_afterwards(root: Path, port: int) -> Path:
+    """A project whose build links no libtorch: `fdl publish` and `fdl @cluster train` (a single-host cluster
+    run with a build recipe, so its libtorch is resolved) must work whatever a failed download did."""
+    root.mkdir(parents=True)
+    (root / "a.txt").write_text("one\n")
+    rank = (f"{sys.executable} -c 'import os; print(\"RANK\", os.environ[\"RANK\"], "
+            f"os.environ.get(\"LIBTORCH_PATH\") or \"none\")'")
+    (root / "fdl.yml").write_text(yaml.safe_dump({"commands": {"train": {
+        "cluster": True, "build": "mkdir -p out && cat a.txt > out/app", "run": rank, "local_devices": "cpu:2"}}}))
+    (root / "fdl.cluster.yml").write_text(yaml.safe_dump({"cluster": {"controller": {"port": port}}}))
+    return root
+
+
+def still_works(project: Path, home: Path) -> None:
+    env = publish_env(home, FDL_LIBTORCH_FROM_PYTORCH="0", LIBTORCH="")
+    published = run_fdl("publish", f"file://{project}", "--bin", "out/app", "--build", "mkdir -p out && cat a.txt "
+                        "> out/app", "--to", str(project.parent / "served"), cwd=project, env=env)
+    assert published.returncode == 0, published.stderr
+    assert "no libtorch found" in published.stderr
+    trained = run_fdl("@cluster", "train", cwd=project, env=env, timeout=180)
+    assert trained.returncode == 0, trained.stderr + trained.stdout
+    assert sorted(re.findall(r"RANK (\d) none", trained.stdout)) == ["0", "1"], trained.stdout + trained.stderr
+
+
+def test_a_failed_download_leaves_nothing_and_other_commands_still_work(tmp_path: Path) -> None:
+    """The official layout on a mirror: a corrupted zip, a wrong pin, a dropped connection each fail cleanly
+    (exit 1, nothing under ~/.flodl); then the good archive installs and verifies, and `fdl libtorch info`
+    shows its recorded SHA-256."""
+    home = tmp_path / "home"
+    home.mkdir()
+    project = project_for_afterwards(tmp_path / "project", free_port())
+    good = fake_archive("cpu")
+    path = "/libtorch" + official_path("cpu")
+    with LibtorchServer() as server:
+        url = server.url + "/libtorch"
+        env = env_for(home)
+
+        server.put(path, corrupt_crc(good))
+        corrupt = run_fdl("libtorch", "download", "cpu", "--mirror", url, cwd=project, env=env)
+        assert corrupt.returncode == 1 and "fails its CRC check" in corrupt.stderr, corrupt.stderr
+        assert "Traceback" not in corrupt.stderr and list(home.iterdir()) == []
+
+        server.put(path, good)
+        pinned = dict(yaml.safe_load((project / "fdl.yml").read_text()), libtorch={"sha256": {"cpu": "e" * 64}})
+        (project / "fdl.yml").write_text(yaml.safe_dump(pinned))
+        wrong = run_fdl("libtorch", "download", "cpu", "--mirror", url, cwd=project, env=env)
+        assert wrong.returncode == 1 and f"libtorch.sha256 says {'e' * 64}" in wrong.stderr, wrong.stderr
+        assert list(home.iterdir()) == []
+        pinned["libtorch"] = {"sha256": {"cpu": sha(good)}}
+        (project / "fdl.yml").write_text(yaml.safe_dump(pinned))
+
+        server.drop.add(path.replace("%2B", "+"))
+        dropped = run_fdl("libtorch", "download", "cpu", "--mirror", url, cwd=project, env=env)
+        assert dropped.returncode == 1 and "broke off" in dropped.stderr, dropped.stderr
+        assert list(home.iterdir()) == []
+
+        still_works(project, home)
+
+        server.drop.clear()
+        got = run_fdl("libtorch", "download", "cpu", "--mirror", url, cwd=project, env=env)
+    assert got.returncode == 0, got.stderr
+    assert "sha256 verified against libtorch.sha256" in got.stderr and f"Archive sha256: {sha(good)}" in got.stdout
+    info = run_fdl("libtorch", "info", cwd=project, env=env)
+    assert info.returncode == 0 and f"archive sha256 {sha(good)}" in info.stdout
+    assert json.loads(run_fdl("libtorch", "info", "--json", cwd=project, env=env).stdout)["libtorch"]["sha256"] \
+        == sha(good)
+
+
+def test_what_an_older_failed_download_left_breaks_nothing(tmp_path: Path) -> None:
+    """Regression: an empty ~/.flodl/libtorch/precompiled/ and a .lock (an older fdl's failed download) made
+    `fdl publish` and `fdl @cluster train` exit 1 with 'holds no libtorch variant'."""
+    home = tmp_path / "home"
+    (home / ".flodl" / "libtorch" / "precompiled").mkdir(parents=True)
+    (home / ".flodl" / "libtorch" / ".lock").write_text("")
+    project = project_for_afterwards(tmp_path / "project", free_port())
+    still_works(project, home)
+    probe = json.loads(run_fdl("probe", "--json", "--skip-mount", cwd=project, env=env_for(home)).stdout)
+    check = next(c for c in probe["checks"] if c["name"] == "libtorch")
+    assert "nothing is installed at" in check["message"] and "fdl libtorch download" in check["hint"]
+
+
+# --------------------------------------------------------------------------- sources, names and configuration
+
+def test_the_mirror_comes_from_the_flag_the_environment_or_either_block(tmp_path: Path, mirror) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    for block in ({"libtorch": {"mirror": mirror.url}}, {"join": {"libtorch_mirror": mirror.url}}):
+        (tmp_path / "fdl.yml").write_text(yaml.safe_dump(block))
+        got = run_fdl("libtorch", "download", "cpu", "--json", cwd=tmp_path, env=env_for(home))
+        assert got.returncode == 0 and json.loads(got.stdout)["source"] == mirror.url, got.stderr
+    (tmp_path / "fdl.yml").write_text(yaml.safe_dump({"libtorch": {"mirror": "http://127.0.0.1:9/nowhere"}}))
+    flag = run_fdl("libtorch", "download", "cpu", "--json", "--mirror", mirror.url, cwd=tmp_path, env=env_for(home))
+    assert json.loads(flag.stdout)["source"] == mirror.url
+
+
+def test_bad_names_sources_and_pins_are_refused_with_the_documented_codes(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    bad = run_fdl("libtorch", "download", "cu999", cwd=tmp_path, env=env_for(home))
+    assert bad.returncode == 2 and "'cu999' is not one of them" in bad.stderr
+    unpublished = run_fdl("libtorch", "download", "cu128", cwd=tmp_path, env=env_for(home))
+    assert unpublished.returncode == 2 and "PyTorch 2.13.0 publishes no cu128 libtorch" in unpublished.stderr
+    assert "--mirror" in unpublished.stderr
+    flag = run_fdl("libtorch", "download", "cpu", "--mirror", "ftp://x/y", cwd=tmp_path, env=env_for(home))
+    assert flag.returncode == 2 and "from --mirror: 'ftp://x/y' is not an http:// or https://" in flag.stderr
+    variable = run_fdl("libtorch", "download", "cpu", cwd=tmp_path, env=env_for(home, FDL_LIBTORCH_MIRROR="x y"))
+    assert variable.returncode == 1 and "from FDL_LIBTORCH_MIRROR" in variable.stderr  # configuration: exit 1
+    (tmp_path / "fdl.yml").write_text("libtorch:\n  sha256:\n    cpu: 1234\n")
+    pin = run_fdl("libtorch", "download", "cpu", cwd=tmp_path, env=env_for(home))
+    assert pin.returncode == 1 and "fdl.yml:3: libtorch.sha256.cpu: expected a SHA-256 in hex" in pin.stderr
+    (tmp_path / "fdl.yml").write_text("libtorch:\n  sha265: {}\n")
+    typo = run_fdl("libtorch", "list", cwd=tmp_path, env=env_for(home))
+    assert typo.returncode == 0 and "unknown key 'libtorch.sha265' (did you mean 'sha256'?)" in typo.stderr
+    (tmp_path / "fdl.yml").write_text("libtorch:\n  mirror: not-a-url\n")
+    url = run_fdl("libtorch", "download", "cpu", cwd=tmp_path, env=env_for(home))
+    assert url.returncode == 1 and "fdl.yml:2: libtorch.mirror: expected an http:// or https:// base URL" in url.stderr
+    assert list(home.iterdir()) == []
+    (tmp_path / "fdl.yml").unlink()
+    missing = run_fdl("libtorch", "activate", "cu130", cwd=tmp_path, env=env_for(home))
+    assert missing.returncode == 1 and "precompiled/cu130 is not installed" in missing.stderr
+    assert "fdl libtorch download cu130" in missing.stderr
+    nosuch = run_fdl("libtorch", "activate", "nosuch", cwd=tmp_path, env=env_for(home))
+    assert nosuch.returncode == 1 and "fdl libtorch download" in nosuch.stderr
 
 
 def test_an_unreachable_mirror_is_a_clear_error(tmp_path: Path) -> None:
@@ -120,21 +245,7 @@ def test_an_unreachable_mirror_is_a_clear_error(tmp_path: Path) -> None:
         result = run_fdl("libtorch", "download", "cpu", "--mirror", url, cwd=tmp_path, env=env_for(home))
     assert result.returncode == 1
     assert f"cannot download {url}/libtorch-cpu.zip.sha256" in result.stderr and "Traceback" not in result.stderr
-    assert "hint: Check the mirror URL" in result.stderr
-
-
-def test_no_mirror_and_bad_names_are_refused(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
-    none = run_fdl("libtorch", "download", "--cpu", cwd=tmp_path, env=env_for(home, FDL_LIBTORCH_MIRROR=""))
-    assert none.returncode == 2 and "no libtorch mirror is configured" in none.stderr
-    assert "--mirror" in none.stderr and "FDL_LIBTORCH_MIRROR" in none.stderr
-    bad = run_fdl("libtorch", "download", "cu999", "--mirror", "http://127.0.0.1:9", cwd=tmp_path,
-                  env=env_for(home))
-    assert bad.returncode == 1 and "'cu999' is not one of them" in bad.stderr
-    missing = run_fdl("libtorch", "activate", "cu128", cwd=tmp_path, env=env_for(home))
-    assert missing.returncode == 1 and "precompiled/cu128 is not installed" in missing.stderr
-    assert "fdl libtorch download cu128" in missing.stderr
+    assert f"the mirror {url} (from --mirror)" in result.stderr and list(home.iterdir()) == []
 
 
 def test_the_environments_pytorch_is_the_last_resort(tmp_path: Path) -> None:
@@ -201,7 +312,7 @@ def test_a_terminal_gets_a_progress_bar(tmp_path: Path, mirror) -> None:
 
     from tests.conftest import fdl_env
 
-    _, url = mirror
+    url = mirror.url
     home = tmp_path / "home"
     home.mkdir()
     child = pexpect.spawn(sys.executable, ["-m", "fdl", "libtorch", "download", "--cpu"], cwd=str(tmp_path),

@@ -53,21 +53,22 @@ def test_every_module_util_imports_and_the_checks_run_under_python_3_8(tmp_path,
     """Under a real 3.8: every module_utils module imports (module-level code runs, which vermin cannot
     judge), every role module compiles, and the check library probes the fake GPU."""
     python = require_python(OLDEST_TARGET)
-    layout = module_utils_layout(tmp_path / "mu")
-    names = sorted(".".join(p.relative_to(layout).with_suffix("").parts).removesuffix(".__init__")
+    layout = module_utils_layout(tmp_path / "mu")  # imported as the package mu, as module_utils is on a host
+    names = sorted(".".join(p.relative_to(tmp_path).with_suffix("").parts).removesuffix(".__init__")
                    for p in layout.rglob("*.py"))
-    assert {"checks.probe", "supervisor", "farm.doors", "pynvml_packed"} <= set(names)
+    assert {"mu.checks.probe", "mu.libtorch.resolve", "mu.supervisor", "mu.farm.doors", "mu.pynvml_packed"} <= \
+        set(names)
     modules = [p for p in shipped_to_targets() if p.parent.name == "modules"]
     code = ("import importlib, json, sys\n"
             "for name in json.loads(sys.argv[1]): importlib.import_module(name)\n"
             "for path in json.loads(sys.argv[2]): compile(open(path).read(), path, 'exec')\n"
-            "import pynvml_packed; pynvml_packed.load()\n"  # pynvml itself, run from its packed source under 3.8
-            "from checks.probe import ProbeOptions, run_probe\n"
+            "import mu.pynvml_packed; mu.pynvml_packed.load()\n"  # pynvml itself, from its packed source under 3.8
+            "from mu.checks.probe import ProbeOptions, run_probe\n"
             "report = run_probe(ProbeOptions(skip_mount=True), host='old')\n"
             "print(json.dumps({'python': list(sys.version_info[:2]), 'report': report.to_dict()}))\n")
     env = {**fake_nvml.env("H100:9.0:80G"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     done = subprocess.run([str(python), "-c", code, json.dumps(names), json.dumps(list(map(str, modules)))],
-                          cwd=layout, env=env, capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["python"] == [3, 8]

@@ -29,7 +29,7 @@ def publish_json(result: PublishResult, sources: list[WorkerSource]) -> dict[str
         "source": {"kind": request.source.kind, "spec": request.source.spec, "commit": result.commit},
         "libtorch": None if result.libtorch is None else {
             "path": str(result.libtorch.path), "label": result.libtorch.label,
-            "found_by": result.libtorch.found_by, "feature": result.libtorch.feature},
+            "found_by": result.libtorch.source, "feature": result.libtorch.feature},
         "gates": [{"name": g.name, "libtorch": g.libtorch, "target_dir": g.target_dir, "recipe": g.recipe,
                    "passed": True} for g in result.gates],
         "built": manifest.built,

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -95,16 +94,14 @@ def test_nothing_published_yet_is_transient(tmp_path):
 @pytest.fixture
 def mirror(tmp_path):
     """A libtorch mirror (python -m http.server on loopback) serving fake cu128 and rocm7.1 archives."""
+    from tests.fakes.libtorch_server import fake_archive
     from tests.join_util import free_port
-    from tests.unit.agent.test_libtorch_acquire import LIBTORCH
 
     root = tmp_path / "mirror"
     root.mkdir()
     for variant in ("cu128", "rocm7.1"):
         archive = root / f"libtorch-{variant}.zip"
-        with zipfile.ZipFile(archive, "w") as zf:
-            for name, data in LIBTORCH.items():
-                zf.writestr("libtorch/" + name, data)
+        archive.write_bytes(fake_archive(variant))
         (root / f"libtorch-{variant}.zip.sha256").write_text(hashlib.sha256(archive.read_bytes()).hexdigest() + "\n")
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory",

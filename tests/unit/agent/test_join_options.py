@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from fdl.agent.options import SshHop, parse_ssh_hop, parse_sshfs_source, resolve_options
-from fdl.config.schema import Devices, JoinDefaults
+from fdl.config.schema import Devices, JoinDefaults, LibtorchDefaults
 from fdl.errors import ExitCode, UsageError
+from fdl.libtorch.source import Source
 
 
 def flags(**given):
@@ -90,12 +91,16 @@ def test_the_token_never_shows_in_the_options_repr():
     assert "token=None" in repr(resolve_options(None, flags(controller="h", bin="/x"), None, environ={}))
 
 
-def test_mirror_from_env_wins_over_the_block_and_must_be_http():
+def test_the_libtorch_source_env_then_libtorch_block_then_join_block_then_pytorch():
     block = JoinDefaults(controller="h", bin="/x", libtorch_mirror="https://block.example/lt")
-    assert resolve_options(block, {}, None, environ={}).libtorch_mirror == "https://block.example/lt"
+    libtorch = LibtorchDefaults(mirror="https://libtorch.example/lt", sha256=(("cpu", "a" * 64),))
+    assert resolve_options(JoinDefaults(controller="h", bin="/x"), {}, None, environ={}).libtorch_source == Source()
+    assert resolve_options(block, {}, None, environ={}).libtorch_source.mirror == "https://block.example/lt"
+    got = resolve_options(block, {}, None, environ={}, libtorch_block=libtorch).libtorch_source
+    assert (got.mirror, got.given_by, got.pin("cpu")) == ("https://libtorch.example/lt", "libtorch.mirror", "a" * 64)
     env = {"FDL_LIBTORCH_MIRROR": "http://127.0.0.1:23001/m"}
-    assert resolve_options(block, {}, None, environ=env).libtorch_mirror == "http://127.0.0.1:23001/m"
-    with pytest.raises(UsageError, match="not an http"):
+    assert resolve_options(block, {}, None, environ=env).libtorch_source.mirror == "http://127.0.0.1:23001/m"
+    with pytest.raises(UsageError, match="not an http"):  # exit 2: a worker's settings that do not parse
         resolve_options(block, {}, None, environ={"FDL_LIBTORCH_MIRROR": "ftp://x/y"})
 
 

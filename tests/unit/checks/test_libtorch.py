@@ -6,16 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from fdl.checks.libtorch import (
-    LibtorchNotFound,
-    arch_covers,
-    check_libtorch,
-    normalise_arch,
-    parse_archs,
-    resolve_libtorch,
-)
+from fdl.checks.libtorch import check_libtorch
 from fdl.checks.nvml import NvmlDevice, NvmlInventory
 from fdl.checks.report import ERROR, OK, WARNING
+from fdl.libtorch.resolve import LibtorchNotFound, resolve_libtorch
+from fdl.libtorch.variants import arch_covers, normalise_arch, parse_archs
 from tests.fakes import make_libtorch
 
 

@@ -1,5 +1,5 @@
 """fdl/checks must work outside the fdl package, as Ansible module_utils: standard library and
-pynvml only, siblings imported relatively, and a JSON-in JSON-out entry point."""
+pynvml only, siblings (and the shipped libtorch core) imported relatively, and a JSON-in JSON-out entry point."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fdl.collection import MODULE_UTILS
 from tests.conftest import REPO
 
 CHECKS = REPO / "fdl" / "checks"
@@ -17,38 +18,70 @@ ALLOWED_THIRD_PARTY = {"pynvml", "ansible_collections"}  # the collection's vend
 VENDORED_PYNVML = "ansible_collections.flodl.fdl.plugins.module_utils.pynvml_packed"
 
 
-def test_checks_import_only_stdlib_pynvml_and_siblings() -> None:
+def shipped_packages() -> dict[str, list[Path]]:
+    """The module_utils packages the probe needs (checks/, libtorch/), as fdl/collection.py ships them."""
+    out: dict[str, list[Path]] = {}
+    for name in ("checks", "libtorch"):
+        files: list[Path] = []
+        for part in MODULE_UTILS[name]:
+            origin = REPO / "fdl" / part
+            files += sorted(origin.glob("*.py")) if origin.is_dir() else [origin]
+        out[name] = files
+    return out
+
+
+def module_utils_copy(dest: Path) -> Path:
+    """The shipped packages under dest/fdl_module_utils/ (a package named unlike fdl, as on a host)."""
+    top = dest / "fdl_module_utils"
+    for name, files in shipped_packages().items():
+        (top / name).mkdir(parents=True)
+        for path in files:
+            shutil.copyfile(path, top / name / path.name)
+    (top / "__init__.py").touch()
+    return top
+
+
+def test_checks_import_only_stdlib_pynvml_and_shipped_siblings() -> None:
+    shipped = {f"{name}.{p.stem}" for name, files in shipped_packages().items() for p in files}
     offenders = []
-    for source in sorted(CHECKS.glob("*.py")):
-        for node in ast.walk(ast.parse(source.read_text(), str(source))):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:  # relative: a sibling
+    for package, files in shipped_packages().items():
+        for source in files:
+            for node in ast.walk(ast.parse(source.read_text(), str(source))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    if node.level:  # relative (. is the package, .. module_utils): it must land on a shipped module
+                        base = [package] if node.level == 1 else []
+                        target = ".".join([*base, *(node.module or "").split(".")]).strip(".")
+                        if target not in shipped and f"{target}.__init__" not in shipped and \
+                                not any(f"{target}.{alias.name}" in shipped for alias in node.names):
+                            offenders.append(f"{package}/{source.name}:{node.lineno} imports {target}, not shipped")
+                        continue
+                    names = [node.module or ""]
+                else:
                     continue
-                names = [node.module or ""]
-            else:
-                continue
-            for name in names:
-                top = name.split(".")[0]
-                if top in sys.stdlib_module_names or top == "__future__":
-                    continue
-                if top in ALLOWED_THIRD_PARTY and (top != "ansible_collections" or name == VENDORED_PYNVML):
-                    continue
-                offenders.append(f"{source.name}:{node.lineno} imports {name}")
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in sys.stdlib_module_names or top == "__future__":
+                        continue
+                    if top in ALLOWED_THIRD_PARTY and (top != "ansible_collections" or name == VENDORED_PYNVML):
+                        continue
+                    offenders.append(f"{package}/{source.name}:{node.lineno} imports {name}")
     assert offenders == []
+    assert {"libtorch.variants", "libtorch.resolve", "libtorch.__init__"} <= shipped
+    assert "libtorch.install" not in shipped  # requests: never on a host
 
 
 def test_checks_run_as_a_renamed_package_from_json_options(tmp_path: Path, fake_nvml) -> None:
     """What the Ansible probe module does: run_probe(ProbeOptions(**params)) -> report.to_dict()."""
-    shutil.copytree(CHECKS, tmp_path / "fdl_module_utils", ignore=shutil.ignore_patterns("__pycache__"))
+    module_utils_copy(tmp_path)
     data = tmp_path / "data"
     data.mkdir()
     params = {"data_path": str(data), "skip_mount": False, "libtorch_path": None, "docker": None,
               "project_root": str(tmp_path), "gpus": [1]}
     code = (
         "import json, sys\n"
-        "from fdl_module_utils.probe import ProbeOptions, run_probe\n"
+        "from fdl_module_utils.checks.probe import ProbeOptions, run_probe\n"
         "report = run_probe(ProbeOptions(**json.loads(sys.argv[1])), host='node-b')\n"
         "assert not any(m == 'fdl' or m.startswith('fdl.') for m in sys.modules), 'fdl was imported'\n"
         "print(json.dumps(report.to_dict()))\n"
@@ -68,8 +101,8 @@ def test_checks_run_as_a_renamed_package_from_json_options(tmp_path: Path, fake_
 
 def test_a_host_python_without_pynvml_gets_an_error_not_a_crash(tmp_path: Path) -> None:
     """`python -S` leaves site-packages (pynvml, ansible) out, as on a bare target host."""
-    shutil.copytree(CHECKS, tmp_path / "fdl_module_utils", ignore=shutil.ignore_patterns("__pycache__"))
-    code = ("import json\nfrom fdl_module_utils.probe import ProbeOptions, run_probe\n"
+    module_utils_copy(tmp_path)
+    code = ("import json\nfrom fdl_module_utils.checks.probe import ProbeOptions, run_probe\n"
             "print(json.dumps(run_probe(ProbeOptions(skip_mount=True), host='bare').to_dict()))\n")
     done = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, env={"HOME": str(tmp_path)},
                           capture_output=True, text=True, timeout=60)

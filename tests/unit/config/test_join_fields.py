@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fdl.agent.options import LIBTORCH_CHOICES, JoinOptions, resolve_options
+from fdl.agent.options import JoinOptions, resolve_options
 from fdl.checks.devices import Devices
 from fdl.config import load_config, schema
 from fdl.config.join_fields import CLI_FIELDS, JOIN_KEYS, SETTINGS, JoinDefaults, Setting, flag_of
 from fdl.errors import ConfigError
+from fdl.libtorch.variants import CHOICES as LIBTORCH_CHOICES
 
 REPO = Path(__file__).resolve().parents[3]
 ROLE = REPO / "ansible_collections" / "flodl" / "fdl" / "roles" / "fdl_join_worker"
@@ -121,7 +122,9 @@ def test_the_cli_options_are_exactly_the_declared_flags():
 
 
 def test_the_agent_options_are_the_declared_fields_and_every_flag_reaches_them():
-    assert JoinOptions._fields == (*JOIN_KEYS, "args_given")
+    # libtorch_mirror is resolved, with the libtorch: block and FDL_LIBTORCH_MIRROR, into where downloads come from
+    assert JoinOptions._fields == (*(k if k != "libtorch_mirror" else "libtorch_source" for k in JOIN_KEYS),
+                                   "args_given")
     given = {"controller": "10.0.0.9:2000", "ssh": "op@door:2222", "identity": "/k", "token": "t", "bin": None,
              "source": "file:///srv/tree", "source_cwd": "sub", "source_build": "make", "source_bin": "out/train",
              "libtorch": "cpu", "host": "node-z", "devices": "cpu:2", "persist": True, "data_path": "/d",

@@ -16,7 +16,7 @@ from fdl.config.schema import (
 )
 from fdl.launch.build import BuildError, artifact_path, build_jobs, check_artifacts
 from fdl.launch.plan import plan_launch
-from fdl.publish.libtorch import LibtorchError
+from fdl.libtorch.gate import LibtorchError
 from tests.fakes import make_libtorch
 
 CPU1 = Devices(kind="cpu", count=1)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from fdl.libtorch.variants import Libtorch
 from fdl.publish.gate import (
     GateError,
     check_gate_headers,
@@ -13,7 +14,6 @@ from fdl.publish.gate import (
     headers_present,
     package_manager,
 )
-from fdl.publish.libtorch import Libtorch
 
 
 def fake_tool(directory: Path, name: str) -> None:
@@ -62,11 +62,11 @@ def test_missing_headers_refuse_the_gate_with_the_install_line(tmp_path: Path) -
     env = {"PATH": str(tmp_path / "bin"), "ROCM_PATH": str(tmp_path / "no-rocm")}
     if headers_present("amd", env):
         pytest.skip("this box has HIP headers in a system directory, so their absence cannot be shown")
-    variant = Libtorch(tmp_path / "rocm70", "precompiled/rocm70", "amd", "user")
+    variant = Libtorch(str(tmp_path / "rocm70"), "home", "precompiled/rocm70")
     with pytest.raises(GateError) as info:
         check_gate_headers(variant, env)
     message = info.value.message
     assert "--gate precompiled/rocm70" in message and "hip/hip_runtime.h" in message
     assert ("dnf install rocm-hip-devel" in message) and ("Nothing was touched" in message)
-    check_gate_headers(Libtorch(tmp_path, "precompiled/cpu", None, "user"), env)  # CPU needs no headers
+    check_gate_headers(Libtorch(str(tmp_path), "home", "precompiled/cpu"), env)  # CPU needs no headers
 
