@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fdl.farm.doors import rrsync_command
 from fdl.publish.fetch import pull_run
 from fdl.publish.manifest import MANIFEST_NAME, ManifestMissing, read_manifest
 from fdl.publish.spec import parse_source_spec
 from tests.conftest import run_fdl
+from tests.integration.debian_rsync import unpack_rrsync
 from tests.integration.publish_support import LoopbackSshd, git, make_crate, need_cargo_or_skip, publish_env
 
 
@@ -175,7 +177,7 @@ def test_worker_pulls_through_an_rrsync_ro_key(tmp_path: Path, sshd: LoopbackSsh
     src.mkdir()
     (src / "a.txt").write_text("served\n")
     served = home / ".flodl" / "run"
-    sshd.authorize(f'command="rrsync -ro -munge {served}",restrict')
+    sshd.authorize(f'command="{rrsync_command(str(served))}",restrict')
     spec = parse_source_spec(f"rsync://{sshd.user}@127.0.0.1:{sshd.port}:/tree")
     worker = tmp_path / "worker" / "tree"
     env = dict(os.environ, RSYNC_RSH=sshd.rsync_rsh)
@@ -187,7 +189,7 @@ def test_worker_pulls_through_an_rrsync_ro_key(tmp_path: Path, sshd: LoopbackSsh
     data = json.loads(ok(publish(home, f"file://{src}", "--bin", "out/app", "--build", GIT_BUILD, "--json",
                                  cwd=tmp_path)).stdout)
     rrsync_spelling = next(w for w in data["worker_sources"] if w["key"] == "rrsync")
-    assert rrsync_spelling["authorized_keys_options"] == f'command="rrsync -ro -munge {served}",restrict'
+    assert rrsync_spelling["authorized_keys_options"] == f'command="{rrsync_command(str(served))}",restrict'
 
     manifest = pull_run(spec, worker, identity=str(sshd.client_key), env=env)
     assert manifest.run == data["run"]
@@ -243,33 +245,8 @@ BOOKWORM_RSYNC = "3.2.7"  # the rsync bookworm released with; its point releases
 
 @pytest.fixture(scope="session")
 def bookworm_rrsync(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Debian 12's release rrsync (3.2.7) with its own rsync, unpacked from the Debian package itself.
-
-    The package comes from apt (`apt-get download`, no root needed); its rrsync is used as
-    shipped, only pointed at the rsync binary of the same package.
-    """
-    where = tmp_path_factory.mktemp("bookworm-rsync")
-    versions = subprocess.run(["apt-cache", "madison", "rsync"], capture_output=True, text=True, check=False)
-    wanted = [line.split("|")[1].strip() for line in versions.stdout.splitlines()
-              if line.count("|") >= 2 and line.split("|")[1].strip().startswith(BOOKWORM_RSYNC + "-")]
-    if not wanted:
-        pytest.fail(f"apt knows no rsync {BOOKWORM_RSYNC} package (apt-cache madison rsync: {versions.stdout!r}); "
-                    "this test needs Debian 12's package sources")
-    got = subprocess.run(["apt-get", "download", f"rsync={wanted[0]}"], cwd=where, capture_output=True, text=True,
-                         check=False)
-    debs = list(where.glob("rsync_*.deb"))
-    assert got.returncode == 0 and debs, f"apt-get download rsync={wanted[0]} failed:\n{got.stderr}"
-    root = where / "root"
-    subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(root)], check=True)
-    rsync = root / "usr" / "bin" / "rsync"
-    version = subprocess.run([rsync, "--version"], capture_output=True, text=True, check=True).stdout
-    assert f"version {BOOKWORM_RSYNC} " in version
-    script = (root / "usr" / "bin" / "rrsync").read_text()
-    assert "\nRSYNC = '/usr/bin/rsync'\n" in script
-    rrsync = where / "rrsync"
-    rrsync.write_text(script.replace("\nRSYNC = '/usr/bin/rsync'\n", f"\nRSYNC = '{rsync}'\n"))
-    rrsync.chmod(0o755)
-    return str(rrsync)
+    """Debian 12's release rrsync (3.2.7) with its own rsync, unpacked from the Debian package itself."""
+    return unpack_rrsync(BOOKWORM_RSYNC, tmp_path_factory.mktemp("bookworm-rsync"))
 
 
 @pytest.mark.parametrize("door", ["installed", "bookworm-release"])

@@ -264,7 +264,7 @@ def test_door_b_prompts_in_order_and_installs_the_line_with_consent(box):
     assert mode(box.ak) == 0o600 and mode(box.ak.parent) == 0o700
     line = box.ak.read_text().strip()
     assert line == (box.farm / "authorized_keys.line").read_text().strip()
-    assert f'command="/usr/bin/rrsync -ro -munge {box.home}/.flodl/run"' in line
+    assert f"exec /usr/bin/rrsync -ro -munge {box.home}/.flodl/run'\"" in line
     assert (box.farm / "installed-at").read_text() == f"{box.ak}\n"
 
 
