@@ -140,6 +140,54 @@ def test_file_and_git_sources_can_take_turns_in_the_same_served_dir(tmp_path: Pa
     assert not (tree / "old.txt").exists()
 
 
+@pytest.mark.parametrize("place, text, why", [
+    ("target/leak", "SECRET", "absolute"),
+    ("sub/target/leak", "../../../secret/id", "climbs above the tree root as written"),
+    ("libtorch/home", "HOME", "absolute"),
+    ("sub/target/deep/home", "../../../../../home", "climbs above the tree root as written"),
+])
+def test_git_source_with_a_committed_link_out_of_the_tree_under_build_output_is_refused(tmp_path: Path, place: str,
+                                                                                         text: str, why: str) -> None:
+    """regression: the link check skipped every real directory named target/ and the top-level libtorch/ as build
+    output, but a git source checks tracked files out there: `target/leak -> ~/.ssh/secret_key` and
+    `libtorch/home -> ~` were published with rc 0 and served through door b."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "secret_key").write_text("PRIVATE\n")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "a.txt").write_text("v1\n")
+    link = repo / place
+    link.parent.mkdir(parents=True, exist_ok=True)
+    target = {"SECRET": str(home / ".ssh" / "secret_key"), "HOME": str(home)}.get(text, text)
+    link.symlink_to(target)
+    git(repo, "add", "-f", ".")
+    git(repo, "commit", "-q", "-m", "one")
+    result = publish(home, f"git+file://{repo}#main", "--bin", "out/app", "--build", GIT_BUILD, "--json",
+                     cwd=tmp_path)
+    assert result.returncode == 1, result.stdout
+    assert json.loads(result.stdout)["published"] is False
+    assert f"{place} -> {target}  ({why}" in result.stderr, result.stderr
+    assert "Nothing was published: nothing is served yet" in result.stderr
+    assert not (home / ".flodl" / "run" / "tree").exists()
+
+
+def test_a_link_out_of_the_tree_made_by_the_build_is_refused(tmp_path: Path, repo: Path) -> None:
+    """regression: build output was never checked, so a recipe (or a build script) that links target/ to a place
+    outside the tree published it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    ok(publish(home, f"git+file://{repo}#v1", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path))
+    before = read_manifest(home / ".flodl" / "run" / "tree")
+    result = publish(home, f"git+file://{repo}#v2", "--bin", "out/app", "--build",
+                     f"{GIT_BUILD} && mkdir -p target/release && ln -s {home} target/release/home", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "after the build, the tree holds 1 symbolic link(s) that reach outside the tree" in result.stderr
+    assert f"target/release/home -> {home}  (absolute" in result.stderr
+    assert read_manifest(home / ".flodl" / "run" / "tree") == before  # the previous run stays served
+
+
 # --------------------------------------------------------------------------- rsync over a real sshd
 
 
