@@ -17,6 +17,7 @@ from fdl.publish.manifest import MANIFEST_NAME, ManifestMissing, read_manifest
 from fdl.publish.spec import parse_source_spec
 from tests.conftest import run_fdl
 from tests.integration.debian_rsync import unpack_rrsync
+from tests.integration.git_http import GitHttpServer
 from tests.integration.publish_support import LoopbackSshd, git, make_crate, need_cargo_or_skip, publish_env
 
 
@@ -138,6 +139,67 @@ def test_file_and_git_sources_can_take_turns_in_the_same_served_dir(tmp_path: Pa
     ok(publish(home, f"file://{src}", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path))
     assert (tree / "out" / "app").read_text() == "from a directory\n"
     assert not (tree / "old.txt").exists()
+
+
+@pytest.fixture
+def git_http(tmp_path: Path, repo: Path):
+    """The test repository served over smart HTTP on loopback, behind basic authentication."""
+    served = tmp_path / "git-http"
+    served.mkdir()
+    subprocess.run(["git", "clone", "-q", "--bare", str(repo), str(served / "repo.git")], check=True)
+    server = GitHttpServer(served, "oauth2", "tok-" + os.urandom(12).hex()).start()
+    yield server
+    server.stop()
+
+
+def _git_shim(tmp_path: Path) -> tuple[str, Path]:
+    """A PATH whose git records its command line before it runs the real one."""
+    shim_dir, log = tmp_path / "shim", tmp_path / "git-argv.log"
+    shim_dir.mkdir()
+    real = subprocess.run(["sh", "-c", "command -v git"], capture_output=True, text=True, check=True).stdout.strip()
+    (shim_dir / "git").write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {log}\nexec {real} "$@"\n')
+    (shim_dir / "git").chmod(0o755)
+    return os.pathsep.join([str(shim_dir), publish_env(tmp_path)["PATH"]]), log
+
+
+def test_credentials_in_a_git_url_leave_no_trace_in_the_tree_the_report_or_the_json(tmp_path: Path,
+                                                                                   git_http: GitHttpServer) -> None:
+    """regression: `fdl publish 'git+https://oauth2:TOKEN@host/o/r#main'` wrote the URL with its userinfo into
+    .fdl-run.yml (0644, served to every worker through door b) and printed it twice in the report."""
+    home = tmp_path / "home"
+    home.mkdir()
+    # the user's own git configuration stores credentials: fdl's fetch must not hand it the URL's
+    (home / ".gitconfig").write_text("[credential]\n\thelper = store\n")
+    token = git_http.password
+    spec = f"git+http://oauth2:{token}@127.0.0.1:{git_http.port}/repo.git"
+    shown = f"git+http://127.0.0.1:{git_http.port}/repo.git"
+    path, argv_log = _git_shim(tmp_path)
+    human = ok(publish(home, f"{spec}#v1", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path, PATH=path))
+    data = json.loads(ok(publish(home, f"{spec}#v2", "--bin", "out/app", "--build", GIT_BUILD, "--json",
+                                 cwd=tmp_path, PATH=path)).stdout)
+    assert f"oauth2:{token}" in git_http.seen  # the credentials were used, through git's own protocol
+    assert data["manifest"]["origin"] == f"{shown}#v2" and data["source"]["spec"] == f"{shown}#v2"
+    assert "published run" in human.stdout and f"from {shown}#v1" in human.stdout
+    assert "carried a user or password" in human.stderr
+    tree = home / ".flodl" / "run" / "tree"
+    assert (tree / "out" / "app").read_text() == "v2\n"
+    failed = publish(home, f"{spec}#no-such-ref", "--bin", "out/app", "--build", GIT_BUILD, "--json", cwd=tmp_path,
+                     PATH=path)
+    assert failed.returncode == 1 and json.loads(failed.stdout)["published"] is False
+    assert f"fetching {shown}#no-such-ref failed" in failed.stderr
+    unparsed = publish(home, spec, "--bin", "out/app", "--json", cwd=tmp_path, PATH=path)  # no #ref
+    assert unparsed.returncode == 1 and f"'{shown}' does not parse" in unparsed.stderr
+    for result in (human, failed, unparsed):
+        assert token not in result.stdout + result.stderr and "oauth2" not in result.stdout + result.stderr
+    assert token not in json.dumps(data)
+    leaks = [str(p) for p in (home / ".flodl").rglob("*") if p.is_file() and not p.is_symlink()
+             and (token.encode() in p.read_bytes() or b"oauth2" in p.read_bytes())]
+    assert leaks == []  # the manifest, .git/config, FETCH_HEAD, the reflogs: nowhere in the served directory
+    assert not (home / ".git-credentials").exists()  # the user's store helper never saw them
+    assert argv_log.read_text() and token not in argv_log.read_text()  # never on git's command line
+    # Without the credentials the server refuses: they were needed, and used only through the helper.
+    refused = publish(home, f"{shown}#v1", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path, PATH=path)
+    assert refused.returncode == 1 and "Nothing was published" in refused.stderr
 
 
 @pytest.mark.parametrize("place, text, why", [
