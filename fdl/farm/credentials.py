@@ -151,9 +151,9 @@ def vet(cred: Credentials, farm_dir: Path) -> None:
             loose.append(f"{path} is {stat.S_IMODE(st.st_mode):04o}")
     if loose:
         raise FdlError(
-            f"the farm's credentials are open to group or others ({'; '.join(loose)}): fdl writes them 0600, so "
-            f"these came from somewhere else (a clone or a copy leaves them so), and anyone who could read them may "
-            f"know them. They are not reused, and fdl does not narrow their modes, with --yes or without.",
+            f"the farm's credentials are open to group or others ({'; '.join(loose)}): join-config writes them "
+            f"0600, so these came from somewhere else (a clone or a copy leaves them so), and anyone who could read "
+            f"them may know them. They are not reused, and their modes are left as they are, with --yes or without.",
             hint=_REGEN)
     tracked = _tracked_by_git(farm_dir, (cred.key, cred.public, cred.token_file))
     if tracked:

@@ -125,7 +125,7 @@ def check(public_key: str, token: str) -> str | None:
     path = _record_path(fingerprint)
     raw = _trusted_bytes(path)
     if raw is None:
-        return (f"fdl has no record of minting key {fingerprint} for this user on this box (looked in "
+        return (f"there is no record of fdl minting key {fingerprint} for this user on this box (looked in "
                 f"{path.parent})")
     try:
         entry = json.loads(raw)
