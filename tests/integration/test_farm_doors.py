@@ -482,11 +482,13 @@ def door_b(request, unpacked_rrsync):
     need_root_or_skip("runs its own sshd on loopback and logs in as the test's own account")
     rrsync = unpacked_rrsync(request.param)
     opened = open_door("b", rrsync=rrsync)
-    line = next(ln for ln in opened.sshd.authorized_keys.read_text().splitlines() if "fdl-farm-lab" in ln)
-    assert f"{rrsync} -ro -munge {opened.served}" in line  # the key runs this release's rrsync
-    yield opened
-    opened.listener.close()
-    _close(opened.door, opened.sshd)
+    try:
+        line = next(ln for ln in opened.sshd.authorized_keys.read_text().splitlines() if "fdl-farm-lab" in ln)
+        assert f"{rrsync} -ro -munge {opened.served}" in line  # the key runs this release's rrsync
+        yield opened
+    finally:
+        opened.listener.close()
+        _close(opened.door, opened.sshd)
 
 
 FOLLOWING = {  # what a client can ask of the sending side to get what a link points at
