@@ -21,6 +21,12 @@ if not os.environ.get("FDL_CONFIG_CACHE"):
     os.environ["FDL_CONFIG_CACHE"] = tempfile.mkdtemp(prefix="fdl-test-config-cache-")
     atexit.register(shutil.rmtree, os.environ["FDL_CONFIG_CACHE"], True)
 
+# fdl records the farm credentials it mints in $XDG_STATE_HOME/fdl/farms (fdl.farm.minted): the suite's go to a
+# directory of this run too, never to the state of whoever runs the tests (a test can still point it elsewhere).
+if not os.environ.get("XDG_STATE_HOME"):
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="fdl-test-state-")
+    atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], True)
+
 pytest_plugins = ["tests.testbed.plugin"]  # the SSH testbed fixtures (tests/testbed/README.md)
 
 

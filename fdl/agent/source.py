@@ -105,11 +105,12 @@ def build(spec_text: str, tree: Path, *, cwd: str | None, recipe: str | None, so
     from fdl.libtorch.gate import build_env
     from fdl.publish.gate import header_install_line, headers_present, package_manager, run_recipe, vendor_header
     from fdl.publish.manifest import DEFAULT_BUILD, check_tree_path
+    from fdl.publish.spec import anonymize_url
 
     manifest = fetch(spec_text, tree, identity=identity, source_bin=source_bin, note=note)
     if manifest is not None:
         age = "" if not manifest.published_epoch else f", published at epoch {manifest.published_epoch}"
-        note(f"source: run {manifest.run[:12]} from {manifest.origin or spec_text}{age}")
+        note(f"source: run {manifest.run[:12]} from {manifest.origin or anonymize_url(spec_text)}{age}")
         if not manifest.built:
             note("source: WARNING: the publisher skipped its build gate (--no-build): nothing has compiled this "
                  "tree before this box")
@@ -159,4 +160,4 @@ def build(spec_text: str, tree: Path, *, cwd: str | None, recipe: str | None, so
     if not os.access(artifact, os.X_OK):
         raise PermanentError(f"the built binary {artifact} is not executable.")
     return Built(binary=artifact, cwd=directory, args=None if manifest is None else tuple(manifest.args),
-                 run_id=None if manifest is None else manifest.run, origin=spec_text)
+                 run_id=None if manifest is None else manifest.run, origin=anonymize_url(spec_text))

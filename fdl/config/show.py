@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import yaml
 
+from fdl.config.masking import Mask, find_masks
 from fdl.config.project import Config
 from fdl.config.source import KeyPath, display_path, format_path
 
@@ -16,30 +16,20 @@ def _scalar(value: Any) -> str:
     return text[:-4].rstrip() if text.endswith("\n...") else text.removesuffix("...").strip()
 
 
-# Keys whose values are secrets wherever they appear (a join token, an env var
-# like HF_TOKEN or DB_PASSWORD in a command's env: block), and text that is key material.
-_SECRET_KEY_RE = re.compile(r"(?:^|[_-])(?:token|secret|password|passphrase|private[_-]?key|api[_-]?key)\Z",
-                            re.IGNORECASE)
-_KEY_MATERIAL = ("PRIVATE KEY-----", "PRIVATE KEY BLOCK-----")
-
-
-def is_secret(path: KeyPath, value: Any) -> bool:
-    """True for a value `config show` masks: a secret-named key, or text holding private key material."""
-    if isinstance(value, (dict, list)):
-        return False
-    if path and isinstance(path[-1], str) and _SECRET_KEY_RE.search(path[-1]):
-        return value is not None
-    return isinstance(value, str) and any(mark in value for mark in _KEY_MATERIAL)
-
-
 def redaction(config: Config, path: KeyPath, value: Any) -> str:
     found = config.origins.get(path)
     where = f", set in {found}" if found else ""
     return f"<redacted: {len(value if isinstance(value, str) else str(value))} chars{where}>"
 
 
+def masked_value(config: Config, path: KeyPath, mask: Mask, value: Any) -> str:
+    """What is shown for a masked value (fdl.config.masking says what is masked)."""
+    return redaction(config, path, value) if mask.whole or mask.shown is None else mask.shown
+
+
 def redacted_data(config: Config) -> tuple[Any, list[str]]:
     """A copy of the merged data with every secret replaced by its redaction, and the paths masked."""
+    masks = find_masks(config.data)
     masked: list[str] = []
 
     def walk(value: Any, path: KeyPath) -> Any:
@@ -47,9 +37,10 @@ def redacted_data(config: Config) -> tuple[Any, list[str]]:
             return {key: walk(sub, path + (key,)) for key, sub in value.items()}
         if isinstance(value, list):
             return [walk(sub, path + (index,)) for index, sub in enumerate(value)]
-        if is_secret(path, value):
+        mask = masks.get(path)
+        if mask is not None:
             masked.append(format_path(path))
-            return redaction(config, path, value)
+            return masked_value(config, path, mask, value)
         return value
 
     return walk(config.data, ()), masked
@@ -58,15 +49,17 @@ def redacted_data(config: Config) -> tuple[Any, list[str]]:
 def annotated_yaml(config: Config, header: list[str] | None = None, *, show_secrets: bool = False) -> str:
     """The merged document as YAML, each value followed by `# file:line`; secrets masked unless show_secrets."""
     rows: list[tuple[str, str]] = []
+    masks = {} if show_secrets else find_masks(config.data)
 
     def origin(path: KeyPath) -> str:
         found = config.origins.get(path)
         return str(found) if found else ""
 
     def shown(path: KeyPath, value: Any) -> str:
-        if not show_secrets and is_secret(path, value):
-            return redaction(config, path, value)
-        return _scalar(value)
+        mask = masks.get(path)
+        if mask is None:
+            return _scalar(value)
+        return redaction(config, path, value) if mask.whole or mask.shown is None else _scalar(mask.shown)
 
     def walk(value: Any, path: KeyPath, indent: int) -> None:
         pad = "  " * indent

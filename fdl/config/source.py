@@ -196,16 +196,17 @@ def _cacheable(data: Data, origins: Origins, shown: str) -> bool:
     """The document is plain (text-keyed mappings, lists, text, numbers, booleans, null), so the cache gives
     it back exactly, and it holds no secret: a value `fdl config show` masks (a token, key material) is never
     copied into the cache."""
-    from fdl.config.show import is_secret
+    from fdl.config.masking import find_masks
 
-    def plain(value: Any, path: KeyPath) -> bool:
+    def plain(value: Any) -> bool:
         if isinstance(value, dict):
-            return all(type(key) is str and plain(sub, (*path, key)) for key, sub in value.items())
+            return all(type(key) is str and plain(sub) for key, sub in value.items())
         if isinstance(value, list):
-            return all(plain(sub, (*path, index)) for index, sub in enumerate(value))
-        return (value is None or type(value) in (str, int, float, bool)) and not is_secret(path, value)
+            return all(plain(sub) for sub in value)
+        return value is None or type(value) in (str, int, float, bool)
 
-    return plain(data, ()) and all(origin.file == shown and all(type(part) in (str, int) for part in keypath)
-                                   for keypath, origin in origins.items())
+    return plain(data) and not find_masks(data) and all(
+        origin.file == shown and all(type(part) in (str, int) for part in keypath)
+        for keypath, origin in origins.items())
 
 

@@ -3,6 +3,13 @@
 Both live in the farm directory, 0600, and are reused on every re-run until
 a rotation replaces them together. Neither is ever printed: reports carry
 paths and the key's fingerprint.
+
+Reuse is for what this user minted on this box, and nothing else: mint()
+records the key's fingerprint and a hash of the token in the user's private
+state (fdl.farm.minted) before the files are put in place, and vet() refuses
+credentials without a matching record, files that group or others may read
+(a clone or a copy leaves them so; fdl never narrows them itself: whoever
+could read them may know them), and files tracked by git.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fdl.errors import FdlError
+from fdl.farm import minted
 from fdl.farm.authorized_keys import AuthorizedKeysError, KeyIdentity, parse_public_key
 from fdl.fsio import atomic_write, fsync_dir
 
@@ -114,27 +122,20 @@ def token_problem(text: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class ModeIssue:
-    path: Path
-    mode: int
-
-    @property
-    def command(self) -> str:
-        return f"chmod 600 {self.path}"
+_REGEN = ("run again with --regen to mint a new key and token (workers holding the old ones will need the new "
+          "worker.yml)")
 
 
-def vet(cred: Credentials) -> list[ModeIssue]:
-    """Check credentials found on disk before reusing them; raise on anything that cannot be trusted.
+def vet(cred: Credentials, farm_dir: Path) -> None:
+    """Check credentials found on disk before reusing them; raise FdlError (naming --regen) on anything else.
 
-    Each file must be a regular file (not a link) owned by this user, the
-    private key an unencrypted key of a strong type that matches key.pub.
-    Returns the files whose mode is wider than 0600 (the caller fixes them
-    with consent, or refuses with the chmod line).
+    Each file must be a regular file (not a link) owned by this user, readable and writable by this user
+    alone, and untracked by git; the private key an unencrypted key of a strong type that matches key.pub;
+    and this user's record of what fdl minted on this box must hold this key's fingerprint and this token's
+    hash. Modes are never narrowed here: a file others could read may be known to them.
     """
-    fix = "run again with --regen to mint a new key and token (workers holding the old ones will need the new ones)"
     uid = os.getuid()
-    modes: list[ModeIssue] = []
+    loose: list[str] = []
     for path in (cred.key, cred.public, cred.token_file):
         try:
             st = os.lstat(path)
@@ -142,29 +143,69 @@ def vet(cred: Credentials) -> list[ModeIssue]:
             raise FdlError(f"cannot inspect {path}: {exc.strerror}.") from None
         if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
             raise FdlError(f"{path} is {'a symbolic link' if stat.S_ISLNK(st.st_mode) else 'not a regular file'}; "
-                           f"fdl reuses farm credentials only from plain files it could have written.", hint=fix)
+                           f"fdl reuses farm credentials only from plain files it could have written.", hint=_REGEN)
         if st.st_uid != uid:
             raise FdlError(f"{path} belongs to uid {st.st_uid}, not to you (uid {uid}): credentials someone else "
-                           f"wrote are not reused.", hint=fix)
+                           f"wrote are not reused.", hint=_REGEN)
         if stat.S_IMODE(st.st_mode) & 0o077:
-            modes.append(ModeIssue(path, stat.S_IMODE(st.st_mode)))
+            loose.append(f"{path} is {stat.S_IMODE(st.st_mode):04o}")
+    if loose:
+        raise FdlError(
+            f"the farm's credentials are open to group or others ({'; '.join(loose)}): join-config writes them "
+            f"0600, so these came from somewhere else (a clone or a copy leaves them so), and anyone who could read "
+            f"them may know them. They are not reused, and their modes are left as they are, with --yes or without.",
+            hint=_REGEN)
+    tracked = _tracked_by_git(farm_dir, (cred.key, cred.public, cred.token_file))
+    if tracked:
+        raise FdlError(f"{', '.join(str(p) for p in tracked)} {'is' if len(tracked) == 1 else 'are'} tracked by git: "
+                       f"a farm's key and token that are in a repository are known to whoever has a copy of it, so "
+                       f"they are not reused.",
+                       hint=f"{_REGEN}; and take them out of the repository (git rm --cached), since its history "
+                            f"keeps them")
     listing = _keygen_listing(cred.public)
     if listing is None:
-        raise FdlError(f"ssh-keygen cannot read {cred.public}.", hint=fix)
+        raise FdlError(f"ssh-keygen cannot read {cred.public}.", hint=_REGEN)
     bits, kind = listing
     if kind not in _KEY_TYPES:
         raise FdlError(f"{cred.key} is a {kind} key; a farm key is ed25519 (or ECDSA, or RSA of at least "
-                       f"{MIN_RSA_BITS} bits).", hint=fix)
+                       f"{MIN_RSA_BITS} bits).", hint=_REGEN)
     if kind == "RSA" and bits < MIN_RSA_BITS:
         raise FdlError(f"{cred.key} is a {bits}-bit RSA key, too weak for a farm key (at least {MIN_RSA_BITS}).",
-                       hint=fix)
+                       hint=_REGEN)
     derived = _public_of(cred.key)
     if derived is None:
         raise FdlError(f"{cred.key} is not an unencrypted OpenSSH private key (the agent starts unattended, so a "
-                       f"farm key has no passphrase).", hint=fix)
+                       f"farm key has no passphrase).", hint=_REGEN)
     if derived.split()[:2] != cred.public_key.split()[:2]:
-        raise FdlError(f"{cred.key} and {cred.public} are not one key pair.", hint=fix)
-    return modes
+        raise FdlError(f"{cred.key} and {cred.public} are not one key pair.", hint=_REGEN)
+    why = minted.check(cred.public_key, cred.token())
+    if why is not None:
+        raise FdlError(
+            f"the key and token in {farm_dir} were not minted by fdl for you on this box: {why}. fdl reuses only "
+            f"credentials it minted itself (a farm made by an fdl from before this record existed counts as "
+            f"foreign too: rotate it once).", hint=_REGEN)
+
+
+def _tracked_by_git(farm_dir: Path, paths: tuple[Path, ...]) -> list[Path]:
+    """The paths git tracks in the repository farm_dir belongs to (none: no git, or no repository).
+
+    git runs with the repository's fsmonitor hook off (a copied repository's configuration is not ours to run)
+    and with no GIT_DIR or GIT_WORK_TREE of the caller's.
+    """
+    git = shutil.which("git")
+    if git is None:
+        return []
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")}
+    try:
+        done = subprocess.run([git, "-c", "core.fsmonitor=false", "-C", str(farm_dir), "ls-files", "-z", "--",
+                               *(p.name for p in paths)], capture_output=True, timeout=30, env=env,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if done.returncode != 0:  # not in a repository (or git refused it): nothing is tracked
+        return []
+    names = {os.path.basename(n) for n in done.stdout.decode(errors="replace").split("\0") if n}
+    return [p for p in paths if p.name in names]
 
 
 def _keygen_listing(public: Path) -> tuple[int, str] | None:
@@ -200,9 +241,13 @@ def _public_of(key: Path) -> str | None:
 
 
 def mint(farm_dir: Path, label: str) -> Credentials:
-    """A new key pair and token, moved into place together (old ones, if any, replaced)."""
+    """A new key pair and token, recorded as this user's own, then moved into place together (old ones replaced)."""
     token = new_token()  # before anything touches the disk: an entropy failure writes nothing
     keygen = _keygen()
+    try:
+        old_public: str | None = (farm_dir / PUB_NAME).read_text()
+    except (OSError, UnicodeDecodeError):
+        old_public = None
     with tempfile.TemporaryDirectory(prefix=".keygen-", dir=farm_dir) as tmp:
         tmp_key = Path(tmp) / "key"
         try:
@@ -213,11 +258,16 @@ def mint(farm_dir: Path, label: str) -> Credentials:
         except (subprocess.SubprocessError, OSError) as exc:
             raise FdlError(f"ssh-keygen could not run: {exc}. Nothing was replaced.") from None
         os.chmod(tmp_key, 0o600)
+        # The record first: a crash after it leaves a record of a key never put in place (harmless), never a
+        # key in place without its record.
+        minted.record(tmp_key.with_suffix(".pub").read_text(), token, label=label, farm_dir=farm_dir)
         atomic_write(str(farm_dir / TOKEN_NAME), (token + "\n").encode(), 0o600)
         os.replace(tmp_key, farm_dir / KEY_NAME)
         os.replace(tmp_key.with_suffix(".pub"), farm_dir / PUB_NAME)
         os.chmod(farm_dir / PUB_NAME, 0o600)
         fsync_dir(farm_dir)  # the renames themselves survive a crash
+    if old_public is not None and old_public.split()[:2] != (farm_dir / PUB_NAME).read_text().split()[:2]:
+        minted.forget(old_public)  # rotated out: that pair is no longer reused here
     creds = load(farm_dir)
     assert creds is not None
     return creds

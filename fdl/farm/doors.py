@@ -17,11 +17,16 @@ controller's training port on the controller box's loopback. On top of that:
   starting directory, and a `Match LocalPort` block does not tie a key to a
   port (the same key logs in on port 22), so the confinement hangs on the
   account, on every port;
-- door b ("source"): the key runs `rrsync -ro -munge <served>`, so rsync can
-  pull the published run tree and nothing else (rrsync re-roots every path
-  under <served> and refuses writes; -munge makes the server rewrite every
-  symlink it sends, so no client option, `--copy-unsafe-links` included, can
-  follow a link out of the tree);
+- door b ("source"): the key runs `rrsync -ro -munge <served>` behind a guard,
+  so rsync can pull the published run tree and nothing else. rrsync re-roots
+  every path under <served>, refuses `..`, writes, and (below `/`) `-L`, `-k`
+  and `-K`; but Debian 12's release rrsync (3.2.7) lets `--copy-unsafe-links`
+  through, and its rsync follows a directory link named inside a
+  `--files-from` list: either sends what a link out of the tree points at.
+  The guard, a POSIX sh `case` in the key's own command, refuses every
+  request that carries one of the options that follow links or take a file
+  list before rrsync runs, on every rsync release (`-munge` only rewrites
+  links a server receives, so it does nothing for what door b sends);
 - tunnel-only: the forward and nothing more; the drop-in adds a ForceCommand
   that ends any session at once.
 
@@ -104,6 +109,31 @@ def jail(label: str, base: str = JAIL_BASE) -> Jail:
     return Jail(account=door_account(label), home=home, root=f"{home}/jail", data=f"{home}/jail{JAIL_DATA}")
 
 
+# rsync options door b refuses before rrsync sees the request: those that make the sending side follow a link
+# (rrsync 3.2.7 passes --copy-unsafe-links; the others it refuses itself, refused here too on every release) and
+# --files-from, whose list 3.2.7's rsync resolves through directory links that leave the tree. A worker's pull
+# (fdl.publish.fetch) uses none of them.
+REFUSED_RSYNC_OPTIONS = ("--copy-unsafe-links", "--copy-links", "--copy-dirlinks", "--keep-dirlinks", "--files-from")
+
+
+def rrsync_command(served: str, rrsync: str = "rrsync") -> str:
+    """Door b's forced command: a guard that refuses REFUSED_RSYNC_OPTIONS, then `rrsync -ro -munge <served>`.
+
+    rrsync splits the client's command at white space and passes an option through only when the word is
+    exactly a name in its table, so the request can carry one of these options only as that very text: a
+    substring match over the whole request is a sound refusal (it also refuses a file name holding the text,
+    which no published run needs). The guard is `/bin/sh -c '...'`: sshd runs the key's command through the
+    account's login shell, and a single-quoted word without quotes, backslashes or '!' reads the same in sh,
+    bash, zsh, fish and tcsh. It holds no double quote, so it sits in the key line's command="..." as is.
+    """
+    if not _SAFE_PATH_RE.fullmatch(rrsync) and rrsync != "rrsync":
+        raise DoorError(f"rrsync path {rrsync!r} needs quoting; install rrsync somewhere plainer")
+    patterns = "|".join(f"*{option}*" for option in REFUSED_RSYNC_OPTIONS)
+    return (f"/bin/sh -c 'case $SSH_ORIGINAL_COMMAND in {patterns}) echo fdl door b: rsync options that follow "
+            f"links or read a file list are refused >&2; exit 1;; esac; exec {rrsync} -ro -munge "
+            f"{check_served(served)}'")
+
+
 def key_options(door: str, *, controller_port: int, served: str | None = None, rrsync: str = "rrsync") -> str:
     """The option list that confines a farm key to its door."""
     permit = f'restrict,port-forwarding,permitopen="{CONTROLLER_LOOPBACK}:{int(controller_port)}"'
@@ -115,9 +145,7 @@ def key_options(door: str, *, controller_port: int, served: str | None = None, r
     if door == DOOR_B:
         if served is None:
             raise DoorError("door b needs the served directory")
-        if not _SAFE_PATH_RE.fullmatch(rrsync) and rrsync != "rrsync":
-            raise DoorError(f"rrsync path {rrsync!r} needs quoting; install rrsync somewhere plainer")
-        return f'{permit},command="{rrsync} -ro -munge {check_served(served)}"'
+        return f'{permit},command="{rrsync_command(served, rrsync)}"'
     if door == DOOR_TUNNEL:
         return permit
     raise DoorError(f"unknown door {door!r}: choose one of {', '.join(DOORS)}")

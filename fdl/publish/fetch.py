@@ -189,10 +189,39 @@ def _rsync_hint(source: SourceSpec, result: subprocess.CompletedProcess[str]) ->
             "restricted with command=\"rrsync -ro DIR\" sees paths re-rooted at DIR.")
 
 
+# The credential helper of one fetch: git asks it for the user and password of the URL the spec carried, and it
+# answers from this process's environment (readable by this user alone, never on a command line, never in a
+# file). It answers "get" only; git's "store" and "erase" reach nothing. An empty credential.helper first
+# clears the helpers of the user's own configuration, so none of them stores what the URL carried.
+_URL_CREDENTIAL_HELPER = (
+    '!f() { test "$1" = get || exit 0; printf "username=%s\\n" "$FDL_GIT_USERNAME"; '
+    'if [ -n "${FDL_GIT_PASSWORD+set}" ]; then printf "password=%s\\n" "$FDL_GIT_PASSWORD"; fi; }; f')
+
+
+def _git_config_env(out: dict[str, str], pairs: list[tuple[str, str]]) -> None:
+    """Add git configuration through GIT_CONFIG_COUNT/KEY/VALUE (after any the caller set): no command line."""
+    try:
+        count = int(out.get("GIT_CONFIG_COUNT", "0") or "0")
+    except ValueError:
+        count = 0
+    for key, value in pairs:
+        out[f"GIT_CONFIG_KEY_{count}"] = key
+        out[f"GIT_CONFIG_VALUE_{count}"] = value
+        count += 1
+    out["GIT_CONFIG_COUNT"] = str(count)
+
+
 def _git_env(source: GitSource, identity: str | None, env: Mapping[str, str] | None) -> dict[str, str]:
     out = dict(os.environ if env is None else env)
     out["GIT_TERMINAL_PROMPT"] = "0"  # never wait on a credential prompt
     out.setdefault("GIT_ASKPASS", "true")
+    for name in ("FDL_GIT_USERNAME", "FDL_GIT_PASSWORD"):
+        out.pop(name, None)
+    if source.credentials is not None:
+        out["FDL_GIT_USERNAME"] = source.credentials.username
+        if source.credentials.password is not None:
+            out["FDL_GIT_PASSWORD"] = source.credentials.password
+        _git_config_env(out, [("credential.helper", ""), ("credential.helper", _URL_CREDENTIAL_HELPER)])
     if source.url.startswith("ssh://"):
         words = shlex.split(out.get("GIT_SSH_COMMAND", "").strip() or "ssh")
         if identity:
@@ -213,6 +242,11 @@ def _git(source: GitSource, tree: Path, identity: str | None, note: Note,
         if result.returncode != 0:
             raise FetchError(f"git failed to {what} in {tree}:\n    {_tail(result.stderr)}")
 
+    if source.credentials is not None:
+        note(f"source: the URL of {source.spec} carried a user or password; git gets them from a credential "
+             f"helper of this fetch alone, and they are written nowhere (the manifest, the report and the logs carry "
+             f"the URL without them). Keep credentials in a git credential helper or GIT_ASKPASS instead: a URL "
+             f"on a command line is visible to every account on this box while the command runs")
     if not (tree / ".git").is_dir():
         must(git("init", "--quiet", what="initialise the tree"), "initialise the tree")
     fetched = git("fetch", "--quiet", "--no-tags", "--depth", "1", "--", source.url, source.ref,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from fdl.farm.doors import DoorError, rrsync_command
 from fdl.publish.run import TREE_NAME
 
 
@@ -25,12 +26,22 @@ class WorkerSource:
 def worker_sources(served: Path, host: str, user: str | None) -> list[WorkerSource]:
     """The two source spellings a worker can use, each with the key it pairs with."""
     login = f"{user}@" if user else ""
-    restricted = f'command="rrsync -ro -munge {served}",restrict'
+    try:
+        # The command fdl join-config's door b installs: rrsync -ro -munge behind the guard that refuses the
+        # rsync options which would follow a link out of the tree (docs/join-config.md, "The doors").
+        command = rrsync_command(str(served))
+    except DoorError:  # a served path that cannot sit in a key line unquoted: the plain key only
+        command = None
+    restricted = f'command="{command}",restrict' if command else None
+    plain = WorkerSource(source=f"rsync://{login}{host}:{served / TREE_NAME}", key="plain",
+                         authorized_keys_options=None,
+                         pairs_with="an ordinary ssh key without a forced command (the absolute path; behind an "
+                                    "rrsync key it would be rooted twice and fail)")
+    if restricted is None:
+        return [plain]
     return [
         WorkerSource(source=f"rsync://{login}{host}:/{TREE_NAME}", key="rrsync", authorized_keys_options=restricted,
                      pairs_with=f"a key restricted to the served directory: {restricted} in authorized_keys "
                                 f"(rrsync re-roots every path at {served})"),
-        WorkerSource(source=f"rsync://{login}{host}:{served / TREE_NAME}", key="plain", authorized_keys_options=None,
-                     pairs_with="an ordinary ssh key without a forced command (the absolute path; behind an rrsync "
-                                "key it would be rooted twice and fail)"),
+        plain,
     ]

@@ -12,7 +12,8 @@ The order is the whole design:
 4. it is updated incrementally (rsync --delete, or git fetch + checkout); a
    manifest the source carries is removed, links out of the tree refuse the
    publish, the warm build cache moves in;
-5. the gate builds it (and each --gate check-builds it);
+5. the gate builds it (and each --gate check-builds it), and the whole tree,
+   build output included, is checked for links out of it once more;
 6. the manifest is written into it atomically, with a fresh run nonce;
 7. `<served>/tree` is flipped to it: one rename of a symlink.
 
@@ -390,42 +391,74 @@ def _inside_lexically(link_dir: str, target: str) -> bool:
     return True
 
 
-def links_out_of_tree(tree: Path) -> list[tuple[str, str]]:
-    """Every symlink in a fetched tree that reaches outside it: (path in the tree, link text).
+@dataclass(frozen=True)
+class EscapingLink:
+    """A symbolic link of a staged tree that reaches outside it."""
+
+    path: str  # inside the tree
+    text: str  # what the link says
+    why: str  # "absolute" | "climbs out" | "resolves outside"
+
+    def describe(self) -> str:
+        return f"{self.path} -> {self.text}  ({_WHY[self.why]})"
+
+
+_WHY = {
+    "absolute": "absolute: it names a place outside any copy of the tree",
+    "climbs out": "climbs above the tree root as written",
+    "resolves outside": "resolves to a place outside the tree",
+}
+
+
+def links_out_of_tree(tree: Path) -> list[EscapingLink]:
+    """Every symbolic link anywhere in a staged tree that reaches outside it, sorted by path.
 
     A link is kept only when its text is relative, never climbs above the tree
-    root read as written (rsync's --safe-links rule), and what it resolves to
-    on this box is inside the tree. Build output (`target/`), `.git/` and the
-    project's `/libtorch/` are fdl's, not the source's, and are not walked.
+    root read as written (rsync's --safe-links rule), and what it resolves to on
+    this box is inside the tree. The whole tree is walked: build output
+    (`target/` at any depth), `.git/` and the top-level `libtorch/` too, since a
+    git source checks tracked files out there, a build writes there, and door b
+    serves whatever the release directory holds. Links are listed, never followed.
     """
-    tree = Path(tree)
-    real_tree = os.path.realpath(tree)
-    found: list[tuple[str, str]] = []
-    for root, dirs, files in os.walk(tree):
-        rel_root = os.path.relpath(root, tree)
-        rel_root = "" if rel_root == "." else rel_root
-        kept = []
-        for name in dirs:
-            path = os.path.join(root, name)
-            is_link = os.path.islink(path)
-            if (name in ("target", ".git") or (rel_root == "" and name == "libtorch")) and not is_link:
-                continue
-            if is_link:
-                files.append(name)
-            else:
-                kept.append(name)
-        dirs[:] = kept
-        for name in files:
-            path = os.path.join(root, name)
-            if not os.path.islink(path):
-                continue
-            text = os.readlink(path)
-            rel = os.path.join(rel_root, name) if rel_root else name
-            real = os.path.realpath(path)
-            if not _inside_lexically(rel_root, text) or not (real == real_tree
-                                                              or real.startswith(real_tree + os.sep)):
-                found.append((rel, text))
-    return sorted(found)
+    root = os.fspath(tree)
+    real_tree = os.path.realpath(root)
+    found: list[EscapingLink] = []
+    pending = [""]
+    while pending:
+        rel_dir = pending.pop()
+        try:
+            entries = list(os.scandir(os.path.join(root, rel_dir) if rel_dir else root))
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            if entry.is_symlink():
+                text = os.readlink(entry.path)
+                why = None
+                if text.startswith("/"):
+                    why = "absolute"
+                elif not _inside_lexically(rel_dir, text):
+                    why = "climbs out"
+                else:
+                    real = os.path.realpath(entry.path)
+                    if real != real_tree and not real.startswith(real_tree + os.sep):
+                        why = "resolves outside"
+                if why is not None:
+                    found.append(EscapingLink(rel, text, why))
+            elif entry.is_dir(follow_symlinks=False):
+                pending.append(rel)
+    return sorted(found, key=lambda link: link.path)
+
+
+def _refuse_links(escaping: list[EscapingLink], what: str, kept: str) -> PublishError:
+    shown = [f"  {link.describe()}" for link in escaping[:20]]
+    if len(escaping) > 20:
+        shown.append(f"  ... and {len(escaping) - 20} more")
+    return PublishError(
+        f"{what} {len(escaping)} symbolic link(s) that reach outside the tree; a served tree never points "
+        f"outside itself:\n" + "\n".join(shown) + f"\nNothing was published: {kept}.",
+        hint="Make each link relative and inside the tree, or replace it with the file it names (build output "
+             "and a committed target/ or libtorch/ are checked too).")
 
 
 def carry_build_output(live: Path, stage: Path) -> int:
@@ -507,13 +540,7 @@ def publish(request: PublishRequest, *, project_root: Path | None = None, note: 
                 f"manifest is written by fdl publish alone)")
         escaping = links_out_of_tree(stage)
         if escaping:
-            shown = [f"  {rel} -> {text}" for rel, text in escaping[:20]]
-            if len(escaping) > 20:
-                shown.append(f"  ... and {len(escaping) - 20} more")
-            raise PublishError(
-                f"the source holds {len(escaping)} symbolic link(s) that reach outside the tree; a served tree "
-                f"never points outside itself:\n" + "\n".join(shown) + f"\nNothing was published: {kept}.",
-                hint="Make each link relative and inside the tree, or replace it with the file it names.")
+            raise _refuse_links(escaping, "the source holds", kept)
         if live is not None:
             try:
                 carry_build_output(served / RELEASES_NAME / live, stage)
@@ -541,6 +568,9 @@ def publish(request: PublishRequest, *, project_root: Path | None = None, note: 
                     gates.append(variant_gate(stage, request.cwd, request.build, variant, output))
             except FdlError as exc:
                 raise PublishError(f"{exc.message}\nNothing was published: {kept}.", hint=exc.hint) from None
+        escaping = links_out_of_tree(stage)  # the build and the carried build output, checked like the source
+        if escaping:
+            raise _refuse_links(escaping, "after the build, the tree holds", kept)
         rustc = rustc_version()
         manifest = Manifest(bin=request.bin, run=new_run_id(), published_epoch=int(time.time()),
                             built=not request.no_build, cwd=request.cwd, build=request.build,

@@ -16,6 +16,14 @@ The scheme names the tool that moves the bytes: `rsync://` means rsync over
 ssh, never the port-873 rsync daemon. A git source must name its ref: without
 one the remote's default branch would decide what gets built, which is no pin.
 
+Credentials never leave the controller through a spec: a git URL's userinfo
+(`git+https://oauth2:TOKEN@host/o/r#main`) is taken out of it when it is
+parsed. `GitSource.spec` and `.url` carry the URL without it (the spec as git
+itself anonymizes a URL: no userinfo at all), and `.credentials` holds the
+decoded user and password, which fdl.publish.fetch hands to git through a
+credential helper of that one fetch, never on a command line. Every error
+shows the spec without its userinfo.
+
 A spec that does not parse raises `SourceSpecError`. Its exit code is 1 (what
 `fdl publish` documents); a worker, for which a spec that does not parse is
 permanent, raises it again with exit code 2 (`SourceSpecError.permanent()`).
@@ -24,7 +32,8 @@ permanent, raises it again with exit code 2 (`SourceSpecError.permanent()`).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from urllib.parse import unquote
 
 from fdl.config.parse import is_valid_host
 from fdl.errors import ExitCode, FdlError
@@ -84,12 +93,21 @@ class RsyncSource:
 
 
 @dataclass(frozen=True)
+class GitCredentials:
+    """The user and password a git URL carried, decoded; never printed (no repr), never written anywhere."""
+
+    username: str = field(repr=False)
+    password: str | None = field(repr=False, default=None)
+
+
+@dataclass(frozen=True)
 class GitSource:
     """A repository at a pinned ref, fetched with git."""
 
-    url: str  # what git is given: https://..., ssh://..., file:///...
+    url: str  # what git is given: https://..., ssh://..., file:///... (no password, ever)
     ref: str
-    spec: str
+    spec: str  # the spec as written, less the URL's userinfo: what reports, logs and the manifest carry
+    credentials: GitCredentials | None = field(default=None, repr=False, compare=False)
 
     kind = "git"
 
@@ -97,7 +115,30 @@ class GitSource:
 SourceSpec = FileSource | RsyncSource | GitSource
 
 
+def split_userinfo(text: str) -> tuple[str, str | None]:
+    """(the URL without the userinfo of its authority, that userinfo or None): git's anonymization.
+
+    Everything from after `scheme://` up to the last '@' before the authority ends (at '/', '?' or '#') is
+    userinfo; git keeps none of it when it prints a URL, so neither does fdl. Text that is no URL is returned
+    as it is.
+    """
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return text, None
+    ends = [i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i != -1]
+    at = rest.rfind("@", 0, min(ends) if ends else len(rest))
+    if at == -1:
+        return text, None
+    return f"{scheme}{sep}{rest[at + 1:]}", rest[:at]
+
+
+def anonymize_url(text: str) -> str:
+    """A URL (or spec) as it may be shown, logged or recorded: without userinfo."""
+    return split_userinfo(text)[0]
+
+
 def _fail(spec: str, why: str) -> SourceSpecError:
+    spec = anonymize_url(spec)
     shown = spec if len(spec) <= 200 else spec[:197] + "..."
     return SourceSpecError(f"source spec '{shown}' does not parse: {why}.", hint=f"The forms are {FORMS}.")
 
@@ -152,8 +193,11 @@ def _parse_file(text: str, rest: str) -> FileSource:
 def _parse_rsync(text: str, rest: str) -> RsyncSource:
     user = None
     at = rest.find("@")
-    if at != -1 and all(i == -1 or at < i for i in (rest.find(":"), rest.find("["), rest.find("/"))):
+    if at != -1 and all(i == -1 or at < i for i in (rest.find("["), rest.find("/"))):
         user, rest = rest[:at], rest[at + 1:]
+        if ":" in user:
+            raise _fail(text, "an rsync:// spec takes a login name, never a password (ssh logs in with a key: "
+                              "--identity)")
         if not _USER_RE.fullmatch(user):
             raise _fail(text, f"'{user}' is not a login name")
     if rest.startswith("["):  # [v6-address][:port]:/path
@@ -193,6 +237,22 @@ def _parse_git(text: str, transport: str, rest: str) -> GitSource:
         raise _fail(text, f"git+{transport}:// is not a git transport fdl fetches "
                           f"(git+https, git+http, git+ssh, git+file)")
     location, hash_, ref = rest.partition("#")
+    spec, userinfo = split_userinfo(text)
+    credentials = None
+    if userinfo is not None:
+        if transport == "file":
+            raise _fail(text, "a git+file:// path takes no user or password")
+        user, colon, password = userinfo.partition(":")
+        decoded = (unquote(user), unquote(password) if colon else None)
+        if any(ord(ch) < 32 or ord(ch) == 127 for part in decoded if part for ch in part):
+            raise _fail(text, "the user or password in the URL holds control characters once decoded")
+        if transport == "ssh":
+            if colon:
+                raise _fail(text, "a git+ssh:// URL takes a login name, never a password (ssh logs in with a "
+                                  "key: --identity)")
+        else:
+            credentials = GitCredentials(decoded[0], decoded[1])
+            location = split_userinfo(f"{transport}://{location}")[0].partition("://")[2]
     if not hash_:
         raise _fail(text, "it names no ref; add #<tag|branch|sha> (the remote's default branch moves, "
                           "so it is no pin)")
@@ -216,4 +276,4 @@ def _parse_git(text: str, transport: str, rest: str) -> GitSource:
         raise _fail(text, f"'{host}' is not a host name")
     if "/" not in location or not location.split("/", 1)[1]:
         raise _fail(text, "it names a host but no repository path")
-    return GitSource(url=f"{transport}://{location}", ref=ref, spec=text)
+    return GitSource(url=f"{transport}://{location}", ref=ref, spec=spec, credentials=credentials)

@@ -72,3 +72,63 @@ def test_show_secrets_prints_them_in_clear(project: Path) -> None:
     assert human.returncode == 0 and TOKEN in human.stdout and "<redacted" not in human.stdout
     doc = json.loads(run_fdl("@farm", "config", "show", "--json", "--show-secrets", cwd=project).stdout)
     assert doc["config"]["cluster"]["controller"]["join"]["token"] == TOKEN and doc["redacted"] == []
+
+
+@pytest.fixture
+def leaky(tmp_path: Path) -> Path:
+    (tmp_path / "fdl.yml").write_text(textwrap.dedent("""\
+        commands:
+          train:
+            run: python train.py
+            args: [--wandb-key, wk_0123456789abcdef, --epochs, "3", --password=hunter2hunter2]
+            env:
+              AWS_SECRET_ACCESS_KEY: aws_secret_value_0001
+              APIKEY: apikey_value_0002
+              KEY_ID: keyid_value_0003
+              DATABASE_URL: postgres://app:pg_password_0004@db.internal/x
+              MONKEY: banana
+              KEYBOARD_LAYOUT: dvorak
+              TOKENIZER: bpe
+              MAX_TOKENS: 4096
+              GIT_AUTHOR_NAME: Ada
+              SOURCE: rsync://op@10.0.0.1:2222:/tree
+        """))
+    return tmp_path
+
+
+LEAKS = ("wk_0123456789abcdef", "hunter2hunter2", "aws_secret_value_0001", "apikey_value_0002", "keyid_value_0003",
+         "pg_password_0004")
+
+
+def test_secrets_in_names_urls_and_args_flags_are_masked_and_ordinary_values_stay(leaky: Path) -> None:
+    """regression: `fdl config show` masked HF_TOKEN but printed AWS_SECRET_ACCESS_KEY, a password inside a URL
+    and a secret in `args:` (`--wandb-key wk_...`) in clear."""
+    human = run_fdl("config", "show", cwd=leaky)
+    assert human.returncode == 0, human.stderr
+    for secret in LEAKS:
+        assert secret not in human.stdout + human.stderr, secret
+    out = human.stdout
+    assert "AWS_SECRET_ACCESS_KEY: <redacted: 21 chars, set in fdl.yml:6>" in out
+    assert "APIKEY: <redacted: 17 chars, set in fdl.yml:7>" in out and "KEY_ID: <redacted: 16 chars" in out
+    assert "DATABASE_URL: postgres://<redacted>@db.internal/x" in out
+    assert "- <redacted: 19 chars, set in fdl.yml:4>" in out  # the value after --wandb-key
+    assert "--password=<redacted>" in out and "- --epochs" in out
+    for readable in ("MONKEY: banana", "KEYBOARD_LAYOUT: dvorak", "TOKENIZER: bpe", "MAX_TOKENS: 4096",
+                     "GIT_AUTHOR_NAME: Ada", "SOURCE: rsync://op@10.0.0.1:2222:/tree", "- --wandb-key"):
+        assert readable in out, readable
+
+    doc = json.loads(run_fdl("config", "show", "--json", cwd=leaky).stdout)
+    for secret in LEAKS:
+        assert secret not in json.dumps(doc), secret
+    env = doc["config"]["commands"]["train"]["env"]
+    assert env["DATABASE_URL"] == "postgres://<redacted>@db.internal/x" and env["MONKEY"] == "banana"
+    assert doc["config"]["commands"]["train"]["args"][1].startswith("<redacted: 19 chars")
+    assert sorted(doc["redacted"]) == sorted([
+        "commands.train.args[1]", "commands.train.args[4]", "commands.train.env.AWS_SECRET_ACCESS_KEY",
+        "commands.train.env.APIKEY", "commands.train.env.KEY_ID", "commands.train.env.DATABASE_URL"])
+
+    clear = run_fdl("config", "show", "--show-secrets", cwd=leaky).stdout
+    clear_doc = json.loads(run_fdl("config", "show", "--json", "--show-secrets", cwd=leaky).stdout)
+    for secret in LEAKS:
+        assert secret in clear and secret in json.dumps(clear_doc), secret
+    assert clear_doc["redacted"] == []

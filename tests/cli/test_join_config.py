@@ -55,7 +55,8 @@ class Project:
 
     def run(self, *args: str, sshd: bool = True, input: str | None = None):
         extra = ["--sshd-config", str(self.sshd_config)] if sshd else []
-        return run_fdl(*args, *extra, cwd=self.root, env={"HOME": str(self.home)}, input=input)
+        return run_fdl(*args, *extra, cwd=self.root, env={"HOME": str(self.home), "XDG_STATE_HOME": ""},
+                       input=input)
 
     def json(self, *args: str):
         done = self.run(*args, "--json")
@@ -395,24 +396,84 @@ def _copied_farm(proj) -> Path:
     return farm
 
 
-def test_credentials_readable_by_others_are_refused_with_the_chmod_line(proj):
-    """regression: found credentials were reused as they were, and reported as 0600 while they were 0644."""
+def test_credentials_readable_by_others_are_refused_and_never_narrowed_even_with_yes(proj):
+    """regression: planted 0644 credentials were made 0600 under --yes and reused (`credentials: reused`), the
+    token stamped into the overlay and worker.yml."""
     farm = _copied_farm(proj)
-    done = proj.run("join-config", "b300")
-    assert done.returncode == 1, done.stdout
-    assert "readable by others" in done.stderr and f"{farm / 'key'} is 0644" in done.stderr
-    assert f"chmod 600 {farm / 'key'} && chmod 600 {farm / 'key.pub'} && chmod 600 {farm / 'token'}" in done.stderr
-    assert mode(farm / "key") == 0o644  # nothing was changed without consent
-
-
-def test_yes_makes_found_credentials_0600_and_the_report_says_so(proj):
-    farm = _copied_farm(proj)
-    doc, done = proj.json("join-config", "b300", "--yes")
+    for extra in ((), ("--yes",), ("--yes", "--install-key")):
+        done = proj.run("join-config", "b300", *extra)
+        assert done.returncode == 1, done.stdout
+        assert "open to group or others" in done.stderr and f"{farm / 'key'} is 0644" in done.stderr
+        assert "--regen" in done.stderr and "chmod 600" not in done.stderr
+        assert all(mode(farm / n) == 0o644 for n in ("key", "key.pub", "token"))  # nothing was changed
+    assert "fdl-farm-b300" not in (proj.ak().read_text() if proj.ak().exists() else "")
+    regen, _ = proj.json("join-config", "b300", "--regen", "--yes")
+    assert regen["credentials"]["action"] == "rotated"  # the foreign pair is replaced, not reused
     assert all(mode(farm / n) == 0o600 for n in ("key", "key.pub", "token"))
-    assert doc["credentials"]["action"] == "reused"
-    assert {(m["path"], m["from"], m["to"]) for m in doc["credentials"]["modes_fixed"]} == {
-        (str(farm / n), "0644", "0600") for n in ("key", "key.pub", "token")}
-    assert "changed the mode of .fdl/b300/token from 0644 to 0600" in done.stderr
+
+
+def _plant(proj, farm: Path, other_home: Path) -> tuple[bytes, bytes]:
+    """Credentials minted by fdl for someone else (another HOME: another user's state), copied in as they are."""
+    other = other_home / "proj"
+    other.mkdir(parents=True)
+    (other / "fdl.yml").write_text("commands:\n  test:\n    run: 'true'\n")
+    made = run_fdl("join-config", "b300", "--controller", DOOR, "--yes", "--sshd-config", str(proj.sshd_config),
+                   cwd=other, env={"HOME": str(other_home), "XDG_STATE_HOME": ""})
+    assert made.returncode == 0, made.stderr
+    farm.mkdir(parents=True, exist_ok=True)
+    for name in ("key", "key.pub", "token"):
+        (farm / name).write_bytes((other / ".fdl" / "b300" / name).read_bytes())
+        os.chmod(farm / name, 0o600)
+    return (farm / "key").read_bytes(), (farm / "token").read_bytes()
+
+
+def test_credentials_tracked_by_git_are_refused(proj, tmp_path):
+    """regression: a project cloned with a force-added .fdl/LABEL/ (someone else's key pair and a token they know)
+    had its credentials reused, and with --install-key their key opened the door."""
+    farm = proj.farm / "b300"
+    key, token = _plant(proj, farm, tmp_path / "someone-else")
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_AUTHOR_NAME": "x", "GIT_AUTHOR_EMAIL": "x@x",
+           "GIT_COMMITTER_NAME": "x", "GIT_COMMITTER_EMAIL": "x@x"}
+    for argv in (["init", "-q"], ["add", "-f", ".fdl/b300/key", ".fdl/b300/key.pub", ".fdl/b300/token"],
+                 ["commit", "-qm", "farm"]):
+        subprocess.run(["git", "-C", str(proj.root), *argv], check=True, env=env, capture_output=True)
+    done = proj.run("join-config", "b300", "--controller", DOOR, "--yes", "--install-key")
+    assert done.returncode == 1, done.stdout
+    assert "tracked by git" in done.stderr and f"{farm / 'key'}" in done.stderr and "--regen" in done.stderr
+    assert (farm / "key").read_bytes() == key and (farm / "token").read_bytes() == token
+    assert not proj.ak().exists() or "fdl-farm-b300" not in proj.ak().read_text()
+    assert not (proj.root / "fdl.b300.yml").exists()
+
+
+def test_credentials_minted_elsewhere_are_refused_even_when_private_and_untracked(proj, tmp_path):
+    """A copied farm directory (0600, untracked, owned by this user) is still not this user's minting here."""
+    farm = proj.farm / "b300"
+    _plant(proj, farm, tmp_path / "someone-else")
+    done = proj.run("join-config", "b300", "--controller", DOOR, "--yes")
+    assert done.returncode == 1, done.stdout
+    assert "were not minted by fdl for you on this box" in done.stderr and "no record" in done.stderr
+    assert "--regen" in done.stderr
+
+
+def test_a_minted_pair_is_recorded_privately_and_reused_silently(proj):
+    first, _ = proj.json("join-config", "b300", "--controller", DOOR, "--yes")
+    state = proj.home / ".local" / "state" / "fdl" / "farms"
+    records = list(state.iterdir())
+    assert len(records) == 1 and mode(records[0]) == 0o600
+    assert mode(state) == 0o700 and mode(state.parent) == 0o700
+    record = json.loads(records[0].read_text())
+    assert record["fingerprint"] == first["credentials"]["fingerprint"]
+    token = (proj.farm / "b300" / "token").read_text().strip()
+    assert token not in records[0].read_text() and record["token_sha256"] != token
+    again, done = proj.json("join-config", "b300", "--yes")
+    assert again["credentials"]["action"] == "reused" and done.stderr.count("credential") == 0
+    # the token changed behind fdl's back (a planted one): the record no longer matches
+    (proj.farm / "b300" / "token").write_text("".join(reversed(token)) + "\n")
+    refused = proj.run("join-config", "b300", "--yes")
+    assert refused.returncode == 1 and "the token is not the one fdl minted" in refused.stderr
+    rotated, _ = proj.json("join-config", "b300", "--regen", "--yes")
+    assert rotated["credentials"]["action"] == "rotated"
+    assert [p.name for p in state.iterdir()] != [records[0].name] and len(list(state.iterdir())) == 1
 
 
 @pytest.mark.parametrize("token, says", [

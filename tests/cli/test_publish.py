@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fdl.farm.doors import rrsync_command
 from fdl.publish.manifest import FIELDS, MANIFEST_NAME
 from tests.conftest import fdl_env, run_fdl
 from tests.integration.publish_support import publish_env
@@ -69,7 +70,7 @@ def test_publish_writes_tree_and_manifest_and_reports_both_worker_spellings(box:
     assert (box.tree / "out" / "app").read_text() == "one\n"
     out = result.stdout
     assert f"published run {manifest['run']}" in out
-    assert ":/tree\n" in out and f'command="rrsync -ro -munge {box.served}",restrict' in out
+    assert ":/tree\n" in out and f'command="{rrsync_command(str(box.served))}",restrict' in out
     assert f":{box.served}/tree\n" in out and "ordinary ssh key" in out
     assert "fdl publish: source: copied" in result.stderr  # notes go to stderr
 
@@ -84,7 +85,7 @@ def test_json_twin_carries_the_same_data_on_stdout_only(box: Box) -> None:
     assert data["run"] == box.manifest()["run"] and data["tree"] == str(box.tree)
     spellings = {w["key"]: w for w in data["worker_sources"]}
     assert spellings["rrsync"]["source"].endswith(":/tree")
-    assert spellings["rrsync"]["authorized_keys_options"] == f'command="rrsync -ro -munge {box.served}",restrict'
+    assert spellings["rrsync"]["authorized_keys_options"] == f'command="{rrsync_command(str(box.served))}",restrict'
     assert spellings["plain"]["source"].endswith(f":{box.served}/tree")
     human = ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD)).stdout
     for spelling in spellings.values():

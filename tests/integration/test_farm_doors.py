@@ -6,7 +6,10 @@ printed setup steps, and then real ssh, sftp and rsync clients knock on the
 door: a shell is refused everywhere; door a opens a read-only sftp session;
 door b lists the served tree through rrsync and refuses writes and paths
 outside it; every door forwards to the controller port and refuses any other
-forward. The wizard's own door self-test must pass too.
+forward. The wizard's own door self-test must pass too. Door b is opened a
+second time for each of Debian 12's rsync releases (3.2.7 and 3.5.0, unpacked
+from their packages): a link out of the served tree must give nothing on
+either, whatever the client asks.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import need_root_or_skip, run_fdl
+from tests.integration.debian_rsync import RELEASES, unpack_rrsync
 from tests.integration.loopback_sshd import Listener, LoopbackSshd, free_ports
 
 pytestmark = pytest.mark.slow
@@ -70,7 +74,8 @@ def _run_step(door_project: Path, command: str) -> None:
     assert done.returncode == 0, f"step failed: {command}\n{done.stdout}{done.stderr}"
 
 
-def open_door(door: str) -> Door:
+def open_door(door: str, rrsync: str | None = None) -> Door:
+    """Run the wizard and the printed steps for one door; `rrsync`: the rrsync the wizard finds on PATH."""
     sshd = LoopbackSshd()
     try:
         sshd.start()
@@ -100,10 +105,13 @@ def open_door(door: str) -> Door:
             _drop_account(JAILED)
         sshd.authorized_keys.write_text("# the operator's own file\n")
         os.chmod(sshd.authorized_keys, 0o600)
+        env = {"HOME": str(home)}
+        if rrsync is not None:
+            env["PATH"] = os.pathsep.join([os.path.dirname(rrsync), os.environ["PATH"]])
         done = run_fdl("join-config", "lab", "--door", door, "--controller", f"{user}@127.0.0.1:{door_port}",
                        "--port", str(controller_port), *extra, "--install-key", "--authorized-keys",
                        str(sshd.authorized_keys), "--sshd-config", str(sshd.config), "--json",
-                       cwd=project, env={"HOME": str(home)})
+                       cwd=project, env=env)
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
         steps = {s["title"].split(":")[0].split(" (")[0]: s["command"] for s in report["steps"]}
@@ -392,12 +400,14 @@ def test_sshfs_through_door_a_mounts_the_served_tree_and_nothing_else(door, tmp_
         _unplant(door)
 
 
-def test_door_b_key_line_munges_links(door):
-    """regression: door b's forced command lacked -munge."""
+def test_door_b_key_line_runs_rrsync_behind_the_guard(door):
+    """regression: door b's forced command lacked -munge, then ran rrsync with no guard against the options
+    Debian 12's release rrsync lets through (--copy-unsafe-links)."""
     keys = door.jail / ".ssh" / "authorized_keys" if door.door == "a" else door.sshd.authorized_keys
     line = next(ln for ln in keys.read_text().splitlines() if "fdl-farm-lab" in ln)
     if door.door == "b":
-        assert f" -ro -munge {door.served}\"" in line
+        assert 'command="/bin/sh -c \'case $SSH_ORIGINAL_COMMAND in *--copy-unsafe-links*|' in line
+        assert f" -ro -munge {door.served}'\"" in line
     else:
         assert "rrsync" not in line
 
@@ -448,6 +458,107 @@ def test_the_door_confines_any_key_that_arrives_on_its_port(door, tmp_path):
             assert MARKER not in forced.stdout and "this door only forwards" in forced.stderr
     finally:
         keys.write_bytes(before)
+
+
+# --------------------------------------------------------------------------- door b on each Debian 12 rsync
+
+
+@pytest.fixture(scope="module")
+def unpacked_rrsync(tmp_path_factory):
+    """Each of Debian 12's rsync releases, unpacked once: version -> its rrsync."""
+    cache: dict[str, str] = {}
+
+    def get(version: str) -> str:
+        if version not in cache:
+            cache[version] = unpack_rrsync(version, tmp_path_factory.mktemp(f"rsync-{version}"))
+        return cache[version]
+
+    return get
+
+
+@pytest.fixture(scope="module", params=RELEASES)
+def door_b(request, unpacked_rrsync):
+    """Door b as the wizard installs it when the rrsync on PATH is Debian 12's rsync of one release."""
+    need_root_or_skip("runs its own sshd on loopback and logs in as the test's own account")
+    rrsync = unpacked_rrsync(request.param)
+    opened = open_door("b", rrsync=rrsync)
+    try:
+        line = next(ln for ln in opened.sshd.authorized_keys.read_text().splitlines() if "fdl-farm-lab" in ln)
+        assert f"{rrsync} -ro -munge {opened.served}" in line  # the key runs this release's rrsync
+        yield opened
+    finally:
+        opened.listener.close()
+        _close(opened.door, opened.sshd)
+
+
+FOLLOWING = {  # what a client can ask of the sending side to get what a link points at
+    "copy-unsafe-links": ["-a", "--copy-unsafe-links"],
+    "copy-unsafe-links-munged": ["-a", "--copy-unsafe-links", "--munge-links"],
+    "L": ["-aL"],
+    "copy-links": ["-a", "--copy-links"],
+    "k": ["-ak"],
+    "copy-dirlinks": ["-a", "--copy-dirlinks"],
+    "plain": ["-a"],
+}
+
+
+@pytest.mark.parametrize("client", sorted(FOLLOWING))
+def test_door_b_gives_nothing_a_link_out_of_the_tree_points_at(door_b, tmp_path, client):
+    """regression: on rsync 3.2.7, `rrsync -ro -munge` let --copy-unsafe-links through, and the server sent
+    the files that links out of the served tree point at (a key file, the operator's home)."""
+    _plant_links(door_b)
+    (door_b.served / "tree" / "home").symlink_to(door_b.sshd.base)  # the account's own files, absolute
+    try:
+        dest = tmp_path / "pulled"
+        done = _rsync(door_b, *FOLLOWING[client], "127.0.0.1:/tree/", f"{dest}/")
+        assert not dest.exists() or _holding_the_secret(dest) == [], done.stderr
+        if client == "plain":  # the door still serves the tree; links stay links, never their targets
+            assert done.returncode == 0, done.stderr
+            assert (dest / "train.rs").read_text() == "fn main() {}\n" and (dest / "keys").is_symlink()
+        else:
+            assert done.returncode != 0, f"{FOLLOWING[client]} was not refused:\n{done.stdout}"
+        for through in ("/tree/keys/", "/tree/keys/id", "/tree/up", "/tree/home/secret/id"):
+            direct = _rsync(door_b, *FOLLOWING[client], f"127.0.0.1:{through}", f"{tmp_path}/direct/")
+            assert direct.returncode != 0 and _holding_the_secret(tmp_path / "direct") == [], through
+    finally:
+        (door_b.served / "tree" / "home").unlink()
+        _unplant(door_b)
+
+
+def test_door_b_refuses_a_file_list_that_walks_through_a_link(door_b, tmp_path):
+    """regression: rsync 3.2.7 behind rrsync resolved --files-from entries through a directory link out of the
+    tree (`keys/id` with keys -> a directory outside) and sent the file."""
+    _plant_links(door_b)
+    listing = tmp_path / "list"
+    listing.write_text("keys/id\nup\ntrain.rs\n")
+    try:
+        for extra in ([], ["-r"], ["--copy-unsafe-links"]):
+            done = _rsync(door_b, "-a", *extra, f"--files-from={listing}", "127.0.0.1:/tree/", f"{tmp_path}/got/")
+            assert done.returncode != 0 and _holding_the_secret(tmp_path / "got") == [], done.stderr
+    finally:
+        _unplant(door_b)
+
+
+def test_door_b_still_serves_a_worker_and_the_self_test_tries_a_planted_link(door_b, tmp_path):
+    from fdl.publish.fetch import pull_run
+    from fdl.publish.manifest import MANIFEST_NAME, Manifest, write_manifest
+    from fdl.publish.spec import parse_source_spec
+
+    write_manifest(door_b.served / "tree", Manifest(bin="x", run="ab" * 16, published_epoch=1, built=True))
+    try:
+        spec = parse_source_spec(f"rsync://{door_b.sshd.user}@127.0.0.1:{door_b.door_port}:/tree")
+        env = {**os.environ, "RSYNC_RSH": "ssh " + " ".join(door_b.sshd.ssh_opts(door_b.key, door_b.door_port)[:-2])}
+        assert pull_run(spec, tmp_path / "worker", identity=str(door_b.key), env=env).run == "ab" * 16
+        assert (tmp_path / "worker" / "train.rs").read_text() == "fn main() {}\n"
+    finally:
+        (door_b.served / "tree" / MANIFEST_NAME).unlink()
+    done = subprocess.run(["sh", str(door_b.farm / "door-selftest.sh"), "127.0.0.1"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "FAIL" not in done.stdout, done.stdout + done.stderr
+    for follow in ("--copy-unsafe-links", "--copy-links"):
+        assert f"ok    rsync {follow} gets nothing a link out of the served directory points at" in done.stdout
+    assert "skip" not in done.stdout
+    assert sorted(p.name for p in door_b.served.iterdir()) == [".fdl-run.yml", "tree"]  # the planted link is gone
 
 
 # --------------------------------------------------------------------------- rotation

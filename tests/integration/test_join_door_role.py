@@ -139,7 +139,7 @@ def test_role_rotation_replaces_the_old_line_in_place(play, tmp_path):
     assert old_pub.split()[1].encode() not in b"".join(lines)
     assert lines[-3].endswith(new_pub.split()[1].encode() + b" fdl-farm-lab")
     assert lines[-2] == b"# added later" and lines[-1] == b""
-    assert b'command="/usr/bin/rrsync -ro -munge ' + str(play.sshd.base).encode() + b'"' in lines[-3]
+    assert b"exec /usr/bin/rrsync -ro -munge " + str(play.sshd.base).encode() + b"'\"" in lines[-3]
     old = tmp_path / "old"
     refused = play.sshd.ssh(old, play.door_port, "-W", f"127.0.0.1:{play.controller_port}", "127.0.0.1")
     assert refused.returncode == 255 and "Permission denied" in refused.stderr

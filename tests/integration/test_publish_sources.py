@@ -11,10 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fdl.farm.doors import rrsync_command
 from fdl.publish.fetch import pull_run
 from fdl.publish.manifest import MANIFEST_NAME, ManifestMissing, read_manifest
 from fdl.publish.spec import parse_source_spec
 from tests.conftest import run_fdl
+from tests.integration.debian_rsync import unpack_rrsync
+from tests.integration.git_http import GitHttpServer
 from tests.integration.publish_support import LoopbackSshd, git, make_crate, need_cargo_or_skip, publish_env
 
 
@@ -138,6 +141,115 @@ def test_file_and_git_sources_can_take_turns_in_the_same_served_dir(tmp_path: Pa
     assert not (tree / "old.txt").exists()
 
 
+@pytest.fixture
+def git_http(tmp_path: Path, repo: Path):
+    """The test repository served over smart HTTP on loopback, behind basic authentication."""
+    served = tmp_path / "git-http"
+    served.mkdir()
+    subprocess.run(["git", "clone", "-q", "--bare", str(repo), str(served / "repo.git")], check=True)
+    server = GitHttpServer(served, "oauth2", "tok-" + os.urandom(12).hex()).start()
+    yield server
+    server.stop()
+
+
+def _git_shim(tmp_path: Path) -> tuple[str, Path]:
+    """A PATH whose git records its command line before it runs the real one."""
+    shim_dir, log = tmp_path / "shim", tmp_path / "git-argv.log"
+    shim_dir.mkdir()
+    real = subprocess.run(["sh", "-c", "command -v git"], capture_output=True, text=True, check=True).stdout.strip()
+    (shim_dir / "git").write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {log}\nexec {real} "$@"\n')
+    (shim_dir / "git").chmod(0o755)
+    return os.pathsep.join([str(shim_dir), publish_env(tmp_path)["PATH"]]), log
+
+
+def test_credentials_in_a_git_url_leave_no_trace_in_the_tree_the_report_or_the_json(tmp_path: Path,
+                                                                                   git_http: GitHttpServer) -> None:
+    """regression: `fdl publish 'git+https://oauth2:TOKEN@host/o/r#main'` wrote the URL with its userinfo into
+    .fdl-run.yml (0644, served to every worker through door b) and printed it twice in the report."""
+    home = tmp_path / "home"
+    home.mkdir()
+    # the user's own git configuration stores credentials: fdl's fetch must not hand it the URL's
+    (home / ".gitconfig").write_text("[credential]\n\thelper = store\n")
+    token = git_http.password
+    spec = f"git+http://oauth2:{token}@127.0.0.1:{git_http.port}/repo.git"
+    shown = f"git+http://127.0.0.1:{git_http.port}/repo.git"
+    path, argv_log = _git_shim(tmp_path)
+    human = ok(publish(home, f"{spec}#v1", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path, PATH=path))
+    data = json.loads(ok(publish(home, f"{spec}#v2", "--bin", "out/app", "--build", GIT_BUILD, "--json",
+                                 cwd=tmp_path, PATH=path)).stdout)
+    assert f"oauth2:{token}" in git_http.seen  # the credentials were used, through git's own protocol
+    assert data["manifest"]["origin"] == f"{shown}#v2" and data["source"]["spec"] == f"{shown}#v2"
+    assert "published run" in human.stdout and f"from {shown}#v1" in human.stdout
+    assert "carried a user or password" in human.stderr
+    tree = home / ".flodl" / "run" / "tree"
+    assert (tree / "out" / "app").read_text() == "v2\n"
+    failed = publish(home, f"{spec}#no-such-ref", "--bin", "out/app", "--build", GIT_BUILD, "--json", cwd=tmp_path,
+                     PATH=path)
+    assert failed.returncode == 1 and json.loads(failed.stdout)["published"] is False
+    assert f"fetching {shown}#no-such-ref failed" in failed.stderr
+    unparsed = publish(home, spec, "--bin", "out/app", "--json", cwd=tmp_path, PATH=path)  # no #ref
+    assert unparsed.returncode == 1 and f"'{shown}' does not parse" in unparsed.stderr
+    for result in (human, failed, unparsed):
+        assert token not in result.stdout + result.stderr and "oauth2" not in result.stdout + result.stderr
+    assert token not in json.dumps(data)
+    leaks = [str(p) for p in (home / ".flodl").rglob("*") if p.is_file() and not p.is_symlink()
+             and (token.encode() in p.read_bytes() or b"oauth2" in p.read_bytes())]
+    assert leaks == []  # the manifest, .git/config, FETCH_HEAD, the reflogs: nowhere in the served directory
+    assert not (home / ".git-credentials").exists()  # the user's store helper never saw them
+    assert argv_log.read_text() and token not in argv_log.read_text()  # never on git's command line
+    # Without the credentials the server refuses: they were needed, and used only through the helper.
+    refused = publish(home, f"{shown}#v1", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path, PATH=path)
+    assert refused.returncode == 1 and "Nothing was published" in refused.stderr
+
+
+@pytest.mark.parametrize("place, text, why", [
+    ("target/leak", "SECRET", "absolute"),
+    ("sub/target/leak", "../../../secret/id", "climbs above the tree root as written"),
+    ("libtorch/home", "HOME", "absolute"),
+    ("sub/target/deep/home", "../../../../../home", "climbs above the tree root as written"),
+])
+def test_git_source_with_a_committed_link_out_of_the_tree_under_build_output_is_refused(tmp_path: Path, place: str,
+                                                                                         text: str, why: str) -> None:
+    """regression: the link check skipped every real directory named target/ and the top-level libtorch/ as build
+    output, but a git source checks tracked files out there: `target/leak -> ~/.ssh/secret_key` and
+    `libtorch/home -> ~` were published with rc 0 and served through door b."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "secret_key").write_text("PRIVATE\n")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "a.txt").write_text("v1\n")
+    link = repo / place
+    link.parent.mkdir(parents=True, exist_ok=True)
+    target = {"SECRET": str(home / ".ssh" / "secret_key"), "HOME": str(home)}.get(text, text)
+    link.symlink_to(target)
+    git(repo, "add", "-f", ".")
+    git(repo, "commit", "-q", "-m", "one")
+    result = publish(home, f"git+file://{repo}#main", "--bin", "out/app", "--build", GIT_BUILD, "--json",
+                     cwd=tmp_path)
+    assert result.returncode == 1, result.stdout
+    assert json.loads(result.stdout)["published"] is False
+    assert f"{place} -> {target}  ({why}" in result.stderr, result.stderr
+    assert "Nothing was published: nothing is served yet" in result.stderr
+    assert not (home / ".flodl" / "run" / "tree").exists()
+
+
+def test_a_link_out_of_the_tree_made_by_the_build_is_refused(tmp_path: Path, repo: Path) -> None:
+    """regression: build output was never checked, so a recipe (or a build script) that links target/ to a place
+    outside the tree published it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    ok(publish(home, f"git+file://{repo}#v1", "--bin", "out/app", "--build", GIT_BUILD, cwd=tmp_path))
+    before = read_manifest(home / ".flodl" / "run" / "tree")
+    result = publish(home, f"git+file://{repo}#v2", "--bin", "out/app", "--build",
+                     f"{GIT_BUILD} && mkdir -p target/release && ln -s {home} target/release/home", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "after the build, the tree holds 1 symbolic link(s) that reach outside the tree" in result.stderr
+    assert f"target/release/home -> {home}  (absolute" in result.stderr
+    assert read_manifest(home / ".flodl" / "run" / "tree") == before  # the previous run stays served
+
+
 # --------------------------------------------------------------------------- rsync over a real sshd
 
 
@@ -175,7 +287,7 @@ def test_worker_pulls_through_an_rrsync_ro_key(tmp_path: Path, sshd: LoopbackSsh
     src.mkdir()
     (src / "a.txt").write_text("served\n")
     served = home / ".flodl" / "run"
-    sshd.authorize(f'command="rrsync -ro -munge {served}",restrict')
+    sshd.authorize(f'command="{rrsync_command(str(served))}",restrict')
     spec = parse_source_spec(f"rsync://{sshd.user}@127.0.0.1:{sshd.port}:/tree")
     worker = tmp_path / "worker" / "tree"
     env = dict(os.environ, RSYNC_RSH=sshd.rsync_rsh)
@@ -187,7 +299,7 @@ def test_worker_pulls_through_an_rrsync_ro_key(tmp_path: Path, sshd: LoopbackSsh
     data = json.loads(ok(publish(home, f"file://{src}", "--bin", "out/app", "--build", GIT_BUILD, "--json",
                                  cwd=tmp_path)).stdout)
     rrsync_spelling = next(w for w in data["worker_sources"] if w["key"] == "rrsync")
-    assert rrsync_spelling["authorized_keys_options"] == f'command="rrsync -ro -munge {served}",restrict'
+    assert rrsync_spelling["authorized_keys_options"] == f'command="{rrsync_command(str(served))}",restrict'
 
     manifest = pull_run(spec, worker, identity=str(sshd.client_key), env=env)
     assert manifest.run == data["run"]
@@ -243,33 +355,8 @@ BOOKWORM_RSYNC = "3.2.7"  # the rsync bookworm released with; its point releases
 
 @pytest.fixture(scope="session")
 def bookworm_rrsync(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Debian 12's release rrsync (3.2.7) with its own rsync, unpacked from the Debian package itself.
-
-    The package comes from apt (`apt-get download`, no root needed); its rrsync is used as
-    shipped, only pointed at the rsync binary of the same package.
-    """
-    where = tmp_path_factory.mktemp("bookworm-rsync")
-    versions = subprocess.run(["apt-cache", "madison", "rsync"], capture_output=True, text=True, check=False)
-    wanted = [line.split("|")[1].strip() for line in versions.stdout.splitlines()
-              if line.count("|") >= 2 and line.split("|")[1].strip().startswith(BOOKWORM_RSYNC + "-")]
-    if not wanted:
-        pytest.fail(f"apt knows no rsync {BOOKWORM_RSYNC} package (apt-cache madison rsync: {versions.stdout!r}); "
-                    "this test needs Debian 12's package sources")
-    got = subprocess.run(["apt-get", "download", f"rsync={wanted[0]}"], cwd=where, capture_output=True, text=True,
-                         check=False)
-    debs = list(where.glob("rsync_*.deb"))
-    assert got.returncode == 0 and debs, f"apt-get download rsync={wanted[0]} failed:\n{got.stderr}"
-    root = where / "root"
-    subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(root)], check=True)
-    rsync = root / "usr" / "bin" / "rsync"
-    version = subprocess.run([rsync, "--version"], capture_output=True, text=True, check=True).stdout
-    assert f"version {BOOKWORM_RSYNC} " in version
-    script = (root / "usr" / "bin" / "rrsync").read_text()
-    assert "\nRSYNC = '/usr/bin/rsync'\n" in script
-    rrsync = where / "rrsync"
-    rrsync.write_text(script.replace("\nRSYNC = '/usr/bin/rsync'\n", f"\nRSYNC = '{rsync}'\n"))
-    rrsync.chmod(0o755)
-    return str(rrsync)
+    """Debian 12's release rrsync (3.2.7) with its own rsync, unpacked from the Debian package itself."""
+    return unpack_rrsync(BOOKWORM_RSYNC, tmp_path_factory.mktemp("bookworm-rsync"))
 
 
 @pytest.mark.parametrize("door", ["installed", "bookworm-release"])

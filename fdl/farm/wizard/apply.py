@@ -28,7 +28,6 @@ from fdl.farm.wizard.report import (
     Files,
     KeyAction,
     Listening,
-    ModeFixed,
     OverlayAction,
     OverlayReport,
     Unconfined,
@@ -65,22 +64,14 @@ def _secure_farm_dir(farm: Path, cwd: Path, notes: list[str]) -> Path:
     return ignore
 
 
-def _settle_credentials(plan: Plan, decisions: Decisions, cwd: Path,
-                        notes: list[str]) -> tuple[creds_mod.Credentials, CredentialsReport]:
-    """Reuse the farm's credentials (narrowed to 0600 if so decided), or mint new ones."""
-    fixed: list[ModeFixed] = []
+def _settle_credentials(plan: Plan) -> tuple[creds_mod.Credentials, CredentialsReport]:
+    """Reuse the farm's credentials (prepare() vetted them: this user minted them here), or mint new ones."""
     if plan.existing is not None and not plan.rotate:
         cred, action = plan.existing, CredentialAction.REUSED
-        for issue in plan.cred_modes if decisions.fix_cred_modes else ():
-            os.chmod(issue.path, 0o600)
-            fixed.append(ModeFixed(str(issue.path), f"{issue.mode:04o}"))
-            notes.append(f"changed the mode of {spell_path(issue.path, cwd)} from {issue.mode:04o} to 0600 before "
-                         f"reusing it")
     else:
         cred = creds_mod.mint(plan.farm_dir, plan.label)
         action = CredentialAction.ROTATED if plan.existing is not None else CredentialAction.CREATED
-    return cred, CredentialsReport(action, cred.fingerprint, str(cred.key), str(cred.public), str(cred.token_file),
-                                   tuple(fixed))
+    return cred, CredentialsReport(action, cred.fingerprint, str(cred.key), str(cred.public), str(cred.token_file))
 
 
 def _worker_values(plan: Plan, token: str) -> dict[str, Any]:
@@ -280,7 +271,7 @@ def apply(plan: Plan, decisions: Decisions, cwd: Path | None = None) -> FarmRepo
     farm, label = plan.farm_dir, plan.label
     notes = [*plan.notes, *decisions.notes]
     ignore = _secure_farm_dir(farm, cwd, notes)
-    cred, credentials = _settle_credentials(plan, decisions, cwd, notes)
+    cred, credentials = _settle_credentials(plan)
     token = cred.token()
     line = plan.key_line(cred.public_key)
     worker_yml = _write_farm_files(plan, _worker_values(plan, token), line, cwd)

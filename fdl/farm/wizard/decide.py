@@ -1,8 +1,9 @@
 """Decide: the questions about the farm's key file, answered once the person has read the doctor's findings.
 
 Consent to install the key line (only --install-key or a yes at the prompt gives it; --yes does not), to
-replace a rotated-out key, to fix permissions sshd would refuse, to narrow credentials found readable by
-others; and door a's removal of an unconfined key line. Writes nothing; may refuse.
+replace a rotated-out key, to fix permissions sshd would refuse; and door a's removal of an unconfined key
+line. Writes nothing; may refuse. (Credentials found readable by others are refused when they are found,
+by fdl.farm.credentials.vet: no consent makes them trustworthy.)
 """
 
 from __future__ import annotations
@@ -21,32 +22,12 @@ from fdl.farm.wizard.shape import Prompter, Request, refusal
 class Decisions:
     """What decide() chose; apply() carries it out."""
 
-    fix_cred_modes: bool = False  # chmod 600 the reused credentials first
     install: bool = False  # install (or replace) the door's key line in plan.key_file
     fix_perms: bool = False
     perm_issues: tuple[PermissionIssue, ...] = ()
     old_line_at: int | None = None  # where the key being rotated out sits in the key file
     unconfined_at: int | None = None  # door a: the key file's line where the farm key logs in unjailed
     notes: tuple[str, ...] = ()
-
-
-def _decide_cred_modes(plan: Plan, req: Request, prompter: Prompter | None) -> bool:
-    if not plan.cred_modes or plan.rotate:
-        return False
-    listing = "; ".join(f"{i.path} is {i.mode:04o}" for i in plan.cred_modes)
-    person = req.asks(prompter)
-    if person is not None:
-        fix = person.confirm(f"The farm's credentials are readable by others ({listing}). Make them 0600 before "
-                             f"reusing them?", True)
-    else:
-        fix = req.assume_yes
-    if not fix:
-        commands = " && ".join(i.command for i in plan.cred_modes)
-        raise refusal(f"the farm's credentials are readable by others ({listing}); fdl reuses a key and "
-                      f"token only once they are 0600.",
-                      hint=f"run `{commands}` (or add --yes to let the wizard do it), or --regen to mint new "
-                           f"ones if others may have read them")
-    return True
 
 
 def _decide_unconfined(plan: Plan, req: Request) -> int | None:
@@ -160,9 +141,8 @@ def _decide_permissions(plan: Plan, req: Request, prompter: Prompter | None,
 
 def decide(plan: Plan, req: Request, prompter: Prompter | None = None) -> Decisions:
     """Take the key file's decisions (consent, permissions); writes nothing, may refuse."""
-    fix_cred_modes = _decide_cred_modes(plan, req, prompter)
     if plan.shape.door == DOOR_A:
-        return Decisions(fix_cred_modes=fix_cred_modes, unconfined_at=_decide_unconfined(plan, req))
+        return Decisions(unconfined_at=_decide_unconfined(plan, req))
     notes: list[str] = []
     install, old_at = _decide_install(plan, req, prompter, notes)
     issues: tuple[PermissionIssue, ...] = ()
@@ -173,5 +153,5 @@ def decide(plan: Plan, req: Request, prompter: Prompter | None = None) -> Decisi
             notes.append(f"this looks like a container: the key line goes into {plan.key_file.path} here, which "
                          f"only matters if the sshd workers dial reads it. Install it where that sshd lives (or name "
                          f"its key file with --authorized-keys, e.g. a bind-mounted directory).")
-    return Decisions(fix_cred_modes=fix_cred_modes, install=install, fix_perms=fix_perms, perm_issues=issues,
+    return Decisions(install=install, fix_perms=fix_perms, perm_issues=issues,
                      old_line_at=old_at, notes=tuple(notes))

@@ -89,7 +89,6 @@ class Plan:
     shape_from: Origins
     existing: creds_mod.Credentials | None
     rotate: bool
-    cred_modes: tuple[creds_mod.ModeIssue, ...]  # reused files wider than 0600
     facts: HostFacts
     findings: tuple[CheckResult, ...]
     dropin_text: str
@@ -165,29 +164,30 @@ def _project_root(cwd: Path, label: str, notes: list[str]) -> Path:
 
 
 def _credentials(req: Request, prompter: Prompter | None, farm_dir: Path, notes: list[str]
-                 ) -> tuple[creds_mod.Credentials | None, tuple[creds_mod.ModeIssue, ...], bool]:
-    """(credentials found, their mode issues, rotate them?)."""
+                 ) -> tuple[creds_mod.Credentials | None, bool]:
+    """(credentials found, rotate them?)."""
     try:
         existing = creds_mod.load(farm_dir)
-        # Found credentials may come from a copied or cloned directory: reuse only what passes the checks.
-        modes = tuple(creds_mod.vet(existing)) if existing is not None and not req.regen else ()
+        # Found credentials may come from a copied or cloned directory: reuse only what this user minted here.
+        if existing is not None and not req.regen:
+            creds_mod.vet(existing, farm_dir)
     except FdlError as exc:
         if not req.regen:
             raise refusal(exc.message, hint=exc.hint) from None
         notes.append(f"--regen: the credentials in {farm_dir} could not be reused ({exc.message}); new ones are "
                      f"minted.")
-        existing, modes = None, ()
+        existing = None
     if existing is None:
         if req.regen:
             notes.append("--regen: there were no credentials to rotate; new ones are minted.")
-        return None, modes, False
+        return None, False
     if req.regen:
-        return existing, modes, True
+        return existing, True
     person = req.asks(prompter)
     keep = person is None or person.confirm(
         f"The farm already has a key ({existing.fingerprint}) and a token. Keep them? (no = rotate both: "
         f"workers holding the old ones stop being admitted)", True)
-    return existing, modes, not keep
+    return existing, not keep
 
 
 def _observe(req: Request, label: str, shape: Shape, observe: Observe) -> tuple[str, str, HostFacts]:
@@ -233,7 +233,7 @@ def prepare(req: Request, prompter: Prompter | None = None, observe: Observe = g
     if recovered and req.controller is None and req.door is None:
         notes.append(f"farm shape recovered from {farm_dir / WORKER_YML}: door {shape.door}, {shape.controller} "
                      f"(name --door or --controller to change it).")
-    existing, cred_modes, rotate = _credentials(req, prompter, farm_dir, notes)
+    existing, rotate = _credentials(req, prompter, farm_dir, notes)
     dropin_text, dropin_target, facts = _observe(req, label, shape, observe)
     findings = _findings(req, shape, facts, dropin_text, req.authorized_keys is not None)
     key_file, unreadable = KeyFile.read(ak_path, req.authorized_keys is not None)
@@ -241,7 +241,7 @@ def prepare(req: Request, prompter: Prompter | None = None, observe: Observe = g
         notes.append(unreadable)
     return Plan(
         label=label, root=root, farm_dir=farm_dir, overlay=overlay_file(root, label) or root / f"fdl.{label}.yml",
-        shape=shape, shape_from=shape_from, existing=existing, rotate=rotate, cred_modes=cred_modes, facts=facts,
+        shape=shape, shape_from=shape_from, existing=existing, rotate=rotate, facts=facts,
         findings=tuple(findings), dropin_text=dropin_text, dropin_target=dropin_target,
         rrsync=facts.rrsync_path or "rrsync", key_file=key_file, inherit_from=req.inherit_from,
         cloud_init=req.cloud_init, notes=tuple(notes))

@@ -58,29 +58,16 @@ class CredentialAction(StrEnum):
 
 
 @dataclass(frozen=True)
-class ModeFixed:
-    """A reused credential file narrowed to 0600."""
-
-    path: str
-    was: str  # 0644
-
-    def to_dict(self) -> dict[str, str]:
-        return {"path": self.path, "from": self.was, "to": "0600"}
-
-
-@dataclass(frozen=True)
 class CredentialsReport:
     action: CredentialAction
     fingerprint: str
     key: str
     public_key: str
     token: str  # the token file's path
-    modes_fixed: tuple[ModeFixed, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"action": self.action.value, "fingerprint": self.fingerprint, "key": self.key,
-                "public_key": self.public_key, "token": self.token,
-                "modes_fixed": [m.to_dict() for m in self.modes_fixed]}
+                "public_key": self.public_key, "token": self.token}
 
 
 class OverlayAction(StrEnum):

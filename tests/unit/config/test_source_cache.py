@@ -130,6 +130,9 @@ def test_values_json_cannot_carry_are_not_cached(tmp_path: Path, cache: Path) ->
     "cluster:\n  controller:\n    join: {token: 0123abcd}\n",
     "commands:\n  test: {run: x, env: {HF_TOKEN: hf_abc}}\n",
     "commands:\n  test: {run: x, description: '-----BEGIN OPENSSH PRIVATE KEY-----'}\n",
+    "commands:\n  test: {run: x, env: {AWS_SECRET_ACCESS_KEY: abc}}\n",
+    "commands:\n  test: {run: 'psql postgres://u:pw@db/x'}\n",
+    "commands:\n  test: {run: x, args: [--wandb-key, wk_abc]}\n",
 ])
 def test_a_document_holding_a_secret_is_not_copied_into_the_cache(tmp_path: Path, cache: Path, text: str) -> None:
     path = tmp_path / "fdl.yml"

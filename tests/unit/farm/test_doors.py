@@ -42,11 +42,44 @@ def test_door_a_dropin_jails_its_account_on_every_port():
     assert not any(d.startswith("Match") for d in directives)  # no LocalPort: the jail holds on port 22 too
 
 
-def test_door_b_runs_rrsync_read_only_on_the_served_directory():
+def test_door_b_runs_rrsync_read_only_on_the_served_directory_behind_the_guard():
     line = key_line("b", PUB, label="b300", controller_port=1400, served="/home/op/.flodl/run/",
                     rrsync="/usr/bin/rrsync")
-    assert 'command="/usr/bin/rrsync -ro -munge /home/op/.flodl/run"' in line  # regression: -munge was missing
+    command = line.split('command="', 1)[1].split('"', 1)[0]
+    assert command.startswith("/bin/sh -c 'case $SSH_ORIGINAL_COMMAND in ")
+    assert command.endswith("; exec /usr/bin/rrsync -ro -munge /home/op/.flodl/run'")  # regression: -munge
     assert 'permitopen="127.0.0.1:1400"' in line and line.startswith("restrict,")
+    assert line_identity(line.encode()) == parse_public_key(PUB)
+
+
+@pytest.mark.parametrize("request_line, refused", [
+    ("rsync --server --sender -vlogDtpre.iLsfxCIvu . /tree/", False),
+    ("rsync --server --sender -vlogDtpre.iLsfxCIvu --copy-unsafe-links . /tree/", True),
+    ("rsync --server --sender -logDtpre.iLsfxCIvu --copy-unsafe-links --munge-links . /tree/", True),
+    ("rsync --server --sender -logDtpre.iLsfxCIvu --files-from=- --from0 . /tree/", True),
+    ("rsync --server --sender -logDtpre.iLsfxCIvu\t--copy-unsafe-links . /tree/", True),  # any white space
+    ("rsync --server --sender -logDtpre.iLsfxCIvu --copy-links . /tree/", True),
+    ("rsync --server --sender -logDtpre.iLsfxCIvu --keep-dirlinks . /tree/", True),
+])
+@pytest.mark.parametrize("login_shell", ["/bin/sh", "/bin/bash"])
+def test_door_b_guard_refuses_link_following_options_before_rrsync_runs(tmp_path, request_line, refused,
+                                                                          login_shell):
+    """The guard itself, run as sshd runs a key's command: the login shell with -c, SSH_ORIGINAL_COMMAND set."""
+    import os
+    import subprocess
+
+    fake = tmp_path / "rrsync"
+    fake.write_text('#!/bin/sh\necho "rrsync ran: $*"\n')
+    fake.chmod(0o755)
+    line = key_line("b", PUB, label="b300", controller_port=1337, served="/srv/run", rrsync=str(fake))
+    command = line.split('command="', 1)[1].split('"', 1)[0]
+    done = subprocess.run([login_shell, "-c", command], capture_output=True, text=True, timeout=30,
+                          env={"PATH": os.environ["PATH"], "SSH_ORIGINAL_COMMAND": request_line})
+    if refused:
+        assert done.returncode == 1 and "rrsync ran" not in done.stdout
+        assert "fdl door b: rsync options that follow links or read a file list are refused" in done.stderr
+    else:
+        assert done.returncode == 0 and done.stdout == "rrsync ran: -ro -munge /srv/run\n"
 
 
 def test_tunnel_only_has_no_command_and_no_pty():

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from fdl.errors import FdlError
-from fdl.farm import credentials
+from fdl.farm import credentials, minted
 from fdl.farm.overlay import OverlayEditError, current_token, has_token, read_crate, rewrite_token
 
 NEW = "ab" * 32
@@ -72,11 +72,58 @@ def test_mint_writes_0600_key_and_token_from_entropy(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left behind
 
 
-def test_rotation_replaces_key_and_token_together(tmp_path):
+def test_rotation_replaces_key_and_token_together(tmp_path, state):
     first = credentials.mint(tmp_path, "lab")
     old_token = first.token()
     second = credentials.mint(tmp_path, "lab")
     assert second.identity != first.identity and second.token() != old_token
+    assert minted.check(second.public_key, second.token()) is None
+    assert minted.check(first.public_key, old_token) is not None  # the rotated-out pair's record is gone
+    assert len(list((state / "fdl" / "farms").iterdir())) == 1
+
+
+@pytest.fixture
+def state(tmp_path_factory, monkeypatch):
+    """A private XDG_STATE_HOME of this test's own."""
+    root = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(root))
+    return root
+
+
+def test_minted_records_the_fingerprint_ssh_keygen_prints_and_a_hash_of_the_token(tmp_path, state):
+    cred = credentials.mint(tmp_path, "lab")
+    assert minted.key_fingerprint(cred.public_key) == cred.fingerprint  # the same as ssh-keygen -l -E sha256
+    record = state / "fdl" / "farms"
+    (entry,) = list(record.iterdir())
+    assert stat.S_IMODE(entry.stat().st_mode) == 0o600
+    assert stat.S_IMODE(record.stat().st_mode) == 0o700 and stat.S_IMODE(record.parent.stat().st_mode) == 0o700
+    assert cred.token() not in entry.read_text()
+    assert minted.check(cred.public_key, cred.token()) is None
+    assert "not the one fdl minted" in minted.check(cred.public_key, "ab" * 32)
+    credentials.vet(cred, tmp_path)  # this user's own minting: trusted
+
+
+@pytest.mark.parametrize("loosen", ["farms-dir", "fdl-dir", "record"])
+def test_a_record_others_could_have_written_counts_as_none(tmp_path, state, loosen):
+    cred = credentials.mint(tmp_path, "lab")
+    farms = state / "fdl" / "farms"
+    target = {"farms-dir": farms, "fdl-dir": farms.parent, "record": next(farms.iterdir())}[loosen]
+    os.chmod(target, stat.S_IMODE(target.stat().st_mode) | 0o022)
+    assert "no record" in minted.check(cred.public_key, cred.token())
+    with pytest.raises(FdlError, match="not minted by fdl for you on this box") as refused:
+        credentials.vet(cred, tmp_path)
+    assert "--regen" in (refused.value.hint or "")
+
+
+def test_a_state_directory_of_someone_elses_refuses_to_mint_and_replaces_nothing(tmp_path, state):
+    from tests.conftest import need_root_or_skip
+
+    need_root_or_skip("gives fdl's state directory to another user")
+    (state / "fdl" / "farms").mkdir(parents=True)
+    os.chown(state / "fdl", 65534, 65534)
+    with pytest.raises(FdlError, match="not a directory of this user's own"):
+        credentials.mint(tmp_path, "lab")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_entropy_failure_refuses_and_writes_nothing(tmp_path, monkeypatch):

@@ -7,7 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fdl.errors import ExitCode, FdlError
-from fdl.publish.spec import FileSource, GitSource, RsyncSource, SourceSpecError, parse_source_spec
+from fdl.publish.spec import (
+    FileSource,
+    GitSource,
+    RsyncSource,
+    SourceSpecError,
+    anonymize_url,
+    parse_source_spec,
+)
 
 
 @pytest.mark.parametrize("spec, expected", [
@@ -23,7 +30,7 @@ from fdl.publish.spec import FileSource, GitSource, RsyncSource, SourceSpecError
      GitSource(url="https://github.com/me/train", ref="v3", spec="git+https://github.com/me/train#v3")),
     ("git+ssh://git@github.com/me/train#feature/wip",
      GitSource(url="ssh://git@github.com/me/train", ref="feature/wip",
-               spec="git+ssh://git@github.com/me/train#feature/wip")),
+               spec="git+ssh://github.com/me/train#feature/wip")),  # shown without userinfo, as git does
     ("git+file:///srv/mirror/train.git#0123abcd",
      GitSource(url="file:///srv/mirror/train.git", ref="0123abcd", spec="git+file:///srv/mirror/train.git#0123abcd")),
 ])
@@ -87,3 +94,60 @@ def test_any_text_parses_or_raises_a_spec_error(text: str) -> None:
     assert parsed.kind in ("file", "rsync", "git")
     if parsed.kind in ("file", "rsync"):
         assert parsed.path.startswith("/") and ".." not in parsed.path.split("/")
+
+
+# --------------------------------------------------------------------------- credentials in a URL
+
+
+@pytest.mark.parametrize("spec, url, shown, username, password", [
+    ("git+https://oauth2:s3cr%40t@git.example/o/r#main", "https://git.example/o/r", "git+https://git.example/o/r#main",
+     "oauth2", "s3cr@t"),
+    ("git+https://ghp_tokentoken@git.example:8443/o/r.git#v1", "https://git.example:8443/o/r.git",
+     "git+https://git.example:8443/o/r.git#v1", "ghp_tokentoken", None),
+    ("git+http://bob:p@ss@10.0.0.1/o/r#v1", "http://10.0.0.1/o/r", "git+http://10.0.0.1/o/r#v1", "bob", "p@ss"),
+])
+def test_a_git_urls_userinfo_is_taken_out_of_the_url_and_the_spec(spec, url, shown, username, password) -> None:
+    """regression: the spec kept its userinfo, and the manifest's origin and the report carried it."""
+    parsed = parse_source_spec(spec)
+    assert isinstance(parsed, GitSource)
+    assert (parsed.url, parsed.spec) == (url, shown)
+    assert parsed.credentials is not None
+    assert (parsed.credentials.username, parsed.credentials.password) == (username, password)
+    assert username not in repr(parsed) and (password is None or password not in repr(parsed))
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("git+https://oauth2:SECRETVALUE@git.example/o/r", "names no ref"),
+    ("git+ssh://git:SECRETVALUE@git.example/o/r#v1", "never a password"),
+    ("git+file://u:SECRETVALUE@/srv/r#v1", "takes no user or password"),
+    ("git+https://u:SECRETVALUE%0a@git.example/o/r#v1", "control characters"),
+    ("rsync://op:SECRETVALUE@ctrl:/tree", "never a password"),
+    ("file://op:SECRETVALUE@ctrl/tree", "three slashes"),
+    ("git+https://u:SECRETVALUE@git.example#v1", "no repository path"),
+])
+def test_errors_never_show_what_a_urls_userinfo_held(spec: str, says: str) -> None:
+    with pytest.raises(SourceSpecError) as info:
+        parse_source_spec(spec)
+    assert says in info.value.message
+    assert "SECRETVALUE" not in info.value.message + (info.value.hint or "")
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("https://u:p@host/x", "https://host/x"),
+    ("ssh://git@host/x", "ssh://host/x"),
+    ("https://host/x@y", "https://host/x@y"),  # an '@' past the first '/' is no userinfo
+    ("https://host?q=a@b", "https://host?q=a@b"),
+    ("not a url", "not a url"),
+])
+def test_anonymize_url_drops_userinfo_as_git_does(text: str, shown: str) -> None:
+    assert anonymize_url(text) == shown
+
+
+@given(st.text(max_size=60), st.text(alphabet="abcdefghij:%@", min_size=1, max_size=20))
+def test_no_parse_error_ever_echoes_a_password(location: str, password: str) -> None:
+    secret = "PW" + password
+    for scheme in ("git+https", "git+ssh", "git+file", "rsync", "file"):
+        try:
+            parse_source_spec(f"{scheme}://user:{secret}@{location}")
+        except SourceSpecError as exc:
+            assert secret not in exc.message + (exc.hint or "")
