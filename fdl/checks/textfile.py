@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Tuple
 
 from .report import ERROR, OK, SKIPPED, WARNING
 
@@ -107,7 +107,7 @@ class _Metrics:
     """Samples per family, in FAMILIES order when rendered; a sample whose value is None is left out."""
 
     def __init__(self) -> None:
-        self.samples: Dict[str, List[Tuple[Labels, str]]] = {}
+        self.samples: dict[str, list[tuple[Labels, str]]] = {}
 
     def add(self, metric: str, value: Any, /, **labels: Any) -> None:
         if value is None or metric not in FAMILIES:
@@ -129,21 +129,21 @@ class _Metrics:
         return "\n".join(lines) + "\n"
 
 
-def _checks(doc: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+def _checks(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {str(c.get("name")): c for c in doc.get("checks") or [] if isinstance(c, dict)}
 
 
-def _devices(check: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def _devices(check: dict[str, Any] | None) -> list[dict[str, Any]]:
     data = (check or {}).get("data") or {}
     found = [d for d in data.get("devices") or [] if isinstance(d, dict) and isinstance(d.get("index"), int)]
     return sorted(found, key=lambda d: d["index"])
 
 
-def _flag(value: Any) -> Optional[int]:
+def _flag(value: Any) -> int | None:
     return None if value is None else int(bool(value))
 
 
-def render(doc: Dict[str, Any], now: Optional[float] = None) -> str:
+def render(doc: dict[str, Any], now: float | None = None) -> str:
     """The metrics text of one host's report (HostReport.to_dict()); `now` ends the run time (default: now)."""
     metrics = _Metrics()
     checks = _checks(doc)
@@ -161,7 +161,7 @@ def render(doc: Dict[str, Any], now: Optional[float] = None) -> str:
     return metrics.text()
 
 
-def _gpu(metrics: _Metrics, checks: Dict[str, Dict[str, Any]]) -> None:
+def _gpu(metrics: _Metrics, checks: dict[str, dict[str, Any]]) -> None:
     data = (checks.get("gpu") or {}).get("data") or {}
     if data.get("driver_version"):
         metrics.add("fdl_gpu_driver_info", 1, driver_version=data["driver_version"],
@@ -178,7 +178,7 @@ def _gpu(metrics: _Metrics, checks: Dict[str, Dict[str, Any]]) -> None:
         metrics.add("fdl_gpu_memory_total_bytes", device.get("memory_total"), gpu=gpu)
 
 
-def _health(metrics: _Metrics, checks: Dict[str, Dict[str, Any]]) -> None:
+def _health(metrics: _Metrics, checks: dict[str, dict[str, Any]]) -> None:
     for d in _devices(checks.get("gpu_persistence")):
         metrics.add("fdl_gpu_persistence_mode", _flag(d.get("persistence")), gpu=d["index"])
     for d in _devices(checks.get("gpu_ecc")):
@@ -218,7 +218,7 @@ def _health(metrics: _Metrics, checks: Dict[str, Dict[str, Any]]) -> None:
         metrics.add("fdl_gpu_mig_instances", len(d.get("instances") or []), gpu=d["index"])
 
 
-def _versions(metrics: _Metrics, checks: Dict[str, Dict[str, Any]]) -> None:
+def _versions(metrics: _Metrics, checks: dict[str, dict[str, Any]]) -> None:
     torch = (checks.get("libtorch") or {}).get("data") or {}
     if torch.get("version") or torch.get("variant"):
         metrics.add("fdl_libtorch_info", 1, version=torch.get("version") or "", variant=torch.get("variant") or "",
@@ -228,7 +228,7 @@ def _versions(metrics: _Metrics, checks: Dict[str, Dict[str, Any]]) -> None:
         metrics.add("fdl_nccl_info", 1, version=nccl["version"], origin=nccl.get("origin") or "")
 
 
-def write_textfile(path: str, doc: Dict[str, Any], now: Optional[float] = None) -> str:
+def write_textfile(path: str, doc: dict[str, Any], now: float | None = None) -> str:
     """Render `doc` and replace `path` with it atomically (a temporary file in the same directory that the
     collector's *.prom glob does not match, then a rename), mode 0644. Returns the text; raises OSError."""
     # Imported here, not at the top: fdl.fsio in the package, module_utils/fsio.py beside checks/ in the
