@@ -8,73 +8,26 @@ writes the file again with another verdict.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
-import requests
 
 from tests.conftest import run_fdl
 from tests.controller_util import free_port
 from tests.fakes import make_libtorch
-from tests.prometheus import need_tool, samples
+from tests.prometheus import NodeExporter, need_tool, samples
 
 PORTS = (26000, 26999)  # this suite's ports
 FAULTY = "H100:9.0:80G:ecc_vol=2:pcie=4.8/5.16:pstate=0,H100:9.0:80G:persist=0"
 HEALTHY = "H100:9.0:80G,H100:9.0:80G"
 
 
-class NodeExporter:
-    """prometheus-node-exporter with its textfile collector alone, on a free loopback port."""
-
-    def __init__(self, directory: Path, log: Path):
-        self.directory = directory
-        self.log = log
-        self.proc: subprocess.Popen | None = None
-        self.url = ""
-
-    def start(self) -> NodeExporter:
-        binary = need_tool("prometheus-node-exporter", "prometheus-node-exporter")
-        for _ in range(5):  # a port can be taken between the check and the bind: try another
-            port = free_port(pairs=False, span=PORTS)
-            with self.log.open("ab") as log:
-                self.proc = subprocess.Popen(
-                    [binary, f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults",
-                     "--collector.textfile", f"--collector.textfile.directory={self.directory}"],
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            self.url = f"http://127.0.0.1:{port}/metrics"
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                try:
-                    requests.get(self.url, timeout=2)
-                    return self
-                except requests.ConnectionError:
-                    time.sleep(0.1)
-            self.stop()
-        raise AssertionError(f"node_exporter never served {self.url}:\n{self.log.read_text()[-3000:]}")
-
-    def scrape(self) -> dict:
-        response = requests.get(self.url, timeout=10)
-        assert response.status_code == 200
-        return samples(response.text)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
 @pytest.fixture
 def exporter(tmp_path: Path):
     directory = tmp_path / "textfile"
     directory.mkdir()
-    node = NodeExporter(directory, tmp_path / "node_exporter.log").start()
+    binary = need_tool("prometheus-node-exporter", "prometheus-node-exporter")
+    node = NodeExporter(binary, directory, tmp_path / "node_exporter.log").start(free_port(pairs=False, span=PORTS))
     try:
         yield node
     finally:
