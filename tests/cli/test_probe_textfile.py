@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.test_probe import clean_env  # noqa: F401 - the same autouse fixture: nothing leaks in
 from tests.conftest import run_fdl
 from tests.fakes import make_libtorch
 from tests.prometheus import promtool_accepts, samples
@@ -21,15 +22,6 @@ HEALTHY = "H100:9.0:80G,H100:9.0:80G"
 FAULTY = ("H100:9.0:80G:ecc_vol=2:ecc_agg=5:pcie=4.8/5.16:pstate=0:retired_dbe=3:remap=1/0/1/0:throttle=0x88"
           ":persist=0,RTX3060:8.6:12G:na=ecc+mig:pcie=3.16/4.16:pstate=8")
 ALL_STATUSES = ("ok", "warning", "error", "skipped")
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for var in ("CUDA_VISIBLE_DEVICES", "LIBTORCH", "LIBTORCH_PATH", "LD_PRELOAD", "LD_LIBRARY_PATH",
-                "FDL_FAKE_NVML", "FDL_FAKE_NVML_DRIVER", "FDL_FAKE_NVML_CUDA", "FDL_PROBE_ROOT"):
-        monkeypatch.delenv(var, raising=False)
-    (tmp_path / "home").mkdir()
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
 @pytest.fixture
