@@ -149,6 +149,8 @@ def write_metrics(path: str, report: HostReport) -> str | None:
                           f"--collector.textfile.directory reads",
             errno.EACCES: f"this user cannot create files in {directory}: run the probe as an account of a group "
                           f"that may (the fdl_join_worker role's timer does; docs/probe.md)",
+            errno.EPERM: f"{path} belongs to another account, and {directory} is sticky: only its owner may "
+                         f"replace it; remove it (as root) and run the probe again",
             errno.EROFS: f"{directory} is on a read-only file system",
         }.get(exc.errno or 0, "check the directory and the disk, then run the probe again")
         return f"fdl: error: could not write the metrics file {path}: {exc.strerror or exc}.\n  hint: {hint}"
