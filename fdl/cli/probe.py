@@ -72,6 +72,11 @@ def probe(
                                                                 "else one per selected GPU, else cpu:2.")] = None,
     collective_max_size: Annotated[str, typer.Option("--collective-max-size", metavar="SIZE",
                                                      help="Largest all-reduce message (8K to 1G).")] = "64M",
+    textfile: Annotated[str | None, typer.Option("--textfile", metavar="FILE",
+                                                 help="Also write the report as Prometheus metrics to FILE, a "
+                                                      "*.prom file in node_exporter's textfile collector "
+                                                      "directory (atomically, mode 0644). This host only.")
+                        ] = None,
 ) -> int:
     """Audit this host's readiness for a training run: GPU, libtorch, NCCL and shared data.
 
@@ -85,6 +90,8 @@ def probe(
     plan = collective_plan(collective_devices, collective_max_size, collective_timeout) if collective else None
     if plan is not None and plan[0] is None and declared is not None and declared.is_cpu:
         plan = (declared, plan[1])  # the smoke test runs the ranks this CPU host offers
+    if textfile is not None:
+        check_textfile(textfile, workers)
     if workers or plan is not None:  # a fan-out or a smoke test runs for seconds to minutes: collect as usual
         resume_collector()
     if workers:  # a cluster env: every worker, over Ansible (imported only on this path)
@@ -120,10 +127,14 @@ def probe(
 
         result = run_collective(plan, reports[0])
         tables = format_rows(result)
+    unwritten = write_metrics(textfile, reports[0]) if textfile is not None else None
     if as_json:
         typer.echo(render_json(reports))
     else:
         echo_human(*render_human(reports, quiet=quiet), tables, quiet=quiet)
+    if unwritten is not None:  # after the report, which stands either way (one JSON document on stdout)
+        typer.echo(unwritten, err=True)
+        return 1
     return 0 if all(r.ok for r in reports) else 1
 
 
@@ -147,6 +158,46 @@ def declared_devices(devices: str | None, cpu: bool, *, gpus_given: bool) -> Dev
         raise UsageError(f"{'--cpu' if cpu else '--devices ' + devices} judges this host as a CPU host, and --gpus "
                          f"selects GPUs to judge; give one of them.")
     return parsed
+
+
+def check_textfile(path: str, workers: int) -> None:
+    """Refuse a --textfile the collector would never read, or one asked of a cluster probe (exit 2)."""
+    from fdl.checks.textfile import SUFFIX
+    from fdl.errors import UsageError
+
+    if workers:
+        raise UsageError("--textfile writes this host's metrics for the node_exporter running here, but under a "
+                         "cluster env fdl probes the workers.",
+                         hint="run `fdl probe --textfile FILE` on each worker (the fdl_join_worker role installs "
+                              "a timer that does; docs/probe.md, \"At fleet scale\"), or leave the env out")
+    if not path.endswith(SUFFIX) or Path(path).is_dir():
+        raise UsageError(f"--textfile {path!r} is not a *{SUFFIX} file: node_exporter's textfile collector reads "
+                         f"only files named *{SUFFIX} in its directory.",
+                         hint="name a file such as /var/lib/prometheus/node-exporter/fdl-probe.prom")
+
+
+def write_metrics(path: str, report: HostReport) -> str | None:
+    """Write the report's metrics to `path`; None when written, else the message for stderr."""
+    import errno
+
+    from fdl.checks.textfile import write_textfile
+
+    try:
+        write_textfile(path, report.to_dict())
+    except OSError as exc:
+        directory = os.path.dirname(os.path.abspath(path))
+        hint = {
+            errno.ENOENT: f"create {directory} (node_exporter's Debian package makes "
+                          f"/var/lib/prometheus/node-exporter), or name the directory its "
+                          f"--collector.textfile.directory reads",
+            errno.EACCES: f"this user cannot create files in {directory}: run the probe as an account of a group "
+                          f"that may (the fdl_join_worker role's timer does; docs/probe.md)",
+            errno.EPERM: f"{path} belongs to another account, and {directory} is sticky: only its owner may "
+                         f"replace it; remove it (as root) and run the probe again",
+            errno.EROFS: f"{directory} is on a read-only file system",
+        }.get(exc.errno or 0, "check the directory and the disk, then run the probe again")
+        return f"fdl: error: could not write the metrics file {path}: {exc.strerror or exc}.\n  hint: {hint}"
+    return None
 
 
 def collective_plan(devices: str | None, max_size: str, timeout: float) -> CollectivePlan:

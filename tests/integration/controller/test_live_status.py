@@ -24,29 +24,18 @@ from pathlib import Path
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
 
 from fdl.controller.client import ControllerClient, ControllerRefused
 from fdl.controller.machine import SNAPSHOT_S
 from fdl.controller.policy import RunPolicy
 from fdl.controller.server import status_page
-from tests.conftest import IN_CI
 from tests.controller_util import free_port, serving
+from tests.prometheus import need_tool, promtool_accepts, samples
 
 PORTS = (25000, 25999)  # this suite's ports
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
                   "--hide-scrollbars", "--mute-audio")
-
-
-def need_tool(name: str, package: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} is not installed (Debian package {package}; scripts/test.sh installs it)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
 
 
 def chromium(tmp_path: Path, url: str, *args: str, budget_ms: int = 4000) -> str:
@@ -207,14 +196,6 @@ def scrape(server, accept: str | None = None) -> tuple[str, str]:
     return resp.text, resp.headers["Content-Type"]
 
 
-def samples(text: str) -> dict[tuple[str, tuple], float]:
-    found = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
-
-
 def consistent(server) -> tuple[dict, dict, str]:
     """/metrics and state.json at the same moment: the same state version on both sides."""
     for _ in range(20):
@@ -224,13 +205,6 @@ def consistent(server) -> tuple[dict, dict, str]:
         if values[("fdl_state_version", ())] == state["version"]:
             return values, state, text
     raise AssertionError("the state kept changing between /metrics and state.json")
-
-
-def promtool_accepts(text: str) -> None:
-    tool = need_tool("promtool", "prometheus")
-    result = subprocess.run([tool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0 and result.stdout.strip() == "" and result.stderr.strip() == "", \
-        (result.stdout, result.stderr)
 
 
 def test_metrics_pass_promtool_and_match_state_json() -> None:

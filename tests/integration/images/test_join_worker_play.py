@@ -75,6 +75,8 @@ def test_refusals_name_the_problem_and_write_nothing(play):
     # regression: a Python without venv (Debian's python3 lacks python3-venv) failed later, inside pip's task
     rc, out = play.run(fdl_join_worker_python="/bin/false")
     assert rc == 2 and "/bin/false on w1 cannot create fdl's virtualenv" in out and "python3-venv" in out, out
+    rc, out = play.run(fdl_join_worker_probe_timer=True, fdl_join_worker_probe_interval_s=5)
+    assert rc == 2 and "fdl_join_worker_probe_interval_s of 10 or more (got 5)" in out, out
     rc, out = play.run(fdl_join_worker_install_from="tarball")
     assert rc == 2 and "fdl_join_worker_install_from" in out and "wheel, index" in out, out  # argument specs
     assert not play.exists("")

@@ -25,6 +25,7 @@ import http.server
 import io
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -41,6 +42,7 @@ from tests.conftest import IN_CI, REPO, need_root_or_skip
 from tests.integration.images import nspawn
 from tests.integration.images.conftest import BIN, fdl_wheel, tool_env
 from tests.integration.join.helpers import controller, policy
+from tests.prometheus import promtool_accepts, samples
 
 pytestmark = [pytest.mark.testbed(hosts=1), pytest.mark.slow]
 
@@ -69,10 +71,19 @@ case "$mode" in
 esac
 echo "train: done"
 """
+# The readiness probe's timer (fdl_join_worker_probe_timer), baked in with a short interval; the join cases mask
+# it, the probe case scripts a GPU for it through the fake NVML.
+PROBE_TIMER = "flodl-probe.timer"
+PROBE_SERVICE = "flodl-probe.service"
+TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+TEXTFILE = f"{TEXTFILE_DIR}/fdl-probe.prom"
+PROBE_GPUS = "H100:9.0:80G:ecc_vol=1"  # one uncorrectable ECC error: a host that is not ready
+FAKE_NVML_DIR = "/opt/fdl-test/nvml"
 # journald's catalogue ids (systemd's sd-messages.h): structured fields, not wording
 MSG_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"  # EXIT_CODE=, EXIT_STATUS=
 MSG_UNIT_RESULT = "d9b373ed55a64feb8242e02dbe79a49c"  # UNIT_RESULT=
 MSG_RESTART_SCHEDULED = "5eb03494b6584870a536b337290809b3"  # N_RESTARTS=
+MSG_UNIT_STARTED = "39f53479d3a045ac8e11786248231fbf"  # JOB_RESULT= (a oneshot's "Finished ...")
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
@@ -156,6 +167,9 @@ class Site:
             "fdl_join_worker_data_path": DATA_PATH,
             "fdl_join_worker_join_extra": {"bin": TRAIN, "data_source": f"sshfs://{h1.user}@{h1.address}:"
                                                                        f"{self.export}"},
+            "fdl_join_worker_probe_timer": True,
+            "fdl_join_worker_probe_interval_s": 10,
+            "fdl_join_worker_probe_random_delay_s": 2,
         }
 
     def next_address(self) -> str:
@@ -269,8 +283,12 @@ def wait_port(address: str, port: int, machine: nspawn.Machine, timeout: float =
 
 
 @contextlib.contextmanager
-def booted(site: Site, image: list[Path], *, mode: str = "ok", token: str | None = None):
-    """Boot the baked image on the bridge, with the per-boot files written first; always torn down."""
+def booted(site: Site, image: list[Path], *, mode: str = "ok", token: str | None = None,
+           probe_nvml: Path | None = None):
+    """Boot the baked image on the bridge, with the per-boot files written first; always torn down.
+
+    The readiness probe's timer is masked unless `probe_nvml` (a built fake NVML's directory) is given: then
+    the probe's service finds that library and PROBE_GPUS, and the GPU's device nodes are bound in."""
     bed = site.bed
     address = site.next_address()
     work = Path(tempfile.mkdtemp(prefix="boot-", dir=site.work))
@@ -293,8 +311,26 @@ def booted(site: Site, image: list[Path], *, mode: str = "ok", token: str | None
         fuse = work / "fuse"
         os.mknod(fuse, stat.S_IFCHR | 0o666, os.makedev(10, 229))
         fuse.chmod(0o666)
+        binds = [f"{fuse}:/dev/fuse", "/dev/null:/dev/nvidia0"]
+        if probe_nvml is None:  # the join cases count the agent's processes and journal: no probe among them
+            timer = machine.path(f"/etc/systemd/system/{PROBE_TIMER}")
+            timer.unlink()
+            timer.symlink_to("/dev/null")
+        else:
+            lib = machine.path(f"{FAKE_NVML_DIR}/libnvidia-ml.so.1")
+            lib.parent.mkdir(parents=True)
+            shutil.copy(probe_nvml / "libnvidia-ml.so.1", lib)
+            machine.write(f"/etc/systemd/system/{PROBE_SERVICE}.d/50-boot-test.conf", "\n".join([
+                "# The boot test: a scripted GPU for NVML, and proof that the unit's hardening leaves a GPU's",
+                "# device node open for reading and writing (here a real character device that is not one of",
+                "# the pseudo-devices every device policy allows).",
+                "[Service]",
+                f'Environment=LD_LIBRARY_PATH={FAKE_NVML_DIR} "FDL_FAKE_NVML={PROBE_GPUS}"',
+                "ExecStartPre=/bin/sh -c ': <>/dev/nvidia0'", ""]))
+            binds = [f"{fuse}:/dev/fuse", f"{fuse}:/dev/nvidia0", "/dev/null:/dev/nvidiactl",
+                     "/dev/null:/dev/nvidia-uvm"]
         bed.verify()
-        machine.boot(binds=(f"{fuse}:/dev/fuse", "/dev/null:/dev/nvidia0"))
+        machine.boot(binds=tuple(binds))
         machine.address = address
         try:
             yield machine
@@ -471,3 +507,49 @@ def test_systemctl_stop_ends_ranks_and_agent_cleanly(site, image):
         (member,) = state["roster"]
         assert member["exit_code"] == 128 + 15, state
         assert "ranks finished: exit 143" in fdl, fdl
+
+
+def test_the_probe_timer_keeps_the_metrics_file_fresh_as_the_agents_account(site, image, fake_nvml):
+    with booted(site, image, probe_nvml=fake_nvml.lib_dir) as machine:
+        machine.wait_booted()
+        assert machine.sh(f"systemctl is-enabled {PROBE_TIMER}").stdout.strip() == "enabled"
+        assert machine.sh(f"systemctl is-active {PROBE_TIMER}").stdout.strip() == "active"
+        textfile = machine.path(TEXTFILE)
+
+        def last_run() -> float | None:
+            with contextlib.suppress(OSError, KeyError):
+                return samples(textfile.read_text())[("fdl_probe_last_run_timestamp_seconds", ())]
+            return None
+
+        first = wait_until(last_run, 90, "the first metrics file", machine)
+        text = textfile.read_text()
+        later = wait_until(lambda: (last_run() or 0) > first and last_run(), 90, "the timer's next probe", machine)
+        assert later > first
+        # what the probe found, through the unit's sandbox: NVML answered, the device nodes are usable, the
+        # scripted ECC error counted and made the host not ready
+        promtool_accepts(text)
+        values = samples(text)
+        assert values[("fdl_probe_check_status", (("check", "gpu"), ("status", "ok")))] == 1
+        assert values[("fdl_probe_check_status", (("check", "device_nodes"), ("status", "ok")))] == 1
+        assert values[("fdl_gpu_ecc_uncorrected_errors_total", (("gpu", "0"), ("scope", "volatile")))] == 1
+        assert values[("fdl_probe_ready", ())] == 0
+        # systemd's view: the timer started the oneshot as the agent's account; "not ready" (exit 1) is a
+        # success of the unit, the answer being in the file
+        status = machine.show(PROBE_SERVICE, "User", "Result", "ExecMainStatus", "NRestarts")
+        assert status["User"] == "flodl" and status["Result"] == "success", status
+        assert status["ExecMainStatus"] == "1", status
+        runs = [e for e in machine.entries(PROBE_SERVICE) if e.get("MESSAGE_ID") == MSG_UNIT_STARTED]
+        assert len(runs) >= 2 and {e.get("JOB_RESULT") for e in runs} == {"done"}, runs  # "Finished ...", twice
+        # the file: the account's own, world-readable (node_exporter reads it), alone in the directory (no
+        # temporary file left); the directory: the probe group's to write, sticky
+        uid, gid = machine.ids("flodl")
+        info = textfile.stat()
+        assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (uid, gid, 0o644)
+        assert sorted(p.name for p in textfile.parent.iterdir()) == ["fdl-probe.prom"]
+        directory = textfile.parent.stat()
+        group = machine.sh("getent group fdl-textfile", check=True).stdout.split(":")
+        assert (directory.st_uid, directory.st_gid, stat.S_IMODE(directory.st_mode)) == (0, int(group[2]), 0o1775)
+        # the agent itself runs without that group: only the probe's service may write there
+        agent = show(machine)["MainPID"]
+        groups = machine.sh(f"grep '^Groups:' /proc/{agent}/status", check=True).stdout.split()[1:]
+        assert agent != "0" and group[2] not in groups, groups
