@@ -49,6 +49,9 @@ def script_argv(options: CollectiveOptions, script: str | None = None) -> list[s
             "--max-iters", str(options.max_iters), "--exchange-bytes", str(options.exchange_bytes)]
 
 
+LOCAL_RENDEZVOUS_TRIES = 3  # a local world on a port of our choosing: attempts at its rendezvous
+
+
 def free_port(address: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((address, 0))
@@ -129,8 +132,15 @@ def run_local(gpus: list[int] | None = None, cpu_ranks: int = DEFAULT_CPU_RANKS,
     """The smoke test across this host's ranks (GPUs with nccl, or CPU ranks with gloo)."""
     options = options or CollectiveOptions()
     host = host or socket.gethostname()
-    ranks = local_ranks(gpus, cpu_ranks, host=host, port=port or free_port())
-    return run_ranks(ranks, options, echo=echo)
+    if port is not None:
+        return run_ranks(local_ranks(gpus, cpu_ranks, host=host, port=port), options, echo=echo)
+    # A port picked here was free when picked, but any process on the box may take it before rank 0 listens on
+    # it: a rendezvous that fails at init on a port of our choosing is tried again on a fresh one.
+    for _attempt in range(LOCAL_RENDEZVOUS_TRIES - 1):
+        result = run_ranks(local_ranks(gpus, cpu_ranks, host=host, port=free_port()), options, echo=echo)
+        if not any(event.get("kind") == "init" for event in result.errors):
+            return result
+    return run_ranks(local_ranks(gpus, cpu_ranks, host=host, port=free_port()), options, echo=echo)
 
 
 def parse_size(text: str) -> int:

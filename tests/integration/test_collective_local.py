@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
 
@@ -97,3 +98,28 @@ def test_check_mode_reports_pytorch_or_exits_3(tmp_path: Path) -> None:
                           timeout=60, env={"FDL_HOST": "node-b"})
     event = next(e for e in map(parse_line, bare.stdout.splitlines()) if e)
     assert bare.returncode == 3 and (event["kind"], event["host"]) == ("torch-missing", "node-b")
+
+
+def test_a_port_taken_before_rank_0_listens_is_replaced(monkeypatch) -> None:
+    """The race free_port() cannot close: the port it picked is taken (here: held open) before rank 0 binds it."""
+    from fdl.collective import run as collective_run
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    picked = [squatter.getsockname()[1]]
+    real_free_port = collective_run.free_port
+
+    def racing_free_port(address: str = "127.0.0.1") -> int:
+        port = picked[0] if len(picked) == 1 else real_free_port(address)
+        picked.append(port)
+        return port
+
+    monkeypatch.setattr(collective_run, "free_port", racing_free_port)
+    try:
+        result = run_local(None, 2, CollectiveOptions(time_limit_s=90, max_bytes=64 << 10), host="node-a")
+    finally:
+        squatter.close()
+    check = to_check(result)
+    assert check.status == "ok", check.message
+    assert len(picked) == 3 and picked[1] == picked[0] != picked[2]  # the squatted port, then a fresh one
