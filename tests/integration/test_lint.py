@@ -15,8 +15,7 @@ import yaml
 from tests.conftest import REPO
 
 BIN = Path(sys.executable).parent
-COLLECTION = REPO / "ansible_collections" / "flodl" / "fdl"
-ROLES = sorted(p for p in (COLLECTION / "roles").iterdir() if (p / "tasks" / "main.yml").exists())
+ROLES = sorted(p for p in (REPO / "roles").iterdir() if (p / "tasks" / "main.yml").exists())
 
 
 def lint_env(home: Path) -> dict:
@@ -24,7 +23,11 @@ def lint_env(home: Path) -> dict:
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", HOME=str(home),
                XDG_CACHE_HOME=str(home / ".cache"), NO_COLOR="1", ANSIBLE_NOCOLOR="1", PY_COLORS="0")
     env.pop("ANSIBLE_CONFIG", None)
-    env["ANSIBLE_COLLECTIONS_PATH"] = str(REPO)  # flodl.fdl resolves to the source tree, for lint's syntax checks
+    from fdl.collection import assemble
+
+    if not (home / "collections").is_dir():  # flodl.fdl resolves to this clone's content, for lint's syntax checks
+        assemble(home / "collections")
+    env["ANSIBLE_COLLECTIONS_PATH"] = str(home / "collections")
     return env
 
 

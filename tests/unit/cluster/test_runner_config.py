@@ -109,7 +109,8 @@ def test_a_clone_runs_the_collection_built_into_the_cache_once_per_content(monke
     source = tmp_path / "src"
     import shutil
 
-    shutil.copytree(collection.SOURCE_IN_REPO, source, ignore=shutil.ignore_patterns("__pycache__"))
+    for _, part in collection.PARTS:
+        shutil.copytree(collection.REPO_ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__"))
     first = collection.built_in_cache(source)
     tree = first / "ansible_collections" / "flodl" / "fdl"
     utils = tree / "plugins" / "module_utils"
