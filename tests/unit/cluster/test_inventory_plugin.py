@@ -1,5 +1,6 @@
 """The flodl.fdl.cluster inventory plugin as users run it: ansible-inventory, no ansible.cfg, the source file
-enabled by Ansible's stock `auto` plugin, the collection found on ANSIBLE_COLLECTIONS_PATH."""
+enabled by Ansible's stock `auto` plugin, the collection (assembled from this clone) found on
+ANSIBLE_COLLECTIONS_PATH."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from fdl.collection import assemble
 from tests.conftest import REPO
 
 BIN = Path(sys.executable).parent
@@ -23,10 +27,23 @@ cluster:
 """
 
 
+@pytest.fixture(scope="module")
+def collections(tmp_path_factory) -> Path:
+    """A collections path holding the flodl.fdl tree assembled from this clone."""
+    path = tmp_path_factory.mktemp("collections")
+    assemble(path)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _collections(collections, monkeypatch):
+    monkeypatch.setenv("FDL_TEST_COLLECTIONS", str(collections))
+
+
 def inventory(source: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    env.update(ANSIBLE_COLLECTIONS_PATH=str(REPO), PYTHONPATH=str(REPO), HOME=str(source.parent / ".home"),
-               ANSIBLE_NOCOLOR="1")
+    env.update(ANSIBLE_COLLECTIONS_PATH=os.environ["FDL_TEST_COLLECTIONS"], PYTHONPATH=str(REPO),
+               HOME=str(source.parent / ".home"), ANSIBLE_NOCOLOR="1")
     return subprocess.run([str(BIN / "ansible-inventory"), "-i", str(source), "--list", *extra], cwd=source.parent,
                           env=env, capture_output=True, text=True, timeout=120)
 
@@ -125,10 +142,10 @@ def test_no_workers_is_a_warning_and_an_empty_inventory(project):
     assert "defines no cluster hosts" in done.stderr
 
 
-def test_the_plugin_documents_its_options():
+def test_the_plugin_documents_its_options(collections):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     done = subprocess.run([str(BIN / "ansible-doc"), "-t", "inventory", "flodl.fdl.cluster", "--json"],
-                          env={**env, "ANSIBLE_COLLECTIONS_PATH": str(REPO)}, capture_output=True, text=True,
+                          env={**env, "ANSIBLE_COLLECTIONS_PATH": str(collections)}, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     options = json.loads(done.stdout)["flodl.fdl.cluster"]["doc"]["options"]
