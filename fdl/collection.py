@@ -22,6 +22,13 @@ be assumed to have; those files are copied in as real files under `plugins/modul
     plugins/module_utils/hoststage.py       fdl/launch/hoststage.py (the launcher's staging layout)
     plugins/module_utils/pynvml_packed.py   nvidia-ml-py's pynvml.py, packed (below), its licence beside it
 
+The inventory plugin reads an fdl project with fdl's own configuration reader, which the collection carries
+too, so that `ansible-galaxy collection install` is the whole install (fdl is not on the package index):
+
+    plugins/plugin_utils/fdl/               fdl/{__init__,errors,fsio}.py, fdl/config/, fdl/checks/devices.py,
+                                            fdl/cluster/inventory.py (READER: relative imports, standard
+                                            library and PyYAML, which ansible-core requires)
+
 Three callers, one tree: `scripts/build-collection` (then `ansible-galaxy collection build` makes the
 tarball), the wheel build (hatch_build.py puts the tree inside the wheel), and fdl run from a clone
 (`built_in_cache()` builds it once into the cache, under a key of fdl's version and a hash of every input,
@@ -68,6 +75,10 @@ MODULE_UTILS = {
     "supervisor.py": ("agent/supervisor.py",),
     "hoststage.py": ("launch/hoststage.py",),
 }
+# plugins/plugin_utils/fdl/<path> <- fdl/<path>: the configuration reader and what it imports (a directory is
+# copied as a package); tests/unit/test_collection_reader.py keeps the list closed under its imports
+READER = ("__init__.py", "errors.py", "fsio.py", "checks/__init__.py", "checks/devices.py", "config",
+          "cluster/__init__.py", "cluster/inventory.py")
 PYNVML_LICENSE = "pynvml.LICENSE.txt"
 PYNVML_PACKED = "plugins/module_utils/pynvml_packed.py"
 _PACK_FORMAT = b"zlib+base64 v1"  # in the content key: change it with pack_pynvml() so caches get a new tree
@@ -165,6 +176,10 @@ def _inputs(source: Path) -> list[tuple[str, Path]]:
                 files.append((f"plugins/module_utils/{name}", origin))
             else:
                 files.append((f"plugins/module_utils/{name}/{origin.name}", origin))
+    for part in READER:
+        origin = PACKAGE_DIR / part
+        for path in sorted(origin.glob("*.py")) if origin.is_dir() else [origin]:
+            files.append((f"plugins/plugin_utils/fdl/{path.relative_to(PACKAGE_DIR).as_posix()}", path))
     files.append((PYNVML_PACKED, pynvml_file()))
     return files
 
@@ -250,4 +265,9 @@ def built_in_cache(source: Path | None = None) -> Path:
 if __name__ == "__main__":  # `python -m fdl.collection DEST`: write the complete tree under DEST
     import sys
 
-    print(assemble(Path(sys.argv[1])))
+    try:
+        print(assemble(Path(sys.argv[1])))
+    except CollectionError as error:
+        sys.exit(f"fdl.collection: {error.message}" + (f" ({error.hint})" if error.hint else ""))
+    except OSError as error:
+        sys.exit(f"fdl.collection: could not write the tree: {error}")

@@ -1,5 +1,11 @@
 # Copyright (c) the fdl authors. MIT License.
-"""Ansible inventory plugin flodl.fdl.cluster: an fdl project's cluster as an inventory."""
+"""Ansible inventory plugin flodl.fdl.cluster: an fdl project's cluster as an inventory.
+
+One file, two ways in: the flodl.fdl collection's plugins/inventory/cluster.py (assembled from this file by
+fdl/collection.py), and a clone used in place, where the repository's ansible.cfg enables it as `cluster`
+from inventory_plugins/. Either way it reads the project with fdl's own configuration reader: the copy the
+collection carries (plugins/plugin_utils/fdl/), or the clone's fdl package beside this directory.
+"""
 
 from __future__ import annotations
 
@@ -16,13 +22,17 @@ DOCUMENTATION = r"""
           C(ansible_python_interpreter) (the worker's C(python:) key, default C(/usr/bin/python3)), C(fdl_arch),
           C(fdl_local_devices), C(fdl_env) and C(fdl_data_path). C(fdl_controller_host) and
           C(fdl_controller_port) are set for all hosts.
+        - A worker that is the machine running Ansible (one of its own addresses, or a loopback address on port
+          22) gets C(ansible_connection=local), as the C(fdl) command reaches it without ssh.
         - The inventory source is a YAML file whose name ends in C(fdl.yml) or C(fdl.yaml) (for example
           C(hosts.fdl.yml)) whose C(plugin) key names C(flodl.fdl.cluster). Ansible's default C(auto) inventory plugin
           enables it; no C(ansible.cfg) is needed.
-        - A broken fdl configuration stops Ansible with fdl's message (file, line and key) and exit code 1, rather
-          than leaving an empty inventory a CI gate would pass on.
-    requirements:
-        - the C(fdl) Python package, importable by the Python that runs Ansible (C(pip install fdl))
+        - A broken fdl configuration fails the source with fdl's message (file, line and key). Ansible reports a
+          source no plugin could read as a warning and carries on with the hosts it has, unless told otherwise
+          (C(unparsed_is_failed) or C(any_unparsed_is_failed) in the C([inventory]) section of C(ansible.cfg),
+          as the fdl repository's own ansible.cfg sets); a CI gate should set one of them.
+        - Needs nothing beyond ansible-core, on Python 3.11 or newer - the collection carries the configuration
+          reader it uses (fdl's own, with PyYAML, which ansible-core requires).
     extends_documentation_fragment:
         - constructed
     options:
@@ -64,12 +74,29 @@ keyed_groups:
 """
 
 import os
+import sys
 
 from ansible.errors import AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin, Constructable
 from ansible.utils.vars import combine_vars, load_extra_vars
 
 _SUFFIXES = ("fdl.yml", "fdl.yaml")
+
+
+def _reader():
+    """fdl's configuration reader: (inventory_from_file, FdlError)."""
+    if __name__.startswith("ansible_collections."):
+        # the collection: the reader it was built with (fdl/collection.py copies it in, READER)
+        from ansible_collections.flodl.fdl.plugins.plugin_utils.fdl.cluster.inventory import inventory_from_file
+        from ansible_collections.flodl.fdl.plugins.plugin_utils.fdl.errors import FdlError
+    else:
+        # a clone used in place: the fdl package beside inventory_plugins/, ahead of any other fdl on sys.path
+        clone = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        if os.path.isfile(os.path.join(clone, "fdl", "cluster", "inventory.py")) and clone not in sys.path:
+            sys.path.insert(0, clone)
+        from fdl.cluster.inventory import inventory_from_file
+        from fdl.errors import FdlError
+    return inventory_from_file, FdlError
 
 
 class InventoryModule(BaseInventoryPlugin, Constructable):
@@ -82,17 +109,24 @@ class InventoryModule(BaseInventoryPlugin, Constructable):
         """Claim a YAML source whose name ends in fdl.yml or fdl.yaml (hosts.fdl.yml)."""
         return super().verify_file(path) and os.path.basename(path).endswith(_SUFFIXES)
 
+    def _read_config_data(self, path):
+        # In a clone the plugin is loaded as `cluster` (ansible.cfg's enable_plugins) and reads the very source
+        # files the collection's plugin reads, whose `plugin:` names flodl.fdl.cluster: accept that name too.
+        names = getattr(self, "_redirected_names", None)
+        if names and self.NAME not in names:
+            self._redirected_names = [*names, self.NAME]
+        return super()._read_config_data(path)
+
     def parse(self, inventory, loader, path, cache=True):
         super().parse(inventory, loader, path, cache)
         self._read_config_data(path)
         try:
-            from fdl.cluster.inventory import inventory_from_file
-            from fdl.errors import FdlError
+            inventory_from_file, fdl_error = _reader()
         except ImportError as exc:
             raise AnsibleParserError(
-                f"{path}: the flodl.fdl.cluster inventory plugin needs the fdl Python package, which this Ansible's "
-                f"Python cannot import ({exc}). Install fdl into the environment that runs Ansible: pip install fdl"
-            ) from exc
+                f"{path}: the flodl.fdl.cluster inventory plugin could not load fdl's configuration reader ({exc}). "
+                f"Use the plugin from the installed flodl.fdl collection (it carries the reader), or from a "
+                f"complete clone of fdl (inventory_plugins/ beside fdl/)") from exc
 
         source_dir = os.path.dirname(os.path.abspath(path))
         project_dir = self.get_option("project_dir") or source_dir
@@ -104,11 +138,8 @@ class InventoryModule(BaseInventoryPlugin, Constructable):
 
             project = Path(project_dir)
             cluster, config = inventory_from_file(project / "fdl.yml", env=env, project_dir=project)
-        except FdlError as exc:
-            # Stop Ansible here: a plugin that fails lets Ansible carry on with an empty inventory, which would
-            # turn a config error into a run on no hosts (and a CI gate that passes).
-            self.display.error(f"flodl.fdl.cluster: {path}: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""))
-            raise SystemExit(1) from exc
+        except fdl_error as exc:
+            raise AnsibleParserError(f"{path}: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")) from exc
 
         for warning in config.warnings:
             self.display.warning(f"flodl.fdl.cluster: {warning}")

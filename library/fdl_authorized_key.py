@@ -105,13 +105,23 @@ import os
 import pwd
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.flodl.fdl.plugins.module_utils.farm.authorized_keys import (
-    AuthorizedKeysError,
-    install_line,
-    parse_public_key,
-    remove_keys,
-)
-from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import DoorError, key_line
+
+try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
+    from ansible_collections.flodl.fdl.plugins.module_utils.farm.authorized_keys import (
+        AuthorizedKeysError,
+        install_line,
+        parse_public_key,
+        remove_keys,
+    )
+    from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import DoorError, key_line
+except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
+    from ansible.module_utils.fdl.farm.authorized_keys import (
+        AuthorizedKeysError,
+        install_line,
+        parse_public_key,
+        remove_keys,
+    )
+    from ansible.module_utils.fdl.farm.doors import DoorError, key_line
 
 
 def main() -> None:

@@ -98,8 +98,14 @@ program_current:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.flodl.fdl.plugins.module_utils import hoststage, supervisor
-from ansible_collections.flodl.fdl.plugins.module_utils.fsio import atomic_write
+
+try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
+    from ansible_collections.flodl.fdl.plugins.module_utils import hoststage, supervisor
+    from ansible_collections.flodl.fdl.plugins.module_utils.fsio import atomic_write
+except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
+    from ansible.module_utils.fdl.agent import supervisor
+    from ansible.module_utils.fdl.fsio import atomic_write
+    from ansible.module_utils.fdl.launch import hoststage
 
 
 def supervisor_source():

@@ -85,8 +85,13 @@ explicit_ports:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import DoorError, dropin_name, dropin_vars
-from ansible_collections.flodl.fdl.plugins.module_utils.farm.sshd_config import scan
+
+try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
+    from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import DoorError, dropin_name, dropin_vars
+    from ansible_collections.flodl.fdl.plugins.module_utils.farm.sshd_config import scan
+except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
+    from ansible.module_utils.fdl.farm.doors import DoorError, dropin_name, dropin_vars
+    from ansible.module_utils.fdl.farm.sshd_config import scan
 
 
 def main() -> None:

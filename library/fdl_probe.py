@@ -92,10 +92,22 @@ ok:
   description: True when no check is an error (warnings do not count).
   returned: always
   type: bool
+verdict:
+  description: The host in one line, as C(fdl probe) prints it - ready with what was found, or NOT READY with
+    every error and warning named.
+  returned: always
+  type: str
+  sample: "node-b: ready: 2 GPUs (sm_86), libtorch 2.10.0 cu128, NCCL 2.27.5, data /flodl/data"
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.flodl.fdl.plugins.module_utils.checks.probe import ProbeOptions, run_probe
+
+try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
+    from ansible_collections.flodl.fdl.plugins.module_utils.checks.probe import ProbeOptions, run_probe
+    from ansible_collections.flodl.fdl.plugins.module_utils.checks.verdict import verdict
+except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
+    from ansible.module_utils.fdl.checks.probe import ProbeOptions, run_probe
+    from ansible.module_utils.fdl.checks.verdict import verdict
 
 
 def main():
@@ -126,7 +138,7 @@ def main():
                            project_root=params["project_root"], gpus=gpus, local_devices=declared,
                            whole_gpus=params["whole_gpus"])
     report = run_probe(options, host=params["host"])
-    result = dict(changed=False, report=report.to_dict(), ok=report.ok)
+    result = dict(changed=False, report=report.to_dict(), ok=report.ok, verdict=verdict(report))
     if params["fail_on_error"] and not report.ok:
         failed = ", ".join(f"{c.name}: {c.message}" for c in report.errors)
         module.fail_json(msg=f"probe found {len(report.errors)} error(s): {failed}", **result)

@@ -16,7 +16,7 @@ a real object in `JoinDefaults.__annotations__`, read without evaluating text.
 
 from typing import Annotated, NamedTuple
 
-from fdl.checks.devices import Devices
+from ..checks.devices import Devices
 
 
 class Setting(NamedTuple):

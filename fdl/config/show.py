@@ -7,8 +7,8 @@ from typing import Any
 
 import yaml
 
-from fdl.config.project import Config
-from fdl.config.source import KeyPath, display_path, format_path
+from .project import Config
+from .source import KeyPath, display_path, format_path
 
 
 def _scalar(value: Any) -> str:
