@@ -31,8 +31,8 @@ DOCUMENTATION = r"""
           source no plugin could read as a warning and carries on with the hosts it has, unless told otherwise
           (C(unparsed_is_failed) or C(any_unparsed_is_failed) in the C([inventory]) section of C(ansible.cfg),
           as the fdl repository's own ansible.cfg sets); a CI gate should set one of them.
-        - Needs nothing beyond ansible-core, on Python 3.11 or newer - the collection carries the configuration
-          reader it uses (fdl's own, with PyYAML, which ansible-core requires).
+        - Needs nothing beyond ansible-core - the collection carries the configuration reader it uses (fdl's
+          own, with PyYAML, which ansible-core requires); in a clone it reads with the clone's fdl package.
     extends_documentation_fragment:
         - constructed
     options:

@@ -1,6 +1,14 @@
-"""The one place fdl drives ansible-runner.
+"""The one place fdl drives ansible-runner: every playbook fdl runs starts here.
 
-Every remote action in fdl is a playbook run through `run_playbook()`:
+The probe, the pre-flight build, the NCCL build and the sweep after a canceled
+run are playbooks of the flodl.fdl collection run through `run_playbook()`
+(those are the playbooks under playbooks/, the ones an Ansible user runs). What
+else reaches a host goes over plain ssh with this module's SSH settings
+(fdl.cluster.ssh: the same ControlPath, so it rides the masters Ansible opened):
+a run's live rank sessions, which stream output for hours (fdl.launch.dispatch,
+which also says how a run is staged), and the all-reduce smoke test's PyTorch
+check (fdl.collective.cluster). A worker that is this machine is reached
+without ssh (its inventory entry has `ansible_connection: local`).
 
     result = run_playbook(playbook("probe.yml"), inventory, extravars={...})
     for host in result.hosts.values():
