@@ -239,7 +239,7 @@ def inventory_from_file(path: Path, env: str | None = None,
 
     path = Path(path).resolve()
     if env is None:
-        _, env = env_of_file(path)
+        env = env_of_file(path)[1]
     directory = (project_dir or path.parent).resolve()
     if project_dir is None and env is not None:
         base = find_base(directory)

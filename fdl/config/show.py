@@ -87,7 +87,7 @@ def annotated_yaml(config: Config, header: list[str] | None = None, *, show_secr
                     rows.append((f"{pad}- {shown(path + (index,), sub)}", origin(path + (index,))))
 
     walk(config.data, (), 0)
-    width = min(max((len(text) for text, _ in rows), default=0), 58)
+    width = min(max((len(row[0]) for row in rows), default=0), 58)
     lines = [f"# {line}" for line in header or []]
     for text, where in rows:
         # At least two spaces before '#': in YAML a '#' right after a value is part of the value.

@@ -23,11 +23,10 @@ def lint_env(home: Path) -> dict:
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", HOME=str(home),
                XDG_CACHE_HOME=str(home / ".cache"), NO_COLOR="1", ANSIBLE_NOCOLOR="1", PY_COLORS="0")
     env.pop("ANSIBLE_CONFIG", None)
-    from fdl.collection import assemble
-
-    if not (home / "collections").is_dir():  # flodl.fdl resolves to this clone's content, for lint's syntax checks
-        assemble(home / "collections")
-    env["ANSIBLE_COLLECTIONS_PATH"] = str(home / "collections")
+    # No collection anywhere: the roles and modules resolve in place, through the repository's ansible.cfg
+    (home / "no-collections").mkdir(exist_ok=True)
+    env["ANSIBLE_COLLECTIONS_PATH"] = str(home / "no-collections")
+    env["ANSIBLE_COLLECTIONS_SCAN_SYS_PATH"] = "False"
     return env
 
 
