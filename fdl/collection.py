@@ -76,7 +76,7 @@ MODULE_UTILS = {
     "hoststage.py": ("launch/hoststage.py",),
 }
 # plugins/plugin_utils/fdl/<path> <- fdl/<path>: the configuration reader and what it imports (a directory is
-# copied as a package); tests/unit/test_collection_reader.py keeps the list closed under its imports
+# copied as a package); tests/unit/test_layout.py keeps the list closed under its imports
 READER = ("__init__.py", "errors.py", "fsio.py", "checks/__init__.py", "checks/devices.py", "config",
           "cluster/__init__.py", "cluster/inventory.py")
 PYNVML_LICENSE = "pynvml.LICENSE.txt"
