@@ -23,7 +23,7 @@ be assumed to have; those files are copied in as real files under `plugins/modul
     plugins/module_utils/pynvml_packed.py   nvidia-ml-py's pynvml.py, packed (below), its licence beside it
 
 The inventory plugin reads an fdl project with fdl's own configuration reader, which the collection carries
-too, so that `ansible-galaxy collection install` is the whole install (fdl is not on the package index):
+too, so that `ansible-galaxy collection install` is the whole install (the fdl package is not on the index):
 
     plugins/plugin_utils/fdl/               fdl/{__init__,errors,fsio}.py, fdl/config/, fdl/checks/devices.py,
                                             fdl/cluster/inventory.py (READER: relative imports, standard
