@@ -1,13 +1,19 @@
 """The Ansible collection flodl.fdl, and the one way a complete tree of it is made.
 
-The collection's source is the directory `ansible_collections/flodl/fdl/` of
-the repository (roles, playbooks, modules, the inventory plugin, galaxy.yml,
-meta/runtime.yml). Its modules import code that lives in the fdl package (the
-probe's check library, the rank supervisor, the farm's sshd and
-authorized_keys helpers) as the collection's module_utils, and pynvml, which a
-target cannot be assumed to have. `assemble()` writes the complete tree: the
-source copied, and those files copied in as real files under
-`plugins/module_utils/`:
+A clone holds the collection's parts at the top level, each once, where Ansible itself finds them in place
+(the repository's ansible.cfg, docs/ansible.md): `roles/`, `playbooks/`, `library/` (the modules),
+`inventory_plugins/` (the inventory plugin) and `collection/` (galaxy.yml, meta/runtime.yml, README,
+changelogs, sanity ignores). `assemble()` writes the complete collection tree from them:
+
+    galaxy.yml, meta/, README.md, ...       collection/
+    roles/                                  roles/
+    playbooks/                              playbooks/
+    plugins/modules/                        library/
+    plugins/inventory/                      inventory_plugins/
+
+The modules import code that lives in the fdl package (the probe's check library, the rank supervisor, the
+farm's sshd and authorized_keys helpers) as the collection's module_utils, and pynvml, which a target cannot
+be assumed to have; those files are copied in as real files under `plugins/module_utils/`:
 
     plugins/module_utils/checks/            fdl/checks/ (the package)
     plugins/module_utils/libtorch/          fdl/libtorch/{__init__,variants,resolve}.py (the host-side core)
@@ -17,12 +23,19 @@ source copied, and those files copied in as real files under
     plugins/module_utils/hoststage.py       fdl/launch/hoststage.py (the launcher's staging layout)
     plugins/module_utils/pynvml_packed.py   nvidia-ml-py's pynvml.py, packed (below), its licence beside it
 
-Three callers, one tree: `scripts/build-collection` (then `ansible-galaxy
-collection build` makes the tarball), the wheel build (hatch_build.py puts
-the tree inside the wheel), and fdl run from a clone (`runtime_root()` builds
-it once into the cache, under a key of fdl's version and a hash of every
-input, so an edit in the clone gets a fresh tree and a finished one is never
-rewritten). Standard library and fdl.errors only: the wheel build imports this file.
+The inventory plugin reads an fdl project with fdl's own configuration reader, which the collection carries
+too, so that `ansible-galaxy collection install` is the whole install (the fdl package is not on the index):
+
+    plugins/plugin_utils/fdl/               fdl/{__init__,errors,fsio}.py, fdl/config/, fdl/checks/devices.py,
+                                            fdl/cluster/inventory.py, fdl/libtorch/{__init__,variants,source}.py
+                                            (READER: relative imports, standard
+                                            library and PyYAML, which ansible-core requires)
+
+Three callers, one tree: `scripts/build-collection` (then `ansible-galaxy collection build` makes the
+tarball), the wheel build (hatch_build.py puts the tree inside the wheel), and fdl run from a clone
+(`built_in_cache()` builds it once into the cache, under a key of fdl's version and a hash of every input,
+so an edit in the clone gets a fresh tree and a finished one is never rewritten). Standard library and
+fdl.errors only: the wheel build imports this file.
 """
 
 from __future__ import annotations
@@ -43,8 +56,18 @@ from fdl.errors import FdlError
 NAMESPACE, NAME = "flodl", "fdl"
 FQCN = f"{NAMESPACE}.{NAME}"
 PACKAGE_DIR = Path(__file__).resolve().parent
-SOURCE_IN_REPO = PACKAGE_DIR.parent / "ansible_collections" / NAMESPACE / NAME
+REPO_ROOT = PACKAGE_DIR.parent  # a clone (or an sdist): the collection's parts sit beside fdl/
 RELATIVE = Path("ansible_collections") / NAMESPACE / NAME
+
+# (directory in the collection tree, top-level directory of the repository it is made from)
+PARTS = (
+    ("", "collection"),
+    ("roles", "roles"),
+    ("playbooks", "playbooks"),
+    ("plugins/modules", "library"),
+    ("plugins/inventory", "inventory_plugins"),
+)
+METADATA = "collection"  # the part holding galaxy.yml
 
 # plugins/module_utils/<name> <- fdl/<path>: a directory is copied as a package (its *.py files)
 MODULE_UTILS = {
@@ -55,10 +78,14 @@ MODULE_UTILS = {
     "supervisor.py": ("agent/supervisor.py",),
     "hoststage.py": ("launch/hoststage.py",),
 }
+# plugins/plugin_utils/fdl/<path> <- fdl/<path>: the configuration reader and what it imports (a directory is
+# copied as a package); tests/unit/test_layout.py keeps the list closed under its imports
+READER = ("__init__.py", "errors.py", "fsio.py", "checks/__init__.py", "checks/devices.py", "config",
+          "cluster/__init__.py", "cluster/inventory.py", "libtorch/__init__.py", "libtorch/variants.py",
+          "libtorch/source.py")
 PYNVML_LICENSE = "pynvml.LICENSE.txt"
 PYNVML_PACKED = "plugins/module_utils/pynvml_packed.py"
 _PACK_FORMAT = b"zlib+base64 v1"  # in the content key: change it with pack_pynvml() so caches get a new tree
-_SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
 
 
 class CollectionError(FdlError):
@@ -126,12 +153,23 @@ def pack_pynvml(source: bytes) -> str:
     )
 
 
+def check_source(source: Path) -> None:
+    """Raise CollectionError unless `source` holds the collection's parts (collection/galaxy.yml and the rest)."""
+    missing = [part for _, part in PARTS if not (source / part).is_dir()]
+    if missing or not (source / METADATA / "galaxy.yml").is_file():
+        raise CollectionError(f"the {FQCN} collection's source is incomplete in {source} (missing: "
+                              f"{', '.join(missing) or METADATA + '/galaxy.yml'})",
+                              hint="use a complete clone of fdl, or reinstall fdl")
+
+
 def _inputs(source: Path) -> list[tuple[str, Path]]:
     """(path in the tree, file it comes from) for every file of the complete collection."""
     files = []
-    for path in sorted(source.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-            files.append((path.relative_to(source).as_posix(), path))
+    for where, part in PARTS:
+        for path in sorted((source / part).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                rel = path.relative_to(source / part).as_posix()
+                files.append((f"{where}/{rel}" if where else rel, path))
     for name, parts in MODULE_UTILS.items():
         for part in parts:
             origin = PACKAGE_DIR / part
@@ -142,24 +180,28 @@ def _inputs(source: Path) -> list[tuple[str, Path]]:
                 files.append((f"plugins/module_utils/{name}", origin))
             else:
                 files.append((f"plugins/module_utils/{name}/{origin.name}", origin))
+    for part in READER:
+        origin = PACKAGE_DIR / part
+        for path in sorted(origin.glob("*.py")) if origin.is_dir() else [origin]:
+            files.append((f"plugins/plugin_utils/fdl/{path.relative_to(PACKAGE_DIR).as_posix()}", path))
     files.append((PYNVML_PACKED, pynvml_file()))
     return files
 
 
 def assemble(dest: Path, source: Path | None = None) -> Path:
-    """Write the complete collection under dest/ansible_collections/flodl/fdl and return that directory."""
-    source = source or SOURCE_IN_REPO
-    if not (source / "galaxy.yml").is_file():
-        raise CollectionError(f"the collection's source {source} is missing (no galaxy.yml there)")
+    """Write the complete collection under dest/ansible_collections/flodl/fdl and return that directory.
+
+    `source` is the directory holding the parts (a clone's root, the default)."""
+    source = source or REPO_ROOT
+    check_source(source)
     root = dest / RELATIVE
     if root.exists():
         raise CollectionError(f"{root} already exists; give an empty directory")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(source, root, ignore=_SKIP)
+    root.mkdir(parents=True)
     for rel, origin in _inputs(source):
         target = root / rel
         if target.exists():
-            continue
+            raise CollectionError(f"{rel} would be written twice into the {FQCN} tree ({origin} is the second)")
         target.parent.mkdir(parents=True, exist_ok=True)
         if rel == PYNVML_PACKED:
             target.write_text(pack_pynvml(origin.read_bytes()))
@@ -175,7 +217,7 @@ def assemble(dest: Path, source: Path | None = None) -> Path:
 def content_key(source: Path | None = None) -> str:
     """fdl's version and a hash of every input of the tree (names and contents)."""
     digest = hashlib.sha256(_PACK_FORMAT)
-    for rel, origin in _inputs(source or SOURCE_IN_REPO):
+    for rel, origin in _inputs(source or REPO_ROOT):
         digest.update(rel.encode() + b"\0" + origin.read_bytes() + b"\0")
     return f"{version()}-{digest.hexdigest()[:16]}"
 
@@ -189,7 +231,7 @@ def cache_dir() -> Path:
 @lru_cache(maxsize=1)
 def _clone_key() -> str:
     """content_key() of this clone's own source, hashed once per process (a clone does not change under a run)."""
-    return content_key(SOURCE_IN_REPO)
+    return content_key(REPO_ROOT)
 
 
 def built_in_cache(source: Path | None = None) -> Path:
@@ -199,7 +241,7 @@ def built_in_cache(source: Path | None = None) -> Path:
     directory is looked up on every call (HOME or XDG_CACHE_HOME may differ between calls of one process), and
     a tree removed since is built again.
     """
-    key = _clone_key() if source is None or source == SOURCE_IN_REPO else content_key(source)
+    key = _clone_key() if source is None or source == REPO_ROOT else content_key(source)
     target = cache_dir() / "collections" / key
     if (target / RELATIVE / "galaxy.yml").is_file():
         return target
@@ -227,4 +269,9 @@ def built_in_cache(source: Path | None = None) -> Path:
 if __name__ == "__main__":  # `python -m fdl.collection DEST`: write the complete tree under DEST
     import sys
 
-    print(assemble(Path(sys.argv[1])))
+    try:
+        print(assemble(Path(sys.argv[1])))
+    except CollectionError as error:
+        sys.exit(f"fdl.collection: {error.message}" + (f" ({error.hint})" if error.hint else ""))
+    except OSError as error:
+        sys.exit(f"fdl.collection: could not write the tree: {error}")

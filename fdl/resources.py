@@ -4,9 +4,9 @@ The content is one Ansible collection, flodl.fdl (fdl/collection.py). A built
 wheel carries its complete tree inside the package, under
 `fdl/_share/collections/ansible_collections/flodl/fdl/`, next to fdl's own
 templates, the Packer template and ansible.cfg in `fdl/_share/`. A clone keeps
-the collection's source in `ansible_collections/flodl/fdl/` at the repository
-root and has fdl build the complete tree into its cache on first use
-(keyed by fdl's version and a hash of the content).
+the collection's parts at the repository root (roles/, playbooks/, library/,
+inventory_plugins/, collection/) and has fdl build the complete tree into its
+cache on first use (keyed by fdl's version and a hash of the content).
 """
 
 from __future__ import annotations
@@ -34,21 +34,11 @@ def share_dir() -> Path:
                             f"reinstall fdl")
 
 
-def collection_source() -> Path:
-    """The collection as shipped (the wheel's complete tree, or a clone's source): read files from here."""
-    if _installed():
-        return _WHEEL_SHARE / "collections" / collection.RELATIVE
-    if (collection.SOURCE_IN_REPO / "galaxy.yml").is_file():
-        return collection.SOURCE_IN_REPO
-    raise collection.CollectionError(f"the Ansible collection {collection.FQCN} was not found next to "
-                                     f"{PACKAGE_DIR}", hint="reinstall fdl")
-
-
 def collections_path() -> Path:
     """The directory to give Ansible as ANSIBLE_COLLECTIONS_PATH: it holds ansible_collections/flodl/fdl."""
     if _installed():
         return _WHEEL_SHARE / "collections"
-    collection_source()  # a clear error when the source is missing
+    collection.check_source(collection.REPO_ROOT)  # a clear error when a part is missing
     return collection.built_in_cache()
 
 
@@ -63,7 +53,11 @@ def playbook(name: str) -> Path:
 
 
 def roles_dir() -> Path:
-    return collection_source() / "roles"
+    """The roles as shipped (the wheel's tree, or a clone's roles/), for reading their files without a build."""
+    if _installed():
+        return _WHEEL_SHARE / "collections" / collection.RELATIVE / "roles"
+    collection.check_source(collection.REPO_ROOT)
+    return collection.REPO_ROOT / "roles"
 
 
 def templates_dir() -> Path:

@@ -107,6 +107,7 @@ def check_gpu(gpus: str | Iterable[Any] | None = None, environ: Mapping[str, str
         NVML_ERROR_LIB_RM_VERSION_MISMATCH,
         NVML_ERROR_NO_PERMISSION,
         NvmlUnavailable,
+        pynvml_hint,
         read_inventory,
     )
 
@@ -118,7 +119,7 @@ def check_gpu(gpus: str | Iterable[Any] | None = None, environ: Mapping[str, str
         data: dict[str, Any] = {"nvml_error": exc.detail, "nvml_error_code": exc.code, "devices": []}
         if exc.reason == "pynvml-missing":
             return CheckResult(NAME, ERROR, "pynvml (NVIDIA's NVML bindings) is not installed for this Python.",
-                               hint="install nvidia-ml-py into fdl's environment (pip install nvidia-ml-py)",
+                               hint=pynvml_hint(),
                                data=data), None, None
         if exc.reason == "library-missing":
             return CheckResult(

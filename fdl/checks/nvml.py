@@ -26,6 +26,15 @@ def load_pynvml() -> Any:
     return pynvml
 
 
+def pynvml_hint() -> str:
+    """What to do about a missing pynvml, for where this code runs."""
+    if __name__.startswith("ansible.module_utils."):
+        # an Ansible module sent from a clone used in place (ansible.cfg's module_utils): nothing packs pynvml
+        return ("install nvidia-ml-py for this host's Python, or probe through the flodl.fdl collection "
+                "(scripts/build-collection builds it), which ships pynvml to every host")
+    return "install nvidia-ml-py into fdl's environment (pip install nvidia-ml-py)"
+
+
 def device_count() -> int | None:
     """Number of GPUs NVML reports; None when NVML is unavailable or fails."""
     return _query_or_none(lambda pynvml: int(pynvml.nvmlDeviceGetCount()))

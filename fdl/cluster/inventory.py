@@ -2,15 +2,17 @@
 
 `build_inventory()` turns a validated `ClusterSpec` into hosts, groups and
 host variables. fdl's runner writes it out as a JSON inventory; the
-`flodl.fdl.cluster` inventory plugin (the collection's
-plugins/inventory/cluster.py) feeds the same structure to Ansible directly, so
-`ansible-playbook -i hosts.fdl.yml` and `fdl @cluster ...` see identical hosts.
+`flodl.fdl.cluster` inventory plugin (inventory_plugins/cluster.py) feeds the
+same structure to Ansible directly, so `ansible-playbook -i hosts.fdl.yml` and
+`fdl @cluster ...` see identical hosts, and treat a worker that is this
+machine alike: reached without ssh (`ansible_connection: local`).
 
 Groups: `fdl_workers` (every worker), `fdl_controller` (the worker that is
 the controller host, or a separate entry for it) and one `arch_<variant>` per
 libtorch variant (`precompiled/cu128` -> `arch_precompiled_cu128`).
 
-Standard library and fdl.config only: no Ansible import.
+Standard library and fdl.config only, imported relatively: no Ansible import, and the flodl.fdl collection
+carries this module for its inventory plugin (fdl/collection.py).
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ from __future__ import annotations
 import ipaddress
 import re
 import shlex
+import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fdl.config.schema import DEFAULT_DATA_PATH, ClusterSpec, SshDefaults, WorkerSpec
+from ..config.schema import DEFAULT_DATA_PATH, ClusterSpec, SshDefaults, WorkerSpec
 
 if TYPE_CHECKING:
-    from fdl.config.project import Config
+    from ..config.project import Config
 
 WORKERS_GROUP = "fdl_workers"
 CONTROLLER_GROUP = "fdl_controller"
@@ -46,6 +50,30 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def is_this_machine(address: str, port: int = 22) -> bool:
+    """True when address is one of this machine's own addresses (so reaching it needs no SSH).
+
+    A loopback address with a non-default port is taken for an SSH tunnel to
+    somewhere else. Names other than localhost and this machine's hostname are
+    not resolved (a slow resolver must not stall the probe): they count as remote.
+    """
+    if is_loopback(address):
+        return port == 22
+    if address == socket.gethostname():
+        return True
+    try:
+        ip = ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return False
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.bind((str(ip), 0))  # only an address this machine holds can be bound
+        except OSError:
+            return False
+    return True
 
 
 @dataclass
@@ -107,8 +135,10 @@ def _ssh_args(ssh: SshDefaults | None, root: Path | None) -> dict[str, Any]:
     return {"ansible_ssh_common_args": f"-o UserKnownHostsFile={shlex.quote(known_hosts)}"}
 
 
-def worker_vars(worker: WorkerSpec, root: Path | None, ssh: SshDefaults | None = None) -> dict[str, Any]:
-    """The host variables of one worker (the contract playbooks and roles rely on)."""
+def worker_vars(worker: WorkerSpec, root: Path | None, ssh: SshDefaults | None = None, *,
+                local: bool = False) -> dict[str, Any]:
+    """The host variables of one worker (the contract playbooks and roles rely on); `local`: the worker is this
+    machine, reached without ssh (`ansible_connection: local`), as fdl probes and runs it."""
     hostvars: dict[str, Any] = {
         "ansible_host": worker.address,
         "ansible_port": worker.port,
@@ -124,6 +154,8 @@ def worker_vars(worker: WorkerSpec, root: Path | None, ssh: SshDefaults | None =
     if identity is not None:
         hostvars["ansible_ssh_private_key_file"] = identity
     hostvars.update(_ssh_args(ssh, root))
+    if local:
+        hostvars["ansible_connection"] = "local"
     return hostvars
 
 
@@ -142,15 +174,18 @@ def local_inventory(name: str = "localhost", python: str | None = None) -> Clust
     return ClusterInventory(hosts={name: host})
 
 
-def build_inventory(cluster: ClusterSpec, root: Path | None = None) -> ClusterInventory:
-    """Hosts, groups and variables for a cluster; `root` anchors relative identity paths."""
+def build_inventory(cluster: ClusterSpec, root: Path | None = None,
+                    is_local: Callable[[str, int], bool] = is_this_machine) -> ClusterInventory:
+    """Hosts, groups and variables for a cluster; `root` anchors relative identity paths. A worker for which
+    is_local(address, port) holds gets the local connection."""
     inv = ClusterInventory()
     inv.groups[WORKERS_GROUP] = []
     inv.groups[CONTROLLER_GROUP] = []
     controller = cluster.controller
     inv.all_vars = {"fdl_controller_host": controller.host, "fdl_controller_port": controller.port}
     for worker in cluster.workers:
-        host = InventoryHost(name=worker.host, vars=worker_vars(worker, root, cluster.ssh), worker=worker)
+        host = InventoryHost(name=worker.host, worker=worker,
+                             vars=worker_vars(worker, root, cluster.ssh, local=is_local(worker.address, worker.port)))
         host.groups.append(WORKERS_GROUP)
         inv.groups[WORKERS_GROUP].append(worker.host)
         if controller.host in (worker.host, worker.address):
@@ -198,13 +233,13 @@ def inventory_from_file(path: Path, env: str | None = None,
     from the name unless given. Returns (inventory, config); the inventory is
     empty when the merged configuration has no cluster: block. Raises ConfigError.
     """
-    from fdl.config import EnvSelection, find_base, load_config
-    from fdl.config.source import display_path
-    from fdl.errors import ConfigError
+    from ..config import EnvSelection, find_base, load_config
+    from ..config.source import display_path
+    from ..errors import ConfigError
 
     path = Path(path).resolve()
     if env is None:
-        _, env = env_of_file(path)
+        env = env_of_file(path)[1]
     directory = (project_dir or path.parent).resolve()
     if project_dir is None and env is not None:
         base = find_base(directory)

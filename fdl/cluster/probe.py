@@ -23,11 +23,9 @@ multi-host form: `schema_version`, `ok`, `hosts` (each a host report) and
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -38,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from fdl.checks.report import ERROR, OK, SCHEMA_VERSION, SKIPPED, WARNING, CheckResult, HostReport
 from fdl.cluster.consistency import consistency_checks, host_groups
-from fdl.cluster.inventory import ClusterInventory, InventoryHost, build_inventory, is_loopback
+from fdl.cluster.inventory import ClusterInventory, InventoryHost, build_inventory
 from fdl.config.schema import DEFAULT_DATA_PATH, WorkerSpec
 from fdl.errors import ConfigError
 
@@ -46,6 +44,7 @@ if TYPE_CHECKING:
     from fdl.config.project import Config
 
 NATIVE_TIMEOUT_S = 120.0
+VERDICT_TAG = "fdl_probe_verdict"  # the role's one-line verdict for people: fdl renders its own report
 
 
 @dataclass(frozen=True)
@@ -80,30 +79,6 @@ class ClusterReport:
 # --------------------------------------------------------------------------- where each host runs
 
 
-def is_this_machine(address: str, port: int = 22) -> bool:
-    """True when address is one of this machine's own addresses (so probing it needs no SSH).
-
-    A loopback address with a non-default port is taken for an SSH tunnel to
-    somewhere else. Names other than localhost and this machine's hostname are
-    not resolved (a slow resolver must not stall the probe): they count as remote.
-    """
-    if is_loopback(address):
-        return port == 22
-    if address == socket.gethostname():
-        return True
-    try:
-        ip = ipaddress.ip_address(address.strip("[]"))
-    except ValueError:
-        return False
-    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.bind((str(ip), 0))  # only an address this machine holds can be bound
-        except OSError:
-            return False
-    return True
-
-
 def host_options(worker: WorkerSpec, options: ClusterProbeOptions, *, local: bool) -> dict[str, Any]:
     """The ProbeOptions fields for one worker: flags win, then the worker's own settings.
 
@@ -136,7 +111,7 @@ def probe_cluster(config: Config, options: ClusterProbeOptions, *, progress: boo
             f"`fdl probe` without an env to probe this machine only.")
     inventory = build_inventory(config.cluster, config.root)
     workers = inventory.workers
-    local = [h for h in workers if is_this_machine(_spec(h).address, _spec(h).port)]
+    local = [h for h in workers if h.vars.get("ansible_connection") == "local"]  # this machine: no ssh
     remote = [h for h in workers if h not in local]
     reports: dict[str, HostReport] = {}
 
@@ -200,7 +175,7 @@ def _probe_remote(inventory: ClusterInventory, hosts: list[InventoryHost], optio
     sent = time.time()
     wall_minus_monotonic = sent - time.monotonic()  # the runner stamps hosts with time.monotonic()
     result = run_playbook("probe.yml", inventory, extravars=extravars, limit=[h.name for h in hosts],
-                          progress=progress, title="probe", skip_validation=True)
+                          progress=progress, title="probe", skip_validation=True, skip_tags=(VERDICT_TAG,))
     reports = {}
     for host in hosts:
         outcome = result.hosts[host.name]

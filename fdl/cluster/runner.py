@@ -1,6 +1,14 @@
-"""The one place fdl drives ansible-runner.
+"""The one place fdl drives ansible-runner: every playbook fdl runs starts here.
 
-Every remote action in fdl is a playbook run through `run_playbook()`:
+The probe, the pre-flight build, the NCCL build and the sweep after a canceled
+run are playbooks of the flodl.fdl collection run through `run_playbook()`
+(those are the playbooks under playbooks/, the ones an Ansible user runs). What
+else reaches a host goes over plain ssh with this module's SSH settings
+(fdl.cluster.ssh: the same ControlPath, so it rides the masters Ansible opened):
+a run's live rank sessions, which stream output for hours (fdl.launch.dispatch,
+which also says how a run is staged), and the all-reduce smoke test's PyTorch
+check (fdl.collective.cluster). A worker that is this machine is reached
+without ssh (its inventory entry has `ansible_connection: local`).
 
     result = run_playbook(playbook("probe.yml"), inventory, extravars={...})
     for host in result.hosts.values():
@@ -11,8 +19,8 @@ What it settles once for every caller:
 - ansible-playbook is the one installed next to fdl (this environment's
   scripts directory goes first on PATH); the playbooks, roles and modules
   are the flodl.fdl collection fdl ships (ANSIBLE_COLLECTIONS_PATH points at
-  it, fdl.resources); the shipped ansible.cfg is the
-  configuration, and the settings that matter are pinned in the environment
+  it, fdl.resources), with its own module_utils only; the shipped ansible.cfg
+  is the configuration, and the settings that matter are pinned in the environment
   so a stray ANSIBLE_* variable cannot undo them: pipelining on, facts off,
   host keys checked by ssh (`StrictHostKeyChecking=accept-new`: learn a new
   host once, refuse a changed key), persistent SSH masters under a short,
@@ -51,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from fdl.cluster.inventory import ClusterInventory
-from fdl.collection import cache_dir
+from fdl.collection import RELATIVE, cache_dir
 from fdl.errors import FdlError, RemoteError
 from fdl.fsio import atomic_write
 from fdl.progress import HostsProgress
@@ -248,11 +256,15 @@ def ansible_environment(forks: int) -> dict[str, str]:
     """Environment overrides for an ansible-playbook started by fdl."""
     cfg = ansible_cfg()
     cp_dir = ready_control_path_dir()
+    collections = collections_path()
     env = _pinned_settings(cfg)
     env.update({
         "ANSIBLE_CONFIG": str(cfg),
         # The flodl.fdl collection fdl ships (the wheel's, or a clone's built into the cache), and no other.
-        "ANSIBLE_COLLECTIONS_PATH": str(collections_path()),
+        "ANSIBLE_COLLECTIONS_PATH": str(collections),
+        # A clone's ansible.cfg serves the fdl package as module_utils for Ansible users in place; fdl's runs use
+        # the collection's copies of that code alone (else AnsiballZ would bundle both into every module).
+        "ANSIBLE_MODULE_UTILS": str(collections / RELATIVE / "plugins" / "module_utils"),
         "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "False",
         "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp_dir),
         "ANSIBLE_FORKS": str(forks),
@@ -369,6 +381,7 @@ def run_playbook(
     timeout: float | None = None,
     title: str | None = None,
     skip_validation: bool = False,
+    skip_tags: Sequence[str] = (),
 ) -> RunResult:
     """Run a playbook against the inventory's hosts (or `limit`) and return per-host results.
 
@@ -381,6 +394,7 @@ def run_playbook(
     skip_validation: leave out the roles' argument validation (a task of its own on every host, which Ansible
     tags `always`), for callers whose variables come from fdl's checked configuration; the modules still check
     their own arguments.
+    skip_tags: more tags whose tasks fdl does not need (a role's message for people, when fdl renders its own).
 
     Raises RemoteError when ansible-playbook itself fails before any host ran
     (a playbook or inventory it cannot read), and KeyboardInterrupt after a
@@ -419,7 +433,7 @@ def run_playbook(
             try:
                 runner = _invoke(pdd, run_id, path, inventory_file, vars_file, len(hosts), timeout=timeout,
                                  event_handler=collector, cancel_callback=cancel.is_set,
-                                 skip_tags=(VALIDATION_TAG,) if skip_validation else ())
+                                 skip_tags=((VALIDATION_TAG,) if skip_validation else ()) + tuple(skip_tags))
             finally:
                 if display is not None:
                     display.stop()

@@ -113,8 +113,7 @@ def check_torch(worker: WorkerSpec, ssh: list[str] | None, timeout: float) -> tu
 
 def _checks(cluster: ClusterSpec, root: Path | None, timeout: float) -> tuple[list[WorkerSpec], dict, list[str]]:
     """Every worker's PyTorch check at once: (workers that have it, {host: why not}, [failures])."""
-    from fdl.cluster.inventory import build_inventory
-    from fdl.cluster.probe import is_this_machine
+    from fdl.cluster.inventory import build_inventory, is_this_machine
     from fdl.cluster.ssh import ssh_argv
 
     inventory = build_inventory(cluster, root)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 
-from fdl.config.source import Data, KeyPath, Layer, Origins
+from .source import Data, KeyPath, Layer, Origins
 
 
 def _paths(value: object, path: KeyPath) -> Iterator[KeyPath]:

@@ -57,8 +57,8 @@ def unicast_problem(text: str) -> str | None:
         return "the unspecified address (it names no host: 'any address' when listening)"
     if ip.is_multicast:
         return "a multicast address"
-    if isinstance(ip, ipaddress.IPv4Address) and (ip == ipaddress.IPv4Address("255.255.255.255")
-                                                   or ip in ipaddress.IPv4Network("240.0.0.0/4")):
+    if isinstance(ip, ipaddress.IPv4Address) and (
+            ip == ipaddress.IPv4Address("255.255.255.255") or ip in ipaddress.IPv4Network("240.0.0.0/4")):
         return "a broadcast or reserved address"
     return None
 
@@ -67,7 +67,7 @@ def split_host_port(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, i
     """Parse host[:port] (IPv6 as [addr]:port); raises ValueError with a reason."""
     text = text.strip()
     if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
+        host, _bracket, rest = text[1:].partition("]")
         port_text = rest[1:] if rest.startswith(":") else ""
         if rest and not rest.startswith(":"):
             raise ValueError("expected [address]:port")

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from fdl.config.discover import SUFFIXES, available_envs, find_base, overlay_file  # noqa: F401
-from fdl.config.merge import merge_layers
-from fdl.config.schema import (
+from ..errors import ConfigError, UsageError
+from .discover import SUFFIXES, available_envs, find_base, overlay_file  # noqa: F401
+from .merge import merge_layers
+from .schema import (
     TOP_KEYS,
     Checker,
     ClusterSpec,
@@ -30,8 +31,7 @@ from fdl.config.schema import (
     check_libtorch_block,
     check_publish,
 )
-from fdl.config.source import Data, Layer, Origins, display_path, read_layer
-from fdl.errors import ConfigError, UsageError
+from .source import Data, Layer, Origins, display_path, read_layer
 
 INHERIT_KEY = "inherit-from"
 _ENV_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # fullmatch: `$` would accept a trailing newline

@@ -6,9 +6,9 @@ from typing import Any
 
 import yaml
 
-from fdl.config.masking import Mask, find_masks
-from fdl.config.project import Config
-from fdl.config.source import KeyPath, display_path, format_path
+from .masking import Mask, find_masks
+from .project import Config
+from .source import KeyPath, display_path, format_path
 
 
 def _scalar(value: Any) -> str:
@@ -80,7 +80,7 @@ def annotated_yaml(config: Config, header: list[str] | None = None, *, show_secr
                     rows.append((f"{pad}- {shown(path + (index,), sub)}", origin(path + (index,))))
 
     walk(config.data, (), 0)
-    width = min(max((len(text) for text, _ in rows), default=0), 58)
+    width = min(max((len(row[0]) for row in rows), default=0), 58)
     lines = [f"# {line}" for line in header or []]
     for text, where in rows:
         # At least two spaces before '#': in YAML a '#' right after a value is part of the value.

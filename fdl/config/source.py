@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from fdl.errors import ConfigError
+from ..errors import ConfigError
 
 MAX_BYTES = 4 * 1024 * 1024  # no hand-written config comes near this
 CACHE_FORMAT = 1  # bump when the parse of a text may change (the parser's rules, the cached shape)
@@ -120,7 +120,7 @@ def _cached_parse(path: Path, text: str, shown: str) -> tuple[Data, Origins]:
     """
     import marshal
 
-    from fdl import __version__
+    from .. import __version__
 
     json_file = path.suffix == ".json"
     where = (str(path.resolve()), shown, json_file)
@@ -133,14 +133,14 @@ def _cached_parse(path: Path, text: str, shown: str) -> tuple[Data, Origins]:
             return entry["data"], {keypath: Origin(shown, line) for keypath, line in entry["origins"]}
     except (OSError, EOFError, ValueError, KeyError, TypeError):
         pass
-    from fdl.config.yamldoc import parse_text
+    from .yamldoc import parse_text
 
     data, origins = parse_text(text, shown, json_file=json_file)
     if _cacheable(data, origins, shown):
         entry = {"stamp": stamp, "text": text, "data": data,
                  "origins": [(keypath, origin.line) for keypath, origin in origins.items()]}
         try:
-            from fdl.fsio import atomic_write
+            from ..fsio import atomic_write
 
             entry_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             atomic_write(entry_path, marshal.dumps(entry), mode=0o600)
@@ -196,7 +196,7 @@ def _cacheable(data: Data, origins: Origins, shown: str) -> bool:
     """The document is plain (text-keyed mappings, lists, text, numbers, booleans, null), so the cache gives
     it back exactly, and it holds no secret: a value `fdl config show` masks (a token, key material) is never
     copied into the cache."""
-    from fdl.config.masking import find_masks
+    from .masking import find_masks
 
     def plain(value: Any) -> bool:
         if isinstance(value, dict):

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from fdl.config.source import Data, KeyPath, Origin, Origins, format_path
-from fdl.errors import ConfigError
+from ..errors import ConfigError
+from .source import Data, KeyPath, Origin, Origins, format_path
 
 MAX_NODES = 100_000  # after alias expansion
 MAX_DEPTH = 64

@@ -188,7 +188,7 @@ def plan_launch(spec: CommandSpec, args: list[str] | tuple[str, ...], cluster: C
     """The plan of a `cluster: true` command, or None when it should run as one ordinary process.
 
     gpus: the --gpus selection (fdl.gpus.GpuSelection) or None. is_local(address, port) tells
-    whether a worker is this machine (default: fdl.cluster.probe.is_this_machine). port: --port;
+    whether a worker is this machine (default: fdl.cluster.inventory.is_this_machine). port: --port;
     else FDL_PORT from environ; else cluster.controller.port (1337 by default). A single-host run
     whose port came from the configuration and is taken moves to a free one (noted in the plan).
     """
@@ -205,7 +205,7 @@ def plan_launch(spec: CommandSpec, args: list[str] | tuple[str, ...], cluster: C
         cluster = cluster._replace(controller=cluster.controller._replace(port=chosen))
     if cluster is not None and (cluster.workers or cluster.controller.join.discovery):
         if is_local is None:
-            from fdl.cluster.probe import is_this_machine
+            from fdl.cluster.inventory import is_this_machine
 
             is_local = is_this_machine
         return _cluster_plan(spec, all_args, cluster, root, gpus, is_local, gpu_count, run_id)

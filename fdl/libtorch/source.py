@@ -24,8 +24,8 @@ import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from fdl.errors import ConfigError, FdlError, PermanentError, UsageError
-from fdl.libtorch.variants import DOWNLOADS
+from ..errors import ConfigError, FdlError, PermanentError, UsageError
+from .variants import DOWNLOADS
 
 #: the PyTorch release fdl downloads by default (the project's torch pin), and the variants it publishes as
 #: libtorch archives for Linux

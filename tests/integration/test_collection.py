@@ -1,11 +1,14 @@
 """The flodl.fdl collection the way Ansible users get it: the built tarball installed with ansible-galaxy, no
 ansible.cfg, everything by fully qualified name, on a real testbed host over real SSH.
 
-- A new user: only the tarball in an empty collections path and fdl installed from its wheel, in an empty
-  directory holding an fdl project and a hosts.fdl.yml: ansible-doc lists every role and module,
-  ansible-inventory shows the workers with composed variables, and a play using the probe role probes a host.
-- Every ansible-core line that runs on Python 3.11 (2.17, 2.18, 2.19), each in its own virtual environment:
-  install, `ansible-inventory --graph` through the auto plugin, and the probe role converging on a host.
+- A new user: a fresh virtual environment holding ansible-core and nothing else (no fdl: it is not on the
+  package index), the tarball in an empty collections path, an empty directory holding an fdl project and a
+  hosts.fdl.yml: ansible-doc lists every role and module, ansible-inventory shows the workers with composed
+  variables, and a play using the probe role probes a testbed host over SSH and this machine, a worker at
+  127.0.0.1, over the local connection.
+- Every ansible-core line that runs on Python 3.11 (2.17, 2.18, 2.19), each in its own virtual environment
+  holding only ansible-core: install, `ansible-inventory --graph` through the auto plugin, and the probe role
+  converging on both hosts.
 - `ansible-test sanity` on the installed collection.
 
 The ansible-core virtual environments (and ansible-test's own, under their home) are cached outside the
@@ -18,6 +21,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -58,8 +62,9 @@ PLAY = """\
   post_tasks:
     - name: Show the report
       ansible.builtin.debug:
-        msg: "REPORT {{ __fdl_probe_report.report | to_json }}"
+        msg: "REPORT {{ fdl_probe_report.report | to_json }}"
 """
+LOCAL_WORKER = {"host": "here", "address": "127.0.0.1", "local_devices": "cpu:1"}  # this machine
 
 
 def cache_root() -> Path:
@@ -133,10 +138,12 @@ def user_env(home: Path, bin_dir: Path, pythonpath: Path, **extra: str) -> dict:
 
 
 def project(path: Path, testbed) -> Path:
-    """An fdl project naming the testbed's first host as its only worker, and its hosts.fdl.yml."""
+    """An fdl project with two workers, the testbed's first host and this machine (127.0.0.1), and its
+    hosts.fdl.yml."""
     path.mkdir(parents=True)
     (path / "fdl.yml").write_text("commands:\n  test: {run: 'true'}\n")
-    (path / "fdl.cluster.yml").write_text(yaml.safe_dump(testbed.cluster(testbed.workers()[:1]), sort_keys=False))
+    workers = [*testbed.workers()[:1], LOCAL_WORKER]
+    (path / "fdl.cluster.yml").write_text(yaml.safe_dump(testbed.cluster(workers), sort_keys=False))
     (path / "hosts.fdl.yml").write_text(SOURCE)
     (path / "play.yml").write_text(PLAY)
     return path
@@ -146,39 +153,51 @@ def run(argv: list[str], cwd: Path, env: dict, timeout: float = 300) -> subproce
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def probed_report(play: subprocess.CompletedProcess, host: str) -> dict:
+def probed_reports(play: subprocess.CompletedProcess, *hosts: str) -> dict:
+    """{host: report} from the play's REPORT lines; each host's verdict line was printed."""
     out = play.stdout + play.stderr
     assert play.returncode == 0, out[-4000:]
-    line = next(line for line in play.stdout.splitlines() if '"msg": "REPORT ' in line)
-    report = json.loads(json.loads("{" + line.strip().rstrip(",") + "}")["msg"][len("REPORT "):])
-    assert report["host"] == host, report
-    return report
+    reports = {}
+    for line in play.stdout.splitlines():
+        if '"msg": "REPORT ' in line:
+            report = json.loads(json.loads("{" + line.strip().rstrip(",") + "}")["msg"][len("REPORT "):])
+            reports[report["host"]] = report
+    assert sorted(reports) == sorted(hosts), out[-4000:]
+    for host in hosts:  # the role's one-line verdict per host
+        assert re.search(rf'"msg": "{re.escape(host)}: (ready|NOT READY)', play.stdout), play.stdout[-4000:]
+    recap = play.stdout[play.stdout.index("PLAY RECAP"):]
+    assert "unreachable=0" in recap and "unreachable=1" not in recap, recap
+    return reports
 
 
-@pytest.fixture(scope="module")
-def wheel_site(tmp_path_factory) -> Path:
-    """fdl installed from its own wheel into a directory of its own (its dependencies come from this venv)."""
-    base = tmp_path_factory.mktemp("fdl-wheel")
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(base / "w"), str(REPO)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    (wheel,) = (base / "w").glob("fdl-*.whl")
-    site = base / "site"
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
-                           str(wheel)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    return site
+def assert_ansible_core_alone(bin_dir: Path, cwd: Path, env: dict) -> None:
+    """The environment holds ansible-core and no fdl (the plugin reads the project with the collection's
+    own reader)."""
+    done = run([str(bin_dir / "python"), "-c", "import fdl"], cwd, env)
+    assert done.returncode != 0 and "No module named 'fdl'" in done.stderr, done.stdout + done.stderr
+    listed = run([str(bin_dir / "python"), "-m", "pip", "list", "--format=freeze"], cwd, env).stdout
+    assert "ansible-core==" in listed and "fdl==" not in listed.lower(), listed
 
 
-def test_a_new_user_installs_the_tarball_and_probes_a_host(testbed, short_tmp, collection_tarball, wheel_site):
+def assert_local_worker(bin_dir: Path, cwd: Path, env: dict) -> None:
+    """The worker at 127.0.0.1 is this machine: the plugin gives it the local connection, as fdl does."""
+    listed = run([str(bin_dir / "ansible-inventory"), "-i", "hosts.fdl.yml", "--list"], cwd, env)
+    assert listed.returncode == 0, listed.stderr
+    hostvars = json.loads(listed.stdout)["_meta"]["hostvars"]
+    assert hostvars["here"]["ansible_connection"] == "local", hostvars["here"]
+    assert [name for name, values in hostvars.items() if "ansible_connection" in values] == ["here"], hostvars
+
+
+def test_a_new_user_installs_the_tarball_and_probes_a_host(testbed, short_tmp, collection_tarball):
     host = testbed.hosts[0]
     home = short_tmp / "home"
-    bin_dir = Path(sys.executable).parent
-    env = user_env(home, bin_dir, wheel_site)
+    python = core_venv("2.19")  # a virtual environment holding ansible-core alone
+    bin_dir = python.parent
+    env = user_env(home, bin_dir, Path(os.devnull))
     # the default collections path of a fresh home: empty until the tarball goes in
     collections = home / ".ansible" / "collections"
     assert not collections.exists()
-    install_collection(collection_tarball, collections)
+    install_collection(collection_tarball, collections, python=str(python))
     assert sorted(p.name for p in (collections / "ansible_collections").iterdir()) == ["flodl"]
     # self-contained: the check library, the supervisor and pynvml (with its licence) are real files in it
     utils = collections / "ansible_collections" / "flodl" / "fdl" / "plugins" / "module_utils"
@@ -193,8 +212,7 @@ def test_a_new_user_installs_the_tarball_and_probes_a_host(testbed, short_tmp, c
     assert not any(path.is_symlink() for path in utils.rglob("*"))
     work = project(short_tmp / "work", testbed)
     assert not (work / "ansible.cfg").exists() and not (home / ".ansible.cfg").exists()
-    where = run([sys.executable, "-c", "import fdl; print(fdl.__file__)"], work, env)
-    assert Path(where.stdout.strip()).is_relative_to(wheel_site), where.stdout + where.stderr
+    assert_ansible_core_alone(bin_dir, work, env)
 
     roles = run([str(bin_dir / "ansible-doc"), "-t", "role", "-l", "flodl.fdl"], work, env)
     assert roles.returncode == 0, roles.stderr
@@ -208,15 +226,16 @@ def test_a_new_user_installs_the_tarball_and_probes_a_host(testbed, short_tmp, c
     listed = run([str(bin_dir / "ansible-inventory"), "-i", "hosts.fdl.yml", "--list"], work, env)
     assert listed.returncode == 0, listed.stderr
     data = json.loads(listed.stdout)
-    assert data["fdl_workers"]["hosts"] == [host.name]
+    assert data["fdl_workers"]["hosts"] == [host.name, "here"]
     hostvars = data["_meta"]["hostvars"][host.name]
     assert hostvars["fdl_reach"] == f"{host.address}:{host.port}"  # composed from the plugin's own variables
     assert hostvars["fdl_probe_skip_mount"] is True
     assert data[f"login_{host.user}"]["hosts"] == [host.name]  # keyed_groups
 
+    assert_local_worker(bin_dir, work, env)
     play = run([str(bin_dir / "ansible-playbook"), "-i", "hosts.fdl.yml", "play.yml"], work, env)
-    report = probed_report(play, host.name)
-    checks = {check["name"]: check for check in report["checks"]}
+    reports = probed_reports(play, host.name, "here")
+    checks = {check["name"]: check for check in reports[host.name]["checks"]}
     # declared cpu:1, so the module judged a CPU host: nothing GPU-only counts, only what it lacks (a libtorch)
     assert checks["gpu"]["status"] == "skipped" and checks["gpu"]["data"]["cpu_host"] is True, checks["gpu"]
     assert [name for name, check in checks.items() if check["status"] == "error"] == ["libtorch"], checks
@@ -230,18 +249,22 @@ def test_the_collection_under_each_ansible_core_line(line, testbed, short_tmp, c
     host = testbed.hosts[0]
     python = core_venv(line)
     bin_dir = python.parent
-    version = run([str(bin_dir / "ansible"), "--version"], short_tmp, user_env(short_tmp / "v", bin_dir, REPO))
+    version = run([str(bin_dir / "ansible"), "--version"], short_tmp,
+                  user_env(short_tmp / "v", bin_dir, Path(os.devnull)))
     assert f"[core {line}." in version.stdout, version.stdout
     collections = install_collection(collection_tarball, short_tmp / "collections", python=str(python))
-    env = user_env(short_tmp / "home", bin_dir, REPO, ANSIBLE_COLLECTIONS_PATH=str(collections))
+    env = user_env(short_tmp / "home", bin_dir, Path(os.devnull), ANSIBLE_COLLECTIONS_PATH=str(collections))
     work = project(short_tmp / "work", testbed)
 
+    assert_ansible_core_alone(bin_dir, work, env)
     graph = run([str(bin_dir / "ansible-inventory"), "-i", "hosts.fdl.yml", "--graph"], work, env)
     assert graph.returncode == 0, graph.stderr
     assert "@fdl_workers:" in graph.stdout and f"|--{host.name}" in graph.stdout, graph.stdout
+    assert "|--here" in graph.stdout, graph.stdout
 
+    assert_local_worker(bin_dir, work, env)
     play = run([str(bin_dir / "ansible-playbook"), "-i", "hosts.fdl.yml", "play.yml"], work, env)
-    probed_report(play, host.name)
+    probed_reports(play, host.name, "here")
 
 
 def test_ansible_test_sanity_passes(short_tmp, collection_tarball):

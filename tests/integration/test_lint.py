@@ -15,8 +15,7 @@ import yaml
 from tests.conftest import REPO
 
 BIN = Path(sys.executable).parent
-COLLECTION = REPO / "ansible_collections" / "flodl" / "fdl"
-ROLES = sorted(p for p in (COLLECTION / "roles").iterdir() if (p / "tasks" / "main.yml").exists())
+ROLES = sorted(p for p in (REPO / "roles").iterdir() if (p / "tasks" / "main.yml").exists())
 
 
 def lint_env(home: Path) -> dict:
@@ -24,7 +23,10 @@ def lint_env(home: Path) -> dict:
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", HOME=str(home),
                XDG_CACHE_HOME=str(home / ".cache"), NO_COLOR="1", ANSIBLE_NOCOLOR="1", PY_COLORS="0")
     env.pop("ANSIBLE_CONFIG", None)
-    env["ANSIBLE_COLLECTIONS_PATH"] = str(REPO)  # flodl.fdl resolves to the source tree, for lint's syntax checks
+    # No collection anywhere: the roles and modules resolve in place, through the repository's ansible.cfg
+    (home / "no-collections").mkdir(exist_ok=True)
+    env["ANSIBLE_COLLECTIONS_PATH"] = str(home / "no-collections")
+    env["ANSIBLE_COLLECTIONS_SCAN_SYS_PATH"] = "False"
     return env
 
 

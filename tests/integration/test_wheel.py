@@ -49,3 +49,19 @@ def test_wheel_carries_the_collection_and_the_shipped_files(tmp_path: Path) -> N
     # an installed fdl runs the collection its wheel carries: nothing is built into the cache
     assert Path(collections) == target / "fdl" / "_share" / "collections"
     assert (Path(collections) / "ansible_collections/flodl/fdl/playbooks/probe.yml").is_file()
+    # the shipped ansible.cfg enables the inventory plugin it ships beside it (inventory_plugins/): with that
+    # file a hosts.fdl.yml reads through it, and nothing it names is missing (no warning)
+    assert "fdl/_share/inventory_plugins/cluster.py" in names
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "fdl.yml").write_text("commands:\n  test: {run: 'true'}\n")
+    (project / "fdl.cluster.yml").write_text("cluster:\n  workers:\n    - {host: node-a, address: 192.0.2.7}\n")
+    (project / "hosts.fdl.yml").write_text("plugin: flodl.fdl.cluster\n")
+    ansible_env = {k: v for k, v in env.items() if not k.startswith("ANSIBLE_")}
+    ansible_env.update(ANSIBLE_CONFIG=share + "/ansible.cfg", ANSIBLE_COLLECTIONS_PATH=collections,
+                       HOME=str(tmp_path / "home"), ANSIBLE_NOCOLOR="1")
+    listed = subprocess.run([str(Path(sys.executable).parent / "ansible-inventory"), "-i", "hosts.fdl.yml", "--list"],
+                            capture_output=True, text=True, env=ansible_env, cwd=project, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert "[WARNING]" not in listed.stderr, listed.stderr
+    assert "node-a" in listed.stdout and "192.0.2.7" in listed.stdout

@@ -1,10 +1,10 @@
 """ruff and mypy, as configured in pyproject.toml ([tool.ruff], [tool.mypy]), find nothing.
 
 ruff runs over every Python file of the repository: the package, the tests, the benches, the
-collection, the build hook and the scripts written in Python (found by their shebang, since they carry
-no .py suffix). mypy checks what [tool.mypy] names (`files`), strict where its overrides say so. Both
-come with fdl's test extras; a missing tool fails the test (it is a piece of the test command, not an
-optional extra), and a finding fails it with the tool's own report.
+modules and the inventory plugin, the build hook and the scripts written in Python (found by their
+shebang, since they carry no .py suffix). mypy checks what [tool.mypy] names (`files`), strict where
+its overrides say so. Both come with fdl's test extras; a missing tool fails the test (it is a piece of
+the test command, not an optional extra), and a finding fails it with the tool's own report.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tests.conftest import REPO
 
-LINTED = ["fdl", "tests", "bench", "ansible_collections", "hatch_build.py"]
+LINTED = ["fdl", "tests", "bench", "library", "inventory_plugins", "hatch_build.py"]
 
 
 def tool(name: str) -> str:

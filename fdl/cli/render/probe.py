@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from fdl.checks.probe import CORE_CHECKS
 from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, HostReport
+from fdl.checks.verdict import headline, summary_line
 
 if TYPE_CHECKING:
     from fdl.cluster.probe import ClusterReport
@@ -67,47 +68,8 @@ def echo_human(out: str, err: str, tables: list[str], *, quiet: bool) -> None:
         typer.echo(err, err=True)
 
 
-def headline(report: HostReport) -> str:
-    errors, warnings = len(report.errors), len(report.warnings)
-    counts = ", ".join(filter(None, [f"{errors} error{'s' if errors != 1 else ''}" if errors else "",
-                                     f"{warnings} warning{'s' if warnings != 1 else ''}" if warnings else ""]))
-    return f"{report.host}: {'NOT READY' if errors else 'ready'} ({counts})"
-
-
 def mark(status: str) -> str:
     return {OK: "ok", WARNING: "warning", ERROR: "ERROR", SKIPPED: "skipped"}.get(status, status)
-
-
-def summary_line(report: HostReport) -> str:
-    """The green path: one line of the facts that matter (warnings, if any, are listed by render_human)."""
-    parts = []
-    for check in report.checks:
-        data = check.data
-        if check.name not in CORE_CHECKS:
-            continue  # green depth checks stay out of the one-line summary
-        if check.status == SKIPPED and data.get("cpu_host"):
-            if check.name == "gpu":
-                parts.append(f"CPU host ({data.get('declared')}, gloo; GPU and NCCL checks skipped)")
-            continue
-        if check.status == SKIPPED:
-            parts.append(f"{check.name} skipped")
-        elif check.name == "gpu":
-            devices = [d for d in data.get("devices", []) if d.get("selected")]
-            sms = sorted({d["sm"] for d in devices})
-            parts.append(f"{len(devices)} GPU{'s' if len(devices) != 1 else ''} ({', '.join(sms)})")
-        elif check.name == "libtorch":
-            parts.append(" ".join(filter(None, ["libtorch", data.get("version"), data.get("variant")])))
-        elif check.name == "nccl":
-            parts.append(f"NCCL from docker service {data['docker_service']}" if data.get("docker_service")
-                         else f"NCCL {data.get('version')}")
-        elif check.name == "data":
-            parts.append(f"data {data.get('path')}")
-        else:
-            parts.append(f"{check.name} ok")
-    hidden = sum(1 for c in report.checks
-                 if c.status == SKIPPED and c.name not in CORE_CHECKS and not c.data.get("cpu_host"))
-    more = f" ({hidden} more check{'s' if hidden != 1 else ''} skipped: `fdl probe --json` says why)" if hidden else ""
-    return f"{report.host}: ready: " + ", ".join(parts) + more
 
 
 # What a cross-host check that came out ok says the hosts agree on (the green verdict names them).

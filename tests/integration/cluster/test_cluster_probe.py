@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -227,6 +228,7 @@ def test_ansible_users_get_the_same_inventory_and_probe_without_fdl(kit, short_t
                           env=env, capture_output=True, text=True, timeout=180)
     assert play.returncode == 4, play.stdout + play.stderr  # 4: some host unreachable
     recap = play.stdout[play.stdout.index("PLAY RECAP"):]
-    for host in ("h1", "h2", "h3"):  # ok=2: the role's argument validation, then the probe
-        assert any(line.startswith(host) and "ok=2" in line and "failed=0" in line for line in recap.splitlines())
+    for host in ("h1", "h2", "h3"):  # ok=3: the role's argument validation, the probe, the verdict
+        assert any(line.startswith(host) and "ok=3" in line and "failed=0" in line for line in recap.splitlines())
+        assert re.search(rf'"msg": "{host}: ready: ', play.stdout), play.stdout[-3000:]  # each host's verdict
     assert any(line.startswith("h4") and "unreachable=1" in line for line in recap.splitlines())

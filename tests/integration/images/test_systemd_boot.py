@@ -197,7 +197,9 @@ def checkout_digest() -> str:
     from fdl import resources
 
     h = hashlib.sha256()
-    roots = [REPO / "fdl", resources.collection_source(), resources.templates_dir(), resources.ansible_cfg(),
+    from fdl.collection import PARTS
+
+    roots = [REPO / "fdl", *(REPO / part for _, part in PARTS), resources.templates_dir(), resources.ansible_cfg(),
              REPO / "pyproject.toml"]
     for root in roots:
         files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()

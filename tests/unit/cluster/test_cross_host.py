@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 
 from fdl.checks.report import CheckResult, HostReport
-from fdl.cluster.inventory import InventoryHost
+from fdl.cluster.inventory import InventoryHost, is_this_machine
 from fdl.cluster.probe import (
     ClusterProbeOptions,
     ClusterReport,
     cross_host_checks,
     host_options,
-    is_this_machine,
     unreachable_check,
 )
 from fdl.config.schema import Devices, WorkerSpec

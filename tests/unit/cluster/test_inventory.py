@@ -84,6 +84,22 @@ def test_default_loopback_controller_is_reached_locally(project):
     assert inv.hosts["node-a"].vars["ansible_host"] == "node-a"  # the name is the address unless address: is set
 
 
+def test_a_worker_that_is_this_machine_gets_the_local_connection(project):
+    """fdl probes and runs a worker at one of this machine's addresses without ssh; the inventory (fdl's and the
+    plugin's) says the same, so plain ansible-playbook reaches it too (it has no sshd to answer)."""
+    inv, _ = inventory_from_file(project("fdl.cluster.yml", """\
+        cluster:
+          workers:
+            - {host: here, address: 127.0.0.1, user: op}
+            - {host: tunnel, address: 127.0.0.1, port: 2222}
+            - {host: there, address: 192.0.2.7}
+        """))
+    assert inv.hosts["here"].vars["ansible_connection"] == "local"
+    assert inv.hosts["here"].vars["ansible_python_interpreter"] == "/usr/bin/python3"  # the worker's python:
+    assert "ansible_connection" not in inv.hosts["tunnel"].vars  # a loopback port other than 22: a tunnel
+    assert "ansible_connection" not in inv.hosts["there"].vars
+
+
 def test_local_inventory_is_this_machine_alone_without_ssh():
     inv = local_inventory()
     assert list(inv.hosts) == ["localhost"] and inv.workers == []

@@ -1,5 +1,6 @@
 """The flodl.fdl.cluster inventory plugin as users run it: ansible-inventory, no ansible.cfg, the source file
-enabled by Ansible's stock `auto` plugin, the collection found on ANSIBLE_COLLECTIONS_PATH."""
+enabled by Ansible's stock `auto` plugin, the collection (assembled from this clone) found on
+ANSIBLE_COLLECTIONS_PATH."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from fdl.collection import assemble
 from tests.conftest import REPO
 
 BIN = Path(sys.executable).parent
@@ -23,10 +27,24 @@ cluster:
 """
 
 
-def inventory(source: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    env.update(ANSIBLE_COLLECTIONS_PATH=str(REPO), PYTHONPATH=str(REPO), HOME=str(source.parent / ".home"),
-               ANSIBLE_NOCOLOR="1")
+@pytest.fixture(scope="module")
+def collections(tmp_path_factory) -> Path:
+    """A collections path holding the flodl.fdl tree assembled from this clone."""
+    path = tmp_path_factory.mktemp("collections")
+    assemble(path)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _collections(collections, monkeypatch):
+    monkeypatch.setenv("FDL_TEST_COLLECTIONS", str(collections))
+
+
+def inventory(source: Path, *extra: str, **settings: str) -> subprocess.CompletedProcess:
+    """ansible-inventory --list as an Ansible user runs it: the collection on its path, no ansible.cfg."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "PYTHON"))}
+    env.update(ANSIBLE_COLLECTIONS_PATH=os.environ["FDL_TEST_COLLECTIONS"], ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="False",
+               HOME=str(source.parent / ".home"), ANSIBLE_NOCOLOR="1", **settings)
     return subprocess.run([str(BIN / "ansible-inventory"), "-i", str(source), "--list", *extra], cwd=source.parent,
                           env=env, capture_output=True, text=True, timeout=120)
 
@@ -110,12 +128,19 @@ def test_a_file_not_named_for_the_plugin_is_not_claimed(project):
     assert "flodl.fdl.cluster" in done.stderr or "Unable to parse" in done.stderr
 
 
-def test_broken_config_stops_ansible_with_fdls_message(project):
+def test_a_broken_config_fails_the_source_naming_the_file_and_fdls_message(project):
+    """An AnsibleParserError (never an exit): Ansible reports it for the source, and a CI gate that sets
+    unparsed_is_failed stops on it."""
     project("fdl.cluster.yml", "cluster:\n  workers:\n    - {host: a, port: 70000}\n")
-    done = inventory(project("hosts.fdl.yml", "plugin: flodl.fdl.cluster\n"))
-    assert done.returncode == 1, done.stdout
-    assert "fdl.cluster.yml:3" in done.stderr and "cluster.workers[0].port" in done.stderr, done.stderr
-    assert "TCP port" in done.stderr
+    source = project("hosts.fdl.yml", "plugin: flodl.fdl.cluster\n")
+    for gate in ("False", "True"):
+        done = inventory(source, ANSIBLE_INVENTORY_UNPARSED_FAILED=gate)
+        assert (done.returncode != 0) == (gate == "True"), done.stdout + done.stderr
+        message = " ".join(done.stderr.split())  # Ansible wraps long warnings
+        assert f"{source}: " in message and "fdl.cluster.yml:3" in message, done.stderr
+        assert "cluster.workers[0].port" in message and "TCP port" in message, done.stderr
+        assert "Traceback" not in done.stderr and "SystemExit" not in done.stderr
+        assert '"a"' not in done.stdout  # no host from a broken file
 
 
 def test_no_workers_is_a_warning_and_an_empty_inventory(project):
@@ -125,12 +150,47 @@ def test_no_workers_is_a_warning_and_an_empty_inventory(project):
     assert "defines no cluster hosts" in done.stderr
 
 
-def test_the_plugin_documents_its_options():
+def test_the_plugin_documents_its_options(collections):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     done = subprocess.run([str(BIN / "ansible-doc"), "-t", "inventory", "flodl.fdl.cluster", "--json"],
-                          env={**env, "ANSIBLE_COLLECTIONS_PATH": str(REPO)}, capture_output=True, text=True,
+                          env={**env, "ANSIBLE_COLLECTIONS_PATH": str(collections)}, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     options = json.loads(done.stdout)["flodl.fdl.cluster"]["doc"]["options"]
     for field in ("plugin", "project_dir", "env", "compose", "groups", "keyed_groups", "strict"):
         assert field in options, field
+
+
+def test_a_worker_that_is_this_machine_is_reached_locally(project):
+    """fdl probes a worker at 127.0.0.1:22 natively; through the plugin it gets the local connection too, so a
+    plain ansible-playbook does not try an sshd that may not be there."""
+    project("fdl.cluster.yml", "cluster:\n  workers:\n    - {host: here, address: 127.0.0.1}\n"
+                               "    - {host: there, address: 192.0.2.7}\n")
+    hostvars = listed(project("hosts.fdl.yml", "plugin: flodl.fdl.cluster\n"))["_meta"]["hostvars"]
+    assert hostvars["here"]["ansible_connection"] == "local"
+    assert "ansible_connection" not in hostvars["there"]
+
+
+def test_a_clone_in_place_reads_the_same_source_with_its_ansible_cfg(project, tmp_path):
+    """From the repository root, with its ansible.cfg and no collection anywhere: the plugin in
+    inventory_plugins/ (enabled as `cluster`) claims the same hosts.fdl.yml and reads it with the clone's fdl."""
+    project("fdl.cluster.yml", CLUSTER.replace("node-c, address: 10.0.0.13", "node-c, address: 127.0.0.1"))
+    source = project("hosts.fdl.yml", "plugin: flodl.fdl.cluster\ncompose:\n  reach: ansible_host\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "PYTHON"))}
+    empty = tmp_path / "no-collections"
+    empty.mkdir()
+    env.update(HOME=str(tmp_path / "home"), ANSIBLE_COLLECTIONS_PATH=str(empty),
+               ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="False")
+    done = subprocess.run([str(BIN / "ansible-inventory"), "-i", str(source), "--list"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "[WARNING]" not in done.stderr, done.stderr
+    data = json.loads(done.stdout)
+    assert members(data, "fdl_workers") == ["node-a", "node-b", "node-c"]
+    hostvars = data["_meta"]["hostvars"]
+    assert hostvars["node-b"]["reach"] == "10.0.0.12" and hostvars["node-b"]["ansible_user"] == "op"
+    assert hostvars["node-c"]["ansible_connection"] == "local"
+    # and no collection was involved: the collection's name does not resolve here
+    doc = subprocess.run([str(BIN / "ansible-doc"), "-t", "inventory", "flodl.fdl.cluster"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert "flodl.fdl.cluster was not found" in doc.stderr, doc.stdout + doc.stderr

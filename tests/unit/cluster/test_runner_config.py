@@ -43,10 +43,12 @@ def test_settings_come_from_the_shipped_config_and_beat_stray_environment(monkey
     assert env["ANSIBLE_FORKS"] == "7"
     assert env["PATH"].split(os.pathsep)[0] == str(ansible_bin_dir())
     assert (ansible_bin_dir() / "ansible-playbook").exists()
-    assert "ANSIBLE_MODULE_UTILS" not in env and "ANSIBLE_ROLES_PATH" not in env  # the collection holds it all
+    assert "ANSIBLE_ROLES_PATH" not in env and "ANSIBLE_LIBRARY" not in env  # the collection holds it all
     assert env["ANSIBLE_COLLECTIONS_SCAN_SYS_PATH"] == "False"
     tree = Path(env["ANSIBLE_COLLECTIONS_PATH"]) / "ansible_collections" / "flodl" / "fdl"
     assert (tree / "plugins" / "module_utils" / "checks" / "probe.py").is_file()
+    # the clone's ansible.cfg serves the fdl package as module_utils (in place); fdl's runs see the tree's only
+    assert env["ANSIBLE_MODULE_UTILS"] == str(tree / "plugins" / "module_utils")
 
 
 def test_control_sockets_move_to_a_short_path_when_the_cache_is_deep(monkeypatch, tmp_path):
@@ -109,7 +111,8 @@ def test_a_clone_runs_the_collection_built_into_the_cache_once_per_content(monke
     source = tmp_path / "src"
     import shutil
 
-    shutil.copytree(collection.SOURCE_IN_REPO, source, ignore=shutil.ignore_patterns("__pycache__"))
+    for _, part in collection.PARTS:
+        shutil.copytree(collection.REPO_ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__"))
     first = collection.built_in_cache(source)
     tree = first / "ansible_collections" / "flodl" / "fdl"
     utils = tree / "plugins" / "module_utils"

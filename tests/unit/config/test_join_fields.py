@@ -27,7 +27,7 @@ from fdl.errors import ConfigError
 from fdl.libtorch.variants import CHOICES as LIBTORCH_CHOICES
 
 REPO = Path(__file__).resolve().parents[3]
-ROLE = REPO / "ansible_collections" / "flodl" / "fdl" / "roles" / "fdl_join_worker"
+ROLE = REPO / "roles" / "fdl_join_worker"
 # The `fdl join` fields of the original command (its JoinArgs), in their order.
 JOIN_ARGS = ("controller", "ssh", "identity", "token", "bin", "source", "source_cwd", "source_build", "source_bin",
              "libtorch", "host", "devices", "persist", "data_path", "data_source", "gpu_ram_share", "no_sig_probe")

@@ -13,6 +13,7 @@ import pytest
 from fdl import collection
 
 REPO = Path(__file__).resolve().parents[3]
+PARTS = [REPO / part for _, part in collection.PARTS]  # the collection's parts in this clone
 
 
 # module_utils shipped beside the farm's (plugins/module_utils/<name>): importable as top-level names in a
@@ -38,7 +39,7 @@ def _foreign_imports(source: str) -> list[str]:
 
 @pytest.mark.parametrize("name", ["farm/authorized_keys.py", "farm/doors.py", "farm/sshd_config.py", "fsio.py"])
 def test_shared_modules_come_from_the_package_and_import_only_the_standard_library(name, tmp_path):
-    assert not list(collection.SOURCE_IN_REPO.rglob(Path(name).name)), "a copy of fdl code is committed"
+    assert not [p for part in PARTS for p in part.rglob(Path(name).name)], "a copy of fdl code is committed"
     built = collection.assemble(tmp_path) / "plugins" / "module_utils" / name
     assert built.read_bytes() == (REPO / "fdl" / name).read_bytes() and not built.is_symlink()
     assert _foreign_imports(built.read_text()) == []
@@ -61,13 +62,13 @@ def test_the_key_file_writes_through_the_shipped_fsio_in_the_collection(tmp_path
 def test_the_collection_version_is_fdls(tmp_path):
     import yaml
 
-    galaxy = yaml.safe_load((collection.SOURCE_IN_REPO / "galaxy.yml").read_text())
+    galaxy = yaml.safe_load((REPO / collection.METADATA / "galaxy.yml").read_text())
     assert galaxy["version"] == collection.version()
     assert (galaxy["namespace"], galaxy["name"]) == ("flodl", "fdl")
-    runtime = yaml.safe_load((collection.SOURCE_IN_REPO / "meta" / "runtime.yml").read_text())
+    runtime = yaml.safe_load((REPO / collection.METADATA / "meta" / "runtime.yml").read_text())
     assert runtime["requires_ansible"] == ">=2.17.0,<2.22.0"
 
 
 def test_the_repository_holds_no_links_into_the_package():
-    links = [p for p in collection.SOURCE_IN_REPO.rglob("*") if p.is_symlink()]
+    links = [p for part in PARTS for p in part.rglob("*") if p.is_symlink()]
     assert links == []

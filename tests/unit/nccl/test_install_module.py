@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fdl import resources
-
 _spec = importlib.util.spec_from_file_location(
-    "fdl_nccl_install", resources.collection_source() / "plugins" / "modules" / "fdl_nccl_install.py")
+    "fdl_nccl_install", Path(__file__).resolve().parents[3] / "library" / "fdl_nccl_install.py")
 install_module = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(install_module)
 

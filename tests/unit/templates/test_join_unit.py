@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import REPO
 
-TEMPLATE = REPO / "ansible_collections/flodl/fdl/roles/fdl_join_worker/templates/fdl-join.service.j2"
+TEMPLATE = REPO / "roles/fdl_join_worker/templates/fdl-join.service.j2"
 PLAY = """
 - hosts: localhost
   connection: local

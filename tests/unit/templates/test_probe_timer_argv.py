@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import REPO
 
-ROLE = REPO / "ansible_collections/flodl/fdl/roles/fdl_join_worker"
+ROLE = REPO / "roles/fdl_join_worker"
 PLAY = """
 - hosts: localhost
   connection: local

@@ -1,0 +1,177 @@
+#!/usr/bin/python
+"""Ansible module: put an fdl farm door's key line into an authorized_keys file."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: fdl_authorized_key
+short_description: Install an fdl farm door's key line, leaving every other line byte for byte
+description:
+  - Composes the authorized_keys line that confines a farm key to its door (a, b or tunnel-only) and puts it
+    into the key file. Only lines carrying the farm's key (or a key listed in I(retired_keys)) are touched;
+    comments, options, blank lines, CRLF endings and a missing final newline of every other line stay exactly
+    as they were.
+  - The file is rewritten atomically (temp file in the same directory, mode set, fsync, rename).
+  - Paths under /etc/ssh are refused, as by C(fdl join-config).
+  - Shares its code with C(fdl join-config) (fdl.farm.authorized_keys and fdl.farm.doors, the collection's
+    module_utils C(farm)).
+options:
+  path:
+    description: The key file. C(~) and C(~user) are expanded on the host.
+    type: path
+    required: true
+  public_key:
+    description: The farm's public key, as in C(.fdl/LABEL/key.pub).
+    type: str
+    required: true
+  door:
+    description: Which door the key opens.
+    type: str
+    choices: [a, b, tunnel-only]
+    required: true
+  label:
+    description: The farm label (the line's comment reads fdl-farm-LABEL).
+    type: str
+    required: true
+  controller_port:
+    description: The training port the one permitted forward reaches on the host's loopback.
+    type: int
+    default: 1337
+  served:
+    description: Doors a and b, the directory served (a, sftp start directory; b, rrsync root).
+    type: path
+  rrsync:
+    description: The rrsync door b's key runs.
+    type: str
+    default: rrsync
+  retired_keys:
+    description: Public keys being rotated out; their lines are removed.
+    type: list
+    elements: str
+    default: []
+  create_parent:
+    description: Create a missing parent directory (mode 0700). When false the directory must exist and is
+      left exactly as found.
+    type: bool
+    default: true
+  mode:
+    description: The key file's mode after the rewrite (octal string). Empty keeps the existing mode.
+    type: str
+    default: "0600"
+  owner:
+    description: Owner for a file (and directory) this module creates; an existing file keeps its owner.
+    type: str
+  state:
+    description: C(present) puts the line in; C(absent) takes every line of the key (and I(retired_keys)) out.
+    type: str
+    choices: [present, absent]
+    default: present
+author:
+  - The fdl authors (@flodl)
+"""
+
+EXAMPLES = r"""
+- name: Open door b of farm b300 for the farm key
+  fdl_authorized_key:
+    path: ~op/.ssh/authorized_keys
+    public_key: "{{ lookup('ansible.builtin.file', '.fdl/b300/key.pub') }}"
+    door: b
+    label: b300
+    served: /home/op/.flodl/run
+    rrsync: /usr/bin/rrsync
+"""
+
+RETURN = r"""
+action:
+  description: added, replaced or unchanged.
+  returned: always
+  type: str
+line_number:
+  description: The line the farm key is on afterwards (1-based).
+  returned: always
+  type: int
+removed:
+  description: How many other lines of ours (duplicates, retired keys) went away.
+  returned: always
+  type: int
+line:
+  description: The key line (public material only).
+  returned: always
+  type: str
+"""
+
+import os
+import pwd
+
+from ansible.module_utils.basic import AnsibleModule
+
+try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
+    from ansible_collections.flodl.fdl.plugins.module_utils.farm.authorized_keys import (
+        AuthorizedKeysError,
+        install_line,
+        parse_public_key,
+        remove_keys,
+    )
+    from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import DoorError, key_line
+except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
+    from ansible.module_utils.fdl.farm.authorized_keys import (
+        AuthorizedKeysError,
+        install_line,
+        parse_public_key,
+        remove_keys,
+    )
+    from ansible.module_utils.fdl.farm.doors import DoorError, key_line
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type="path", required=True),
+            public_key=dict(type="str", required=True),
+            door=dict(type="str", required=True, choices=["a", "b", "tunnel-only"]),
+            label=dict(type="str", required=True),
+            controller_port=dict(type="int", default=1337),
+            served=dict(type="path"),
+            rrsync=dict(type="str", default="rrsync"),
+            retired_keys=dict(type="list", elements="str", default=[], no_log=False),
+            create_parent=dict(type="bool", default=True),
+            mode=dict(type="str", default="0600"),
+            owner=dict(type="str"),
+            state=dict(type="str", default="present", choices=["present", "absent"]),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    path = p["path"]  # type=path: ~ and ~user already expanded
+    try:
+        line = key_line(p["door"], p["public_key"], label=p["label"], controller_port=p["controller_port"],
+                        served=p["served"], rrsync=p["rrsync"]) if p["state"] == "present" else ""
+        key = parse_public_key(p["public_key"])
+        retire = tuple(parse_public_key(k) for k in p["retired_keys"])
+        existed = os.path.exists(path)
+        parent_existed = os.path.isdir(os.path.dirname(os.path.abspath(path)))
+        mode = int(p["mode"], 8) if p["mode"] else None
+        if p["state"] == "absent":
+            result = remove_keys(path, (key, *retire), check=module.check_mode)
+            module.exit_json(changed=result.changed, action=result.action, line_number=0, removed=result.removed,
+                             line=None, path=path)
+        result = install_line(path, line, key, retire=retire, mode=mode, create_parent=p["create_parent"],
+                              check=module.check_mode)
+    except (AuthorizedKeysError, DoorError, ValueError) as exc:
+        module.fail_json(msg=str(exc))
+    if p["owner"] and not module.check_mode:
+        try:
+            entry = pwd.getpwnam(p["owner"])
+        except KeyError:
+            module.fail_json(msg=f"owner {p['owner']!r} is not an account on this host")
+        if not existed:
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+        if not parent_existed:
+            os.chown(os.path.dirname(os.path.abspath(path)), entry.pw_uid, entry.pw_gid)
+    module.exit_json(changed=result.changed, action=result.action, line_number=result.line_number or 0,
+                     removed=result.removed, line=line, path=path)
+
+
+if __name__ == "__main__":
+    main()
