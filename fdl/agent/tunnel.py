@@ -231,6 +231,8 @@ class Tunnel:
             return None
         if conf.get("stricthostkeychecking", "ask").lower() not in ("yes", "true", "ask"):
             return None  # accept-new / no: an unknown or changed key does not stop ssh
+        if conf.get("knownhostscommand", "none") != "none":
+            return None  # keys come from a command too: this box's files are not the whole answer
         try:
             host, port = conf["hostname"], int(conf["port"])
         except (KeyError, ValueError):
@@ -311,7 +313,8 @@ def _home_path(path: str) -> str:
 
 def known_keys(name: str, files: list[str], environ: Mapping[str, str]) -> set[tuple[str, str]] | None:
     """The (type, key) pairs known_hosts files hold for name (`ssh-keygen -F`, hashed entries included);
-    None when ssh-keygen cannot be run."""
+    None when that cannot decide: ssh-keygen cannot be run, or a marker line (@cert-authority, @revoked)
+    matches, whose meaning is more than a key."""
     found: set[tuple[str, str]] = set()
     for path in files:
         if not os.path.isfile(path):
@@ -320,6 +323,8 @@ def known_keys(name: str, files: list[str], environ: Mapping[str, str]) -> set[t
             done = subprocess.run(["ssh-keygen", "-F", name, "-f", path], stdin=subprocess.DEVNULL,
                                   capture_output=True, text=True, timeout=15, env=dict(environ))
         except (OSError, subprocess.SubprocessError):
+            return None
+        if any(line.lstrip().startswith("@") for line in done.stdout.splitlines()):
             return None
         found |= _key_pairs(done.stdout)
     return found
@@ -340,8 +345,6 @@ def _key_pairs(text: str) -> set[tuple[str, str]]:
     for line in text.splitlines():
         words = line.split()
         if not words or line.startswith("#"):
-            continue
-        if words[0].startswith("@"):  # @cert-authority / @revoked markers
             continue
         if len(words) >= 3:
             pairs.add((words[1], words[2]))
