@@ -120,16 +120,14 @@ def ask(target: Target, fn: Callable[[ControllerClient], T], *, timeout: float =
                 return address, fn(client)
             except ControllerError as exc:
                 errors.append(exc)
-    if len(errors) == 1:
-        raise errors[0]
+    answered = [e for e in errors if not isinstance(e, NoRunListening)]
+    if len(errors) == 1 or len(answered) == 1:
+        raise (answered or errors)[0]  # the one address where something was there says the most
+    if not answered:
+        raise NoRunListening(f"no run listening at {' or '.join(target.addresses)} (connection refused)",
+                             address=errors[0].address)
     tried = "; ".join(str(e) for e in errors)
-    first = errors[0]
-    cls = NoRunListening if all(isinstance(e, NoRunListening) for e in errors) else type(first)
-    if cls is NoRunListening:
-        message = f"no run listening at {' or '.join(target.addresses)} (connection refused)"
-    else:
-        message = f"no controller answered: {tried}"
-    raise cls(message, address=first.address)
+    raise type(answered[0])(f"no controller answered: {tried}", address=answered[0].address)
 
 
 def read_token_file(path: str) -> str:
