@@ -77,8 +77,8 @@ def status(
         typer.echo(f"fdl: note: {target.primary} did not answer; found the run on {address}", err=True)
     from_env = target.source == "cluster.controller"
     token = presented or target.token_for(address)
-    fire = start_line(address, env=g.env.name if from_env else None, from_env=from_env,
-                      token_found=target.token_for(address) is not None)
+    fire = start_line(address, env=g.env.name if from_env else None, from_env=from_env, token_file=token_file,
+                      token_found=presented is not None or target.token_for(address) is not None)
     if watch:
         return _watch(address, fire, interval=1.0 if interval is None else interval, timeout=timeout,
                       as_json=as_json, token=token)

@@ -64,7 +64,8 @@ def hardware(entry: State) -> str:
     return f"GPU {devices}"
 
 
-def start_line(address: str, *, env: str | None = None, from_env: bool = False, token_found: bool = False) -> str:
+def start_line(address: str, *, env: str | None = None, from_env: bool = False, token_found: bool = False,
+               token_file: str | None = None) -> str:
     """The exact command that fires this run's switch, as seen from where we found it.
 
     An address taken from the env's cluster.controller is reached again through that env (whose join.token,
@@ -74,6 +75,8 @@ def start_line(address: str, *, env: str | None = None, from_env: bool = False, 
     """
     if from_env:
         return f"fdl @{env} start" if env else "fdl start"
+    if token_file:
+        return f"fdl start --addr {address} --token-file {token_file}"
     if token_found:
         return f"fdl start --addr {address}"
     return f"fdl start --addr {address} --token-file TOKEN_FILE"
