@@ -15,6 +15,9 @@ from tests.conftest import REPO, fdl_env
 from tests.join_util import free_port, write_program
 
 PYTHON = sys.executable
+#: The token of a test window that names none, handed to every agent unless a test says otherwise
+#: (FDL_JOIN_TOKEN="" for an agent without one): every window has a token, loopback is not a credential.
+JOIN_TOKEN = "10ad" * 16
 
 # A training binary for CPU ranks: answers the signature probe, then runs one gloo all-reduce
 # across the whole world and reports what it saw.
@@ -57,11 +60,11 @@ def train_binary(directory: Path) -> Path:
 
 
 def policy(**kwargs):
-    """A discovery RunPolicy with fast liveness timings and a master port in this suite's range."""
+    """A discovery RunPolicy with fast liveness timings, a master port in this suite's range and JOIN_TOKEN."""
     from fdl.controller.policy import RunPolicy
 
     base = dict(discovery=True, start="auto", heartbeat_s=0.5, silence_s=10.0, poll_s=2.0,
-                master_port=free_port())
+                master_port=free_port(), token=JOIN_TOKEN)
     base.update(kwargs)
     return RunPolicy(**base)
 
@@ -81,7 +84,7 @@ def controller(run_policy, host: str = "127.0.0.1", port: int | None = None) -> 
 
 def agent_env(home: Path, extra: dict | None = None) -> dict:
     env = {"HOME": str(home), "GLOO_SOCKET_IFNAME": "lo", "FDL_JOIN_BACKOFF_BASE_S": "0.2",
-           "FDL_JOIN_BACKOFF_MAX_S": "1", "PYTHONUNBUFFERED": "1"}
+           "FDL_JOIN_BACKOFF_MAX_S": "1", "PYTHONUNBUFFERED": "1", "FDL_JOIN_TOKEN": JOIN_TOKEN}
     env.update(extra or {})
     return fdl_env(env)
 
@@ -164,5 +167,5 @@ def results(stdout: str) -> list[dict]:
     return found
 
 
-__all__ = ["REPO", "Lines", "agent_env", "controller", "finish", "policy", "results", "spawn_join", "terminate",
+__all__ = ["JOIN_TOKEN", "REPO", "Lines", "agent_env", "controller", "finish", "policy", "results", "spawn_join", "terminate",
            "train_binary", "wait_for"]
