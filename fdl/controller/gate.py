@@ -56,14 +56,17 @@ class ConnectionHandler(web.RequestHandler):
         super().connection_made(transport)
 
     def pause_writing(self) -> None:
-        super().pause_writing()
-        self.pause_reading()  # no further (pipelined) request is read while this answer waits
+        self._cancel_deadline()
         self._deadline = asyncio.get_running_loop().call_later(self.write_timeout_s, self._write_timed_out)
+        super().pause_writing()
+        if self.transport is not None:  # no further (pipelined) request is read while this answer waits
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self._cancel_deadline()
         super().resume_writing()
-        self.resume_reading()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def _cancel_deadline(self) -> None:
         if self._deadline is not None:

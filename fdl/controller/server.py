@@ -128,7 +128,8 @@ class ControllerServer:
             return made
 
         self._gate = Gate(handler, max_connections=lim.max_connections, per_peer=lim.max_per_peer,
-                          per_net=lim.max_per_net, per_member=lim.per_member, reserve=lim.member_reserve,
+                          per_net=min(lim.max_per_net, max(lim.max_per_peer, lim.max_connections // 4)),
+                          per_member=lim.per_member, reserve=lim.member_reserve,
                           members_at=self._members_at, shed=self.machine.shed)
         try:
             self._server = await loop.create_server(self._gate, self.host, self.port, backlog=lim.backlog,

@@ -28,7 +28,7 @@ class Limits:
     send_buffer: int = 64 * 1024  # SO_SNDBUF of accepted sockets (small and fixed: no autotuning for a non-reader)
     max_connections: int = 10_000  # open connections from strangers; more are answered 503 and closed
     max_per_peer: int = 64  # open connections one stranger's address may hold (loopback is an address like any)
-    max_per_net: int = 256  # open connections strangers in one /24 (IPv4) or /64 (IPv6) may hold together
+    max_per_net: int = 256  # strangers in one /24 (IPv4) or /64 (IPv6) together; never over a quarter of the total
     per_member: int = 4  # an address holding members may hold max_per_peer plus this many per member there
     member_reserve: int = 1024  # connections beyond max_connections kept for members' addresses
     backlog: int = 4096
