@@ -1,10 +1,12 @@
 """What `fdl join` trusts: only answers that prove the run's token, only the allowed rank variables, and
 never hands the token on (regressions: the hello carried the token in clear, the agent applied any
-environment an answer carried, and the token reached every rank's environment).
+environment an answer carried, and the token reached every rank's environment); and what it never lets
+the network decide: whether a box stops for good (regressions: one unsigned answer, a stale clock or a
+wrong token made a --persist worker exit 2, and the shipped unit powered it off).
 
-The stand-ins are real HTTP servers on loopback (aiohttp in a thread), recording every byte they receive;
-the agents are real `fdl join` processes; the training binary records whether it ever ran, and its
-whole environment.
+The stand-ins are real HTTP servers on loopback (aiohttp in a thread, or a squatter run by another real
+account of this machine), recording every byte they receive; the agents are real `fdl join` processes;
+the training binary records whether it ever ran, and its whole environment.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.join.helpers import controller, finish, policy, spawn_join
+from tests.integration.join.helpers import Lines, controller, finish, policy, spawn_join, terminate, wait_for
 from tests.join_util import free_port, write_program
 
 pytestmark = pytest.mark.slow
@@ -40,10 +44,14 @@ with open(os.environ["TEST_MARK"] + ".rank%s.json" % os.environ.get("RANK", "x")
 
 class StandIn:
     """A fake controller on loopback that admits anyone and hands out the attacker's rank environment.
-    With keys (a controller that holds the token, turned hostile) it signs its answers properly."""
+    With the token (a controller that holds it, turned hostile) it signs its answers properly."""
 
-    def __init__(self, keys=None):
-        self.keys = keys
+    ID = "5e" * 16
+
+    def __init__(self, token=None):
+        from fdl.controller import auth
+
+        self.keys = auth.derive(token, self.ID) if token else None
         self.received = bytearray()
         self.exits: list[dict] = []
         self.port = free_port()
@@ -56,7 +64,9 @@ class StandIn:
         body = await request.read()
         head = f"{request.method} {request.path_qs}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in request.headers.items())
         self.received += head.encode() + b"\r\n" + body
-        if request.path == "/join":
+        if request.path == "/join/id":
+            answer = {"ok": True, "controller_id": self.ID}
+        elif request.path == "/join":
             answer = {"ok": True, "admitted": True, "ticket": "m1.x", "host": "victim", "ranks": 1, "phase": "waiting",
                       "heartbeat_s": 0.5, "poll_s": 1}
         elif request.path == "/join/world":
@@ -119,26 +129,24 @@ def test_a_stand_in_controller_gets_no_token_and_runs_nothing(tmp_path):
         proc = spawn_join(f"127.0.0.1:{fake.port}", "--bin", str(binary), "--host", "victim", "--devices", "cpu:1",
                           home=tmp_path / "h", env={"FDL_JOIN_TOKEN": TOKEN, "TEST_MARK": str(mark)})
         code, out, err = finish(proc, timeout=60)
-    assert code == 2, err
+    assert code == 1, err  # learned from the network: transient
     assert "could not prove it holds the run's token" in err and "nothing in it is acted on" in err
     assert not list(tmp_path.glob("mark.rank*"))  # no rank ran
-    assert fake.received.startswith(b"POST /join")  # it was asked, with a proof ...
+    assert b"POST /join\r\n" in fake.received and b"X-Fdl-Proof" in fake.received  # asked, with a proof ...
     assert TOKEN.encode() not in fake.received and TOKEN[:16].encode() not in fake.received  # ... not the token
     assert TOKEN not in err and TOKEN not in out
 
 
 def test_a_token_holding_controller_cannot_set_a_ranks_ld_preload_or_path(tmp_path):
-    from fdl.controller import auth
-
     binary, mark = _program(tmp_path)
-    with StandIn(keys=auth.derive(TOKEN)).serving() as fake:
+    with StandIn(token=TOKEN).serving() as fake:
         proc = spawn_join(f"127.0.0.1:{fake.port}", "--bin", str(binary), "--host", "victim", "--devices", "cpu:1",
                           "--token", TOKEN, home=tmp_path / "h", env={"TEST_MARK": str(mark)})
         code, _, err = finish(proc, timeout=60)
-    assert code == 2, err
+    assert code == 1, err  # refused, and not permanent: a token holder turned hostile does not power boxes off
     assert "rank environment variables" in err and "LD_PRELOAD" in err and "PATH" in err
     assert "no rank was started" in err and not list(tmp_path.glob("mark.rank*"))
-    assert [e["code"] for e in fake.exits] == [2] and "LD_PRELOAD" in fake.exits[0]["detail"]  # reported
+    assert [e["code"] for e in fake.exits] == [1] and "LD_PRELOAD" in fake.exits[0]["detail"]  # reported
     assert TOKEN.encode() not in fake.received
 
 
@@ -157,3 +165,215 @@ def test_a_ranks_environment_never_holds_the_token(tmp_path):
         assert "FDL_JOIN_TOKEN" not in env
         assert not any(TOKEN in value for value in env.values()), dump.name
         assert not any(TOKEN in name for name in env)
+
+
+# ---------------------------------------------------------------- nothing from the network is permanent
+
+OTHER = "nobody"  # a real unprivileged account of this machine, not the test's (root)
+FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")  # Debian package libfaketime
+HOLD = r'''
+import os, sys
+if os.environ.get("FDL_SIGNATURE_PROBE") == "1":
+    sys.exit(0)
+print("RAN rank", os.environ.get("RANK"), flush=True)
+'''
+# What another account binds on the run's port between runs: it names a controller id when asked, and answers
+# everything else with the refusal in argv[2] (JSON), unsigned.
+SQUATTER = r'''
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+REFUSAL = json.loads(sys.argv[2])
+class H(BaseHTTPRequestHandler):
+    def answer(self, status, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        if self.path == "/join/id":
+            self.answer(200, {"ok": True, "controller_id": "00" * 16, "now": 0})
+        else:
+            self.answer(409, REFUSAL)
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.answer(409, REFUSAL)
+    def log_message(self, *a):
+        pass
+import os
+server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
+print("ready", os.getpid(), flush=True)
+server.serve_forever()
+'''
+GO_AWAY = json.dumps({"ok": False, "reason": "window_closed", "message": "go away"})
+
+
+class Squatter:
+    """SQUATTER run by /usr/bin/python3 as OTHER, listening on 127.0.0.1:port once started."""
+
+    def __init__(self, port: int, refusal: str):
+        import shlex
+
+        line = " ".join(shlex.quote(a) for a in ["exec", "/usr/bin/python3", "-c", SQUATTER, str(port), refusal])
+        self.proc = subprocess.Popen(["su", OTHER, "-s", "/bin/sh", "-c", line], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        ready = self.proc.stdout.readline().split()
+        assert ready[:1] == ["ready"], self.proc.stderr.read()
+        self.pid = int(ready[1])
+        self.port = port
+
+    def stop(self) -> None:
+        import os
+        import signal
+
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        self.proc.wait(30)
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            pipe.close()
+        wait_for(lambda: free_port_now(self.port), timeout=30, what="the squatter's port to be free")
+
+
+def free_port_now(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_a_squatter_of_another_account_makes_a_persist_worker_redial_not_stop(tmp_path):
+    """regression: any answer without a valid proof was permanent, so one unsigned 409 from whatever held the
+    training port between runs made a --persist worker holding the right token exit 2 (the unit powered the box
+    off). Now it re-dials, says the likely causes, and joins once the real run holds the port."""
+    binary = write_program(tmp_path / "bin" / "hold", HOLD)
+    port = free_port()
+    squatter = Squatter(port, GO_AWAY)
+    try:
+        owner = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True).stdout
+        assert "python3" in owner  # the port really is the other account's listener
+        one, _, err_one = finish(spawn_join(f"127.0.0.1:{port}", "--bin", str(binary), "--devices", "cpu:1",
+                                            "--host", "w", home=tmp_path / "one", env={"FDL_JOIN_TOKEN": TOKEN}),
+                                 timeout=60)
+        assert one == 1, err_one  # one-shot: transient
+        assert "could not prove it holds the run's token" in err_one and "go away" in err_one  # a claim, shown
+        worker = spawn_join(f"127.0.0.1:{port}", "--persist", "--bin", str(binary), "--devices", "cpu:1",
+                            "--host", "w", home=tmp_path / "persist", env={"FDL_JOIN_TOKEN": TOKEN})
+        lines = Lines(worker)
+        wait_for(lambda: lines.count("dials in a row reached no controller that proves the run's token") >= 1
+                 or worker.poll() is not None, timeout=120, what="the loud warning")
+        assert worker.poll() is None, lines.text()  # still re-dialing
+    finally:
+        squatter.stop()
+    try:
+        with controller(policy(max_hosts=1, window_s=60, token=TOKEN), port=port) as server:
+            wait_for(lambda: server.state()["phase"] == "done" or worker.poll() is not None, timeout=120,
+                     what="the real run")
+            assert server.state()["phase"] == "done"
+    finally:
+        terminate(worker, lines)
+    text = lines.text()
+    assert "something else answers at that address" in text and "wrong" not in text.lower().split("warning")[0]
+    assert "admitted by 127.0.0.1" in text and "RAN rank 0" not in text  # rank output goes to stdout
+    assert TOKEN not in text
+
+
+def test_a_clock_90_s_behind_is_transient_and_named(tmp_path):
+    """regression: the controller's stale_request refusal (a worker clock more than 60 s off) was unsigned,
+    hence permanent: exit 2 from the real controller. It is signed now (the proof matched), and transient."""
+    assert FAKETIME.exists(), "libfaketime is missing: scripts/test.sh installs it (scripts/apt-test.txt)"
+    binary = write_program(tmp_path / "bin" / "hold", HOLD)
+    behind = {"LD_PRELOAD": str(FAKETIME), "FAKETIME": "-90s",
+              "FDL_JOIN_TOKEN": TOKEN}
+    with controller(policy(max_hosts=1, window_s=60, token=TOKEN)) as server:
+        one, _, err_one = finish(spawn_join(server.address, "--bin", str(binary), "--devices", "cpu:1", "--host", "w",
+                                            home=tmp_path / "one", env=behind), timeout=60)
+        assert one == 1, err_one
+        assert "refused this box (stale_request)" in err_one and "behind the controller's clock" in err_one
+        assert "NTP" in err_one
+        worker = spawn_join(server.address, "--persist", "--bin", str(binary), "--devices", "cpu:1", "--host", "w",
+                            home=tmp_path / "persist", env=behind)
+        lines = Lines(worker)
+        try:
+            wait_for(lambda: lines.count("dials in a row") >= 2 or worker.poll() is not None, timeout=120,
+                     what="two loud warnings")
+            assert worker.poll() is None
+        finally:
+            terminate(worker, lines)
+        state = server.state()
+    text = lines.text()
+    assert "this box's clock is 90 s behind what" in text and "timedatectl set-ntp true" in text
+    assert state["roster"] == [] and state["refusals"]["stale_request"] >= 3
+
+
+def test_an_impostors_words_reach_no_terminal_raw(tmp_path):
+    """regression: `fdl start`, `fdl status` and a tokenless `fdl join` printed an impostor's refusal reason and
+    message as they came: OSC 52 (clipboard write), OSC 8 links, clear-screen, BEL, bidi overrides."""
+    from tests.conftest import run_fdl
+
+    nasty = {"ok": False, "reason": "window_closed\x1b]52;c;ZXZpbA==\x07",
+             "message": "\x1b[2J\x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\ \u202eevil\u202c \x9b31m\x07"}
+    port = free_port()
+    squatter = Squatter(port, json.dumps(nasty))
+    try:
+        outputs = {
+            "start": run_fdl("start", "--addr", f"127.0.0.1:{port}", cwd=tmp_path, env={"FDL_JOIN_TOKEN": ""}),
+            "start with a token": run_fdl("start", "--addr", f"127.0.0.1:{port}", cwd=tmp_path,
+                                          env={"FDL_JOIN_TOKEN": TOKEN}),
+            "status": run_fdl("status", "--addr", f"127.0.0.1:{port}", cwd=tmp_path),
+        }
+        code, out, err = finish(spawn_join(f"127.0.0.1:{port}", "--bin", str(write_program(tmp_path / "b", HOLD)),
+                                           "--devices", "cpu:1", home=tmp_path / "h", env={"FDL_JOIN_TOKEN": ""}),
+                                timeout=60)
+    finally:
+        squatter.stop()
+    outputs["join"] = subprocess.CompletedProcess([], code, out, err)
+    for name, result in outputs.items():
+        text = result.stdout + result.stderr
+        assert result.returncode == 1, (name, text)
+        assert "evil" in text or "could not prove" in text, (name, text)  # the claim is shown, as data
+        for raw in ("\x1b", "\x07", "\u202e", "\u202c", "\x9b"):
+            assert raw not in text, (name, repr(raw), text)
+
+
+def test_builds_never_see_the_token_and_rank_logs_are_private(tmp_path):
+    """regressions: the worker's build recipe (and every build.rs cargo runs under it) and the publish gate got
+    FDL_JOIN_TOKEN in their environment; rank logs were 0644 files in 0755 directories."""
+    import os
+    import stat
+
+    from tests.conftest import run_fdl
+
+    tree = tmp_path / "src"
+    tree.mkdir()
+    (tree / "train").write_text(f"#!{sys.executable}\n{HOLD}")
+    mark = tmp_path / "env"
+    recipe = f'env > "{mark}.$$" && mkdir -p out && cp train out/train && chmod +x out/train'
+    published = run_fdl("publish", f"file://{tree}", "--bin", "out/train", "--build", recipe, "--to",
+                        str(tmp_path / "served"), cwd=tmp_path, env={"HOME": str(tmp_path / "op"),
+                                                                     "FDL_JOIN_TOKEN": TOKEN})
+    assert published.returncode == 0, published.stderr
+    home = tmp_path / "h"
+    (home / ".flodl" / "join" / "logs").mkdir(parents=True)
+    os.chmod(home / ".flodl" / "join" / "logs", 0o755)  # left open by an older fdl
+    with controller(policy(max_hosts=1, window_s=60, token=TOKEN)) as server:
+        code, _, err = finish(spawn_join(server.address, "--source", f"file://{tree}", "--source-build", recipe,
+                                         "--source-bin", "out/train", "--devices", "cpu:1", home=home,
+                                         env={"FDL_JOIN_TOKEN": TOKEN}), timeout=120)
+    assert code == 0, err
+    dumps = sorted(tmp_path.glob("env.*"))
+    assert len(dumps) == 2  # the publish gate's and the worker's build
+    for dump in dumps:
+        env = dump.read_text()
+        assert "FDL_JOIN_TOKEN" not in env and TOKEN not in env, dump
+    logs = home / ".flodl" / "join" / "logs"
+    runs = list(logs.iterdir())
+    assert len(runs) == 1 and [p.name for p in runs[0].iterdir()] == ["rank-0.log"]
+    assert stat.S_IMODE(logs.stat().st_mode) == 0o700 and stat.S_IMODE(runs[0].stat().st_mode) == 0o700
+    assert stat.S_IMODE((runs[0] / "rank-0.log").stat().st_mode) == 0o600
+    assert "RAN rank 0" in (runs[0] / "rank-0.log").read_text()
