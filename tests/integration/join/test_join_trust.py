@@ -377,3 +377,165 @@ def test_builds_never_see_the_token_and_rank_logs_are_private(tmp_path):
     assert stat.S_IMODE(logs.stat().st_mode) == 0o700 and stat.S_IMODE(runs[0].stat().st_mode) == 0o700
     assert stat.S_IMODE((runs[0] / "rank-0.log").stat().st_mode) == 0o600
     assert "RAN rank 0" in (runs[0] / "rank-0.log").read_text()
+
+
+# ---------------------------------------------------------------- a proof is good at one controller only
+
+
+class Recorder:
+    """A TCP forwarder in front of a controller that keeps every byte clients send (a sniffer on the path)."""
+
+    def __init__(self, upstream: int):
+        import socket
+        import threading
+
+        self.upstream = upstream
+        self.sent: list[bytearray] = []
+        self.sockets: list = []  # closed in close(), not left to the collector
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream))
+            self.sockets += [client, upstream]
+            record = bytearray()
+            self.sent.append(record)
+            threading.Thread(target=self._pipe, args=(client, upstream, record), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, None), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src, dst, record) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := src.recv(65536):
+                if record is not None:
+                    record += chunk
+                dst.sendall(chunk)
+        with contextlib.suppress(OSError):
+            dst.shutdown(1)
+
+    def requests(self, prefix: bytes) -> list[bytes]:
+        """Every recorded request whose first line starts with prefix, as the bytes that were sent."""
+        found = []
+        for stream in self.sent:
+            data = bytes(stream)
+            while b"\r\n\r\n" in data:
+                head, _, rest = data.partition(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                whole, data = head + b"\r\n\r\n" + rest[:length], rest[length:]
+                if whole.startswith(prefix):
+                    found.append(whole)
+        return found
+
+    def close(self) -> None:
+        self.server.close()
+        for sock in self.sockets:
+            sock.close()
+
+
+def replay(port: int, request: bytes) -> tuple[int, dict]:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1))
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
+def test_a_recorded_hello_or_start_is_refused_by_every_other_controller_with_the_token(tmp_path):
+    """regression: a proof covered method, path, time, nonce and body but nothing naming the controller, and a
+    farm's token is shared by every run of the farm: a hello sniffed on the path and replayed within 60 s to
+    another controller (the next run, a restarted launcher) was admitted under the victim's name with the
+    attacker's address, and a replayed /start fired another run's switch. Two live controllers, one token."""
+    from fdl.config.schema import parse_devices
+    from fdl.controller.protocol import Hello
+    from tests.conftest import run_fdl
+
+    binary = write_program(tmp_path / "bin" / "hold", HOLD)
+    manual = policy(start="manual", quorum_hosts=1, window_s=120, token=TOKEN)
+    with controller(manual) as first, controller(manual) as second:
+        second.call(lambda m: m.hello(Hello(host="own", devices=parse_devices("cpu:1")), peer="launcher",
+                                      trusted=True, in_process=True))  # the other run's own host: quorum met
+        sniffer = Recorder(first.port)
+        try:
+            victim = spawn_join(f"127.0.0.1:{sniffer.port}", "--bin", str(binary), "--devices", "cpu:1",
+                                "--host", "victim", home=tmp_path / "victim", env={"FDL_JOIN_TOKEN": TOKEN})
+            wait_for(lambda: first.state()["roster"], timeout=60, what="the victim's admission")
+            started = run_fdl("start", "--addr", f"127.0.0.1:{sniffer.port}", cwd=tmp_path,
+                              env={"FDL_JOIN_TOKEN": TOKEN})
+            assert started.returncode == 0, started.stderr
+            code, _, err = finish(victim, timeout=60)
+            assert code == 0, err
+            hellos, starts = sniffer.requests(b"POST /join "), sniffer.requests(b"POST /start ")
+        finally:
+            sniffer.close()
+        assert len(hellos) == 1 and len(starts) == 1
+        assert replay(second.port, hellos[0])[1]["reason"] == "bad_token"  # within seconds of the original
+        assert replay(second.port, starts[0])[1]["reason"] == "bad_token"
+        assert replay(first.port, hellos[0])[1]["reason"] == "stale_request"  # a nonce is good once, here too
+        state = second.state()
+    assert [m["host"] for m in state["roster"]] == ["own"] and state["start"]["switch"] == "unarmed"
+    assert state["refusals"] == {"bad_token": 2}
+
+
+INTRUDER = r'''
+import json, sys, urllib.error, urllib.request
+port = sys.argv[1]
+out = {}
+def ask(path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+status, hello = ask("/join", {"host": "intruder", "devices": "cpu:64", "address": "10.66.66.66"})
+out["hello"] = [status, hello.get("reason")]
+out["start"] = list(ask("/start", {})[:1]) + [ask("/start", {})[1].get("reason")]
+ticket = hello.get("ticket") or "m1.forged"
+out["exit"] = [ask("/join/exit", {"ticket": ticket, "code": 1})[0]]
+print(json.dumps(out))
+'''
+
+
+def test_another_account_on_the_controller_box_can_neither_join_nor_start_nor_fail_the_run(tmp_path):
+    """regression: loopback was full trust, so every unprivileged account on the controller box could join 64
+    ranks (and so read the run's args and become MASTER_ADDR), fire the start switch and fail the run."""
+    import shlex
+
+    binary = write_program(tmp_path / "bin" / "hold", HOLD)
+    manual = policy(start="manual", quorum_hosts=1, window_s=120, token=TOKEN)
+    with controller(manual) as server:
+        member = spawn_join(server.address, "--bin", str(binary), "--devices", "cpu:1", "--host", "member",
+                            home=tmp_path / "member", env={"FDL_JOIN_TOKEN": TOKEN})
+        try:
+            wait_for(lambda: server.state()["roster"], timeout=60, what="the member")
+            line = " ".join(shlex.quote(a) for a in ["/usr/bin/python3", "-c", INTRUDER, str(server.port)])
+            done = subprocess.run(["su", OTHER, "-s", "/bin/sh", "-c", line], capture_output=True, text=True,
+                                  timeout=60)
+            state = server.state()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                member.kill()
+            finish(member)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen == {"hello": [403, "bad_token"], "start": [403, "bad_token"], "exit": [403]}, seen
+    assert [m["host"] for m in state["roster"]] == ["member"] and state["phase"] == "staging"
+    assert state["start"]["switch"] == "unarmed"
