@@ -82,10 +82,13 @@ def resolve(addr: str | None, cluster_loader: Callable[[], ClusterSpec | None],
         configured = [shown]
         if ctl.host not in _LOOPBACK:
             configured.append(f"127.0.0.1:{ctl.port}")
-        moved = [r.address for r in runs if r.configured in configured and r.address not in configured]
+        ours = [r for r in runs if r.configured in configured or r.address in configured]
+        moved = [r.address for r in ours if r.address not in configured]
         addresses = tuple(dict.fromkeys(moved + configured))
-        if ctl.join.token:
-            found = {**found, **dict.fromkeys(addresses, ctl.join.token)}
+        mine = next((found[r.address] for r in ours if r.address in found), None)  # this user's run of this env
+        token = ctl.join.token or mine
+        if token:
+            found = {**found, **dict.fromkeys(addresses, token)}
         return Target(addresses, "cluster.controller", _tokens(addresses, found))
     if runs:
         addresses = tuple(dict.fromkeys([r.address for r in runs] + [DEFAULT_ADDRESS]))

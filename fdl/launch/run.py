@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from fdl import __version__
 from fdl.controller.machine import DONE, FAILED, FORMING, TERMINAL, TRAINING, Refused
+from fdl.controller.wire import is_loopback
 from fdl.errors import ExitCode, FdlError
 from fdl.launch import live
 from fdl.launch.build import BuildJob, build_jobs, check_artifacts, prebuild
@@ -175,13 +176,15 @@ class Launcher:
             live.remove_record(record)
 
     def _record_live(self) -> Path | None:
-        """Say where this run's controller listens, for a plain `fdl status` (fdl.launch.live)."""
+        """Say where this run's controller listens, for a plain `fdl status` and `fdl start` of this user on this
+        machine (fdl.launch.live; they find the run's token beside it). A cluster run's controller is recorded as
+        this machine reaches it: on loopback when it listens there or on every address."""
         plan = self.plan
-        if plan.mode != SINGLE:
-            return None
+        address = plan.controller_addr
+        if plan.mode != SINGLE and (is_loopback(plan.bind) or plan.bind in ("0.0.0.0", "::", "localhost")):
+            address = f"127.0.0.1:{self.server.port}"
         try:
-            return live.write_record(plan.controller_addr, plan.configured_addr or plan.controller_addr,
-                                     plan.run_id)
+            return live.write_record(address, plan.configured_addr or plan.controller_addr, plan.run_id)
         except OSError as exc:
             self.printer.note(f"could not record the live run for `fdl status` ({exc}); "
                               f"use fdl status --addr {plan.controller_addr}")
