@@ -167,5 +167,75 @@ def results(stdout: str) -> list[dict]:
     return found
 
 
-__all__ = ["JOIN_TOKEN", "REPO", "Lines", "agent_env", "controller", "finish", "policy", "results", "spawn_join", "terminate",
-           "train_binary", "wait_for"]
+# What another account binds on the run's port between runs (it is unprivileged): it names a controller id when
+# asked, and answers everything else with the refusal in argv[3] (JSON), unsigned.
+SQUATTER = r"""
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+REFUSAL = json.loads(sys.argv[3])
+class H(BaseHTTPRequestHandler):
+    def answer(self, status, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        if self.path == "/join/id":
+            self.answer(200, {"ok": True, "controller_id": "00" * 16, "now": 0})
+        else:
+            self.answer(409, REFUSAL)
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.answer(409, REFUSAL)
+    def log_message(self, *a):
+        pass
+server = ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), H)
+print("ready", os.getpid(), flush=True)
+server.serve_forever()
+"""
+GO_AWAY = '{"ok": false, "reason": "window_closed", "message": "go away"}'
+
+
+class Squatter:
+    """SQUATTER run by /usr/bin/python3 as another real account of this machine (default nobody), listening on
+    host:port once constructed; stop() kills it and waits for the port to be free again."""
+
+    def __init__(self, port: int, refusal: str = GO_AWAY, *, host: str = "127.0.0.1", account: str = "nobody"):
+        import shlex
+
+        line = " ".join(shlex.quote(a) for a in ["exec", "/usr/bin/python3", "-c", SQUATTER, host, str(port),
+                                                 refusal])
+        self.proc = subprocess.Popen(["su", account, "-s", "/bin/sh", "-c", line], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        ready = self.proc.stdout.readline().split()
+        assert ready[:1] == ["ready"], self.proc.stderr.read()
+        self.pid = int(ready[1])
+        self.host, self.port = host, port
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        self.proc.wait(30)
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        wait_for(lambda: _bindable(self.host, self.port), timeout=30, what="the squatter's port to be free")
+
+
+def _bindable(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+__all__ = ["GO_AWAY", "JOIN_TOKEN", "REPO", "Lines", "Squatter", "agent_env", "controller", "finish", "policy",
+           "results", "spawn_join", "terminate", "train_binary", "wait_for"]

@@ -22,7 +22,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.join.helpers import Lines, controller, finish, policy, spawn_join, terminate, wait_for
+from tests.integration.join.helpers import (
+    GO_AWAY,
+    Lines,
+    Squatter,
+    controller,
+    finish,
+    policy,
+    spawn_join,
+    terminate,
+    wait_for,
+)
 from tests.join_util import free_port, write_program
 
 pytestmark = pytest.mark.slow
@@ -177,76 +187,6 @@ if os.environ.get("FDL_SIGNATURE_PROBE") == "1":
     sys.exit(0)
 print("RAN rank", os.environ.get("RANK"), flush=True)
 '''
-# What another account binds on the run's port between runs: it names a controller id when asked, and answers
-# everything else with the refusal in argv[2] (JSON), unsigned.
-SQUATTER = r'''
-import json, sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-REFUSAL = json.loads(sys.argv[2])
-class H(BaseHTTPRequestHandler):
-    def answer(self, status, obj):
-        body = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def do_GET(self):
-        if self.path == "/join/id":
-            self.answer(200, {"ok": True, "controller_id": "00" * 16, "now": 0})
-        else:
-            self.answer(409, REFUSAL)
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.answer(409, REFUSAL)
-    def log_message(self, *a):
-        pass
-import os
-server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
-print("ready", os.getpid(), flush=True)
-server.serve_forever()
-'''
-GO_AWAY = json.dumps({"ok": False, "reason": "window_closed", "message": "go away"})
-
-
-class Squatter:
-    """SQUATTER run by /usr/bin/python3 as OTHER, listening on 127.0.0.1:port once started."""
-
-    def __init__(self, port: int, refusal: str):
-        import shlex
-
-        line = " ".join(shlex.quote(a) for a in ["exec", "/usr/bin/python3", "-c", SQUATTER, str(port), refusal])
-        self.proc = subprocess.Popen(["su", OTHER, "-s", "/bin/sh", "-c", line], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-        ready = self.proc.stdout.readline().split()
-        assert ready[:1] == ["ready"], self.proc.stderr.read()
-        self.pid = int(ready[1])
-        self.port = port
-
-    def stop(self) -> None:
-        import os
-        import signal
-
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-        self.proc.wait(30)
-        for pipe in (self.proc.stdout, self.proc.stderr):
-            pipe.close()
-        wait_for(lambda: free_port_now(self.port), timeout=30, what="the squatter's port to be free")
-
-
-def free_port_now(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def test_a_squatter_of_another_account_makes_a_persist_worker_redial_not_stop(tmp_path):
     """regression: any answer without a valid proof was permanent, so one unsigned 409 from whatever held the
     training port between runs made a --persist worker holding the right token exit 2 (the unit powered the box
