@@ -124,7 +124,7 @@ def _unreachable(exc: ControllerError, address: str, tunneled: bool) -> Unreacha
 
 def likely_causes(address: str, failures: int, skew: float | None) -> str:
     """The loud warning a --persist box prints every few failures that proved nothing either way."""
-    if skew is not None and abs(skew) > CLOCK_WINDOW_S / 2:
+    if skew is not None and CLOCK_WINDOW_S / 2 < abs(skew) < 365 * 86400:  # an absurd claim says nothing
         clock = (f"this box's clock is {abs(skew):.0f} s {'behind' if skew > 0 else 'ahead of'} what {address} "
                  f"says its clock is; a request more than {CLOCK_WINDOW_S:g} s off is refused")
     else:
