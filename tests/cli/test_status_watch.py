@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import ClassVar
 
 import pexpect
 import pytest
@@ -268,9 +269,11 @@ class Squatter:
     """Whatever binds a run's port between runs (any account may: it is unprivileged): answers GET /join/id and
     GET /state.json with a finished run, unsigned, and reports whether anyone asked with a proof."""
 
-    STATE = {"schema": 1, "version": 9, "phase": "done", "run_id": "r-squat", "reason": None, "kind": "discovery",
-             "controller": "127.0.0.1", "start": {"mode": "auto"}, "window": {"open": False},
-             "quorum": {"need": {"hosts": 1}, "have": {"hosts": 1, "ranks": 1}, "met": True}, "roster": []}
+    STATE: ClassVar[dict] = {"schema": 1, "version": 9, "phase": "done", "run_id": "r-squat", "reason": None,
+                             "kind": "discovery",
+                             "controller": "127.0.0.1", "start": {"mode": "auto"}, "window": {"open": False},
+                             "quorum": {"need": {"hosts": 1}, "have": {"hosts": 1, "ranks": 1}, "met": True},
+                             "roster": []}
 
     def __init__(self, port: int):
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

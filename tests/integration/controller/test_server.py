@@ -326,7 +326,7 @@ def test_thread_api_bind_errors_and_restart() -> None:
     assert gc.get_threshold() == before  # and restored
     with pytest.raises(NoRunListening):
         ControllerClient(f"127.0.0.1:{port}", timeout=2).state()
-    with ControllerServer(RunPolicy(window_s=60, token=TEST_TOKEN), port=port) as again:  # the port is free again at once
+    with ControllerServer(RunPolicy(window_s=60, token=TEST_TOKEN), port=port) as again:  # the port is free at once
         assert again.state()["phase"] == "waiting"
 
 

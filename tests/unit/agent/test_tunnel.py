@@ -99,8 +99,9 @@ def test_another_account_cannot_reach_the_forward(sshd, web):
     hop = SshHop(host="127.0.0.1", user=user_name(), port=sshd.port)
     with Tunnel(hop, ("127.0.0.1", web), identity=str(sshd.key),
                 environ={"FDL_SSH_COMMAND": sshd.ssh_command}) as tunnel:
-        done = subprocess.run(["su", "nobody", "-s", "/bin/sh", "-c", f"/usr/bin/python3 -c \"$0\" {tunnel.socket_path}",
-                               probe], capture_output=True, text=True, timeout=30)
+        line = f"/usr/bin/python3 -c \"$0\" {tunnel.socket_path}"
+        done = subprocess.run(["su", "nobody", "-s", "/bin/sh", "-c", line, probe], capture_output=True, text=True,
+                              timeout=30)
         mine = _http_get(tunnel.socket_path, "/state.json")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("refused 13"), done.stdout  # EACCES: the directory is not theirs to enter
