@@ -134,7 +134,7 @@ def likely_causes(address: str, failures: int, skew: float | None) -> str:
             f"against the run's controller.join.token); (2) {clock}: sync it with NTP (timedatectl set-ntp true, "
             f"or chrony); (3) something else answers at that address (another program on the port between runs, "
             f"a reused address); (4) through --ssh: the door does not take this box's key, or drops connections "
-            f"under load (sshd MaxStartups). None of this is permanent: fdl keeps re-dialing.")
+            f"under load (sshd MaxStartups). None of this is permanent: this box keeps re-dialing.")
 
 
 class JoinAgent:

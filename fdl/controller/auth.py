@@ -100,8 +100,9 @@ def extract(token: str) -> bytes:
 
 def expand(prk: bytes, controller_id: str) -> Keys:
     """HKDF-SHA256's expand step (one block per direction), naming the controller instance."""
-    request = hmac.new(prk, f"fdl request {controller_id}".encode() + b"\x01", hashlib.sha256).digest()
-    answer = hmac.new(prk, f"fdl answer {controller_id}".encode() + b"\x01", hashlib.sha256).digest()
+    ident = controller_id.encode()
+    request = hmac.new(prk, b"fdl request " + ident + b"\x01", hashlib.sha256).digest()
+    answer = hmac.new(prk, b"fdl answer " + ident + b"\x01", hashlib.sha256).digest()
     return Keys(Mac(request), Mac(answer))
 
 
