@@ -216,25 +216,15 @@ class Squatter:
         self.host, self.port = host, port
 
     def stop(self) -> None:
+        from tests.controller_util import _bindable as bindable
+
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
         self.proc.wait(30)
         for pipe in (self.proc.stdout, self.proc.stderr):
             if pipe is not None:
                 pipe.close()
-        wait_for(lambda: _bindable(self.host, self.port), timeout=30, what="the squatter's port to be free")
-
-
-def _bindable(host: str, port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
+        wait_for(lambda: bindable(self.host, self.port), timeout=30, what="the squatter's port to be free")
 
 
 __all__ = ["GO_AWAY", "JOIN_TOKEN", "REPO", "Lines", "Squatter", "agent_env", "controller", "finish", "policy",
