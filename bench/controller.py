@@ -11,8 +11,8 @@ one asyncio client (aiohttp) that plays every peer:
    long-poll. Timed from the first request to the moment every joiner holds
    its world. Also run with N/8 joiners: the ratio of the two times shows how
    the cost grows (8 is linear; 64 would be quadratic). The walk-ins come from
-   N/8 loopback addresses, eight each, every address in a /24 of its own, as N
-   machines would (loopback is an address like any other: one address or one
+   N/16 loopback addresses, sixteen each, every address in a /24 of its own, as
+   N machines would (loopback is an address like any other: one address or one
    /24 holds a stranger's share of the connections).
 2. state.json: 64 concurrent pollers hammer GET /state.json while a window
    stays open (start: manual, quorum not met) with a small roster (16 hosts)
@@ -136,7 +136,7 @@ def run(coro):
         gc.collect()
 
 
-WALKINS_PER_ADDRESS = 8
+WALKINS_PER_ADDRESS = 16
 
 
 def source(group: int) -> str:
@@ -217,7 +217,7 @@ async def walk_ins(url: str, n: int, signer: Signer) -> tuple[float, int]:
 
 
 async def fill(url: str, n: int, signer: Signer) -> None:
-    """n hosts join (no world polls: a manual window below quorum stays open), eight per loopback address."""
+    """n hosts join (no world polls: a manual window below quorum stays open), sixteen per loopback address."""
     import aiohttp
 
     groups = [session(aiohttp, source(g)) for g in range((n + WALKINS_PER_ADDRESS - 1) // WALKINS_PER_ADDRESS)]

@@ -139,15 +139,17 @@ class Overloaded:
 
 
 def network_of(peer: str | None) -> str | None:
-    """The network a stranger's share is also counted by: its /24 (IPv4) or /64 (IPv6)."""
+    """The network a stranger's share is also counted by: its /24 (IPv4) or /64 (IPv6). peer is an address in
+    normalize_ip's spelling (IPv4 dotted, IPv4-mapped IPv6 as IPv4), so IPv4 needs no parsing: it is hot."""
     if peer is None:
         return None
+    if ":" not in peer:
+        head, dot, _ = peer.rpartition(".")
+        return f"{head}.0/24" if dot else None
     try:
-        ip = ipaddress.ip_address(peer)
+        return str(ipaddress.ip_network(f"{peer}/64", strict=False))
     except ValueError:
         return None
-    prefix = 24 if ip.version == 4 else 64
-    return str(ipaddress.ip_network(f"{peer}/{prefix}", strict=False))
 
 
 class Gate:
@@ -228,7 +230,9 @@ class Gated(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         name = transport.get_extra_info("peername")
-        peer = normalize_ip(name[0]) if isinstance(name, tuple) and name else None
+        address = name[0] if isinstance(name, tuple) and name else None
+        # an IPv4 peer's address comes from the kernel already in normalize_ip's spelling (the hot case)
+        peer = address if isinstance(address, str) and ":" not in address else normalize_ip(address)
         admitted, net = self.gate.admit(peer)
         if not admitted:
             self.refused = Overloaded(cast(asyncio.WriteTransport, transport))  # a TCP server's transport
