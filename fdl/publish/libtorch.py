@@ -173,11 +173,8 @@ def rocm_runtime_lib_dirs(env: Mapping[str, str] | None = None) -> list[str]:
 
 
 def build_env(libtorch: Libtorch | None, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment a build recipe runs with: base plus LIBTORCH_PATH, FDL_GPU_FEATURE, LD_LIBRARY_PATH, and
-    without the join token (a build, and every build.rs in it, is code this box did not write)."""
-    from fdl.controller.protocol import without_secrets
-
-    env = without_secrets(dict(os.environ if base is None else base))
+    """The environment a build recipe runs with: base plus LIBTORCH_PATH, FDL_GPU_FEATURE, LD_LIBRARY_PATH."""
+    env = dict(os.environ if base is None else base)
     if libtorch is None:
         env.pop("LIBTORCH_PATH", None)
         env["FDL_GPU_FEATURE"] = ""
