@@ -148,9 +148,21 @@ def source(group: int) -> str:
     return f"127.{1 + group // 256}.{group % 256}.1"
 
 
+def no_port_socket(addr_info):
+    """A client socket whose source port is chosen at connect(), not at bind() (IP_BIND_ADDRESS_NO_PORT): binding
+    thousands of sockets to a source address with port 0 makes the kernel search for a free port each time, a cost
+    of the client playing machines, not of the controller."""
+    import socket
+
+    family, kind, proto, _, _ = addr_info
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.IPPROTO_IP, getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24), 1)
+    return sock
+
+
 def session(aiohttp, local: str | None = None):
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False, ttl_dns_cache=None,
-                                     local_addr=(local, 0) if local else None)
+    extra = {"local_addr": (local, 0), "socket_factory": no_port_socket} if local else {}
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False, ttl_dns_cache=None, **extra)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120),
                                  skip_auto_headers=("User-Agent",))
 
