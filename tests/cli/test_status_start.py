@@ -191,6 +191,8 @@ def test_start_from_another_host_uses_the_env_token_and_refuses_without_it(peer:
                           cwd=tmp_path)
         assert result.returncode == 1 and "could not prove it holds the run's token" in result.stderr
         assert "does not match" in result.stderr and "0" * 32 not in result.stderr
+        result = peer.run([*fdl, "start", "--addr", address, "--token", "1" * 32], env=fdl_env(), cwd=tmp_path)
+        assert result.returncode == 1 and "could not prove it holds the run's token" in result.stderr  # was 2
         result = peer.run([*fdl, "@farm", "start"], env=fdl_env(), cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         assert f"start armed at {address}" in result.stdout
