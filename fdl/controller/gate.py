@@ -43,6 +43,7 @@ class ConnectionHandler(web.RequestHandler):
     write_timeout_s: float = 10.0  # an answer the peer does not drain within this aborts the connection
     send_buffer: int = 64 * 1024  # SO_SNDBUF of an accepted socket (the kernel doubles it for bookkeeping)
     _deadline: asyncio.TimerHandle | None = None
+    _held_reading = False  # this handler paused reading for a waiting answer (and only it may resume it)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         sock = transport.get_extra_info("socket")
@@ -59,14 +60,17 @@ class ConnectionHandler(web.RequestHandler):
         self._cancel_deadline()
         self._deadline = asyncio.get_running_loop().call_later(self.write_timeout_s, self._write_timed_out)
         super().pause_writing()
-        if self.transport is not None:  # no further (pipelined) request is read while this answer waits
-            self.transport.pause_reading()
+        transport = self.transport
+        if transport is not None and transport.is_reading():  # no further (pipelined) request is read meanwhile
+            transport.pause_reading()
+            self._held_reading = True
 
     def resume_writing(self) -> None:
         self._cancel_deadline()
         super().resume_writing()
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
+        held, self._held_reading = self._held_reading, False
+        if held and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()  # only what this handler paused: aiohttp's own pauses stay its own
 
     def _cancel_deadline(self) -> None:
         if self._deadline is not None:
