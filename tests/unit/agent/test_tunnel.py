@@ -170,10 +170,19 @@ def test_an_sshd_dropping_connections_under_maxstartups_is_transient(sshd, web):
     tunnel = Tunnel(hop, ("127.0.0.1", web), identity=str(sshd.key), environ={"FDL_SSH_COMMAND": sshd.ssh_command},
                     connect_timeout_s=5)
     flood: list[socket.socket] = []
-    for _ in range(100):  # MaxStartups' "full" value: sshd drops every further unauthenticated connection
-        flood.append(socket.create_connection(("127.0.0.1", sshd.port), timeout=5))
-    for conn in flood:  # each is taken (sshd sends its banner) before ssh dials
-        conn.recv(64)
+    attempts = 0
+    while len(flood) < 100 and attempts < 20_000:  # MaxStartups' "full": sshd then drops every new connection
+        attempts += 1  # past 10 unauthenticated connections sshd drops some at random: only live ones count
+        conn = socket.create_connection(("127.0.0.1", sshd.port), timeout=5)
+        try:
+            banner = conn.recv(64)
+        except OSError:
+            banner = b""
+        if banner.startswith(b"SSH-"):
+            flood.append(conn)
+        else:
+            conn.close()
+    assert len(flood) == 100, f"only {len(flood)} unauthenticated connections held after {attempts} attempts"
 
     def release() -> None:
         deadline = time.monotonic() + 60
@@ -191,6 +200,7 @@ def test_an_sshd_dropping_connections_under_maxstartups_is_transient(sshd, web):
         with pytest.raises(TunnelError) as err:
             tunnel.open()
     finally:
+        tunnel.close()  # had it come up, nothing of it outlives the test
         freer.join(70)
         for conn in flood:
             conn.close()
