@@ -9,11 +9,11 @@ bounded share; members' addresses keep a reserve beyond the total, sized by
 the members there. Loopback is an address like any other.
 
 Writes are bounded too (`ConnectionHandler`): an accepted socket gets a small
-send buffer, an answer that the kernel cannot take at once pauses the
-handler (it reads no further request meanwhile, so a pipelining client has one
-request in flight), and a connection whose answer does not drain within the
-write deadline is aborted, so a peer that never reads holds no handler, no
-slot and no memory for long.
+send buffer, pipelined requests are answered one at a time, an answer that
+the kernel cannot take at once pauses the handler (it reads no further
+request from that peer until the answer has gone out), and a connection whose
+answer does not drain within the write deadline is aborted, so a peer that
+never reads holds no handler, no slot and no memory for long.
 """
 
 from __future__ import annotations
