@@ -6,19 +6,24 @@ The controller runs in its own process (as under a launcher); this process is
 one asyncio client (aiohttp) that plays every peer:
 
 1. walk-ins: N simulated `fdl join` agents dial a discovery window with
-   `start: auto` whose capacity is N, each sending a hello and then holding a
-   world long-poll. Timed from the first hello to the moment every joiner holds
+   `start: auto` whose capacity is N, each asking the controller's id
+   (`GET /join/id`), sending a signed hello and then holding a signed world
+   long-poll. Timed from the first request to the moment every joiner holds
    its world. Also run with N/8 joiners: the ratio of the two times shows how
-   the cost grows (8 is linear; 64 would be quadratic).
+   the cost grows (8 is linear; 64 would be quadratic). The walk-ins come from
+   N/16 loopback addresses, sixteen each, every address in a /24 of its own, as
+   N machines would (loopback is an address like any other: one address or one
+   /24 holds a stranger's share of the connections).
 2. state.json: 64 concurrent pollers hammer GET /state.json while a window
    stays open (start: manual, quorum not met) with a small roster (16 hosts)
    and with the full N-host roster.
 3. the controller's peak RSS (VmHWM from /proc) over all of the above.
 
 Authentication is on (the window has a token; every join request carries its
-HMAC proof and every answer is signed back, fdl.controller.auth), and the
-walk-ins are also run without a token, to print the controller CPU per
-request with and without it. --no-auth measures only the tokenless run.
+HMAC proof, made for this controller instance, and every answer is signed
+back, fdl.controller.auth), and the walk-ins are also run without a token
+(`insecure_no_token`), to print the controller CPU per request with and
+without it. --no-auth measures only the tokenless run.
 
 The machine is shared, so each figure is the best of --repeat runs, and the
 controller's own CPU time is printed beside the wall times. The client runs
@@ -59,7 +64,12 @@ def serve(port: int, policy_json: str) -> int:
     from fdl.controller.policy import RunPolicy
     from fdl.controller.server import ControllerServer, new_event_loop
 
-    policy = RunPolicy(**json.loads(policy_json), token=os.environ.get("FDL_BENCH_TOKEN") or None)
+    token = os.environ.get("FDL_BENCH_TOKEN") or None
+    policy = RunPolicy(**json.loads(policy_json), token=token, insecure_no_token=token is None)
+    if token is None:  # the tokenless comparison run: its warning is known and says nothing here
+        import logging
+
+        logging.getLogger("fdl.controller").setLevel(logging.ERROR)
 
     async def main() -> None:
         server = ControllerServer(policy, host="127.0.0.1", port=port)
@@ -130,23 +140,62 @@ def run(coro):
         gc.collect()
 
 
-def session(aiohttp):
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False, ttl_dns_cache=None)
+WALKINS_PER_ADDRESS = 16
+
+
+def source(group: int) -> str:
+    """The loopback address of a group of simulated machines, each group in a /24 of its own."""
+    return f"127.{1 + group // 256}.{group % 256}.1"
+
+
+def no_port_socket(addr_info):
+    """A client socket whose source port is chosen at connect(), not at bind() (IP_BIND_ADDRESS_NO_PORT): binding
+    thousands of sockets to a source address with port 0 makes the kernel search for a free port each time, a cost
+    of the client playing machines, not of the controller."""
+    import socket
+
+    family, kind, proto, _, _ = addr_info
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.IPPROTO_IP, getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24), 1)
+    return sock
+
+
+def session(aiohttp, local: str | None = None):
+    extra = {"local_addr": (local, 0), "socket_factory": no_port_socket} if local else {}
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False, ttl_dns_cache=None, **extra)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120),
                                  skip_auto_headers=("User-Agent",))
 
 
-def signed(keys, path: str, body: bytes, headers: dict) -> dict:
-    """headers plus the request's proof of the token (a fresh nonce each time), or headers when keys is None."""
-    if keys is None:
-        return headers
-    from fdl.controller.auth import sign_request
+class Signer:
+    """Signs requests with a token at the controller instance a client asked about (GET /join/id), the way every
+    `fdl join` does; keys are made once per instance (the client plays many machines, its cost is not measured)."""
 
-    return {**headers, **sign_request(keys, "POST", path, body)}
+    def __init__(self, token: str | None):
+        from fdl.controller.auth import extract
+
+        self.prk = extract(token) if token else None
+        self._keys: dict[str, object] = {}
+
+    async def identify(self, s, url: str) -> str:
+        async with s.get(url + "/join/id") as resp:
+            return str(json.loads(await resp.read())["controller_id"])
+
+    def headers(self, controller_id: str, path: str, body: bytes, headers: dict) -> dict:
+        """headers plus the request's proof (a fresh nonce each time), or headers when there is no token."""
+        if self.prk is None:
+            return headers
+        from fdl.controller.auth import expand, sign_request
+
+        keys = self._keys.get(controller_id)
+        if keys is None:
+            keys = self._keys[controller_id] = expand(self.prk, controller_id)
+        return {**headers, **sign_request(keys, "POST", path, body)}
 
 
-async def walk_ins(url: str, n: int, keys=None) -> tuple[float, int]:
-    """n joiners: hello, then world long-poll. Returns (seconds from first hello to last world, world size)."""
+async def walk_ins(url: str, n: int, signer: Signer) -> tuple[float, int]:
+    """n joiners: id, hello, then world long-poll. Returns (seconds from the first request to the last world,
+    world size)."""
     import aiohttp
     from yarl import URL
 
@@ -154,42 +203,55 @@ async def walk_ins(url: str, n: int, keys=None) -> tuple[float, int]:
                           "signature": "5eed"}).encode() for i in range(n)]
     headers = {"Content-Type": "application/json"}
     join_url, world_url = URL(url + "/join"), URL(url + "/join/world")  # parsed once, not per request
-    async with session(aiohttp) as s:
+    groups = [session(aiohttp, source(g)) for g in range((n + WALKINS_PER_ADDRESS - 1) // WALKINS_PER_ADDRESS)]
+    try:
         async def one(i: int) -> tuple[float, int]:
-            async with s.post(join_url, data=hellos[i], headers=signed(keys, "/join", hellos[i], headers)) as resp:
+            s = groups[i // WALKINS_PER_ADDRESS]
+            ident = await signer.identify(s, url)
+            async with s.post(join_url, data=hellos[i], headers=signer.headers(ident, "/join", hellos[i],
+                                                                               headers)) as resp:
                 answer = json.loads(await resp.read())
             if not answer.get("admitted"):
                 raise SystemExit(f"bench: walkin-{i} refused: {answer}")
             poll = json.dumps({"ticket": answer["ticket"], "wait_s": 60}).encode()
             while True:
-                async with s.post(world_url, data=poll, headers=signed(keys, "/join/world", poll, headers)) as resp:
+                async with s.post(world_url, data=poll, headers=signer.headers(ident, "/join/world", poll,
+                                                                               headers)) as resp:
                     world = json.loads(await resp.read())
                 if world.get("formed"):
                     return time.perf_counter(), world["world"]["size"]
 
         start = time.perf_counter()
         results = await asyncio.gather(*(one(i) for i in range(n)))
+    finally:
+        for s in groups:
+            await s.close()
     sizes = {size for _, size in results}
     if sizes != {n}:
         raise SystemExit(f"bench: joiners saw world sizes {sizes}, expected {n}")
     return max(t for t, _ in results) - start, n
 
 
-async def fill(url: str, n: int, keys=None) -> None:
-    """n hosts join (no world polls: a manual window below quorum stays open)."""
+async def fill(url: str, n: int, signer: Signer) -> None:
+    """n hosts join (no world polls: a manual window below quorum stays open), sixteen per loopback address."""
     import aiohttp
 
-    async with session(aiohttp) as s:
+    groups = [session(aiohttp, source(g)) for g in range((n + WALKINS_PER_ADDRESS - 1) // WALKINS_PER_ADDRESS)]
+    try:
+        ident = await signer.identify(groups[0], url)
         sem = asyncio.Semaphore(256)
 
         async def one(i: int) -> None:
             body = json.dumps({"host": f"host-{i:05d}", "devices": "cpu:1"}).encode()
-            headers = signed(keys, "/join", body, {"Content-Type": "application/json"})
-            async with sem, s.post(url + "/join", data=body, headers=headers) as resp:
+            headers = signer.headers(ident, "/join", body, {"Content-Type": "application/json"})
+            async with sem, groups[i // WALKINS_PER_ADDRESS].post(url + "/join", data=body, headers=headers) as resp:
                 if (await resp.json()).get("admitted") is not True:
                     raise SystemExit("bench: fill refused")
 
         await asyncio.gather(*(one(i) for i in range(n)))
+    finally:
+        for s in groups:
+            await s.close()
 
 
 async def pollers(url: str, count: int, seconds: float) -> tuple[float, int]:
@@ -198,10 +260,11 @@ async def pollers(url: str, count: int, seconds: float) -> tuple[float, int]:
 
     done = 0
     size = wire = 0
-    async with session(aiohttp) as s:
+    places = [session(aiohttp, f"127.250.{i}.1") for i in range(4)]  # a stranger's share each: 64 connections
+    try:
         stop = time.perf_counter() + seconds
 
-        async def loop() -> None:
+        async def loop(s) -> None:
             nonlocal done, size, wire
             while time.perf_counter() < stop:
                 async with s.get(url + "/state.json") as resp:
@@ -213,8 +276,11 @@ async def pollers(url: str, count: int, seconds: float) -> tuple[float, int]:
                 done += 1
 
         start = time.perf_counter()
-        await asyncio.gather(*(loop() for _ in range(count)))
+        await asyncio.gather(*(loop(places[i % len(places)]) for i in range(count)))
         elapsed = time.perf_counter() - start
+    finally:
+        for s in places:
+            await s.close()
     return done / elapsed, size, wire
 
 
@@ -240,13 +306,11 @@ def main() -> int:
     lines = [f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; best of "
              f"{args.repeat} runs"]
 
-    from fdl.controller.auth import derive
-
     token = None if args.no_auth else os.urandom(32).hex()
-    keys = None if token is None else derive(token)
-    lines[0] += "; authentication " + ("off (--no-auth)" if token is None else "on (signed requests and answers)")
+    lines[0] += "; authentication " + ("off (--no-auth)" if token is None else
+                                       "on (every join request proven, loopback included; answers signed)")
 
-    def walk(count: int, token: str | None = token, keys=keys) -> tuple[float, float]:
+    def walk(count: int, token: str | None = token) -> tuple[float, float]:
         """Best (seconds, controller CPU seconds) of args.repeat fresh windows of count joiners."""
         nonlocal peak
         best = (float("inf"), float("inf"))
@@ -255,7 +319,7 @@ def main() -> int:
                              silence_s=120, poll_s=60, token=token)
             try:
                 cpu0 = ctl.cpu_seconds()
-                seconds, _ = run(walk_ins(ctl.url, count, keys))
+                seconds, _ = run(walk_ins(ctl.url, count, Signer(token)))
                 best = min(best, (seconds, ctl.cpu_seconds() - cpu0))
                 peak = max(peak, ctl.peak_rss_mb())
             finally:
@@ -264,19 +328,19 @@ def main() -> int:
 
     t_small, cpu_small = walk(small)
     t_full, cpu_full = walk(n)
-    lines.append(f"walk-ins: {n} joiners, first hello -> every world held: {t_full:.2f} s "
+    lines.append(f"walk-ins: {n} joiners, first request -> every world held: {t_full:.2f} s "
                  f"({n / t_full:.0f} joiners/s); target <= {TARGET_JOIN_S:g} s: "
                  f"{'met' if t_full <= TARGET_JOIN_S else 'MISSED'}")
-    lines.append(f"walk-ins, controller CPU: {cpu_full:.2f} s for {2 * n} requests "
-                 f"({cpu_full / (2 * n) * 1e6:.0f} us each); the rest of the wall time is the client and the "
+    lines.append(f"walk-ins, controller CPU: {cpu_full:.2f} s for {3 * n} requests (id, hello, world) "
+                 f"({cpu_full / (3 * n) * 1e6:.0f} us each); the rest of the wall time is the client and the "
                  f"machine")
     lines.append(f"walk-ins scaling: {small} joiners {t_small:.2f} s; x{n / small:.0f} joiners took "
                  f"x{t_full / t_small:.1f} the wall time and x{cpu_full / cpu_small:.1f} the controller CPU "
                  f"(linear: x{n / small:.0f}, quadratic: x{(n / small) ** 2:.0f})")
     if token is not None:
-        t_plain, cpu_plain = walk(n, None, None)
-        lines.append(f"walk-ins without a token: {t_plain:.2f} s, controller CPU {cpu_plain / (2 * n) * 1e6:.0f} us "
-                     f"per request; with authentication {cpu_full / (2 * n) * 1e6:.0f} us "
+        t_plain, cpu_plain = walk(n, None)
+        lines.append(f"walk-ins without a token: {t_plain:.2f} s, controller CPU {cpu_plain / (3 * n) * 1e6:.0f} us "
+                     f"per request; with authentication {cpu_full / (3 * n) * 1e6:.0f} us "
                      f"(x{cpu_full / cpu_plain:.2f})")
 
     rps = {}
@@ -286,7 +350,7 @@ def main() -> int:
             ctl = Controller(discovery=True, start="manual", quorum_hosts=n, max_hosts=n, window_s=600,
                              silence_s=600, token=token)
             try:
-                run(fill(ctl.url, hosts, keys))
+                run(fill(ctl.url, hosts, Signer(token)))
                 cpu0 = ctl.cpu_seconds()
                 rate, size, wire = run(pollers(ctl.url, args.pollers, args.poll_seconds))
                 cpu = ctl.cpu_seconds() - cpu0

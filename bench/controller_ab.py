@@ -9,6 +9,10 @@ heartbeat and 64 pollers send HOSTS GET /state.json, to one controller and
 then the other (the order alternates per round). The load of a shared
 machine falls on both alike, so the ratio of their CPU time is steadier than
 two separate runs of bench/controller.py.
+
+Each build's requests are signed with that build's own fdl/controller/auth.py
+(loaded from its checkout): a build whose proofs name the controller instance
+is asked its id first (GET /join/id), an older one is not.
 """
 
 from __future__ import annotations
@@ -27,6 +31,32 @@ TOKEN = "controller-ab-bench-token-0123456789"  # a bench window's token: loopba
 CONCURRENCY = 64
 
 
+class Signing:
+    """A build's proofs: its own auth module, and the keys for one of its controllers."""
+
+    def __init__(self, checkout: Path, name: str):
+        spec = importlib.util.spec_from_file_location(name, checkout / "fdl" / "controller" / "auth.py")
+        if spec is None or spec.loader is None:
+            raise SystemExit(f"bench: no fdl/controller/auth.py in {checkout}")
+        self.auth = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(self.auth)
+        self.keys: object = None
+
+    async def connect(self, bench: ModuleType, url: str) -> None:
+        import inspect
+
+        import aiohttp
+
+        if len(inspect.signature(self.auth.derive).parameters) == 1:  # proofs that name no controller
+            self.keys = self.auth.derive(TOKEN)
+            return
+        async with bench.session(aiohttp) as s, s.get(url + "/join/id") as resp:
+            self.keys = self.auth.derive(TOKEN, json.loads(await resp.read())["controller_id"])
+
+    def headers(self, path: str, body: bytes) -> dict:
+        return {"Content-Type": "application/json", **self.auth.sign_request(self.keys, "POST", path, body)}
+
+
 def bench_of(checkout: Path, name: str) -> ModuleType:
     """A checkout's bench/controller.py, loaded under its own name (its Controller runs that checkout)."""
     spec = importlib.util.spec_from_file_location(name, checkout / "bench" / "controller.py")
@@ -37,15 +67,15 @@ def bench_of(checkout: Path, name: str) -> ModuleType:
     return module
 
 
-async def join(bench: ModuleType, url: str, hosts: int, keys: object) -> list[str]:
+async def join(bench: ModuleType, url: str, hosts: int, signing: Signing) -> list[str]:
     import aiohttp
 
+    await signing.connect(bench, url)
     tickets = []
     async with bench.session(aiohttp) as s:
         for i in range(hosts):
             body = json.dumps({"host": f"ab-{i:05d}", "devices": "cpu:1"}).encode()
-            headers = bench.signed(keys, "/join", body, {"Content-Type": "application/json"})
-            async with s.post(url + "/join", data=body, headers=headers) as resp:
+            async with s.post(url + "/join", data=body, headers=signing.headers("/join", body)) as resp:
                 answer = await resp.json()
             if answer.get("admitted") is not True:
                 raise SystemExit(f"bench: ab-{i:05d} refused: {answer}")
@@ -53,7 +83,7 @@ async def join(bench: ModuleType, url: str, hosts: int, keys: object) -> list[st
     return tickets
 
 
-async def heartbeats(bench: ModuleType, url: str, tickets: list[str], keys: object) -> None:
+async def heartbeats(bench: ModuleType, url: str, tickets: list[str], signing: Signing) -> None:
     import aiohttp
 
     left = iter(tickets)
@@ -61,8 +91,8 @@ async def heartbeats(bench: ModuleType, url: str, tickets: list[str], keys: obje
         async def worker() -> None:
             for ticket in left:
                 body = json.dumps({"ticket": ticket}).encode()
-                headers = bench.signed(keys, "/join/heartbeat", body, {"Content-Type": "application/json"})
-                async with s.post(url + "/join/heartbeat", data=body, headers=headers) as resp:
+                async with s.post(url + "/join/heartbeat", data=body,
+                                  headers=signing.headers("/join/heartbeat", body)) as resp:
                     await resp.read()
                     if resp.status != 200:
                         raise SystemExit(f"bench: heartbeat answered {resp.status}")
@@ -90,25 +120,25 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
-    from fdl.controller.auth import derive
-
-    keys = derive(TOKEN)
-    builds = {"other": bench_of(args.other.resolve(), "bench_other"), "this": bench_of(REPO, "bench_this")}
+    checkouts = {"other": args.other.resolve(), "this": REPO}
+    builds = {name: bench_of(path, f"bench_{name}") for name, path in checkouts.items()}
+    signings = {name: Signing(path, f"auth_{name}") for name, path in checkouts.items()}
     policy = {"discovery": True, "start": "manual", "quorum_hosts": 4096, "max_hosts": 4096, "window_s": 3600,
               "silence_s": 600, "heartbeat_s": 60}
     controllers = {name: bench.Controller(token=TOKEN, **policy) for name, bench in builds.items()}
     run = builds["this"].run
     try:
-        tickets = {name: run(join(builds[name], c.url, args.hosts, keys)) for name, c in controllers.items()}
+        tickets = {name: run(join(builds["this"], c.url, args.hosts, signings[name]))
+                   for name, c in controllers.items()}
         cpu = {name: {"heartbeat": 0.0, "state.json": 0.0} for name in controllers}
         for round_ in range(args.rounds):
             order = list(controllers) if round_ % 2 == 0 else list(reversed(controllers))
             for kind in ("heartbeat", "state.json"):
                 for name in order:
-                    c, bench = controllers[name], builds[name]
+                    c, bench = controllers[name], builds["this"]  # the client is this checkout's
                     before = c.cpu_seconds()
                     if kind == "heartbeat":
-                        run(heartbeats(bench, c.url, tickets[name], keys))
+                        run(heartbeats(bench, c.url, tickets[name], signings[name]))
                     else:
                         run(states(bench, c.url, args.hosts))
                     cpu[name][kind] += c.cpu_seconds() - before

@@ -79,9 +79,12 @@ def stalled_reader(port: int, repeat: int) -> socket.socket:
     return sock
 
 
+TOKEN = "live-status-bench-token-0123456789"  # a bench window's token: loopback only
+
+
 def hello_latency(port: int, count: int, prefix: str) -> float:
     samples = []
-    with ControllerClient(f"127.0.0.1:{port}", timeout=30) as client:
+    with ControllerClient(f"127.0.0.1:{port}", timeout=30, token=TOKEN) as client:
         client.state()  # connection up
         for i in range(count):
             start = time.perf_counter()
@@ -106,7 +109,7 @@ def main() -> None:
           f"x{big[1] / small[1]:.1f} (for comparison: it carries the roster)")
 
     policy = RunPolicy(start="manual", quorum_hosts=1, window_s=3600, silence_s=1e6,
-                       max_hosts=4096)
+                       max_hosts=4096, token=TOKEN)
     with ControllerServer(policy, port=0) as server:
         quiet = hello_latency(server.port, args.hellos, "quiet")
         readers = [stalled_reader(server.port, 300) for _ in range(args.readers)]

@@ -8,6 +8,8 @@ import socket
 from collections.abc import Iterator
 
 FIRST_PORT, LAST_PORT = 21000, 21999
+#: The token of a test window that names none: every window has one (loopback is not a credential).
+TEST_TOKEN = "7e57c0de" * 8
 
 
 class FakeClock:
@@ -47,9 +49,12 @@ def _bindable(host: str, port: int) -> bool:
 @contextlib.contextmanager
 def serving(policy, *, host: str = "127.0.0.1", limits=None, span: tuple[int, int] = (FIRST_PORT, LAST_PORT)
             ) -> Iterator:
-    """A real controller on host:<free port in span> in a background thread, stopped afterwards."""
+    """A real controller on host:<free port in span> in a background thread, stopped afterwards. A policy
+    without a token (and without the insecure_no_token opt-out) gets TEST_TOKEN: `server.policy.token`."""
     from fdl.controller.server import ControllerServer
 
+    if policy.token is None and not policy.insecure_no_token:
+        policy = policy.with_token(TEST_TOKEN)
     for _ in range(5):
         server = ControllerServer(policy, host=host, port=free_port(host, span=span), limits=limits)
         try:

@@ -12,6 +12,15 @@ permanent). `--persist` re-dials after transient failures and after every
 agent exit (clean or not) with capped exponential backoff plus jitter, and
 stops only on a permanent failure, which is the only thing that reaches
 systemd in that mode.
+
+Permanent comes only from what this box can check itself (no GPU, options
+that do not parse, a missing binary or toolchain, an unwritable stage, its
+own known_hosts or identity file). Everything learned from the network is
+transient, whoever sent it: an answer that does not prove the token, a
+refusal (bad token, stale clock, ...), a rank environment the agent will not
+take, a dropped ssh connection. A box cannot tell a wrong token from an
+impostor, so a `--persist` box keeps re-dialing and says, every few
+attempts, what the likely causes are.
 """
 
 from __future__ import annotations
@@ -38,8 +47,11 @@ if TYPE_CHECKING:
     from fdl.controller.protocol import Hello
 
 Note = Callable[[str], None]
-#: Refusals a re-dial cannot mend: the credential is wrong, or the controller cannot parse what we send.
-PERMANENT_REFUSALS = frozenset({"bad_token", "bad_request", "stale_request", "reserved_host", "wrong_address"})
+#: Refusals and failures that say the run's token was not proved either way (a wrong token, a clock off by more
+#: than the proof window, something else answering): counted for the loud warning under --persist.
+TRUST_REASONS = frozenset({"bad_token", "stale_request", "unverified", "tunnel"})
+WARN_EVERY = 3  # --persist: the likely causes are spelled out after this many such failures in a row
+CLOCK_WINDOW_S = 60.0  # the controller refuses a proof whose time is further than this from its clock
 WORLD_POLL_S = 20.0
 HEARTBEAT_DEFAULT_S = 3.0
 #: TORCHELASTIC_MAX_RESTARTS under `--persist`, which re-dials without a bound (torchrun's is an integer).
@@ -55,27 +67,34 @@ class Stopped(BaseException):
 
 
 class JoinRefused(FdlError):
-    """The controller turned this box down; `reason` is its stable code."""
+    """The controller turned this box down; `reason` is its stable code (always transient: learned from the
+    network)."""
 
-    def __init__(self, message: str, *, reason: str, hint: str | None = None, exit_code: int = ExitCode.FAILURE):
-        super().__init__(message, hint=hint, exit_code=exit_code)
+    def __init__(self, message: str, *, reason: str, hint: str | None = None):
+        super().__init__(message, hint=hint)
         self.reason = reason
 
 
 class Unreachable(FdlError):
-    """No controller answered (transient: the next dial tries again)."""
+    """No controller answered, or none that proved the run's token (transient: the next dial tries again);
+    `reason` is "unverified" for an answer without a valid proof."""
+
+    def __init__(self, message: str, *, hint: str | None = None, reason: str | None = None):
+        super().__init__(message, hint=hint)
+        self.reason = reason
 
 
 _REFUSAL_HINTS = {
-    "bad_token": "Present the run's controller.join.token with --token (or reach a tunnel_only controller "
-                 "through its sshd with --ssh).",
+    "bad_token": "Present the run's controller.join.token (FDL_JOIN_TOKEN, or join.token in the join: block); "
+                 "through an ssh door too.",
     "window_closed": "The next run's window admits this box; with --persist it re-dials on its own.",
     "run_id_differs": "This box holds a different publish than the cohort: the next dial fetches the current run.",
     "signature_differs": "This box builds a different model than the cohort: check its source and arguments.",
     "host_joined": "Another box already joined under this name: give each box its own --host.",
     "roster_full": "The window is full; the next run's window may have room.",
     "not_in_roster": "This run admits only its roster's hosts (discovery is off); use a host name it lists.",
-    "stale_request": "The request's time is too far from the controller's clock: sync this box's clock (NTP).",
+    "stale_request": "The request's time is too far from the controller's clock: sync this box's clock with NTP "
+                     "(timedatectl set-ntp true, or chrony).",
     "reserved_host": "The launcher runs that host itself; a walk-in needs a name of its own (--host).",
     "wrong_address": "A roster host joins only from its roster address: dial from that box, or fix its address: "
                      "in cluster.workers.",
@@ -83,23 +102,39 @@ _REFUSAL_HINTS = {
 
 
 class RankEnvRefused(FdlError):
-    """The controller's answer sets rank environment variables outside the allow-list (permanent)."""
-
-    exit_code = ExitCode.PERMANENT
+    """The controller's answer sets rank environment variables outside the allow-list (transient: the answer
+    came over the network; no rank starts on it)."""
 
 
 def refusal_error(exc: ControllerRefused, address: str) -> JoinRefused:
     reason = getattr(exc, "reason", "refused")
-    code = ExitCode.PERMANENT if reason in PERMANENT_REFUSALS else ExitCode.FAILURE
     return JoinRefused(f"the controller at {address} refused this box ({reason}): {exc.message}", reason=reason,
-                       hint=_REFUSAL_HINTS.get(reason), exit_code=code)
+                       hint=_REFUSAL_HINTS.get(reason))
 
 
 def _unreachable(exc: ControllerError, address: str, tunneled: bool) -> Unreachable:
+    from fdl.controller.client import UnverifiedController
+
     via = " through the ssh tunnel" if tunneled else ""
     return Unreachable(f"{exc.message}{via}.",
                        hint=exc.hint or "The controller runs only while its launcher does; start the run (or wait "
-                                        "for it), then dial again. --persist re-dials on its own.")
+                                        "for it), then dial again. --persist re-dials on its own.",
+                       reason="unverified" if isinstance(exc, UnverifiedController) else None)
+
+
+def likely_causes(address: str, failures: int, skew: float | None) -> str:
+    """The loud warning a --persist box prints every few failures that proved nothing either way."""
+    if skew is not None and CLOCK_WINDOW_S / 2 < abs(skew) < 365 * 86400:  # an absurd claim says nothing
+        clock = (f"this box's clock is {abs(skew):.0f} s {'behind' if skew > 0 else 'ahead of'} what {address} "
+                 f"says its clock is; a request more than {CLOCK_WINDOW_S:g} s off is refused")
+    else:
+        clock = f"this box's clock is more than {CLOCK_WINDOW_S:g} s off the controller's"
+    return (f"WARNING: {failures} dials in a row reached no controller that proves the run's token at {address}. "
+            f"Likely causes: (1) this box's token is not the run's (FDL_JOIN_TOKEN, join.token or the token file "
+            f"against the run's controller.join.token); (2) {clock}: sync it with NTP (timedatectl set-ntp true, "
+            f"or chrony); (3) something else answers at that address (another program on the port between runs, "
+            f"a reused address); (4) through --ssh: the door does not take this box's key, or drops connections "
+            f"under load (sshd MaxStartups). None of this is permanent: this box keeps re-dialing.")
 
 
 class JoinAgent:
@@ -117,6 +152,7 @@ class JoinAgent:
         self.host = options.host or socket.gethostname().split(".")[0]
         self.attempts = 0
         self.runs: dict[str, int] = {}  # TORCHELASTIC_RUN_ID -> worlds of that run this agent already ran
+        self.skew: float | None = None  # the controller's clock minus this box's, as its GET /join/id claimed
 
     # ------------------------------------------------------------------ the loop
 
@@ -124,6 +160,7 @@ class JoinAgent:
         if not self.options.persist:
             return self.attempt()
         backoff = Backoff.from_env(self.environ)
+        unproved = 0  # failures in a row that proved nothing either way (TRUST_REASONS)
         while True:
             try:
                 code = self.attempt()
@@ -132,8 +169,12 @@ class JoinAgent:
                     raise
                 wait = backoff.after_failure()
                 self.note(f"transient failure: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""))
+                unproved = unproved + 1 if getattr(exc, "reason", None) in TRUST_REASONS else 0
+                if unproved and unproved % WARN_EVERY == 0:
+                    self.note(likely_causes(self.options.controller_text, unproved, self.skew))
                 self.note(f"persist: re-dialing in {wait:.1f} s (attempt {self.attempts + 1})")
             else:
+                unproved = 0
                 wait = backoff.after_success() if code == 0 else backoff.after_failure()
                 self.note(f"persist: the agent exited {code}; re-dialing in {wait:.1f} s")
             self.sleep(wait)
@@ -151,16 +192,17 @@ class JoinAgent:
         tunnel = Tunnel(opts.ssh, opts.controller, identity=opts.identity, note=self.note,
                         environ=self.environ) if opts.ssh else None
         with tunnel if tunnel is not None else contextlib.nullcontext():
-            host, port = tunnel.address if tunnel is not None else opts.controller
-            dial = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             shown = opts.controller_text + (f" (via ssh {opts.ssh})" if opts.ssh else "")
-            with ControllerClient(dial, timeout=10.0, token=opts.token) as client:
+            with ControllerClient(opts.controller_text, timeout=10.0, token=opts.token,
+                                  socket_path=tunnel.socket_path if tunnel is not None else None) as client:
                 try:
                     admitted = client.hello(self._hello(prep))
                 except ControllerRefused as exc:
                     raise refusal_error(exc, shown) from None
                 except ControllerError as exc:
                     raise _unreachable(exc, shown, tunnel is not None) from None
+                finally:
+                    self.skew = client.clock_skew if client.clock_skew is not None else self.skew
                 ticket = str(admitted["ticket"])
                 left = admitted.get("seconds_left")
                 self.note(f"admitted by {shown} as {admitted.get('host', self.host)} with {admitted.get('ranks')} "
@@ -211,7 +253,7 @@ class JoinAgent:
 
     def _run_world(self, client: ControllerClient, ticket: str, world: dict[str, Any], prep: Prepared,
                    admitted: dict[str, Any]) -> int:
-        from fdl.controller.client import ControllerError, ControllerRefused, UnverifiedController
+        from fdl.controller.client import ControllerError, ControllerRefused
         from fdl.controller.protocol import refused_rank_env, without_secrets
 
         shape = world.get("world") or {}
@@ -220,7 +262,7 @@ class JoinAgent:
         if refused or not all(isinstance(r.get("rank"), int) for r in ranks):
             detail: str | None = f"refused the controller's rank environment: {', '.join(refused) or 'malformed ranks'}"
             try:
-                client.report_exit(ticket, ExitCode.PERMANENT, detail)
+                client.report_exit(ticket, ExitCode.FAILURE, detail)
             except (ControllerError, ControllerRefused, FdlError) as exc:
                 self.note(f"exit report not delivered ({exc.message})")
             raise RankEnvRefused(
@@ -239,6 +281,8 @@ class JoinAgent:
                   f"{shape.get('backend')}, master {shape.get('master_addr')}:{shape.get('master_port')}; this host "
                   f"runs rank(s) {', '.join(str(r.get('rank')) for r in ranks)}")
         log_dir = prep.log_root / f"{(shape.get('run_id') or 'run')[:16]}-{int(time.time())}"
+        prep.log_root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(prep.log_root, 0o700)  # rank logs are the run's own: nobody else lists or reads them
         base_env = without_secrets(prep.rank_env(self.options, self.environ))
         restarts = self._count_run(ranks, shape)
         supervisor = Supervisor([prep.binary, *args], [{"rank": r["rank"], "env": r.get("env") or {}} for r in ranks],
@@ -281,7 +325,7 @@ class JoinAgent:
                         stopping = True
                         self.note(f"the controller dropped this box ({exc.reason}: {exc.message}); stopping ranks")
                         supervisor.stop("terminated")
-                except (ControllerError, UnverifiedController) as exc:  # an unproved answer is not acted on
+                except ControllerError as exc:  # an unproved answer (UnverifiedController) is not acted on
                     if lost_since is None:
                         lost_since = time.monotonic()
                         self.note(f"heartbeat: {exc.message}; the ranks keep running")
@@ -308,7 +352,7 @@ class JoinAgent:
             detail = f"ranks {result.reason}"
         try:
             client.report_exit(ticket, code, detail)
-        except (ControllerError, ControllerRefused, UnverifiedController) as exc:
+        except (ControllerError, ControllerRefused) as exc:
             self.note(f"exit report not delivered ({exc.message}); this host's code is {code}")
         self.note(f"ranks finished: exit {code}" + (f" ({detail})" if detail else "") + f"; logs in {log_dir}")
         if stopped is not None:

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, NamedTuple
+from typing import IO, Any, Callable, NamedTuple
 
 RESULT_PREFIX = "fdl-supervisor-result: "
 NOTE_PREFIX = "fdl supervisor: "  # the supervisor's own notes, on stderr
@@ -84,6 +84,13 @@ class GroupResult(NamedTuple):
     def to_dict(self) -> dict[str, Any]:
         return {"codes": {str(k): v for k, v in self.codes.items()}, "first_failure": self.first_failure,
                 "reason": self.reason, "exit_code": self.exit_code}
+
+
+def _private_log(path: str) -> IO[str]:
+    """A rank's log for appending, readable by this user alone (0600, also when it already existed)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "a", encoding="utf-8")
 
 
 def die_with_parent() -> None:
@@ -170,8 +177,9 @@ class Supervisor:
                           max_restarts=self.max_restarts)
 
     def start(self) -> None:
-        if self.log_dir:
-            os.makedirs(self.log_dir, exist_ok=True)
+        if self.log_dir:  # rank output is the run's own: its directory 0700, each log 0600
+            os.makedirs(self.log_dir, mode=0o700, exist_ok=True)
+            os.chmod(self.log_dir, 0o700)
         envs = [self.rank_env(spec) for spec in self.ranks]
         defaulted = sum(1 for spec, env in zip(self.ranks, envs) if "OMP_NUM_THREADS" not in self.base_env
                         and "OMP_NUM_THREADS" not in (spec.get("env") or {}) and "OMP_NUM_THREADS" in env)
@@ -197,8 +205,7 @@ class Supervisor:
             self._pumps.append(pump)
 
     def _pump(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
-        log = (open(os.path.join(self.log_dir, f"rank-{rank}.log"), "a", encoding="utf-8")  # noqa: SIM115 (closed below)
-               if self.log_dir else None)
+        log = _private_log(os.path.join(self.log_dir, f"rank-{rank}.log")) if self.log_dir else None
         try:
             if proc.stdout is None:  # started without stdout=PIPE: nothing to relay
                 return

@@ -1,12 +1,16 @@
-"""The `--ssh` hop: an OpenSSH local forward of the controller port, for one dial.
+"""The `--ssh` hop: an OpenSSH local forward of the controller port onto a private unix socket, for one dial.
 
-    ssh -N -L 127.0.0.1:<local>:<controller as seen from the ssh host> \\
-        -o ExitOnForwardFailure=yes -o BatchMode=yes ... [-p PORT] [-i KEY] [user@]host
+    ssh -N -L <private dir>/controller.sock:<controller as seen from the ssh host> \\
+        -o StreamLocalBindMask=0177 -o ExitOnForwardFailure=yes -o BatchMode=yes ... [-p PORT] [-i KEY] [user@]host
 
-The controller sees the connection coming from its own loopback, which is
-the credential under `tunnel_only` (reachability through the guardrailed
-sshd is the authentication). The forward lives as long as the `Tunnel`
-context; leaving it stops ssh, whatever happened inside.
+The forward listens on a unix socket in a directory only this user can
+enter (0700, made fresh per dial), with the socket itself 0600, never on a
+TCP port: every local account could reach a loopback port (it shows in
+/proc/net/tcp), and through it the controller. The door's sshd still sees a
+plain `direct-tcpip` channel. The controller sees the connection arrive
+from its own loopback, which proves nothing: the agent signs every request
+with the run's token, through the tunnel as well. The forward lives as long
+as the `Tunnel` context; leaving it stops ssh and removes the directory.
 
 ssh reads the user's own ~/.ssh/config and known_hosts as usual, so host
 keys and jump hosts are configured the OpenSSH way; BatchMode makes a
@@ -15,28 +19,28 @@ missing key or an unknown host key fail at once instead of prompting.
 or `ssh -o UserKnownHostsFile=...`), for the tunnel and for sshfs alike, the
 way RSYNC_RSH and GIT_SSH_COMMAND do for rsync and git.
 
-A failed forward is classified from evidence, never from ssh's wording
-(which changes with the OpenSSH version, the locale and LogLevel, and
-with whatever FDL_SSH_COMMAND wraps). ssh exits 255 both when the door
-refused the session and when the network failed, so after a failure fdl
-asks `ssh -G` (the resolved configuration, one `key value` a line) where
-ssh really connects, opens a plain TCP connection there and reads the
-server's identification line (`SSH-2.0-...`, RFC 4253 section 4.2):
-- an SSH server answered and ssh still exited 255 before the forward came
-  up: the server refused this box's key, or this box refused the server's
-  host key (BatchMode forbids every prompt), and re-dialing with the same
-  key and known_hosts cannot change that: permanent (exit 2);
-- no connection, or no identification line in time (host down, sshd not
-  started, a firewall, a listener that is not sshd): transient (exit 1);
-- ssh goes through a ProxyJump/ProxyCommand (the door itself cannot be
-  reached directly), `ssh -G` fails, ssh did not exit 255 or never
-  finished: fdl cannot tell, and treats it as transient, the side that
-  never stops a `--persist` agent wrongly.
+A failed forward is classified from what this box can check itself, never
+from ssh's wording (which changes with the OpenSSH version, the locale and
+LogLevel, and with whatever FDL_SSH_COMMAND wraps) and never from what the
+network said. ssh exits 255 when the door refused the key, when sshd dropped
+an unauthenticated connection under load (its default `MaxStartups
+10:30:100` drops at random, and the next connection still reads an `SSH-`
+banner), when the network failed and when this box refused the door's host
+key. Only the last is permanent, and it is decided locally (`ssh -G` says
+which known_hosts files and which host name ssh checks; `ssh-keygen -F`
+looks it up):
+- the door's host name has no key in this box's known_hosts while strict
+  host key checking is on: ssh can never accept the door (permanent);
+- it has keys, and none of them is among the keys the door presents
+  (`ssh-keyscan`, compared here): the door's key changed, or something
+  else answers at its address; ssh can never accept it (permanent);
+- an identity file that is missing or unreadable (permanent, checked
+  before ssh starts), ssh not installed (permanent);
+- everything else (a refused key, a dropped or reset connection, no
+  answer, a door behind ProxyJump/ProxyCommand that cannot be checked from
+  here): transient, and `--persist` re-dials, saying what it may be.
 ssh's last stderr lines are still shown to the user, only never used to
-decide. The check runs after the failure, so two rare orders are misread:
-sshd coming up in the moment between ssh's refused connection and the
-check, and a link dropping in the middle of the key exchange, both read as
-refused (permanent).
+decide.
 """
 
 from __future__ import annotations
@@ -57,11 +61,16 @@ from fdl.errors import ExitCode, FdlError, PermanentError
 
 CONNECT_TIMEOUT_S = 15
 SSH_FAILED = 255  # ssh's own exit status for every error of its own (connection, host key, login, forward)
-_BANNER_MAX = 8192  # RFC 4253 4.2: lines before the version string are allowed; bound what is read
+SOCKET_NAME = "controller.sock"
 
 
 class TunnelError(FdlError):
-    """The ssh forward could not be brought up (exit 1 unless the credential itself was refused)."""
+    """The ssh forward could not be brought up (exit 1, unless this box can never accept the door's host key)."""
+
+    def __init__(self, message: str, *, hint: str | None = None, exit_code: int | None = None,
+                 reason: str | None = None):
+        super().__init__(message, hint=hint, exit_code=exit_code)
+        self.reason = reason
 
 
 def ssh_words(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -69,47 +78,6 @@ def ssh_words(environ: Mapping[str, str] | None = None) -> list[str]:
     environ = os.environ if environ is None else environ
     text = (environ.get("FDL_SSH_COMMAND") or "").strip()
     return shlex.split(text) if text else ["ssh"]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def ssh_server_answers(host: str, port: int, timeout_s: float) -> bool:
-    """Whether an SSH server answers at host:port: a TCP connection and an `SSH-` identification line (RFC 4253 4.2).
-
-    Nothing is sent; the connection is closed as soon as the line (or the limit) is read.
-    """
-    deadline = time.monotonic() + timeout_s
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s) as sock:
-            data = b""
-            while len(data) < _BANNER_MAX:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                sock.settimeout(left)
-                chunk = sock.recv(1024)
-                if not chunk:
-                    return False
-                data += chunk
-                lines = data.split(b"\n")
-                if any(line.startswith(b"SSH-") for line in lines[:-1]):  # only whole lines count
-                    return True
-    except OSError:
-        return False
-    return False
 
 
 def local_address_toward(host: str, port: int = 22) -> str | None:
@@ -130,31 +98,46 @@ def local_address_toward(host: str, port: int = 22) -> str | None:
     return None
 
 
+def _runtime_dir(environ: Mapping[str, str]) -> str | None:
+    """Where the tunnel's private directory goes: $XDG_RUNTIME_DIR when it is this user's, else the temp dir
+    (a unix socket's path must stay short: 108 bytes on Linux)."""
+    runtime = (environ.get("XDG_RUNTIME_DIR") or "").strip()
+    if runtime and os.path.isdir(runtime) and len(runtime) < 60:
+        try:
+            if os.stat(runtime).st_uid == os.getuid():
+                return runtime
+        except OSError:
+            pass
+    return None
+
+
 class Tunnel:
-    """A running `ssh -N -L` forward; `address` is the local end to dial."""
+    """A running `ssh -N -L SOCKET:...` forward; `socket_path` is the local end to dial."""
 
     def __init__(self, hop: SshHop, target: tuple[str, int], *, identity: str | None = None,
                  note: Callable[[str], None] = lambda _: None, connect_timeout_s: float = CONNECT_TIMEOUT_S,
                  environ: Mapping[str, str] | None = None):
         self.hop = hop
-        self.ssh = ssh_words(environ)
+        self.environ = dict(os.environ if environ is None else environ)
+        self.ssh = ssh_words(self.environ)
         self.target = target
         self.identity = identity
         self.note = note
         self.connect_timeout_s = connect_timeout_s
-        self.local_port: int | None = None
+        self.directory: str | None = None
         self.proc: subprocess.Popen | None = None
         self._stderr: tempfile.SpooledTemporaryFile | None = None
 
     @property
-    def address(self) -> tuple[str, int]:
-        assert self.local_port is not None
-        return ("127.0.0.1", self.local_port)
+    def socket_path(self) -> str:
+        assert self.directory is not None
+        return os.path.join(self.directory, SOCKET_NAME)
 
-    def argv(self, local_port: int) -> list[str]:
+    def argv(self, socket_path: str) -> list[str]:
         host, port = self.target
         target_host = f"[{host}]" if ":" in host else host
-        argv = [*self.ssh, "-N", "-L", f"127.0.0.1:{local_port}:{target_host}:{port}",
+        argv = [*self.ssh, "-N", "-L", f"{socket_path}:{target_host}:{port}",
+                "-o", "StreamLocalBindMask=0177", "-o", "StreamLocalBindUnlink=yes",
                 "-o", "ExitOnForwardFailure=yes", "-o", "BatchMode=yes",
                 "-o", f"ConnectTimeout={int(self.connect_timeout_s)}",
                 "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=3"]
@@ -175,39 +158,35 @@ class Tunnel:
         if shutil.which(self.ssh[0]) is None:
             raise PermanentError("--ssh needs the OpenSSH client (ssh), which is not installed on this box.",
                                  hint="Install it (Debian/Ubuntu: apt-get install openssh-client).")
-        if self.identity and not os.path.isfile(self.identity):
-            raise PermanentError(f"--identity {self.identity}: no such key file on this box.",
-                                 hint="Point --identity at the private key the controller's sshd accepts.")
-        for attempt in range(3):  # the free port can be taken between our probe and ssh's bind
-            self.local_port = _free_port()
-            self._stderr = tempfile.SpooledTemporaryFile(max_size=1 << 16)  # noqa: SIM115 - closed in close()
-            try:
-                self.proc = subprocess.Popen(self.argv(self.local_port), stdin=subprocess.DEVNULL,
-                                             stdout=subprocess.DEVNULL, stderr=self._stderr, start_new_session=True,
-                                             preexec_fn=die_with_parent)  # noqa: PLW1509 - PR_SET_PDEATHSIG can only be set in the child between fork and exec
-                listening = self._wait_listening()
-            except BaseException:  # a stop signal while it comes up: no ssh may outlive us
-                self.close()
-                raise
-            if listening:
-                self.note(f"tunnel: 127.0.0.1:{self.local_port} -> {self.hop} -> "
-                          f"{self.target[0]}:{self.target[1]}")
-                return
-            text = self._stderr_text()
-            status = self.proc.poll() if self.proc is not None else None
+        if self.identity:
+            check_identity(self.identity)
+        self.directory = tempfile.mkdtemp(prefix="fdl-tunnel-", dir=_runtime_dir(self.environ))  # 0700
+        self._stderr = tempfile.SpooledTemporaryFile(max_size=1 << 16)  # noqa: SIM115 - closed in close()
+        try:
+            self.proc = subprocess.Popen(self.argv(self.socket_path), stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=self._stderr, start_new_session=True,
+                                         preexec_fn=die_with_parent)  # noqa: PLW1509 - PR_SET_PDEATHSIG can only be set in the child between fork and exec
+            listening = self._wait_listening()
+        except BaseException:  # a stop signal while it comes up: no ssh may outlive us
             self.close()
-            taken = not _port_free(self.local_port)  # another process took the port we asked for
-            if taken and attempt < 2:
-                continue
-            raise self._failure(text, None if taken else status)  # a lost bind race says nothing of the door
+            raise
+        if listening:
+            self.note(f"tunnel: {self.socket_path} -> {self.hop} -> {self.target[0]}:{self.target[1]}")
+            return
+        text = self._stderr_text()
+        status = self.proc.poll() if self.proc is not None else None
+        self.close()
+        raise self._failure(text, status)
 
     def _wait_listening(self) -> bool:
-        assert self.proc is not None and self.local_port is not None
+        assert self.proc is not None
         deadline = time.monotonic() + self.connect_timeout_s + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 return False
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.local_port), 0.5):
+            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(0.5)
+                probe.connect(self.socket_path)
                 return True
             time.sleep(0.05)
         return False
@@ -218,11 +197,13 @@ class Tunnel:
         self._stderr.seek(0)
         return self._stderr.read().decode("utf-8", "replace")
 
-    def endpoint(self) -> tuple[str, int] | None:
-        """Where ssh itself connects (HostName and Port after ~/.ssh/config), by `ssh -G`; None behind a proxy."""
+    def resolved(self) -> dict[str, str] | None:
+        """ssh's own resolved configuration for the door (`ssh -G`: one `key value` a line, keys lowercase,
+        the first value of each kept, known_hosts files whole), or None when it cannot say."""
         argv = [*self.ssh, "-G", *(["-p", str(self.hop.port)] if self.hop.port else []), "--", self.hop.destination]
         try:
-            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=15)
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=15,
+                                  env=self.environ)
         except (OSError, subprocess.SubprocessError):
             return None
         if done.returncode != 0:
@@ -231,37 +212,66 @@ class Tunnel:
         for line in done.stdout.splitlines():
             key, _, value = line.strip().partition(" ")
             conf.setdefault(key.lower(), value.strip())
-        if conf.get("proxyjump", "none") != "none" or conf.get("proxycommand", "none") != "none":
+        return conf
+
+    def endpoint(self) -> tuple[str, int] | None:
+        """Where ssh itself connects (HostName and Port after ~/.ssh/config), by `ssh -G`; None behind a proxy."""
+        conf = self.resolved()
+        if conf is None or conf.get("proxyjump", "none") != "none" or conf.get("proxycommand", "none") != "none":
             return None
         try:
             return conf["hostname"], int(conf["port"])
         except (KeyError, ValueError):
             return None
 
-    def _failure(self, text: str, status: int | None) -> TunnelError:
+    def host_key_problem(self) -> str | None:
+        """Why ssh can never accept the door's host key, decided on this box; None when nothing says so."""
+        conf = self.resolved()
+        if conf is None or conf.get("proxyjump", "none") != "none" or conf.get("proxycommand", "none") != "none":
+            return None
+        if conf.get("stricthostkeychecking", "ask").lower() not in ("yes", "true", "ask"):
+            return None  # accept-new / no: an unknown or changed key does not stop ssh
+        if conf.get("knownhostscommand", "none") != "none":
+            return None  # keys come from a command too: this box's files are not the whole answer
+        try:
+            host, port = conf["hostname"], int(conf["port"])
+        except (KeyError, ValueError):
+            return None
+        name = conf.get("hostkeyalias", "none")
+        if name == "none":
+            name = host if port == 22 else f"[{host}]:{port}"
+        files = [_home_path(f) for key in ("userknownhostsfile", "globalknownhostsfile")
+                 for f in shlex.split(conf.get(key) or "") if f != "none"]
+        known = known_keys(name, files, self.environ)
+        if known is None:
+            return None
+        shown = ", ".join(files) or "(none)"
+        if not known:
+            return (f"this box's known_hosts ({shown}) holds no host key for the door {name}, and ssh refuses an "
+                    f"unknown host under BatchMode")
+        offered = scanned_keys(host, port, self.environ)
+        if offered and not (offered & known):
+            return (f"the door {name} presents host keys none of which is in this box's known_hosts ({shown}): "
+                    f"its key changed, or something else answers at its address")
+        return None
+
+    def _failure(self, text: str, status: int | None) -> FdlError:
         lines = [line for line in text.strip().splitlines() if line.strip()][-6:]
         detail = "\n    ".join(lines) if lines else "(ssh said nothing; it did not come up in time)"
-        where = self.endpoint() if status == SSH_FAILED else None
-        wait_s = min(max(self.connect_timeout_s, 1.0), 10.0)
-        shown = "" if where is None else f"[{where[0]}]:{where[1]}" if ":" in where[0] else f"{where[0]}:{where[1]}"
-        if where is not None and ssh_server_answers(*where, wait_s):
+        problem = self.host_key_problem() if status == SSH_FAILED else None
+        if problem is not None:
             return TunnelError(
-                f"the ssh tunnel through {self.hop} could not be brought up: the ssh server at {shown} answered, "
-                f"but the session was refused before the forward came up:\n    {detail}",
-                hint="Either the door does not accept this box's key (check --identity and that its public key is in "
-                     "the authorized keys of the controller box's door), or this box does not accept the door's host "
-                     "key (ssh to it once by hand, or fix ~/.ssh/known_hosts). Re-dialing cannot fix either, so fdl "
-                     "stops here even under --persist.",
+                f"the ssh tunnel through {self.hop} could not be brought up: {problem}.\n    {detail}",
+                hint="Put the door's real host key into this box's known_hosts (ssh-keyscan it over a path you "
+                     "trust, or copy it from the door's /etc/ssh/*.pub). Re-dialing cannot change what this box "
+                     "accepts, so fdl stops here even under --persist.",
                 exit_code=ExitCode.PERMANENT)
-        if where is not None:
-            hint = (f"No ssh server answered at {shown} (no connection, or no SSH identification within "
-                    f"{wait_s:g} s): check that the controller box and its door are up and that the host and port "
-                    "are right. This is transient: --persist re-dials.")
-        else:
-            hint = ("Check the host, port and key, and that this box knows the host's key (ssh to it once by hand, "
-                    "or add it to ~/.ssh/known_hosts).")
-        return TunnelError(f"the ssh tunnel through {self.hop} could not be brought up:\n    {detail}", hint=hint,
-                           exit_code=ExitCode.FAILURE)
+        return TunnelError(
+            f"the ssh tunnel through {self.hop} could not be brought up:\n    {detail}",
+            hint="The door refused this box's key (check --identity and the door's authorized keys), dropped the "
+                 "connection (sshd drops unauthenticated connections under load: MaxStartups), or could not be "
+                 "reached. None of these can be told apart from here, and none is permanent: --persist re-dials.",
+            exit_code=ExitCode.FAILURE, reason="tunnel")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -273,3 +283,69 @@ class Tunnel:
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
+        directory, self.directory = self.directory, None
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def check_identity(identity: str) -> None:
+    """An identity file that is missing or unreadable is permanent: checked here, before ssh starts."""
+    if not os.path.isfile(identity):
+        raise PermanentError(f"--identity {identity}: no such key file on this box.",
+                             hint="Point --identity at the private key the controller's sshd accepts.")
+    try:
+        with open(identity, "rb") as handle:
+            handle.read(1)
+    except OSError as exc:
+        raise PermanentError(f"--identity {identity}: this account cannot read it ({exc.strerror or exc}).",
+                             hint="The key must be readable by the account fdl join runs as (and by nobody "
+                                  "else: chmod 600).") from None
+
+
+def _home_path(path: str) -> str:
+    """A path as ssh reads it: `~` is the account's home from the password database, not $HOME."""
+    if path.startswith("~/") or path == "~":
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_dir + path[1:]
+    return path
+
+
+def known_keys(name: str, files: list[str], environ: Mapping[str, str]) -> set[tuple[str, str]] | None:
+    """The (type, key) pairs known_hosts files hold for name (`ssh-keygen -F`, hashed entries included);
+    None when that cannot decide: ssh-keygen cannot be run, or a marker line (@cert-authority, @revoked)
+    matches, whose meaning is more than a key."""
+    found: set[tuple[str, str]] = set()
+    for path in files:
+        if not os.path.isfile(path):
+            continue
+        try:
+            done = subprocess.run(["ssh-keygen", "-F", name, "-f", path], stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, timeout=15, env=dict(environ))
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if any(line.lstrip().startswith("@") for line in done.stdout.splitlines()):
+            return None
+        found |= _key_pairs(done.stdout)
+    return found
+
+
+def scanned_keys(host: str, port: int, environ: Mapping[str, str]) -> set[tuple[str, str]]:
+    """The host keys the door presents (`ssh-keyscan`); empty when it cannot be asked (that decides nothing)."""
+    try:
+        done = subprocess.run(["ssh-keyscan", "-T", "10", "-p", str(port), "--", host], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=30, env=dict(environ))
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return _key_pairs(done.stdout)
+
+
+def _key_pairs(text: str) -> set[tuple[str, str]]:
+    pairs = set()
+    for line in text.splitlines():
+        words = line.split()
+        if not words or line.startswith("#"):
+            continue
+        if len(words) >= 3:
+            pairs.add((words[1], words[2]))
+    return pairs

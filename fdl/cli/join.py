@@ -28,10 +28,12 @@ join: block of fdl.yml; options win. Arguments after a standalone -- go to
 the training binary verbatim (they must match the run).
 
 Exit code: one-shot, the ranks' own code (0: this host finished cleanly);
-1 a transient failure (controller unreachable, refused by an open window,
-mount or fetch failed, source did not compile); 2 a permanent one (no GPU,
-a spec that does not parse, missing binary or toolchain, unwritable stage,
-bad token). --persist re-dials everything but 2.
+1 a transient failure (controller unreachable, refused, an answer that does
+not prove the run's token, an ssh door that refused or dropped the session,
+mount or fetch failed, source did not compile); 2 a permanent one, decided
+from this box alone (no GPU, a spec that does not parse, missing binary or
+toolchain, unwritable stage, the door's host key not accepted by this box's
+known_hosts, an unreadable identity file). --persist re-dials everything but 2.
 """
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fdl.cli._controller import Timeout, addr_option, print_json, resolve_target
+from fdl.cli._controller import Timeout, addr_option, given_token, print_json, resolve_target, token_file_option
 from fdl.cli.context import Globals, globals_of
 
 if TYPE_CHECKING:
@@ -31,13 +31,16 @@ def status(
                                                    help="With --watch: seconds between looks (default 1).")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="With --watch: when no run is listening yet, wait for one "
                                                       "to appear (Ctrl-C stops) instead of exiting 1.")] = False,
+    token_file: Annotated[str | None, token_file_option()] = None,
 ) -> int:
     """Show a run's phase, who joined with what hardware, the window countdowns and the start switch.
 
     Exit 0 when the state was fetched and printed; 1 when no controller answered (connection refused
     reads as "no run listening": the endpoint lives only as long as its launcher). With --watch: exit 0
-    when the run ends and succeeded, or on Ctrl-C; 1 when it failed or its outcome is unknown, no run was there
-    to watch (without --wait), or the controller stopped answering for 30 s. The last line says the outcome.
+    when the run ends and succeeded, as a state that proved the run's token said (signed requests, with
+    the token from --token-file, FDL_JOIN_TOKEN, the env or this user's own launcher run), or on Ctrl-C;
+    1 when it failed, its outcome is unknown or unverified (no token), no run was there to watch (without
+    --wait), or the controller stopped answering for 30 s. The last line says the outcome.
     """
     from fdl.cli.render.status import render_state, start_line
     from fdl.controller.address import ask
@@ -50,6 +53,7 @@ def status(
         raise UsageError("--wait only applies with --watch.")
 
     g = globals_of(ctx)
+    presented = given_token(token_file)
     target = resolve_target(g, addr)
     waiting = False
     while True:
@@ -72,10 +76,12 @@ def status(
     if address != target.primary:
         typer.echo(f"fdl: note: {target.primary} did not answer; found the run on {address}", err=True)
     from_env = target.source == "cluster.controller"
-    fire = start_line(address, env=g.env.name if from_env else None, from_env=from_env)
+    token = presented or target.token_for(address)
+    fire = start_line(address, env=g.env.name if from_env else None, from_env=from_env, token_file=token_file,
+                      token_found=presented is not None or target.token_for(address) is not None)
     if watch:
         return _watch(address, fire, interval=1.0 if interval is None else interval, timeout=timeout,
-                      as_json=as_json)
+                      as_json=as_json, token=token)
     if as_json:
         print_json(state)
     else:
@@ -83,13 +89,16 @@ def status(
     return 0
 
 
-def _watch(address: str, fire: str, *, interval: float, timeout: float, as_json: bool) -> int:
-    """Follow the run to its end; the exit code says how it ended (0 succeeded or Ctrl-C, 1 otherwise)."""
+def _watch(address: str, fire: str, *, interval: float, timeout: float, as_json: bool, token: str | None) -> int:
+    """Follow the run to its end; the exit code says how it ended (0 succeeded, proven, or Ctrl-C; 1 otherwise)."""
     from fdl.cli.render.status import watch_json, watch_live, watch_plain
     from fdl.controller.client import ControllerClient
     from fdl.controller.watch import Watcher
 
-    with ControllerClient(address, timeout=min(timeout, max(interval, 2.0))) as client:
+    if token is None:
+        typer.echo(f"fdl: note: no token for {address} (--token-file, FDL_JOIN_TOKEN): the states shown are "
+                   f"unverified, so the watch cannot end in a verdict of success", err=True)
+    with ControllerClient(address, timeout=min(timeout, max(interval, 2.0)), token=token) as client:
         watcher = Watcher(client, interval=interval)
         if as_json:
             end = watch_json(watcher, sys.stdout)

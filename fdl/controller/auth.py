@@ -1,27 +1,31 @@
 """Proof of the run's token without sending it: request signing one way, answer signing the other.
 
-The token is the one shared secret. Two keys are derived from it (HKDF-SHA256,
-RFC 5869, with a fixed salt and one info label per direction), so a proof made
-by a worker can never be passed off as a proof made by the controller:
+The token is the one shared secret. Keys are derived from it (HKDF-SHA256, RFC
+5869, with a fixed salt) together with the controller instance's identifier
+(random at each controller start, published in `GET /join` and state.json),
+one key per direction, so a proof made by a worker can never be passed off as
+one made by the controller, and a proof made for one controller instance is
+worth nothing at any other holding the same token (the next run, a restarted
+launcher):
 
     prk         = HMAC-SHA256(salt="fdl join channel v1", token)
-    request_key = HMAC-SHA256(prk, "fdl request" || 0x01)
-    answer_key  = HMAC-SHA256(prk, "fdl answer"  || 0x01)
+    request_key = HMAC-SHA256(prk, "fdl request " CONTROLLER_ID || 0x01)
+    answer_key  = HMAC-SHA256(prk, "fdl answer "  CONTROLLER_ID || 0x01)
 
 A signed request carries three headers (the body is sent as it is)::
 
     X-Fdl-Time:  Unix seconds (whole), the sender's clock
     X-Fdl-Nonce: 32 hex digits from the OS entropy source, never reused
-    X-Fdl-Proof: hex HMAC-SHA256(request_key, "FDL1-REQUEST\\n" METHOD "\\n" PATH "\\n" TIME "\\n" NONCE "\\n"
+    X-Fdl-Proof: hex HMAC-SHA256(request_key, "FDL2-REQUEST\\n" METHOD "\\n" PATH "\\n" TIME "\\n" NONCE "\\n"
                                  BODY)
 
 The controller refuses a proof that does not match, a time more than
 `WINDOW_S` away from its own clock, and a nonce it has already seen inside the
 window (a bounded cache: a nonce is only remembered after its proof matched,
 so only a token holder can fill it). Its answer to a request whose proof
-matched carries::
+matched (a refusal for a time outside the window included) carries::
 
-    X-Fdl-Answer-Proof: hex HMAC-SHA256(answer_key, "FDL1-ANSWER\\n" NONCE "\\n" STATUS "\\n" BODY)
+    X-Fdl-Answer-Proof: hex HMAC-SHA256(answer_key, "FDL2-ANSWER\\n" NONCE "\\n" STATUS "\\n" BODY)
 
 bound to the request's nonce, so a recorded answer cannot be replayed to
 another request. A worker holding a token acts only on answers whose proof
@@ -73,26 +77,46 @@ class Mac:
 
 
 class Keys(NamedTuple):
-    """The two keys one token gives: workers sign requests with one, the controller answers with the other."""
+    """The two keys one token gives at one controller instance: workers sign requests with one, the controller
+    answers with the other."""
 
     request: Mac
     answer: Mac
 
 
-def derive(token: str) -> Keys:
-    """HKDF-SHA256 (extract, then one expand block per direction) from the token."""
-    prk = hmac.new(_SALT, token.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
-    request = hmac.new(prk, b"fdl request\x01", hashlib.sha256).digest()
-    answer = hmac.new(prk, b"fdl answer\x01", hashlib.sha256).digest()
+CONTROLLER_ID_RE = re.compile(r"[0-9a-f]{32}")
+
+
+def new_controller_id() -> str:
+    """A controller instance's identifier: 128 random bits, made at every start, never reused."""
+    return secrets.token_hex(16)
+
+
+def extract(token: str) -> bytes:
+    """HKDF-SHA256's extract step: the pseudorandom key every instance's keys are expanded from. It stands
+    for the token (whoever holds it can prove the token), so it is kept like the token."""
+    return hmac.new(_SALT, token.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+
+
+def expand(prk: bytes, controller_id: str) -> Keys:
+    """HKDF-SHA256's expand step (one block per direction), naming the controller instance."""
+    ident = controller_id.encode()
+    request = hmac.new(prk, b"fdl request " + ident + b"\x01", hashlib.sha256).digest()
+    answer = hmac.new(prk, b"fdl answer " + ident + b"\x01", hashlib.sha256).digest()
     return Keys(Mac(request), Mac(answer))
 
 
+def derive(token: str, controller_id: str) -> Keys:
+    """The keys of token at the controller instance controller_id."""
+    return expand(extract(token), controller_id)
+
+
 def request_proof(key: Mac, method: str, path: str, stamp: str, nonce: str, body: bytes) -> str:
-    return key.hexdigest(f"FDL1-REQUEST\n{method.upper()}\n{path}\n{stamp}\n{nonce}\n".encode(), body)
+    return key.hexdigest(f"FDL2-REQUEST\n{method.upper()}\n{path}\n{stamp}\n{nonce}\n".encode(), body)
 
 
 def answer_proof(key: Mac, nonce: str, status: int, body: bytes) -> str:
-    return key.hexdigest(f"FDL1-ANSWER\n{nonce}\n{int(status)}\n".encode(), body)
+    return key.hexdigest(f"FDL2-ANSWER\n{nonce}\n{int(status)}\n".encode(), body)
 
 
 def sign_request(keys: Keys, method: str, path: str, body: bytes, *,
@@ -119,12 +143,15 @@ def has_proof(headers: Mapping[str, str]) -> bool:
 
 class BadProof(Exception):
     """A signed request the controller refuses: `reason` is bad_token (wrong or malformed proof) or
-    stale_request (outside the time window, or a nonce seen before)."""
+    stale_request (outside the time window, or a nonce seen before). `nonce` is set when the proof itself
+    matched and only its time is outside the window (a token holder whose clock is off): that refusal is
+    signed, so the holder can tell it from an impostor's."""
 
-    def __init__(self, reason: str, message: str):
+    def __init__(self, reason: str, message: str, nonce: str | None = None):
         super().__init__(message)
         self.reason = reason
         self.message = message
+        self.nonce = nonce
 
 
 class Overloaded(Exception):
@@ -134,9 +161,10 @@ class Overloaded(Exception):
 class Verifier:
     """The controller's side: checks request proofs, remembers nonces, signs answers."""
 
-    def __init__(self, token: str, *, window_s: float = WINDOW_S, max_nonces: int = MAX_NONCES,
-                 wall: Callable[[], float] = time.time):
-        self.keys = derive(token)
+    def __init__(self, token: str, controller_id: str, *, window_s: float = WINDOW_S,
+                 max_nonces: int = MAX_NONCES, wall: Callable[[], float] = time.time):
+        self.keys = derive(token, controller_id)
+        self.controller_id = controller_id
         self.window_s = window_s
         self.max_nonces = max_nonces
         self.wall = wall
@@ -152,15 +180,19 @@ class Verifier:
                                         "X-Fdl-Proof).")
         expected = request_proof(self.keys.request, method, path, stamp, nonce, body)
         if not hmac.compare_digest(proof, expected):
-            raise BadProof("bad_token", "the request's proof does not match this run's token.")
+            raise BadProof("bad_token", "the request's proof does not match this run's token at this controller "
+                                        "(a different token, or a proof made for another controller).")
         now = self.wall()
         skew = int(stamp) - now
         if abs(skew) > self.window_s:
             raise BadProof("stale_request", f"the request's time is {abs(skew):.0f} s "
                                             f"{'ahead of' if skew > 0 else 'behind'} the controller's clock (more "
-                                            f"than {self.window_s:g} s): a replay, or clocks that need syncing.")
+                                            f"than {self.window_s:g} s): a replay, or clocks that need syncing "
+                                            f"(NTP).", nonce)
         self._forget(now)
         if nonce in self._seen:
+            # Not signed: the answer to a replay would be bound to the original request's nonce, and an on-path
+            # replayer could hand it to the original sender in place of the real answer.
             raise BadProof("stale_request", "the request's nonce was seen before: a replayed request.")
         if len(self._seen) >= self.max_nonces:
             raise Overloaded()

@@ -10,25 +10,35 @@ Failures come back as fdl errors a command can print as they are:
 - `ControllerRefused`: the controller answered and said no; `.reason` is the
   stable code (bad_token, window_closed, quorum_not_met, ...), `.payload` the
   whole answer.
-- `UnverifiedController` (exit 2): a client holding the run's token got an
-  answer that does not prove the same token (fdl.controller.auth): whatever
-  answered is not this run's controller, or holds another token. Nothing in
-  such an answer is acted on.
+- `UnverifiedController` (a `ControllerUnreachable`, exit 1): a client holding
+  the run's token got an answer that does not prove the same token
+  (fdl.controller.auth): whatever answered is not this run's controller, or
+  holds another token, or the answer was tampered with on the way. Nothing in
+  such an answer is acted on, and nothing learned from the network is
+  permanent: the next attempt may reach the real controller.
 
-A client given a token signs every request with it (the token itself is never
-sent) and checks every answer's proof before returning it.
+A client given a token learns the controller instance's id first (`GET
+/join/id`: every proof names it), signs every request with it (the token itself
+is never sent) and checks every answer's proof before returning it. Whatever a
+peer said (a refusal's reason and message) is made printable before it goes
+into an error, so nothing unauthenticated reaches a terminal raw.
 """
 
 from __future__ import annotations
 
 import errno
 import json
-from typing import Any
+import socket
+import time
+from typing import Any, NamedTuple
 
 from fdl.config.parse import split_host_port
 from fdl.controller import auth
 from fdl.controller.protocol import PROTOCOL, Hello, hello_body
-from fdl.errors import ExitCode, FdlError, RemoteError, UsageError
+from fdl.controller.view import printable
+from fdl.errors import FdlError, RemoteError, UsageError
+
+MAX_ANSWER = 64 << 20  # bytes of an answer read at most (a 4096-host state.json is under 1 MiB)
 
 
 class ControllerError(RemoteError):
@@ -58,14 +68,15 @@ class ControllerRefused(FdlError):
         self.address = address
 
 
-class UnverifiedController(FdlError):
-    """An answer that does not prove the run's token: nothing in it is acted on (permanent)."""
+class UnverifiedController(ControllerUnreachable):
+    """An answer that does not prove the run's token: nothing in it is acted on (transient: learned from the
+    network). `status` and `claimed` (the refusal's reason, made printable) say what it claimed."""
 
-    exit_code = ExitCode.PERMANENT
-
-    def __init__(self, message: str, *, address: str, hint: str | None = None):
-        super().__init__(message, hint=hint)
-        self.address = address
+    def __init__(self, message: str, *, address: str, hint: str | None = None, status: int = 0,
+                 claimed: str | None = None):
+        super().__init__(message, address=address, hint=hint)
+        self.status = status
+        self.claimed = claimed
 
 
 def normalize_address(text: str) -> tuple[str, str]:
@@ -93,14 +104,37 @@ def _refused(exc: BaseException) -> bool:
     return False
 
 
-class ControllerClient:
-    """One controller, reached at host[:port] (default port 1337)."""
+class Answer(NamedTuple):
+    """One HTTP answer, read whole (bounded)."""
 
-    def __init__(self, address: str, *, timeout: float = 5.0, token: str | None = None):
+    status: int
+    headers: Any  # a case-insensitive mapping
+    content: bytes
+
+    def json(self) -> Any:
+        """The body as JSON (ValueError when it is not)."""
+        return json.loads(self.content)
+
+
+class ControllerClient:
+    """One controller, reached at host[:port] (default port 1337), or through a unix socket that leads to it
+    (an ssh forward: `socket_path`; `address` is then the controller as seen from the far end)."""
+
+    def __init__(self, address: str, *, timeout: float = 5.0, token: str | None = None,
+                 socket_path: str | None = None):
         self.address, self.base = normalize_address(address)
         self.timeout = timeout
-        self._keys = auth.derive(token) if token else None  # the token itself is not kept
+        self.socket_path = socket_path
+        self._prk = auth.extract(token) if token else None  # the token itself is not kept
+        self._keys: auth.Keys | None = None
+        self.controller_id: str | None = None
+        self.clock_skew: float | None = None  # the controller's clock minus this box's, as it claimed (unproved)
         self._session: Any = None
+
+    @property
+    def proves(self) -> bool:
+        """Whether this client holds a token (signs its requests, checks answers)."""
+        return self._prk is not None
 
     def __enter__(self) -> ControllerClient:
         return self
@@ -113,24 +147,25 @@ class ControllerClient:
             self._session.close()
             self._session = None
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *, timeout: float | None = None,
-                 accept: tuple[int, ...] = (200,)) -> dict[str, Any]:
+    def _send(self, method: str, path: str, data: bytes | None, headers: dict[str, str], wait: float) -> Answer:
+        """One HTTP exchange; network failures as ControllerError. The answer's body is read, bounded."""
         import requests  # lazy: ~100 ms, and only commands that talk to a controller pay it
 
         if self._session is None:
             self._session = requests.Session()
             self._session.trust_env = False  # a controller is never reached through an HTTP proxy
-        wait = self.timeout if timeout is None else timeout
-        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        headers = {"Content-Type": "application/json"} if data is not None else {}
-        nonce = None
-        if self._keys is not None and method == "POST":
-            signed = auth.sign_request(self._keys, method, path, data or b"")
-            nonce = signed[auth.NONCE_HEADER]
-            headers.update(signed)
+            if self.socket_path is not None:
+                self._session.mount("http://", unix_adapter(self.socket_path))
         try:
             resp = self._session.request(method, self.base + path, data=data, headers=headers,
-                                         timeout=(min(wait, 10.0), wait))
+                                         timeout=(min(wait, 10.0), wait), stream=True)
+            body = bytearray()
+            for chunk in resp.iter_content(1 << 16):  # read to the end: the connection goes back to the pool
+                body += chunk
+                if len(body) > MAX_ANSWER:
+                    resp.close()
+                    raise ControllerUnreachable(f"{self.address} answered with more than {MAX_ANSWER >> 20} MiB; "
+                                                f"is something else listening on that port?", address=self.address)
         except requests.exceptions.ConnectionError as exc:
             if _refused(exc):
                 raise NoRunListening(f"no run listening at {self.address} (connection refused)",
@@ -143,38 +178,84 @@ class ControllerClient:
         except requests.exceptions.RequestException as exc:
             raise ControllerUnreachable(f"cannot talk to the controller at {self.address}: {_why(exc)}",
                                         address=self.address) from None
+        return Answer(resp.status_code, resp.headers, bytes(body))
+
+    def identify(self) -> str:
+        """GET /join/id: the controller instance's id (every proof names it), learned once per client. The
+        answer is unproved; a wrong id only makes this client's proofs worthless, never admits anyone."""
+        if self.controller_id is not None:
+            return self.controller_id
+        asked = time.time()
+        resp = self._send("GET", "/join/id", None, {}, self.timeout)
+        try:
+            payload = resp.json()
+        except ValueError:
+            payload = None
+        found = payload.get("controller_id") if isinstance(payload, dict) else None
+        if not isinstance(found, str) or not auth.CONTROLLER_ID_RE.fullmatch(found):
+            raise ControllerUnreachable(
+                f"{self.address} answered HTTP {resp.status} but did not name its controller instance "
+                f"(GET /join/id), which every fdl controller of protocol {PROTOCOL} does: something else listens "
+                f"there, or a controller of another fdl release.", address=self.address)
+        now = payload.get("now")
+        if isinstance(now, (int, float)) and not isinstance(now, bool):
+            self.clock_skew = float(now) - (asked + time.time()) / 2
+        self.controller_id = found
+        if self._prk is not None:
+            self._keys = auth.expand(self._prk, found)
+        return found
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *, timeout: float | None = None,
+                 accept: tuple[int, ...] = (200,), prove: bool | None = None) -> dict[str, Any]:
+        wait = self.timeout if timeout is None else timeout
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        nonce = None
+        if self._prk is not None and (method == "POST" if prove is None else prove):
+            self.identify()
+            assert self._keys is not None
+            signed = auth.sign_request(self._keys, method, path, data or b"")
+            nonce = signed[auth.NONCE_HEADER]
+            headers.update(signed)
+            headers["Accept-Encoding"] = "identity"  # the proof covers the bytes sent
+        resp = self._send(method, path, data, headers, wait)
         if nonce is not None and self._keys is not None \
-                and not auth.answer_ok(self._keys, nonce, resp.status_code, resp.content, resp.headers):
-            if resp.status_code in (502, 503, 504):  # shed for load before the request was read: transient
+                and not auth.answer_ok(self._keys, nonce, resp.status, resp.content, resp.headers):
+            if resp.status in (502, 503, 504):  # shed for load before the request was read
                 raise ControllerUnreachable(f"the controller at {self.address} is overloaded (HTTP "
-                                            f"{resp.status_code}); retry shortly", address=self.address)
+                                            f"{resp.status}); retry shortly", address=self.address)
+            claimed = _claimed(resp)
+            self.controller_id = self._keys = None  # asked again next time: the controller may have restarted
             raise UnverifiedController(
                 f"the controller at {self.address} could not prove it holds the run's token: its answer (HTTP "
-                f"{resp.status_code}) carries no valid proof, so nothing in it is acted on{_claimed(resp)}",
-                address=self.address,
+                f"{resp.status}) carries no valid proof, so nothing in it is acted on"
+                + (f" (unverified, it says {claimed})" if claimed else ""),
+                address=self.address, status=resp.status, claimed=_claimed_reason(resp),
                 hint="Either something else answers at that address, or the run's token differs from this box's "
-                     "(check --token / FDL_JOIN_TOKEN / join.token against the run's controller.join.token).")
+                     "(check FDL_JOIN_TOKEN / --token-file / join.token against the run's "
+                     "controller.join.token), or the answer was changed on the way.")
         try:
             payload = resp.json()
         except (ValueError, json.JSONDecodeError):
             raise ControllerUnreachable(
-                f"{self.address} answered HTTP {resp.status_code} but not with the controller's JSON; is "
+                f"{self.address} answered HTTP {resp.status} but not with the controller's JSON; is "
                 f"something else listening on that port?", address=self.address) from None
         if not isinstance(payload, dict):
             raise ControllerUnreachable(f"{self.address} answered with JSON that is not an object",
                                         address=self.address)
-        if resp.status_code in accept and payload.get("ok", True) is not False:
+        if resp.status in accept and payload.get("ok", True) is not False:
             return payload
-        reason = str(payload.get("reason") or f"http_{resp.status_code}")
-        message = str(payload.get("message") or f"HTTP {resp.status_code}")
-        raise ControllerRefused(message, reason=reason, status=resp.status_code, payload=payload,
+        reason = _short(payload.get("reason") or f"http_{resp.status}", 64)
+        message = _short(payload.get("message") or f"HTTP {resp.status}", 400)
+        raise ControllerRefused(message, reason=reason, status=resp.status, payload=payload,
                                 address=self.address)
 
     # ------------------------------------------------------------------ operator side
 
-    def state(self) -> dict[str, Any]:
-        """GET /state.json."""
-        return self._request("GET", "/state.json")
+    def state(self, *, prove: bool = False) -> dict[str, Any]:
+        """GET /state.json; prove: sign the request and accept only an answer that proves the token (a client
+        holding one; raises UnverifiedController otherwise)."""
+        return self._request("GET", "/state.json", prove=prove and self._prk is not None)
 
     def start(self) -> dict[str, Any]:
         """POST /start (signed when this client holds a token); raises ControllerRefused with the controller's
@@ -208,22 +289,76 @@ class ControllerClient:
         return self._request("POST", "/join/exit", body)
 
 
-def _claimed(resp: Any) -> str:
-    """What an unverified refusal says about itself, shown as a claim (it proves nothing)."""
+def _short(value: object, limit: int) -> str:
+    """A peer's words, printable and bounded: nothing it sent reaches a terminal raw."""
+    text = printable(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _payload(resp: Answer) -> dict[str, Any] | None:
     try:
         payload = resp.json()
     except ValueError:
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def _claimed(resp: Answer) -> str:
+    """What an unverified refusal says about itself, shown as a claim (it proves nothing)."""
+    payload = _payload(resp)
+    if payload is None or payload.get("ok") is not False:
         return ""
-    if not isinstance(payload, dict) or payload.get("ok") is not False:
-        return ""
-    text = "".join(c for c in f"{payload.get('reason')}: {payload.get('message')}" if c.isprintable())
-    return f" (unverified, it says {text[:200]})"
+    return _short(f"{payload.get('reason')}: {payload.get('message')}", 200)
+
+
+def _claimed_reason(resp: Answer) -> str | None:
+    payload = _payload(resp)
+    return _short(payload.get("reason"), 64) if payload is not None and payload.get("ok") is False else None
+
+
+def unix_adapter(path: str) -> Any:
+    """A requests transport adapter whose every connection is to the unix socket at path (the local end of an
+    ssh forward); built on urllib3's public connection classes."""
+    from requests.adapters import HTTPAdapter
+    from urllib3.connection import HTTPConnection
+    from urllib3.connectionpool import HTTPConnectionPool
+    from urllib3.exceptions import NewConnectionError
+
+    class Connection(HTTPConnection):
+        def connect(self) -> None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout if isinstance(self.timeout, (int, float)) else None)
+            try:
+                sock.connect(path)
+            except OSError as exc:
+                sock.close()
+                raise NewConnectionError(self, f"cannot connect to {path}: {exc}") from exc
+            self.sock = sock
+
+    class Pool(HTTPConnectionPool):
+        ConnectionCls = Connection
+
+    class Adapter(HTTPAdapter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pool = Pool("localhost")
+
+        def get_connection_with_tls_context(self, request: Any, verify: Any, proxies: Any = None,
+                                            cert: Any = None) -> Any:
+            return self.pool
+
+        def close(self) -> None:
+            self.pool.close()
+            super().close()
+
+    return Adapter()
 
 
 def _why(exc: BaseException) -> str:
+    """A network error in a few words; its text may quote what the peer sent, so it is made printable."""
     text = str(exc)
     for marker in ("Name or service not known", "No route to host", "Network is unreachable",
                    "Connection reset", "timed out", "Temporary failure in name resolution"):
         if marker in text:
             return marker.lower()
-    return text if len(text) <= 160 else text[:157] + "..."
+    return _short(text, 160)

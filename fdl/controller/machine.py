@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from fdl.controller.auth import new_controller_id
 from fdl.controller.policy import RunPolicy, addresses_of, normalize_ip
 from fdl.controller.protocol import Hello
 from fdl.controller.states import (
@@ -58,9 +59,12 @@ class RunMachine:
     """One run's join window and lifecycle. Not thread-safe: call it from one thread (the server's loop)."""
 
     def __init__(self, policy: RunPolicy, *, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time):
+                 wall: Callable[[], float] = time.time, controller_id: str | None = None):
         self.policy = policy
         self.clock = clock
+        # This controller instance: random at every start, published in state.json and GET /join/id; every proof
+        # of the token names it, so a request proved here is worth nothing at any other controller.
+        self.controller_id = controller_id or new_controller_id()
         self._epoch = wall() - clock()  # mono + epoch = unix time, for display
         self.phase = WAITING
         self.reason: str | None = None
@@ -137,19 +141,18 @@ class RunMachine:
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
         return Refused(reason, message, status=status, extra=extra)
 
+    def now(self) -> float:
+        """This controller's clock, as Unix time."""
+        return self.clock() + self._epoch
+
     def _auth_ok(self, trusted: bool, *, what: str) -> None:
-        """Loopback peers (the controller box, or an ssh tunnel into it), the launcher in-process and peers
-        whose request proved the run's token pass; others only join an open (tokenless) run."""
-        if trusted:
+        """Requests that proved the run's token and the launcher in-process pass, whatever their address
+        (loopback is not a credential: every account on the box shares it); anyone passes in a run without a
+        token, which a server allows only under the explicit insecure_no_token opt-out."""
+        if trusted or self.policy.token is None:
             return
-        if self.policy.token is None:
-            if what == "join":
-                return  # open admission: no token configured for this run
-            raise self.refuse(
-                "bad_token", "this run has no token, so its start switch can only be fired from the controller "
-                             "box itself (or through its ssh tunnel).", status=403)
-        raise self.refuse("bad_token", f"no proof of the run's token: a {what} from another host must be signed "
-                                        f"with the run's token (cluster.controller.join.token).", status=403)
+        raise self.refuse("bad_token", f"no proof of the run's token: a {what} must be signed with the run's token "
+                                        f"(from the controller box and through an ssh tunnel too).", status=403)
 
     @property
     def have_hosts(self) -> int:
@@ -205,8 +208,8 @@ class RunMachine:
               in_process: bool = False) -> Member:
         """Admit a host or raise Refused naming why not.
 
-        trusted: the peer is loopback; authed: its request proved the run's token; in_process: the launcher
-        itself (the only caller that may admit the hosts it reserved)."""
+        trusted: the caller vouches for it (in-process callers); authed: its request proved the run's token;
+        in_process: the launcher itself (the only caller that may admit the hosts it reserved)."""
         now = self.clock()
         self._check_clock(now)
         p = self.policy
@@ -352,8 +355,8 @@ class RunMachine:
         self.ended_at = now
 
     def fire(self, *, peer: str, trusted: bool) -> None:
-        """The start switch: form the world now, or raise Refused (never queued). trusted: a loopback peer,
-        or one whose request proved the run's token."""
+        """The start switch: form the world now, or raise Refused (never queued). trusted: the request proved
+        the run's token (or an in-process caller)."""
         now = self.clock()
         self._check_clock(now)
         self._auth_ok(trusted, what="start")
@@ -505,6 +508,7 @@ class RunMachine:
             "phase": self.phase,
             "reason": self.reason,
             "run_id": self.cohort_run_id,
+            "controller_id": self.controller_id,
             "signature": self.cohort_signature,
             "kind": "discovery" if p.discovery else "roster",
             "controller": p.controller_addr,

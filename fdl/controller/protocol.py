@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from fdl.config.parse import is_valid_host
 from fdl.config.schema import Devices, parse_devices
 
-PROTOCOL = 2  # 2: the token is proved by signing (fdl.controller.auth), never sent
+PROTOCOL = 3  # 2: the token is proved by signing, never sent; 3: proofs name the controller instance (auth.py)
 MAX_BODY = 16 * 1024  # bytes; a hello is a few hundred
 MAX_HOST = 253
 MAX_ID = 128  # run id, signature

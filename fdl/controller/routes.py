@@ -1,9 +1,10 @@
 """The endpoints: aiohttp's `web.Application` around one `RunMachine`.
 
-Request handlers parse bodies, check proofs of the token, decide whether a
-peer is loopback and hold world long-polls on one shared event; one middleware
-turns `Refused`/`BadRequest` and bounds exceeded into the JSON envelope, signs
-the answer to a request whose proof matched (bound to its nonce,
+Request handlers parse bodies, check proofs of the token (from every peer:
+loopback is not a credential, other accounts share it) and hold world
+long-polls on one shared event; one middleware turns `Refused`/`BadRequest`
+and bounds exceeded into the JSON envelope, signs the answer to a request
+whose proof matched (bound to its nonce and to this controller instance,
 fdl.controller.auth) and counts answers for /metrics.
 """
 
@@ -25,8 +26,8 @@ from aiohttp import web
 
 from fdl.controller import auth
 from fdl.controller.machine import OPEN, Refused, RunMachine
-from fdl.controller.protocol import BadRequest, decode, parse_hello, parse_start, parse_ticketed
-from fdl.controller.wire import Limits, error_response, is_loopback, json_response
+from fdl.controller.protocol import PROTOCOL, BadRequest, decode, parse_hello, parse_start, parse_ticketed
+from fdl.controller.wire import Limits, error_response, json_response
 
 GZIP_FROM = 16 * 1024  # state.json bodies this large go gzipped to clients that accept it (a big roster)
 
@@ -34,14 +35,17 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 ENDPOINTS = {
     "GET /": "this run's status page (HTML; JSON with Accept: application/json)",
-    "GET /state.json": "the run's live state", "GET /metrics": "Prometheus metrics",
+    "GET /state.json": "the run's live state (signed back when the request is signed)",
+    "GET /metrics": "Prometheus metrics",
+    "GET /join/id": "this controller instance's id (every proof names it), its protocol and its clock",
     "POST /start": "fire the start switch", "POST /join": "hello: ask to join the window",
     "POST /join/world": "long-poll for your world", "POST /join/heartbeat": "stay on the roster",
     "POST /join/exit": "report your exit code"}
 
 
 class Proof(NamedTuple):
-    """What the request being handled proved: whether its proof of the token matched, and its nonce."""
+    """What the request being handled proved: whether its proof of the token matched, and the nonce its answer
+    is signed for (also set for a token holder's request refused for its time: see auth.BadProof)."""
 
     authed: bool
     nonce: str | None
@@ -81,18 +85,13 @@ def status_page() -> StatusPage:
     return StatusPage(body, csp)
 
 
-def _peer(request: web.BaseRequest) -> tuple[str, bool]:
-    remote = request.remote or ""
-    return remote, is_loopback(remote)
-
-
 class Endpoints:
     """The run's HTTP endpoints, their one middleware and the application that routes to them."""
 
     def __init__(self, machine: RunMachine, limits: Limits, *, registry: Callable[[], Any]):
         self.machine = machine
         self.limits = limits
-        self.verifier = auth.Verifier(machine.policy.token) if machine.policy.token else None
+        self.verifier = auth.Verifier(machine.policy.token, machine.controller_id) if machine.policy.token else None
         self.formed: asyncio.Event | None = None  # set once the world formed or the run ended (server-owned)
         self.requests: dict[tuple[str, int], int] = {}  # (endpoint, status) -> answered requests
         self._new_registry = registry  # prometheus_client's CollectorRegistry maker, called at the first scrape
@@ -102,6 +101,7 @@ class Endpoints:
             "/": ("GET", self.index),
             "/state.json": ("GET", self.state),
             "/metrics": ("GET", self.metrics),
+            "/join/id": ("GET", self.identity),
             "/start": ("POST", self.start),
             "/join": ("POST", self.hello),
             "/join/world": ("POST", self.world),
@@ -135,6 +135,9 @@ class Endpoints:
         except web.HTTPNotFound:
             resp = error_response(404, "not_found", f"no such endpoint {request.path[:100]!r}; GET / with "
                                                     f"Accept: application/json lists them.")
+        except auth.BadProof as bad:  # raised by authenticate; a token holder's stale time is answered signed
+            PROOF.set(Proof(False, bad.nonce))
+            resp = json_response(self.machine.refuse(bad.reason, bad.message, status=403).to_dict(), 403)
         except Refused as refused:
             body = refused.to_dict()
             if request.path == "/join":
@@ -174,15 +177,10 @@ class Endpoints:
         if not auth.has_proof(request.headers):
             return
         if self.verifier is None:
-            if is_loopback(request.remote):
-                return  # a loopback peer needs no proof, and this run has no token to check one against
-            raise self.machine.refuse("bad_token", "this run has no token, so a proof cannot be checked here; "
-                                                   "the controller admits no signed request from another host.",
-                                      status=403)
+            raise self.machine.refuse("bad_token", "this run has no token (insecure_no_token), so a proof cannot "
+                                                   "be checked here and nothing it says back is signed.", status=403)
         try:
             nonce = self.verifier.verify(request.method, request.path, request.headers, body)
-        except auth.BadProof as exc:
-            raise self.machine.refuse(exc.reason, exc.message, status=403) from None
         except auth.Overloaded:
             raise Refused("overloaded", "the controller is answering too many signed requests at once; retry "
                                         "shortly.", status=503) from None
@@ -217,12 +215,12 @@ class Endpoints:
         return bytes(data)
 
     async def member_json(self, request: web.BaseRequest) -> dict[str, Any]:
-        """A member's request body: from another host, a run with a token takes only signed ones (the ticket
-        travels in clear, so it alone proves nothing)."""
+        """A member's request body: a run with a token takes only signed ones, from every peer, loopback
+        included (the ticket travels in clear, so it alone proves nothing)."""
         obj = await self.read_json(request)
-        if self.verifier is not None and not PROOF.get().authed and not is_loopback(request.remote):
-            raise self.machine.refuse("bad_token", "no proof of the run's token: a member's requests from another "
-                                                   "host must be signed with it.", status=403)
+        if self.verifier is not None and not PROOF.get().authed:
+            raise self.machine.refuse("bad_token", "no proof of the run's token: a member's requests must be "
+                                                   "signed with it (from loopback too).", status=403)
         return obj
 
     # ------------------------------------------------------------------ handlers
@@ -247,8 +245,19 @@ class Endpoints:
         body, content_type = render(self._registry, request.headers.get("Accept"))
         return web.Response(body=body, headers={"Content-Type": content_type, "Cache-Control": "no-store"})
 
+    async def identity(self, request: web.BaseRequest) -> web.Response:
+        """Which controller instance answers here: the id every proof names (a client learns it before its first
+        signed request), the protocol and the controller's clock (a worker compares its own with it)."""
+        m = self.machine
+        return json_response({"ok": True, "service": "fdl controller", "protocol": PROTOCOL,
+                              "controller_id": m.controller_id, "run_id": m.cohort_run_id, "now": round(m.now(), 3)})
+
     async def state(self, request: web.BaseRequest) -> web.Response:
         body = self.machine.state_json()
+        if auth.has_proof(request.headers):
+            # A signed look (fdl status --watch with the run's token): proved, and answered signed, uncompressed.
+            self.authenticate(request, b"")
+            return json_response(None, raw=body)
         if len(body) >= GZIP_FROM and "gzip" in request.headers.get("Accept-Encoding", ""):
             if self._gzip[0] is not body:  # compressed once per snapshot, however many pollers ask
                 self._gzip = (body, gzip.compress(body, compresslevel=1, mtime=0))
@@ -260,18 +269,16 @@ class Endpoints:
 
     async def start(self, request: web.BaseRequest) -> web.Response:
         parse_start(await self.read_json(request))
-        peer, trusted = _peer(request)
         m = self.machine
-        m.fire(peer=peer, trusted=trusted or PROOF.get().authed)
+        m.fire(peer=request.remote or "", trusted=PROOF.get().authed)
         return json_response({
             "ok": True, "armed": True, "phase": m.phase, "world": m.world.summary() if m.world else None,
             "message": f"start armed: the world formed with {m.quorum_text()}; watch fdl status."})
 
     async def hello(self, request: web.BaseRequest) -> web.Response:
         hello = parse_hello(await self.read_json(request))
-        peer, trusted = _peer(request)
         m = self.machine
-        member = m.hello(hello, peer=peer, trusted=trusted, authed=PROOF.get().authed)
+        member = m.hello(hello, peer=request.remote or "", trusted=False, authed=PROOF.get().authed)
         p = m.policy
         return json_response({
             "ok": True, "admitted": True, "ticket": member.ticket, "host": member.host, "ranks": member.ranks,

@@ -7,12 +7,13 @@ it assembles, each in its own module:
 
 - `wire`: the bounds (`Limits`) on what any peer can make the server hold (body
   size and read time, request line and header sizes and count, the time a
-  connection may take to send a complete request head, the number of open
-  connections in all and per stranger's address), the loopback test and the
-  JSON envelope;
+  connection may take to send a complete request head, the time an answer may
+  take to drain, the number of open connections in all, per stranger's address
+  and per stranger's network), the loopback test and the JSON envelope;
 - `gate`: the protocol factory handed to asyncio, which admits a connection to
   aiohttp's handler (a public `web.RequestHandler` subclass that keeps
-  malformed HTTP in the JSON envelope) or answers it 503 before aiohttp sees a byte;
+  malformed HTTP in the JSON envelope and holds every answer to a write
+  deadline) or answers it 503 before aiohttp sees a byte;
 - `routes`: aiohttp's public `web.Application` whose router holds every
   endpoint and whose one middleware turns errors into the JSON envelope, signs
   answers to requests that proved the run's token (fdl.controller.auth) and
@@ -97,15 +98,16 @@ class ControllerServer:
     async def start_async(self) -> None:
         """Bind and serve inside the running loop; raises FdlError when the port cannot be had."""
         loop = asyncio.get_running_loop()
-        if self.policy.token is None and not is_loopback(self.host) and self.host != "localhost":
+        if self.policy.token is None:
             if not self.policy.insecure_no_token:
                 raise FdlError(
                     f"the controller would listen on {self.address} without a token: anyone who can reach that "
-                    f"address could join the run, read its arguments and run code as a rank.",
-                    hint="Set cluster.controller.join.token (fdl join-config makes one), bind loopback "
-                         "(tunnel_only: true), or, knowingly, set cluster.controller.join.insecure_no_token: true.")
+                    f"address (on loopback: every account on this box) could join the run, read its arguments, "
+                    f"fire its start switch and run code as a rank.",
+                    hint="Set cluster.controller.join.token (fdl join-config makes one; a launcher makes one per run "
+                         "when none is set), or, knowingly, set cluster.controller.join.insecure_no_token: true.")
             log.warning("controller: %s listens without a token (insecure_no_token): anyone who can reach it may "
-                        "join", self.address)
+                        "join and fire its start switch", self.address)
         self._loop = loop
         await asyncio.to_thread(self.machine.resolve_roster)  # names resolved once, off the loop
         self.endpoints.formed = asyncio.Event()
@@ -120,9 +122,15 @@ class ControllerServer:
         await self._runner.setup()
         web_server = self._runner.server
         assert web_server is not None
-        self._gate = Gate(lambda: ConnectionHandler(web_server, loop=loop, **handler_kwargs),
-                          max_connections=lim.max_connections, per_peer=lim.max_per_peer, reserve=lim.member_reserve,
-                          priority=self._priority, shed=self.machine.shed)
+        def handler() -> ConnectionHandler:
+            made = ConnectionHandler(web_server, loop=loop, **handler_kwargs)
+            made.write_timeout_s, made.send_buffer = lim.write_timeout_s, lim.send_buffer
+            return made
+
+        self._gate = Gate(handler, max_connections=lim.max_connections, per_peer=lim.max_per_peer,
+                          per_net=min(lim.max_per_net, max(lim.max_per_peer, lim.max_connections // 4)),
+                          per_member=lim.per_member, reserve=lim.member_reserve,
+                          members_at=self._members_at, shed=self.machine.shed)
         try:
             self._server = await loop.create_server(self._gate, self.host, self.port, backlog=lim.backlog,
                                                     reuse_address=True)
@@ -267,9 +275,9 @@ class ControllerServer:
 
         return new_registry(self)
 
-    def _priority(self, peer: str | None) -> bool:
-        """Loopback peers and admitted members' addresses: never held to a stranger's share."""
-        return peer is not None and (peer in self.machine.peers or is_loopback(peer))
+    def _members_at(self, peer: str | None) -> int:
+        """How many admitted members a peer address holds (0: a stranger's address, loopback included)."""
+        return self.machine.peers.get(peer, 0) if peer is not None else 0
 
     def wait_phase(self, *phases: str, timeout: float | None = None) -> bool:
         """Block until the run reaches one of phases; False on timeout."""

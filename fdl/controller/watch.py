@@ -6,6 +6,11 @@ command's (fdl.cli.render.status: a live view on a terminal, one line per
 look elsewhere, NDJSON). The watch ends when the endpoint goes away (the run
 ended: the controller lives as long as its launcher), on Ctrl-C, or when the
 controller stops answering for `lost_after_s`.
+
+A verdict needs a verified state: with the run's token the watch asks with
+signed requests and takes only answers that prove the token back (an answer
+that does not is a failed look, not a state); without one every state is
+shown as unverified, and the watch's outcome is never "succeeded".
 """
 
 from __future__ import annotations
@@ -23,27 +28,38 @@ Draw = Callable[[State | None, str | None], None]
 
 @dataclass
 class WatchEnd:
-    """How a watch ended: `how` is ended | interrupted | lost; `state` the last one seen."""
+    """How a watch ended: `how` is ended | interrupted | lost; `state` the last one seen; `verified` whether
+    it came in an answer that proved the run's token."""
 
     how: str
     state: State | None
     message: str
+    verified: bool = False
 
 
 def outcome(end: WatchEnd, kept: Callable[[str | None], State | None] = lambda _: None) -> tuple[str, int]:
-    """The run's outcome once a watch ended: (one line to print, exit code: 0 done, 1 failed or unknown).
+    """The run's outcome once a watch ended: (one line to print, exit code: 0 done and proven, 1 otherwise).
 
-    The last state seen tells it when the watch saw the run finish; otherwise `kept` may hold the
-    final state the run's launcher kept on this machine (fdl.launch.live.kept_state).
+    The last state seen tells it when the watch saw the run finish in an answer that proved the run's
+    token; otherwise `kept` may hold the final state the run's launcher kept on this machine
+    (fdl.launch.live.kept_state: this user's own file, local evidence).
     """
     state = end.state or {}
     run = state.get("run_id")
-    final = state if state.get("phase") in ("done", "failed") else (kept(run) or state)
+    final, proven = state, end.verified
+    if not (proven and state.get("phase") in ("done", "failed")):
+        local = kept(run)
+        if local is not None and local.get("phase") in ("done", "failed"):
+            final, proven = local, True
     phase, label = final.get("phase"), f"run {run}" if run else "the run"
     if phase == "done":
-        return f"{label} succeeded: every rank exited 0.", 0
+        if proven:
+            return f"{label} succeeded: every rank exited 0.", 0
+        return (f"{label} says it succeeded, but no answer proved the run's token, so that is unverified "
+                f"(give the token with --token-file or FDL_JOIN_TOKEN for a verdict).", 1)
     if phase == "failed":
-        return f"{label} failed: {final.get('reason') or 'see its launcher for why'}.", 1
+        return (f"{label} failed: {final.get('reason') or 'see its launcher for why'}."
+                + ("" if proven else " (unverified: no answer proved the run's token)"), 1)
     return (f"{label}: outcome unknown: its controller went away while the run was {phase or 'not yet seen'} "
             f"(its launcher's output says how it ended).", 1)
 
@@ -60,23 +76,29 @@ class Watcher:
         self._sleep = sleep
         self._clock = clock
 
+    @property
+    def verified(self) -> bool:
+        """Whether the states this watcher hands on proved the run's token."""
+        return self.client.proves
+
     def _looks(self) -> Generator[tuple[State | None, str | None], None, WatchEnd]:
         """Yield (state, problem) per look; returns a WatchEnd once the endpoint is gone or lost."""
         last: State | None = None
         failing_since: float | None = None
+        proves = self.client.proves
         while True:
             try:
-                state = self.client.state()
+                state = self.client.state(prove=proves)  # an unproved answer raises (UnverifiedController)
             except NoRunListening:
                 phase = (last or {}).get("phase", "?")
                 return WatchEnd("ended", last, f"run ended: the controller at {self.address} is gone "
-                                               f"(last phase: {phase})")
+                                               f"(last phase: {phase})", proves)
             except ControllerError as exc:
                 now = self._clock()
                 failing_since = now if failing_since is None else failing_since
                 if now - failing_since >= self.lost_after_s:
                     return WatchEnd("lost", last, f"lost the controller at {self.address}: {exc.message} "
-                                                  f"(no answer for {now - failing_since:.1f} s)")
+                                                  f"(no answer for {now - failing_since:.1f} s)", proves)
                 yield last, f"no answer: {exc.message}; retrying"
             else:
                 failing_since = None
@@ -98,4 +120,4 @@ class Watcher:
                 last = state if state is not None else last
                 draw(state, problem)
         except KeyboardInterrupt:
-            return WatchEnd("interrupted", last, "stopped watching")
+            return WatchEnd("interrupted", last, "stopped watching", self.verified)

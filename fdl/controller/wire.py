@@ -1,4 +1,4 @@
-"""What every layer of the endpoint shares about HTTP: its bounds, who counts as loopback, the JSON envelope."""
+"""What every layer of the endpoint shares about HTTP: its bounds, the loopback test, the JSON envelope."""
 
 from __future__ import annotations
 
@@ -24,9 +24,13 @@ class Limits:
     max_headers: int = 32  # header count
     head_timeout_s: float = 10.0  # a connection's complete request head must arrive within this (also idle)
     body_timeout_s: float = 10.0  # a request's body must arrive within this
+    write_timeout_s: float = 10.0  # an answer the peer has not drained within this aborts its connection
+    send_buffer: int = 64 * 1024  # SO_SNDBUF of accepted sockets (small and fixed: no autotuning for a non-reader)
     max_connections: int = 10_000  # open connections from strangers; more are answered 503 and closed
-    max_per_peer: int = 64  # open connections one non-member, non-loopback address may hold
-    member_reserve: int = 1024  # connections beyond max_connections kept for members and loopback
+    max_per_peer: int = 64  # open connections one stranger's address may hold (loopback is an address like any)
+    max_per_net: int = 256  # strangers in one /24 (IPv4) or /64 (IPv6) together; never over a quarter of the total
+    per_member: int = 4  # an address holding members may hold max_per_peer plus this many per member there
+    member_reserve: int = 1024  # connections beyond max_connections kept for members' addresses
     backlog: int = 4096
 
 

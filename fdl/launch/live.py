@@ -10,7 +10,11 @@ and removed when it is seen.
 The state dir is `$XDG_RUNTIME_DIR/fdl` when that directory exists (the
 per-login runtime directory, cleared at logout), else `~/.flodl/launch/live`.
 A record holds only the address, the configured address it stands in for,
-the run id and the launcher's pid: nothing secret.
+the run id and the launcher's pid: nothing secret. The run's token (the
+configured one, or one the launcher made for the run) is in its own file,
+`~/.flodl/launch/runs/<run id>/token`, mode 0600: `run_token` reads it for
+this user's own commands, and only when no other account could have written
+or read it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -119,3 +124,41 @@ def kept_state(run_id: str | None, environ: Mapping[str, str] | None = None) -> 
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def run_dir(run_id: str, environ: Mapping[str, str] | None = None) -> Path:
+    """This machine's record of a launcher run: its token, local rank logs and final state.json."""
+    environ = os.environ if environ is None else environ
+    home = environ.get("HOME") or str(Path.home())
+    return Path(home) / ".flodl" / "launch" / "runs" / run_id
+
+
+def token_path(run_id: str, environ: Mapping[str, str] | None = None) -> Path:
+    return run_dir(run_id, environ) / "token"
+
+
+def run_token(run_id: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The token of this user's launcher run run_id, or None: the file must be this user's own regular file
+    that no other account can read or write (mode 0600 or stricter), in a directory only this user can
+    change (a token someone else could have planted, or could read, is no token of ours)."""
+    if not run_id or not _RUN_ID.match(run_id):
+        return None
+    path = token_path(run_id, environ)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        parent = os.stat(path.parent)
+        uid = os.getuid()
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != uid or info.st_mode & 0o077 or info.st_size > 4096:
+            return None
+        if parent.st_uid != uid or parent.st_mode & 0o022:
+            return None
+        text = os.read(fd, 4097).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return text or None

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from fdl import __version__
 from fdl.controller.machine import DONE, FAILED, FORMING, TERMINAL, TRAINING, Refused
+from fdl.controller.wire import is_loopback
 from fdl.errors import ExitCode, FdlError
 from fdl.launch import live
 from fdl.launch.build import BuildJob, build_jobs, check_artifacts, prebuild
@@ -175,13 +176,15 @@ class Launcher:
             live.remove_record(record)
 
     def _record_live(self) -> Path | None:
-        """Say where this run's controller listens, for a plain `fdl status` (fdl.launch.live)."""
+        """Say where this run's controller listens, for a plain `fdl status` and `fdl start` of this user on this
+        machine (fdl.launch.live; they find the run's token beside it). A cluster run's controller is recorded as
+        this machine reaches it: on loopback when it listens there or on every address."""
         plan = self.plan
-        if plan.mode != SINGLE:
-            return None
+        address = plan.controller_addr
+        if plan.mode != SINGLE and (is_loopback(plan.bind) or plan.bind in ("0.0.0.0", "::", "localhost")):
+            address = f"127.0.0.1:{self.server.port}"
         try:
-            return live.write_record(plan.controller_addr, plan.configured_addr or plan.controller_addr,
-                                     plan.run_id)
+            return live.write_record(address, plan.configured_addr or plan.controller_addr, plan.run_id)
         except OSError as exc:
             self.printer.note(f"could not record the live run for `fdl status` ({exc}); "
                               f"use fdl status --addr {plan.controller_addr}")
@@ -189,43 +192,46 @@ class Launcher:
 
     def _policy(self) -> RunPolicy:
         """The controller's policy: the plan's, its hosts reserved for the launcher (no hello over the network
-        may take their names, not even during the pre-flight build), and a fresh token for this run when the
-        window listens beyond loopback without one."""
+        may take their names, not even during the pre-flight build), and a fresh token for this run when none
+        is configured, whatever the bind (loopback is not a credential: every account on this box shares it)."""
         from dataclasses import replace
-
-        from fdl.controller.server import is_loopback
 
         plan = self.plan
         policy = replace(plan.policy(), reserved=frozenset(h.name for h in plan.hosts))
-        if policy.token is None and not (is_loopback(plan.bind) or plan.bind == "localhost"):
+        if policy.token is None:
             if policy.insecure_no_token:
                 self.printer.note(f"WARNING: cluster.controller.join.insecure_no_token is set: the join window on "
-                                  f"{plan.bind}:{plan.port} has no token, so anyone who can reach it may join this "
-                                  f"run, read its arguments and run code as a rank")
+                                  f"{plan.bind}:{plan.port} has no token, so anyone who can reach it (every "
+                                  f"account on this box included) may join this run, read its arguments, fire its "
+                                  f"start switch and run code as a rank")
             else:
                 policy = policy.with_token(self._mint_token())
         return policy
 
     def _mint_token(self) -> str:
         """A random token for this run alone, kept 0600 in the run's directory (never printed, never on a command
-        line): walk-ins read it from there; the launcher's own hosts need none (they are admitted in-process)."""
+        line): this user's `fdl status`/`fdl start` find it there, walk-ins read it from there; the launcher's own
+        hosts need none (they are admitted in-process)."""
+        import os
         import secrets
 
         from fdl.fsio import atomic_write
 
         token = secrets.token_hex(32)
-        path = self.run_dir / "token"
-        self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = live.token_path(self.plan.run_id)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(path.parent, 0o700)
         atomic_write(path, (token + "\n").encode(), mode=0o600)
         shown = f"~/{path.relative_to(Path.home())}" if path.is_relative_to(Path.home()) else str(path)
-        self.printer.note(f"no join token is configured, so this run made its own (0600, in {shown}); a walk-in "
-                          f"joins with FDL_JOIN_TOKEN=\"$(cat {shown})\" fdl join ...")
+        self.printer.note(f"no join token is configured, so this run made its own (0600, in {shown}): this "
+                          f"account's fdl status and fdl start find it; a walk-in joins with "
+                          f"FDL_JOIN_TOKEN=\"$(cat {shown})\" fdl join ...")
         return token
 
     @property
     def run_dir(self) -> Path:
-        """This machine's record of the run: local rank logs and the final state.json."""
-        return Path.home() / ".flodl" / "launch" / "runs" / self.plan.run_id
+        """This machine's record of the run: its token, local rank logs and the final state.json."""
+        return live.run_dir(self.plan.run_id)
 
     def _keep_state(self) -> None:
         """The final state.json outlives the controller (it goes with the launcher): kept in the run's directory."""

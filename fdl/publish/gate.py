@@ -123,7 +123,13 @@ def check_gate_headers(libtorch: Libtorch, env: Mapping[str, str] | None = None)
 
 
 def run_recipe(recipe: str, directory: Path, env: Mapping[str, str], output: IO[Any] | None = None) -> int:
-    """Run a shell recipe in directory; its output goes to `output` (default: stderr). Returns the exit code."""
+    """Run a shell recipe in directory; its output goes to `output` (default: stderr). Returns the exit code.
+
+    The recipe (and everything it runs: cargo, every crate's build.rs) never sees a join secret: the
+    environment is given without FDL_JOIN_TOKEN (fdl.controller.protocol.SECRET_ENV_NAMES)."""
+    from fdl.controller.protocol import without_secrets
+
+    env = without_secrets(dict(env))
     out = sys.stderr if output is None else output
     try:
         out.flush()

@@ -17,7 +17,7 @@ from fdl.config.schema import parse_devices
 from fdl.controller.policy import RunPolicy
 from fdl.controller.protocol import Hello
 from tests.conftest import REPO, fdl_env, need_root_or_skip, run_fdl
-from tests.controller_util import PeerNamespace, free_port, serving
+from tests.controller_util import TEST_TOKEN, PeerNamespace, free_port, serving
 
 TOKEN = "7a1e" * 8
 
@@ -29,6 +29,11 @@ def join(server, host: str, devices: str = "cpu:1", **kw) -> None:
 
 def addr(server) -> str:
     return f"127.0.0.1:{server.port}"
+
+
+def with_token(server) -> dict:
+    """The environment that hands `fdl start` the run's token (never its command line)."""
+    return {"FDL_JOIN_TOKEN": server.policy.token}
 
 
 # ---------------------------------------------------------------- fdl status
@@ -112,22 +117,34 @@ def test_status_refuses_a_bad_address_and_names_a_foreign_server(tmp_path: Path)
 def test_start_refusals_name_their_reason_and_arming_exits_0(tmp_path: Path) -> None:
     with serving(RunPolicy(start="manual", quorum_hosts=2, window_s=600)) as server:
         join(server, "node-a")
-        result = run_fdl("start", "--addr", addr(server), cwd=tmp_path)
+        result = run_fdl("start", "--addr", addr(server), cwd=tmp_path, env=with_token(server))
         assert result.returncode == 1
         assert (f"fdl: start refused by {addr(server)}: quorum not met: 1 of 2 hosts have joined. "
                 f"[quorum_not_met]") in result.stderr
         assert server.state()["phase"] == "waiting"
         join(server, "node-b")
-        result = run_fdl("start", "--addr", addr(server), cwd=tmp_path)
+        token_file = tmp_path / "token"
+        token_file.write_text(server.policy.token + "\n")
+        result = run_fdl("start", "--addr", addr(server), "--token-file", str(token_file), cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         assert f"start armed at {addr(server)}: the world formed (2 rank(s) on 2 host(s))" in result.stdout
         assert server.state()["phase"] == "forming"
-        result = run_fdl("start", "--addr", addr(server), "--json", cwd=tmp_path)
+        result = run_fdl("start", "--addr", addr(server), "--json", cwd=tmp_path, env=with_token(server))
         assert result.returncode == 1 and "window already closed" in result.stderr
         assert json.loads(result.stdout)["reason"] == "window_closed"
     with serving(RunPolicy(start="auto", quorum_hosts=2, window_s=600)) as server:
-        result = run_fdl("start", "--addr", addr(server), cwd=tmp_path)
+        result = run_fdl("start", "--addr", addr(server), cwd=tmp_path, env=with_token(server))
         assert result.returncode == 1 and "start: auto" in result.stderr and "[auto_mode]" in result.stderr
+
+
+def test_start_from_loopback_without_the_token_is_refused(tmp_path: Path) -> None:
+    # regression: loopback was the credential, so every account on the controller box could fire the switch
+    with serving(RunPolicy(start="manual", quorum_hosts=1, window_s=600)) as server:
+        join(server, "node-a")
+        result = run_fdl("start", "--addr", addr(server), cwd=tmp_path, env={"FDL_JOIN_TOKEN": ""})
+        assert result.returncode == 1 and "[bad_token]" in result.stderr
+        assert "--token-file" in result.stderr and "FDL_JOIN_TOKEN" in result.stderr  # where a token comes from
+        assert server.state()["phase"] == "staging" and server.state()["start"]["switch"] == "unarmed"
 
 
 def test_start_with_no_run_listening(tmp_path: Path) -> None:
@@ -168,9 +185,14 @@ def test_start_from_another_host_uses_the_env_token_and_refuses_without_it(peer:
         result = peer.run([*fdl, "start", "--addr", address], env=fdl_env(), cwd=tmp_path)
         assert result.returncode == 1 and "no proof of the run's token" in result.stderr \
             and "[bad_token]" in result.stderr
-        result = peer.run([*fdl, "start", "--addr", address, "--token", "0" * 32], env=fdl_env(), cwd=tmp_path)
-        assert result.returncode == 2 and "could not prove it holds the run's token" in result.stderr
+        # regression: an answer that could not be verified (a wrong token included) exited 2; start's contract
+        # is 0 armed, 1 otherwise
+        result = peer.run([*fdl, "start", "--addr", address], env=fdl_env({"FDL_JOIN_TOKEN": "0" * 32}),
+                          cwd=tmp_path)
+        assert result.returncode == 1 and "could not prove it holds the run's token" in result.stderr
         assert "does not match" in result.stderr and "0" * 32 not in result.stderr
+        result = peer.run([*fdl, "start", "--addr", address, "--token", "1" * 32], env=fdl_env(), cwd=tmp_path)
+        assert result.returncode == 1 and "could not prove it holds the run's token" in result.stderr  # was 2
         result = peer.run([*fdl, "@farm", "start"], env=fdl_env(), cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         assert f"start armed at {address}" in result.stdout
@@ -203,8 +225,8 @@ def test_status_defaults_to_loopback_1337_noted_on_stderr(peer: PeerNamespace, t
            "default 127.0.0.1:1337" in result.stderr
     assert "fdl: no run listening at 127.0.0.1:1337 (connection refused)" in result.stderr
     serve = ("import sys; from fdl.controller.server import ControllerServer; from fdl.controller.policy import "
-             "RunPolicy; s = ControllerServer(RunPolicy(window_s=60), port=1337).start(); print('ready', "
-             "flush=True); sys.stdin.read(); s.stop()")
+             f"RunPolicy; s = ControllerServer(RunPolicy(window_s=60, token={TEST_TOKEN!r}), port=1337).start(); "
+             "print('ready', flush=True); sys.stdin.read(); s.stop()")
     child = subprocess.Popen(["ip", "netns", "exec", peer.name, sys.executable, "-c", serve], env=fdl_env(),
                              cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -230,24 +252,32 @@ def test_status_and_start_import_neither_ansible_nor_the_server(tmp_path: Path) 
     assert result.stdout.strip() == "[1, 1] []", (result.stdout, result.stderr)
 
 
-def test_start_proves_the_token_only_to_the_envs_address_never_to_the_loopback_fallback(tmp_path: Path) -> None:
-    """regression: with the env's controller refusing the connection, `fdl start` sent the env's token to
-    whatever listened on 127.0.0.1 at the same port. The env names 127.0.0.2 (nothing listens there); a
-    listener on 127.0.0.1:PORT records every byte it gets."""
+def test_start_takes_no_unproved_answer_for_armed(tmp_path: Path) -> None:
+    """regression: an impostor's unsigned answer exited 2 (permanent, against start's contract); and before the
+    token was proved to the loopback fallback it went there bare. The env names 127.0.0.2 (nothing listens
+    there); a stand-in on 127.0.0.1:PORT answers every request "armed" without a proof and records every byte.
+    `fdl start` sends it a proof (bound to the id the stand-in claims, never the token) and does not take its
+    word: exit 1, nothing said armed."""
     from fdl.controller import auth
 
     received = bytearray()
 
     class Record(BaseHTTPRequestHandler):
+        def answer(self, body: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            received.extend(self.requestline.encode() + b"\r\n" + bytes(self.headers))
+            self.answer(b'{"ok": true, "controller_id": "' + b"ab" * 16 + b'"}')
+
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             received.extend(self.requestline.encode() + b"\r\n" + bytes(self.headers) + body)
-            answer = b'{"ok": true, "armed": true, "phase": "forming", "world": null, "message": "armed"}'
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
+            self.answer(b'{"ok": true, "armed": true, "phase": "forming", "world": null, "message": "armed"}')
 
         def log_message(self, *args) -> None:
             pass
@@ -269,9 +299,8 @@ def test_start_proves_the_token_only_to_the_envs_address_never_to_the_loopback_f
     finally:
         listener.shutdown()
         listener.server_close()
-    assert result.returncode == 0, result.stderr  # the listener answered (a run on this box needs no proof)
-    assert received.startswith(b"POST /start")
-    assert TOKEN.encode() not in received
-    lowered = bytes(received).lower()
-    assert auth.PROOF_HEADER.lower().encode() not in lowered and auth.NONCE_HEADER.lower().encode() not in lowered
+    assert result.returncode == 1, result.stderr
+    assert "could not prove it holds the run's token" in result.stderr and "armed" not in result.stdout
+    assert received.count(b"POST /start") == 1 and TOKEN.encode() not in received
+    assert auth.PROOF_HEADER.lower().encode() in bytes(received).lower()  # a proof, worth nothing elsewhere
     assert TOKEN not in result.stdout + result.stderr

@@ -10,15 +10,18 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import ClassVar
 
 import pexpect
+import pytest
 
 from fdl.controller.client import ControllerClient
 from fdl.controller.policy import RunPolicy
 from tests.conftest import fdl_env, run_fdl
-from tests.controller_util import free_port, serving
+from tests.controller_util import TEST_TOKEN, free_port, serving
 
 PORTS = (25000, 25999)  # this suite's ports
+WITH_TOKEN = {"FDL_JOIN_TOKEN": TEST_TOKEN}  # the watch proves the run's token (a verdict needs it)
 
 
 def staging_run():
@@ -27,7 +30,7 @@ def staging_run():
 
 
 def two_agents(server) -> list[str]:
-    with ControllerClient(f"127.0.0.1:{server.port}") as client:
+    with ControllerClient(f"127.0.0.1:{server.port}", token=TEST_TOKEN) as client:
         return [client.hello({"host": host, "devices": devices, "run_id": "r-watch", "signature": "9f3c", **extra}
                              )["ticket"]
                 for host, devices, extra in (("node-a", "0,1", {"gpu_names": ["NVIDIA H100", "NVIDIA H100"]}),
@@ -35,7 +38,7 @@ def two_agents(server) -> list[str]:
 
 
 def fire_and_finish(server, tickets: list[str], codes=(0, 0)) -> None:
-    with ControllerClient(f"127.0.0.1:{server.port}") as client:
+    with ControllerClient(f"127.0.0.1:{server.port}", token=TEST_TOKEN) as client:
         for ticket, code in zip(tickets, codes, strict=True):
             client.report_exit(ticket, code)
 
@@ -44,7 +47,7 @@ def watch_in_pty(server, *extra: str, tmp_path: Path) -> pexpect.spawn:
     child = pexpect.spawn(sys.executable, ["-m", "fdl", "status", "--watch", "--addr", f"127.0.0.1:{server.port}",
                                            "--interval", "0.2", *extra],
                           cwd=str(tmp_path), env=fdl_env({"TERM": "xterm-256color", "COLUMNS": "160",
-                                                          "LINES": "50"}),
+                                                          "LINES": "50", **WITH_TOKEN}),
                           dimensions=(50, 160), encoding="utf-8", timeout=30)
     child.logfile_read = (tmp_path / "pty.log").open("w")
     return child
@@ -60,7 +63,7 @@ def test_watch_in_a_terminal_follows_staging_forming_done_and_exits_0_when_the_r
             child.expect("hosts 2/2, 4 ranks")
             child.expect(f"fdl start --addr 127.0.0.1:{server.port}")  # the exact line that fires the switch
             child.expect("node-b")
-            with ControllerClient(f"127.0.0.1:{server.port}") as client:
+            with ControllerClient(f"127.0.0.1:{server.port}", token=TEST_TOKEN) as client:
                 client.start()
             child.expect(": forming ")
             child.expect("fired by 127.0.0.1")
@@ -103,7 +106,8 @@ def test_watch_through_a_pipe_prints_a_plain_line_per_look(tmp_path: Path) -> No
     with staging_run() as server:
         tickets = two_agents(server)
         proc = subprocess.Popen([sys.executable, "-m", "fdl", "status", "--watch", "--addr",
-                                 f"127.0.0.1:{server.port}", "--interval", "0.2"], cwd=tmp_path, env=fdl_env(),
+                                 f"127.0.0.1:{server.port}", "--interval", "0.2"], cwd=tmp_path,
+                                env=fdl_env(WITH_TOKEN),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         guard = threading.Timer(120, proc.kill)
         guard.start()
@@ -115,7 +119,7 @@ def test_watch_through_a_pipe_prints_a_plain_line_per_look(tmp_path: Path) -> No
                              rf"hosts, 4 ranks met; join window closes in (9m\d\ds|10m00s); ", first), first
             assert first.rstrip().endswith(f"switch roster startable, fire with fdl start --addr "
                                            f"127.0.0.1:{server.port}")
-            with ControllerClient(f"127.0.0.1:{server.port}") as client:
+            with ControllerClient(f"127.0.0.1:{server.port}", token=TEST_TOKEN) as client:
                 client.start()
             read_lines_until(proc, "phase forming", lines)
             fire_and_finish(server, tickets, codes=(0, 3))
@@ -141,7 +145,8 @@ def test_watch_json_streams_one_state_per_line(tmp_path: Path) -> None:
     with staging_run() as server:
         two_agents(server)
         proc = subprocess.Popen([sys.executable, "-m", "fdl", "status", "--watch", "--json", "--addr",
-                                 f"127.0.0.1:{server.port}", "--interval", "0.2"], cwd=tmp_path, env=fdl_env(),
+                                 f"127.0.0.1:{server.port}", "--interval", "0.2"], cwd=tmp_path,
+                                env=fdl_env(WITH_TOKEN),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         guard = threading.Timer(120, proc.kill)
         guard.start()
@@ -214,7 +219,7 @@ def test_watch_wait_waits_for_a_run_then_ends_with_its_outcome(tmp_path: Path) -
 
     port = free_port(span=PORTS)
     proc = subprocess.Popen([sys.executable, "-m", "fdl", "status", "--watch", "--wait", "--addr",
-                             f"127.0.0.1:{port}", "--interval", "0.2"], cwd=tmp_path, env=fdl_env(),
+                             f"127.0.0.1:{port}", "--interval", "0.2"], cwd=tmp_path, env=fdl_env(WITH_TOKEN),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     guard = threading.Timer(120, proc.kill)
     guard.start()
@@ -223,11 +228,11 @@ def test_watch_wait_waits_for_a_run_then_ends_with_its_outcome(tmp_path: Path) -
         assert f"no run listening yet at 127.0.0.1:{port}; waiting for one" in proc.stderr.readline()
         assert proc.poll() is None  # still waiting
         server = ControllerServer(RunPolicy(start="manual", quorum_hosts=2, window_s=600, silence_s=900,
-                                            run_id="r-watch"), port=port).start()
+                                            run_id="r-watch", token=TEST_TOKEN), port=port).start()
         try:
             tickets = two_agents(server)
             read_lines_until(proc, "phase staging", lines)
-            with ControllerClient(f"127.0.0.1:{port}") as client:
+            with ControllerClient(f"127.0.0.1:{port}", token=TEST_TOKEN) as client:
                 client.start()
             fire_and_finish(server, tickets)
             read_lines_until(proc, "phase done", lines)
@@ -258,3 +263,74 @@ def test_the_outcome_of_a_run_whose_end_was_not_seen_comes_from_its_kept_state(t
     env = {"HOME": str(tmp_path)}
     assert outcome(end, lambda run: kept_state(run, env)) == ("run abc123 failed: rank 1 exited 7.", 1)
     assert kept_state("../../etc", env) is None  # an id from the wire is never a path
+
+
+class Squatter:
+    """Whatever binds a run's port between runs (any account may: it is unprivileged): answers GET /join/id and
+    GET /state.json with a finished run, unsigned, and reports whether anyone asked with a proof."""
+
+    STATE: ClassVar[dict] = {"schema": 1, "version": 9, "phase": "done", "run_id": "r-squat", "reason": None,
+                             "kind": "discovery",
+                             "controller": "127.0.0.1", "start": {"mode": "auto"}, "window": {"open": False},
+                             "quorum": {"need": {"hosts": 1}, "have": {"hosts": 1, "ranks": 1}, "met": True},
+                             "roster": []}
+
+    def __init__(self, port: int):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        outer = self
+        self.signed = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if "X-Fdl-Proof" in self.headers:
+                    outer.signed += 1
+                body = json.dumps({"ok": True, "controller_id": "5a" * 16} if self.path == "/join/id"
+                                  else Squatter.STATE).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("token", [True, False], ids=["with-token", "without-token"])
+def test_a_squatters_done_is_no_success(tmp_path: Path, token: bool) -> None:
+    # regression: `fdl status --watch --wait` printed "run ... succeeded" and exited 0 on a squatter's phase: done
+    port = free_port(span=PORTS)
+    squatter = Squatter(port)
+    env = WITH_TOKEN if token else {"FDL_JOIN_TOKEN": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "fdl", "status", "--watch", "--wait", "--addr", f"127.0.0.1:{port}",
+                             "--interval", "0.2"], cwd=tmp_path, env=fdl_env({**env, "HOME": str(tmp_path)}),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    guard = threading.Timer(120, proc.kill)
+    guard.start()
+    try:
+        lines: list[str] = []
+        read_lines_until(proc, "could not prove it holds" if token else "phase done", lines)
+        if token:
+            assert "could not prove it holds the run's token" in lines[-1] and "phase done" not in "".join(lines)
+        squatter.stop()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        guard.cancel()
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 1, out + err
+    assert "succeeded" not in out.replace("says it succeeded", "")
+    if token:
+        assert squatter.signed > 0  # it was asked with a proof ...
+        assert "outcome unknown" in out  # ... and no state of its was taken
+    else:
+        assert "unverified" in err  # said at the start ...
+        assert "fdl: run r-squat says it succeeded, but no answer proved the run's token" in out  # ... and the end

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from fdl.controller.watch import WatchEnd, Watcher
 
 ROSTER_SHOWN = 64
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 PHASE_STYLE = {"waiting": "yellow", "staging": "cyan", "forming": "blue", "training": "green", "done": "green",
                "failed": "red"}
 
@@ -65,18 +64,22 @@ def hardware(entry: State) -> str:
     return f"GPU {devices}"
 
 
-def start_line(address: str, *, env: str | None = None, from_env: bool = False) -> str:
+def start_line(address: str, *, env: str | None = None, from_env: bool = False, token_found: bool = False,
+               token_file: str | None = None) -> str:
     """The exact command that fires this run's switch, as seen from where we found it.
 
-    From loopback no token is needed; an address taken from the env's cluster.controller is reached again
-    through that env (whose join.token `fdl start` presents); any other address needs the token typed.
+    An address taken from the env's cluster.controller is reached again through that env (whose join.token,
+    or this user's own run's token file, `fdl start` presents); an address fdl found a token for (this
+    user's own launcher run) needs nothing more; any other address needs the token from a file. The token
+    itself is never part of a command line.
     """
-    host = address.rsplit(":", 1)[0]
-    if host in LOOPBACK_HOSTS or host.startswith("127."):
-        return f"fdl start --addr {address}"
     if from_env:
         return f"fdl @{env} start" if env else "fdl start"
-    return f"fdl start --addr {address} --token TOKEN"
+    if token_file:
+        return f"fdl start --addr {address} --token-file {token_file}"
+    if token_found:
+        return f"fdl start --addr {address}"
+    return f"fdl start --addr {address} --token-file TOKEN_FILE"
 
 
 def headline(state: State, address: str) -> str:

@@ -64,7 +64,7 @@ def text_of(dom: str, element_id: str) -> str:
 
 
 def agent_hello(server, host: str, devices: str, **extra) -> dict:
-    with ControllerClient(f"127.0.0.1:{server.port}") as client:
+    with ControllerClient(f"127.0.0.1:{server.port}", token=server.policy.token) as client:
         return client.hello({"host": host, "devices": devices, "run_id": "r-live", "signature": "9f3c", **extra})
 
 
@@ -102,7 +102,7 @@ def test_status_page_in_headless_chromium(tmp_path: Path) -> None:
         assert distinct >= 32, "the screenshot is (nearly) blank"
         # besides the agents' hellos, the browser asked for the page and state.json only (not even a favicon)
         asked = server.call(lambda m: {endpoint for endpoint, _ in server.requests})
-        assert asked == {"/join", "/", "/state.json"}, asked
+        assert asked == {"/join/id", "/join", "/", "/state.json"}, asked
 
 
 def png_summary(data: bytes) -> tuple[int, int, int]:
@@ -212,7 +212,8 @@ def test_metrics_pass_promtool_and_match_state_json() -> None:
         tickets = [agent_hello(server, "node-a", "0,1")["ticket"], agent_hello(server, "node-b", "cpu:2")["ticket"]]
         for hello in ({"host": "node-a", "devices": "cpu:1", "run_id": "r-live"},  # host_joined
                       {"host": "node-c", "devices": "cpu:1", "run_id": "r-live", "signature": "beef"}):
-            with pytest.raises(ControllerRefused), ControllerClient(f"127.0.0.1:{server.port}") as client:
+            with pytest.raises(ControllerRefused), \
+                    ControllerClient(f"127.0.0.1:{server.port}", token=server.policy.token) as client:
                 client.hello(hello)
 
         values, state, text = consistent(server)
@@ -240,7 +241,7 @@ def test_metrics_pass_promtool_and_match_state_json() -> None:
                                         ("run_id", "r-live"), ("start_mode", "manual")))] == 1
         assert "process_resident_memory_bytes" in text
 
-        with ControllerClient(f"127.0.0.1:{server.port}") as client:
+        with ControllerClient(f"127.0.0.1:{server.port}", token=server.policy.token) as client:
             client.start()
             client.report_exit(tickets[0], 0)
             client.report_exit(tickets[1], 3, "out of memory")
@@ -298,7 +299,7 @@ def test_slow_page_and_metrics_readers_do_not_hold_up_admission() -> None:
             asked = readers * repeat * 2
             assert seen < asked, "the readers never stalled; make the answers bigger"
 
-            with ControllerClient(f"127.0.0.1:{server.port}", timeout=30) as client:
+            with ControllerClient(f"127.0.0.1:{server.port}", timeout=30, token=server.policy.token) as client:
                 for i in range(12):
                     answer = client.hello({"host": f"walk-in-{i}", "devices": "cpu:1"})
                     assert answer["admitted"] is True

@@ -10,8 +10,9 @@ cached too, keyed by everything that goes into it.
 Each case then boots the baked image with `systemd-nspawn -b` (systemd as PID 1) on the testbed's bridge,
 with a real controller on the testbed gateway, and asserts on systemd's own view: `systemctl show`,
 `is-active`, the structured journal, and nspawn's exit when the machine powers itself off. What a boot
-needs that an image does not carry (its address, the data host's key and host key, a wrong token for the
-permanent case, faster re-dial timings in a drop-in) is written into the boot's overlay before it starts,
+needs that an image does not carry (its address, the data host's key and host key, the training binary, or
+not for the permanent case, faster re-dial timings in a drop-in) is written into the boot's overlay before it
+starts,
 the way cloud-init hands such things over. The data host is a testbed host serving a directory over sshfs;
 the libtorch mirror is an HTTP directory on the gateway. This machine has no GPU: /dev/null bound at
 /dev/nvidia0 stands in for a GPU's device node (a rank must see and open it; PrivateDevices= would hide it).
@@ -41,7 +42,7 @@ import yaml
 from tests.conftest import IN_CI, REPO, need_root_or_skip
 from tests.integration.images import nspawn
 from tests.integration.images.conftest import BIN, fdl_wheel, tool_env
-from tests.integration.join.helpers import controller, policy
+from tests.integration.join.helpers import Squatter, controller, policy
 from tests.prometheus import promtool_accepts, samples
 
 pytestmark = [pytest.mark.testbed(hosts=1), pytest.mark.slow]
@@ -286,11 +287,12 @@ def wait_port(address: str, port: int, machine: nspawn.Machine, timeout: float =
 
 @contextlib.contextmanager
 def booted(site: Site, image: list[Path], *, mode: str = "ok", token: str | None = None,
-           probe_nvml: Path | None = None):
+           probe_nvml: Path | None = None, binary: bool = True):
     """Boot the baked image on the bridge, with the per-boot files written first; always torn down.
 
     The readiness probe's timer is masked unless `probe_nvml` (a built fake NVML's directory) is given: then
-    the probe's service finds that library and PROBE_GPUS, and the GPU's device nodes are bound in."""
+    the probe's service finds that library and PROBE_GPUS, and the GPU's device nodes are bound in. With
+    `binary=False` the training binary the unit names is missing (a permanent, local failure)."""
     bed = site.bed
     address = site.next_address()
     work = Path(tempfile.mkdtemp(prefix="boot-", dir=site.work))
@@ -304,7 +306,8 @@ def booted(site: Site, image: list[Path], *, mode: str = "ok", token: str | None
             f"Environment=FDL_LIBTORCH_MIRROR={site.mirror}", ""]))
         machine.write(DATA_KEY, site.bed.key.read_text(), mode=0o600, owner="flodl")
         machine.write("/etc/ssh/ssh_known_hosts", site.bed.known_hosts.read_text())
-        machine.write(TRAIN, TRAINER, mode=0o755)
+        if binary:
+            machine.write(TRAIN, TRAINER, mode=0o755)
         machine.write(MODE, mode + "\n")
         if token is not None:
             machine.write("/etc/fdl/join.env", f"FDL_JOIN_TOKEN={token}\n", mode=0o600)
@@ -460,9 +463,41 @@ def test_transient_failures_are_redialled_without_a_restart_storm(site, image):
         assert [e.get("N_RESTARTS") for e in restarts] == ["1"], restarts
 
 
-def test_a_wrong_token_stops_the_unit_and_powers_the_machine_off(site, image):
+def test_a_squatter_or_a_wrong_token_makes_the_unit_redial_not_power_off(site, image):
+    """regression: any answer without a valid proof was permanent, so whatever answered at the controller's
+    address (an unprivileged account's listener on the training port between runs, a reused address) made the
+    agent exit 2 and the unit power the box off; so did a controller holding another token. Both are learned
+    from the network: the agent re-dials in the same process, says the likely causes, and joins the real run."""
+    with booted(site, image) as machine:
+        machine.wait_booted()
+        first = show(machine)
+        squatter = Squatter(site.port, host=site.bed.gateway)  # another account of the controller box
+        try:
+            wait_until(lambda: "dials in a row reached no controller that proves" in fdl_lines(machine), 120,
+                       "the loud warning", machine)
+        finally:
+            squatter.stop()
+        with controller(a_policy(site, token="another-farms-token"), host=site.bed.gateway, port=site.port) as other:
+            wait_until(lambda: other.state()["refusals"].get("bad_token", 0) >= 2, 60, "dials at another token",
+                       machine)
+            assert other.state()["roster"] == []
+        with controller(a_policy(site), host=site.bed.gateway, port=site.port) as server:
+            wait_until(lambda: finished(server), 90, "the real run", machine)
+            assert server.state()["phase"] == "done" and server.state()["roster"][0]["exit_code"] == 0
+        status = show(machine)
+        fdl = fdl_lines(machine)
+        assert machine.running()
+        assert status["ActiveState"] == "active" and status["NRestarts"] == "0", status  # re-dialled by fdl
+        assert status["MainPID"] == first["MainPID"] != "0", (first, status)  # one process all along
+        assert "could not prove it holds the run's token" in fdl and "go away" in fdl, fdl
+        assert "something else answers at that address" in fdl and "timedatectl set-ntp true" in fdl, fdl
+        assert not [e for e in machine.entries(UNIT) if e.get("MESSAGE_ID") == MSG_PROCESS_EXIT]  # never exited
+        assert site.token not in fdl
+
+
+def test_a_missing_binary_stops_the_unit_and_powers_the_machine_off(site, image):
     with controller(a_policy(site), host=site.bed.gateway, port=site.port) as server, \
-            booted(site, image, token="0" * 32) as machine:
+            booted(site, image, binary=False) as machine:
         machine.wait_booted()
         code = machine.wait_exit(90)
         assert code == 0, f"nspawn did not see the machine power off (rc {code})"  # poweroff, not a reboot (133)
@@ -476,13 +511,13 @@ def test_a_wrong_token_stops_the_unit_and_powers_the_machine_off(site, image):
             assert results == ["exit-code"], results
             assert not [e for e in unit if e.get("MESSAGE_ID") == MSG_RESTART_SCHEDULED]
             fdl = "\n".join(str(e.get("MESSAGE")) for e in unit if e.get("_SYSTEMD_UNIT") == UNIT)
-            assert "could not prove it holds the run's token" in fdl and "bad_token" in fdl, fdl
-            assert "0" * 32 not in fdl and site.token not in fdl
+            assert f"the training binary {TRAIN} is not on this box" in fdl, fdl
+            assert site.token not in fdl
         except AssertionError:
             print_journal(machine)
             raise
-        # one dial, one refusal: no restart storm reached the controller
-        assert state["refusals"] == {"bad_token": 1} and state["roster"] == [], state
+        # found on the box before any dial: the controller never heard of it
+        assert state["refusals"] == {} and state["roster"] == [], state
 
 
 def test_systemctl_stop_ends_ranks_and_agent_cleanly(site, image):

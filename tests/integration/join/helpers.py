@@ -15,6 +15,9 @@ from tests.conftest import REPO, fdl_env
 from tests.join_util import free_port, write_program
 
 PYTHON = sys.executable
+#: The token of a test window that names none, handed to every agent unless a test says otherwise
+#: (FDL_JOIN_TOKEN="" for an agent without one): every window has a token, loopback is not a credential.
+JOIN_TOKEN = "10ad" * 16
 
 # A training binary for CPU ranks: answers the signature probe, then runs one gloo all-reduce
 # across the whole world and reports what it saw.
@@ -57,11 +60,11 @@ def train_binary(directory: Path) -> Path:
 
 
 def policy(**kwargs):
-    """A discovery RunPolicy with fast liveness timings and a master port in this suite's range."""
+    """A discovery RunPolicy with fast liveness timings, a master port in this suite's range and JOIN_TOKEN."""
     from fdl.controller.policy import RunPolicy
 
     base = dict(discovery=True, start="auto", heartbeat_s=0.5, silence_s=10.0, poll_s=2.0,
-                master_port=free_port())
+                master_port=free_port(), token=JOIN_TOKEN)
     base.update(kwargs)
     return RunPolicy(**base)
 
@@ -81,7 +84,7 @@ def controller(run_policy, host: str = "127.0.0.1", port: int | None = None) -> 
 
 def agent_env(home: Path, extra: dict | None = None) -> dict:
     env = {"HOME": str(home), "GLOO_SOCKET_IFNAME": "lo", "FDL_JOIN_BACKOFF_BASE_S": "0.2",
-           "FDL_JOIN_BACKOFF_MAX_S": "1", "PYTHONUNBUFFERED": "1"}
+           "FDL_JOIN_BACKOFF_MAX_S": "1", "PYTHONUNBUFFERED": "1", "FDL_JOIN_TOKEN": JOIN_TOKEN}
     env.update(extra or {})
     return fdl_env(env)
 
@@ -164,5 +167,65 @@ def results(stdout: str) -> list[dict]:
     return found
 
 
-__all__ = ["REPO", "Lines", "agent_env", "controller", "finish", "policy", "results", "spawn_join", "terminate",
-           "train_binary", "wait_for"]
+# What another account binds on the run's port between runs (it is unprivileged): it names a controller id when
+# asked, and answers everything else with the refusal in argv[3] (JSON), unsigned.
+SQUATTER = r"""
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+REFUSAL = json.loads(sys.argv[3])
+class H(BaseHTTPRequestHandler):
+    def answer(self, status, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        if self.path == "/join/id":
+            self.answer(200, {"ok": True, "controller_id": "00" * 16, "now": 0})
+        else:
+            self.answer(409, REFUSAL)
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.answer(409, REFUSAL)
+    def log_message(self, *a):
+        pass
+server = ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), H)
+print("ready", os.getpid(), flush=True)
+server.serve_forever()
+"""
+GO_AWAY = '{"ok": false, "reason": "window_closed", "message": "go away"}'
+
+
+class Squatter:
+    """SQUATTER run by /usr/bin/python3 as another real account of this machine (default nobody), listening on
+    host:port once constructed; stop() kills it and waits for the port to be free again."""
+
+    def __init__(self, port: int, refusal: str = GO_AWAY, *, host: str = "127.0.0.1", account: str = "nobody"):
+        import shlex
+
+        line = " ".join(shlex.quote(a) for a in ["exec", "/usr/bin/python3", "-c", SQUATTER, host, str(port),
+                                                 refusal])
+        self.proc = subprocess.Popen(["su", account, "-s", "/bin/sh", "-c", line], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        ready = self.proc.stdout.readline().split()
+        assert ready[:1] == ["ready"], self.proc.stderr.read()
+        self.pid = int(ready[1])
+        self.host, self.port = host, port
+
+    def stop(self) -> None:
+        from tests.controller_util import _bindable as bindable
+
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        self.proc.wait(30)
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        wait_for(lambda: bindable(self.host, self.port), timeout=30, what="the squatter's port to be free")
+
+
+__all__ = ["GO_AWAY", "JOIN_TOKEN", "REPO", "Lines", "Squatter", "agent_env", "controller", "finish", "policy",
+           "results", "spawn_join", "terminate", "train_binary", "wait_for"]

@@ -195,7 +195,8 @@ def test_a_flood_from_a_third_host_drops_nobody_while_staging_and_training(testb
             staging = flooded(flood(10_500, 120))  # the window holds in staging (manual start) all along
             state = server.state()
             assert state["phase"] == "staging" and state["departed"] == [], state
-            started = run_fdl("start", "--addr", f"{bed.gateway}:{port}", "--token", TOKEN)  # signed, over the bridge
+            started = run_fdl("start", "--addr", f"{bed.gateway}:{port}",
+                              env={"FDL_JOIN_TOKEN": TOKEN})  # signed, over the bridge
             assert started.returncode == 0, started.stderr
             wait_for(lambda: mark.exists() or any(p.poll() is not None for p in agents.values()), timeout=120,
                      what="the ranks training")

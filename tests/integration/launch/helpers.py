@@ -64,6 +64,15 @@ def torch_python(where: Path) -> Path:
     return venv / "bin" / "python3"
 
 
+def fdl_python(where: Path) -> Path:
+    """torch_python that also imports this checkout's fdl: what another account runs `python -m fdl` with."""
+    python = torch_python(where)
+    lib = next((where / "torchpy" / "lib").glob("python3*")) / "site-packages"
+    (lib / "fdl-test-checkout.pth").write_text(str(REPO) + "\n")
+    (lib / "fdl-test-checkout.pth").chmod(0o644)
+    return python
+
+
 def train_script(directory: Path, python: Path) -> Path:
     """The quickstart's train.py under a shebang for `python` (what every rank runs)."""
     directory.mkdir(parents=True, exist_ok=True)

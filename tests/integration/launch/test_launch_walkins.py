@@ -45,8 +45,10 @@ def test_the_launchers_worker_and_a_walk_in_train_as_one_world(tmp_path):
                                 text=True)
     try:
         wait_for(lambda: listening(port) or launcher.poll() is not None, timeout=60, what="the controller")
+        # no token configured: the launcher made one for the run, 0600, where a walk-in on this box reads it
+        (token_file,) = (home / ".flodl" / "launch" / "runs").glob("*/token")
         walk_in = spawn_join(f"127.0.0.1:{port}", "--bin", str(binary), "--host", "walker", "--devices", "cpu:1",
-                             home=tmp_path / "walker")
+                             home=tmp_path / "walker", env={"FDL_JOIN_TOKEN": token_file.read_text().strip()})
         code, agent_out, agent_err = finish(walk_in, timeout=180)
         out, err = launcher.communicate(timeout=180)
     finally:

@@ -52,11 +52,14 @@ def test_formed_world_line() -> None:
 
 
 def test_start_line_is_what_fires_the_switch_from_here() -> None:
-    assert start_line("127.0.0.1:1337") == "fdl start --addr 127.0.0.1:1337"  # loopback: no token needed
-    assert start_line("[::1]:1337") == "fdl start --addr [::1]:1337"
+    # this user's own run: fdl found its token, nothing to add; loopback alone is no credential
+    assert start_line("127.0.0.1:1337", token_found=True) == "fdl start --addr 127.0.0.1:1337"
+    assert start_line("127.0.0.1:1337") == "fdl start --addr 127.0.0.1:1337 --token-file TOKEN_FILE"
     assert start_line("10.0.0.1:1337", env="farm", from_env=True) == "fdl @farm start"  # the env's token
     assert start_line("10.0.0.1:1337", from_env=True) == "fdl start"  # base fdl.yml holds the cluster
-    assert start_line("10.0.0.1:1337") == "fdl start --addr 10.0.0.1:1337 --token TOKEN"
+    # regression: the hint printed `--token TOKEN`, a token on the command line every user can read in ps
+    assert start_line("10.0.0.1:1337") == "fdl start --addr 10.0.0.1:1337 --token-file TOKEN_FILE"
+    assert "--token " not in start_line("10.0.0.1:1337")
 
 
 def test_deadlines_and_the_plain_watch_line_follow_the_window() -> None:

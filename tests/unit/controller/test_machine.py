@@ -234,26 +234,39 @@ def test_start_needs_loopback_or_a_proof_of_the_token() -> None:
     assert m.phase == "forming" and m.fired_by == PEER
 
 
-def test_loopback_fires_without_a_token_and_tokenless_runs_refuse_remote_fire() -> None:
-    m = machine(start="manual", quorum_hosts=1)
-    join(m, "a")
-    err = refused(m.fire, peer=PEER, trusted=False)
-    assert err.reason == "bad_token" and "controller box" in err.message
-    m.fire(peer="127.0.0.1", trusted=True)
+def test_the_switch_needs_a_proof_from_loopback_too() -> None:
+    # regression: a loopback peer fired the switch without a proof (every account on the box shares loopback)
+    m = machine(start="manual", quorum_hosts=1, token="s3cret")
+    join(m, "a", trusted=True)
+    for peer in (PEER, "127.0.0.1", "::1"):
+        err = refused(m.fire, peer=peer, trusted=False)
+        assert err.reason == "bad_token" and "from the controller box" in err.message
+    m.fire(peer="127.0.0.1", trusted=True)  # its proof matched
     assert m.phase == "forming"
+    open_run = machine(start="manual", quorum_hosts=1)  # no token (insecure_no_token): anyone fires
+    join(open_run, "a", trusted=False, peer=PEER)
+    open_run.fire(peer=PEER, trusted=False)
+    assert open_run.phase == "forming"
 
 
-def test_join_needs_a_proof_from_another_host() -> None:
+def test_join_needs_a_proof_from_every_peer() -> None:
     m = machine(token="s3cret")
     assert refused(join, m, "a", trusted=False, peer=PEER).reason == "bad_token"
+    assert refused(join, m, "b", trusted=False, peer="127.0.0.1").reason == "bad_token"  # loopback proves nothing
     m.hello(hello("a"), peer=PEER, trusted=False, authed=True)
-    join(m, "b", trusted=True)  # loopback: reachability (the controller box or its ssh tunnel) is the credential
+    m.hello(hello("b"), peer="127.0.0.1", trusted=False, authed=True)
     assert set(m.members) == {"a", "b"}
     assert m.members["a"].address == PEER
-    assert m.refusals == {"bad_token": 1}
+    assert m.refusals == {"bad_token": 2}
     open_run = machine()
     join(open_run, "a", trusted=False, peer=PEER)  # no token configured: open admission
     assert "a" in open_run.members
+
+
+def test_state_json_names_the_controller_instance() -> None:
+    m, other = machine(), machine()
+    assert m.state()["controller_id"] == m.controller_id != other.controller_id
+    assert len(m.controller_id) == 32 and int(m.controller_id, 16) >= 0
 
 
 # ---------------------------------------------------------------- roster-bound admission

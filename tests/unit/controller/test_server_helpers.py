@@ -16,27 +16,43 @@ def test_is_loopback(remote, expected) -> None:
     assert is_loopback(remote) is expected
 
 
-# regression: one peer could hold every connection the controller allows, and members' requests got 503.
+# regression: one peer could hold every connection the controller allows, and members' requests got 503; loopback
+# peers had no share at all; an IPv6 host (billions of addresses) or a /24 got one share per address.
 
 
 def test_the_gate_holds_a_stranger_to_its_share_and_keeps_a_reserve_for_members() -> None:
     from fdl.controller.gate import Gate
 
-    members = {"10.0.0.2"}
+    members = {"10.0.0.2": 1}
     shed: list = []
-    gate = Gate(lambda: None, max_connections=10, per_peer=4, reserve=3,
-                 priority=lambda peer: peer in members, shed=shed.append)
-    assert [gate.admit("10.0.0.9") for _ in range(6)] == [True] * 4 + [False] * 2  # one stranger: 4 of 10
+    gate = Gate(lambda: None, max_connections=10, per_peer=4, per_net=100, per_member=0, reserve=3,
+                members_at=lambda peer: members.get(peer, 0), shed=shed.append)
+    assert [gate.admit("10.0.0.9")[0] for _ in range(6)] == [True] * 4 + [False] * 2  # one stranger: 4 of 10
     for i in range(6):
-        assert gate.admit(f"10.0.1.{i}")  # other strangers fill the total ...
-    assert not gate.admit("10.0.1.99") and gate.total == 10
-    assert [gate.admit("10.0.0.2") for _ in range(4)] == [True, True, True, False]  # ... a member still gets in
+        assert gate.admit(f"10.0.1.{i}")[0]  # other strangers fill the total ...
+    assert not gate.admit("10.0.1.99")[0] and gate.total == 10
+    assert [gate.admit("10.0.0.2")[0] for _ in range(4)] == [True, True, True, False]  # ... a member still gets in
     assert gate.overloaded == 4 and shed == ["10.0.0.9", "10.0.0.9", "10.0.1.99", "10.0.0.2"]
-    gate.release("10.0.0.9")
-    assert gate.by_peer["10.0.0.9"] == 3 and gate.admit("10.0.0.9") is False  # the total is still full
+    gate.release("10.0.0.9", "10.0.0.0/24")
+    assert gate.by_peer["10.0.0.9"] == 3 and gate.admit("10.0.0.9")[0] is False  # the total is still full
     for _ in range(3):
-        gate.release("10.0.0.2")
-    assert gate.admit("10.0.0.9") and "10.0.0.2" not in gate.by_peer
+        gate.release("10.0.0.2", None)
+    assert gate.admit("10.0.0.9")[0] and "10.0.0.2" not in gate.by_peer
+
+
+def test_loopback_is_a_stranger_and_networks_share_one_share() -> None:
+    from fdl.controller.gate import Gate, network_of
+
+    assert network_of("10.1.2.3") == "10.1.2.0/24" and network_of("2001:db8::1:2") == "2001:db8::/64"
+    gate = Gate(lambda: None, max_connections=1000, per_peer=4, per_net=6, per_member=2, reserve=10,
+                members_at=lambda peer: 3 if peer == "10.0.0.2" else 0, shed=lambda peer: None)
+    assert [gate.admit("127.0.0.1")[0] for _ in range(5)] == [True] * 4 + [False]  # loopback: a stranger's share
+    assert [gate.admit(f"10.9.9.{i}")[0] for i in range(10)] == [True] * 6 + [False] * 4  # one /24: one share
+    assert [gate.admit(f"2001:db8::{i}")[0] for i in range(10)] == [True] * 6 + [False] * 4  # one /64 too
+    assert gate.admit("2001:db8:0:1::1") == (True, "2001:db8:0:1::/64")  # the next /64 is another network
+    # an address holding three members: per_peer + 2 per member, and not counted in its network's share
+    assert [gate.admit("10.0.0.2")[0] for _ in range(11)] == [True] * 10 + [False]
+    assert gate.admit("10.0.0.3") == (True, "10.0.0.0/24")
 
 
 def test_a_member_whose_address_was_shed_for_load_is_not_silent() -> None:

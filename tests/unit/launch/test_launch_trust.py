@@ -56,10 +56,15 @@ def test_a_launcher_window_beyond_loopback_gets_a_fresh_token_kept_0600(tmp_path
     assert again.token != policy.token  # one per run
 
 
-def test_a_configured_token_is_kept_and_loopback_needs_none(tmp_path, monkeypatch) -> None:
+def test_a_configured_token_is_kept_and_a_loopback_window_gets_one_too(tmp_path, monkeypatch) -> None:
+    # regression: a window on loopback had no token, and every account on the box could join and fire it
     monkeypatch.setenv("HOME", str(tmp_path))
     assert Launcher(plan(token="abc" * 11), printer=Notes())._policy().token == "abc" * 11
-    assert Launcher(plan(bind="127.0.0.1"), printer=Notes())._policy().token is None
+    local = Launcher(plan(bind="127.0.0.1"), printer=Notes())
+    token = local._policy().token
+    assert token and len(token) == 64
+    assert stat.S_IMODE((local.run_dir / "token").stat().st_mode) == 0o600
+    assert stat.S_IMODE(local.run_dir.stat().st_mode) == 0o700
 
 
 def test_the_explicit_opt_out_is_warned_about_at_every_start(tmp_path, monkeypatch) -> None:
@@ -69,10 +74,11 @@ def test_the_explicit_opt_out_is_warned_about_at_every_start(tmp_path, monkeypat
     assert any(note.startswith("WARNING: cluster.controller.join.insecure_no_token") for note in printer.notes)
 
 
-def test_the_controller_refuses_a_tokenless_window_beyond_loopback() -> None:
-    with pytest.raises(FdlError, match="without a token") as info:
-        ControllerServer(RunPolicy(window_s=60), host="0.0.0.0", port=free_port()).start()
-    assert "insecure_no_token" in (info.value.hint or "")
+def test_the_controller_refuses_a_tokenless_window_on_any_bind() -> None:
+    for host in ("0.0.0.0", "127.0.0.1"):
+        with pytest.raises(FdlError, match="without a token") as info:
+            ControllerServer(RunPolicy(window_s=60), host=host, port=free_port()).start()
+        assert "insecure_no_token" in (info.value.hint or "")
     with ControllerServer(RunPolicy(window_s=60, insecure_no_token=True), host="0.0.0.0", port=free_port()):
         pass
     with ControllerServer(RunPolicy(window_s=60, token="t" * 32), host="0.0.0.0", port=free_port()):
