@@ -32,8 +32,12 @@ looks it up):
 - the door's host name has no key in this box's known_hosts while strict
   host key checking is on: ssh can never accept the door (permanent);
 - it has keys, and none of them is among the keys the door presents
-  (`ssh-keyscan`, compared here): the door's key changed, or something
-  else answers at its address; ssh can never accept it (permanent);
+  (`ssh-keyscan`, compared here): the door was re-keyed, or something else
+  answers at its address. What the door presents is the network's word, so
+  this stays transient: a stand-in at the door's address must not be able
+  to power a `--persist` worker off. The failure says so plainly, and
+  `--persist` keeps re-dialing until the real door answers again or the
+  operator puts the new key into known_hosts;
 - an identity file that is missing or unreadable (permanent, checked
   before ssh starts), ssh not installed (permanent);
 - everything else (a refused key, a dropped or reset connection, no
@@ -224,8 +228,9 @@ class Tunnel:
         except (KeyError, ValueError):
             return None
 
-    def host_key_problem(self) -> str | None:
-        """Why ssh can never accept the door's host key, decided on this box; None when nothing says so."""
+    def host_key_problem(self) -> tuple[str, bool] | None:
+        """Why ssh does not accept the door's host key, and whether that is this box's own evidence alone
+        (permanent) rather than what the door presented (transient); None when nothing says so."""
         conf = self.resolved()
         if conf is None or conf.get("proxyjump", "none") != "none" or conf.get("proxycommand", "none") != "none":
             return None
@@ -248,24 +253,32 @@ class Tunnel:
         shown = ", ".join(files) or "(none)"
         if not known:
             return (f"this box's known_hosts ({shown}) holds no host key for the door {name}, and ssh refuses an "
-                    f"unknown host under BatchMode")
+                    f"unknown host under BatchMode"), True
         offered = scanned_keys(host, port, self.environ)
         if offered and not (offered & known):
             return (f"the door {name} presents host keys none of which is in this box's known_hosts ({shown}): "
-                    f"its key changed, or something else answers at its address")
+                    f"the door was re-keyed, or something else answers at its address"), False
         return None
 
     def _failure(self, text: str, status: int | None) -> FdlError:
         lines = [line for line in text.strip().splitlines() if line.strip()][-6:]
         detail = "\n    ".join(lines) if lines else "(ssh said nothing; it did not come up in time)"
-        problem = self.host_key_problem() if status == SSH_FAILED else None
-        if problem is not None:
+        found = self.host_key_problem() if status == SSH_FAILED else None
+        if found is not None and found[1]:
             return TunnelError(
-                f"the ssh tunnel through {self.hop} could not be brought up: {problem}.\n    {detail}",
+                f"the ssh tunnel through {self.hop} could not be brought up: {found[0]}.\n    {detail}",
                 hint="Put the door's real host key into this box's known_hosts (ssh-keyscan it over a path you "
                      "trust, or copy it from the door's /etc/ssh/*.pub). Re-dialing cannot change what this box "
                      "accepts, so fdl stops here even under --persist.",
                 exit_code=ExitCode.PERMANENT)
+        if found is not None:
+            return TunnelError(
+                f"the ssh tunnel through {self.hop} could not be brought up: {found[0]}.\n    {detail}",
+                hint="If the door was re-keyed, put its new host key into this box's known_hosts (copied from the "
+                     "door's /etc/ssh/*.pub over a path you trust). If it was not, something is impersonating it: "
+                     "ssh refused to talk to it. What the network presents never stops this box for good, so "
+                     "--persist keeps re-dialing until the real door answers.",
+                exit_code=ExitCode.FAILURE, reason="tunnel")
         return TunnelError(
             f"the ssh tunnel through {self.hop} could not be brought up:\n    {detail}",
             hint="The door refused this box's key (check --identity and the door's authorized keys), dropped the "

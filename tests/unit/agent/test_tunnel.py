@@ -132,7 +132,8 @@ def test_an_unknown_host_key_is_permanent_and_says_so(sshd, tmp_path, web):
     assert str(empty) in err.value.message and "known_hosts" in err.value.hint
 
 
-def test_a_changed_host_key_is_permanent_and_says_so(sshd, tmp_path, web):
+def test_a_changed_host_key_is_transient_and_says_so(sshd, tmp_path, web):
+    """A key that differs from known_hosts is what the door presents: the network's word, never a poweroff."""
     other = tmp_path / "other_host_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
     kind, blob = other.with_suffix(".pub").read_text().split()[:2]
@@ -142,7 +143,9 @@ def test_a_changed_host_key_is_permanent_and_says_so(sshd, tmp_path, web):
     command = f"ssh -F /dev/null -o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes"
     with pytest.raises(TunnelError) as err:
         Tunnel(hop, ("127.0.0.1", web), identity=str(sshd.key), environ={"FDL_SSH_COMMAND": command}).open()
-    assert err.value.exit_code == 2 and "none of which is in this box's known_hosts" in err.value.message
+    assert err.value.exit_code == 1 and err.value.reason == "tunnel", err.value.message
+    assert "none of which is in this box's known_hosts" in err.value.message
+    assert "re-keyed" in err.value.message and "--persist keeps re-dialing" in err.value.hint
 
 
 def _knowing(tmp_path, sshd, port: int) -> str:
