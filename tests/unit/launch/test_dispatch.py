@@ -148,7 +148,7 @@ def test_a_session_that_cannot_start_is_a_failed_host(tmp_path):
     assert s.done and s.outcome().code == 127 and "cannot run ssh" in s.outcome().detail
 
 
-# --------------------------------------------------------------------------- staging: the layout and the playbook's answer
+# ------------------------------------------------------------------- staging: the layout and the playbook's answer
 # The layout is fdl.launch.hoststage, the module_utils the fdl_dispatch_stage module runs on each host (the
 # playbook itself runs on the testbed: tests/integration/launch/test_launch_testbed.py).
 
