@@ -94,6 +94,7 @@ class Plan:
     findings: tuple[CheckResult, ...]
     dropin_text: str
     dropin_target: str
+    sshd_config: str  # the main sshd configuration (absolute): the drop-in goes to its sshd_config.d/
     rrsync: str
     key_file: KeyFile
     inherit_from: str | None
@@ -243,5 +244,6 @@ def prepare(req: Request, prompter: Prompter | None = None, observe: Observe = g
         label=label, root=root, farm_dir=farm_dir, overlay=overlay_file(root, label) or root / f"fdl.{label}.yml",
         shape=shape, shape_from=shape_from, existing=existing, rotate=rotate, cred_modes=cred_modes, facts=facts,
         findings=tuple(findings), dropin_text=dropin_text, dropin_target=dropin_target,
+        sshd_config=os.path.abspath(req.sshd_config),
         rrsync=facts.rrsync_path or "rrsync", key_file=key_file, inherit_from=req.inherit_from,
         cloud_init=req.cloud_init, notes=tuple(notes))
