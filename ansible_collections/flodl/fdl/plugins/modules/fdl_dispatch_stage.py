@@ -144,8 +144,8 @@ def main():
     except hoststage.StageError as exc:
         module.fail_json(msg=str(exc))
     except OSError as exc:  # an unwritable launcher directory: name the path and the reason, no traceback
-        module.fail_json(msg="cannot lay out the run: {}: {}".format(exc.filename or module.params["root"],
-                                                                    exc.strerror or exc))
+        where = exc.filename or module.params["root"]
+        module.fail_json(msg="cannot lay out the run: {0}: {1}".format(where, exc.strerror or exc))
     facts = {k: staged[k] for k in ("run_dir", "supervisor", "spec")}
     module.exit_json(changed=changed, ansible_facts={"fdl_dispatch_staged": facts}, **staged)
 
