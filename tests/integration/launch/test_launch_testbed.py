@@ -163,23 +163,26 @@ def test_every_host_is_staged_by_the_dispatch_playbook_and_the_binary_travels_on
     first = run_job()
     assert sorted(line.split("] ", 1)[1] for line in first.stdout.splitlines() if "staged rank" in line) == \
         ["staged rank 0 v1", "staged rank 1 v1", "staged rank 2 v1"]
+    stage, stop, ship = "flodl.fdl.fdl_dispatch_stage", "ansible.builtin.meta", "ansible.builtin.command"
     (run,) = runs_of(cache, "dispatch.yml")
     assert run.command[0] == "ansible-playbook", run.command
-    assert run.actions == ["flodl.fdl.fdl_dispatch_stage", "ansible.builtin.command"]  # layout, then rsync
-    assert set(run.hosts("ok")) == names and run.hosts("skipped") == {}  # a new binary: rsync on every host
+    steps = lambda run: list(dict.fromkeys(run.actions))  # noqa: E731 - a meta task starts once per host
+    assert steps(run) == [stage, stop, ship]  # layout, the controller's decision, then rsync
+    assert run.hosts("ok") == {name: 2 for name in names}  # a new binary: the layout and rsync on every host
     assert run.hosts("failures") == {} and run.hosts("dark") == {}
     for host in bed.hosts:  # the staged copy is the binary itself
         shipped = host.home / ".flodl" / "launch" / "bin" / "job" / "rank.sh"
         assert shipped.read_bytes() == rank.read_bytes(), host.name
 
-    run_job()  # unchanged: the module saw the same SHA-256 on every host, so rsync was skipped everywhere
-    assert runs_of(cache, "dispatch.yml")[-1].hosts("skipped") == {name: 1 for name in names}
+    run_job()  # unchanged: the module saw the same SHA-256 on every host, so no rsync task went anywhere
+    unchanged = runs_of(cache, "dispatch.yml")[-1]
+    assert steps(unchanged) == [stage, stop] and unchanged.hosts("ok") == {name: 1 for name in names}
 
     rank.write_text('#!/bin/sh\necho "staged rank $RANK v2"\n')
     changed = run_job()
     assert "staged rank 0 v2" in changed.stdout
     latest = runs_of(cache, "dispatch.yml")[-1]
-    assert latest.hosts("skipped") == {} and set(latest.hosts("changed")) == names  # shipped again
+    assert steps(latest) == [stage, stop, ship] and latest.hosts("ok") == {name: 2 for name in names}
     assert_no_leftovers(bed)
 
 

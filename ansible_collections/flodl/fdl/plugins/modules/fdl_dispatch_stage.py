@@ -102,7 +102,8 @@ program_current:
   returned: always
   type: bool
 ansible_facts:
-  description: C(fdl_dispatch_staged), the paths the launcher needs (C(run_dir), C(supervisor), C(spec)).
+  description: C(fdl_dispatch_staged), the paths the launcher needs (C(run_dir), C(supervisor), C(spec)), the
+    binary's directory (C(bin_dir)) and whether the host's copy is current (C(program_current)).
   returned: always
   type: dict
 """
@@ -146,7 +147,7 @@ def main():
     except OSError as exc:  # an unwritable launcher directory: name the path and the reason, no traceback
         where = exc.filename or module.params["root"]
         module.fail_json(msg="cannot lay out the run: {0}: {1}".format(where, exc.strerror or exc))
-    facts = {k: staged[k] for k in ("run_dir", "supervisor", "spec")}
+    facts = {k: staged[k] for k in ("run_dir", "supervisor", "spec", "bin_dir", "program_current")}
     module.exit_json(changed=changed, ansible_facts={"fdl_dispatch_staged": facts}, **staged)
 
 
