@@ -44,9 +44,10 @@ _HEADER = """\
 # They drive the privileged part of the door (the sshd drop-in, checked with sshd -t inside this box's whole
 # configuration before it goes live, sshd's reload{jail}). Review them, then run the line the report prints:
 #   {command}
-# The key line in your own authorized_keys is not part of it: `fdl join-config {label} --install-key` puts
-# it there as you, never as root.
+# {own}
 """
+_OWN_FILE = ("Your own authorized_keys is not part of it: `fdl join-config {label} --install-key` edits it as you, "
+             "never as root.")
 
 
 def door_vars(plan: Plan, public_key: str, retired: tuple[str, ...]) -> dict[str, Any]:
@@ -161,7 +162,7 @@ def write_privileged_vars(plan: Plan, public_key: str, rotated_out: str | None, 
     variables = privileged_vars(plan, public_key, rotated_out)
     header = _HEADER.format(label=plan.label, command=privileged_command(plan, cwd),
                             jail=", door a's account, jail, read-only bind and key line" if plan.shape.door == "a"
-                            else "")
+                            else "", own=_OWN_FILE.format(label=plan.label))
     atomic_write(path, header + yaml.safe_dump(variables, sort_keys=False, width=1000), 0o644)
     return path
 
