@@ -405,3 +405,15 @@ def test_the_key_line_written_is_the_one_the_farm_key_identifies(box):
     _, plan = box.prepare()
     assert plan.existing is not None
     assert find_key(box.ak.read_bytes(), plan.existing.identity) == report.authorized_keys.line == 1
+
+
+def test_a_key_file_the_role_refuses_is_the_wizards_refusal_with_the_farm_written(box):
+    """The fdl_join_door role's module refuses (the key file is a directory): exit 1 with its reason, no traceback,
+    the farm's own files already written and the key file as it was."""
+    box.ak.parent.mkdir(mode=0o700)
+    box.ak.mkdir()
+    with pytest.raises(FdlError, match=r"the fdl_join_door role did not change .*is not a regular file") as excinfo:
+        box.run(controller=box.controller, assume_yes=True, install_key=True)
+    refused(excinfo)
+    assert (box.farm / "key").is_file() and (box.farm / "join-door.yml").is_file()
+    assert box.ak.is_dir() and list(box.ak.iterdir()) == []
