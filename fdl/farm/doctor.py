@@ -42,7 +42,7 @@ class HostFacts:
     ssh_socket_active: bool | None = None  # Debian/Ubuntu socket activation holds the listener
     sshd_path: str | None = None
     sshd_config: SshdConfigScan | None = None  # scanned with the drop-in virtually in place
-    dropin_target: str | None = None  # where the setup steps install the drop-in
+    dropin_target: str | None = None  # where the privileged step (the fdl_join_door role) installs the drop-in
     door_listening: bool = False
     door_banner: str | None = None  # first line a TCP connect to the door port read (SSH-2.0-...)
     rrsync_path: str | None = None

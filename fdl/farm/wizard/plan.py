@@ -114,7 +114,7 @@ def validate_dropin(sshd: str, main_config: str, text: str) -> CheckResult:
     """`sshd -t` over this box's configuration with the new drop-in read first (as root)."""
     if os.geteuid() != 0:
         return CheckResult("sshd -t", SKIPPED, "the drop-in was not checked with sshd -t (that needs root, to read "
-                           "the host keys)", hint="the setup steps run sshd -t before the reload")
+                           "the host keys)", hint="the privileged step runs sshd -t before the drop-in goes live")
     with tempfile.TemporaryDirectory(prefix="fdl-dropin-") as tmp:
         dropin = Path(tmp) / "door.conf"
         dropin.write_text(text)
