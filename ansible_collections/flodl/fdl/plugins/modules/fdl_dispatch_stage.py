@@ -146,7 +146,7 @@ def main():
         module.fail_json(msg=str(exc))
     except OSError as exc:  # an unwritable launcher directory: name the path and the reason, no traceback
         where = exc.filename or module.params["root"]
-        module.fail_json(msg="cannot lay out the run: {0}: {1}".format(where, exc.strerror or exc))
+        module.fail_json(msg=f"cannot lay out the run: {where}: {exc.strerror or exc}")
     facts = {k: staged[k] for k in ("run_dir", "supervisor", "spec", "bin_dir", "program_current")}
     module.exit_json(changed=changed, ansible_facts={"fdl_dispatch_staged": facts}, **staged)
 
