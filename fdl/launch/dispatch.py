@@ -117,7 +117,9 @@ def stage_remote(plan: LaunchPlan, inventory: ClusterInventory, jobs: dict[str, 
     One ansible-playbook run (fdl.cluster.runner, one task per host): the fdl_dispatch_stage module lays out
     the run on each host in one round trip (the hoststage code, the supervisor and the rank spec travel in its
     payload), and rsync ships the binary only to the hosts whose copy has another SHA-256. The ssh sessions
-    Ansible opens stay up as persistent masters that the rank sessions ride next (fdl.cluster.ssh).
+    Ansible opens stay up as persistent masters that the rank sessions ride next (fdl.cluster.ssh). It returns
+    at the play's final stats, when every host's result is in: ansible-playbook's own exit and the runner's
+    artifacts finish in the background while the rank sessions start.
     """
     from fdl.cluster.runner import OK, run_playbook
     from fdl.cluster.ssh import login, rsync_rsh
@@ -138,7 +140,8 @@ def stage_remote(plan: LaunchPlan, inventory: ClusterInventory, jobs: dict[str, 
             "command": list(plan.args) if plan.command.bin is not None else plan.rank_argv(None),
             "ranks": specs[name], "label": name, "grace_s": GRACE_S}
     result = run_playbook("dispatch.yml", inventory, extravars={"fdl_dispatch_plan": dispatch_plan}, limit=hosts,
-                          progress=progress, title="dispatch", skip_validation=True)
+                          progress=progress, title="dispatch", skip_validation=True,
+                          return_at_stats=True)
     staged: dict[str, dict[str, Any]] = {}
     failures: list[str] = []
     for name in hosts:
