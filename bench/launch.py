@@ -14,7 +14,9 @@ Across hosts (root: one testbed of the largest size, FDL_TESTBED_PREFIX/FDL_TEST
 first N hosts, 1 rank each):
 - parallel ssh: one `ssh host PROGRAM` per host, all at once (SSH masters warm), as pdsh would;
 - fdl warm: `fdl @cluster job` a second time (binary already on the hosts, masters warm): controller,
-  staging, ssh sessions to the shipped supervisor, exit reports.
+  staging (the flodl.fdl.dispatch playbook), ssh sessions to the staged supervisor, exit reports;
+- with `--against DIR`: the same command from another checkout of fdl (DIR, e.g. an older revision from
+  `git worktree add` or `git archive`), sampled in the same round-robin, so two revisions compare in one run.
 
 Per size: median wall, median controller CPU (user+system of the command and every child it waited for;
 the hosts' sshd and ranks are not counted) and CPU per host, the overhead over parallel ssh, and a
@@ -87,7 +89,7 @@ def timed(argv: list[str], cwd: Path, env: dict) -> tuple[float, float, int]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), done.returncode
 
 
-def across_hosts(runs: int, sizes: list[int]) -> None:
+def across_hosts(runs: int, sizes: list[int], against: Path | None = None) -> None:
     from tests.testbed import Testbed
 
     rows = []
@@ -99,19 +101,27 @@ def across_hosts(runs: int, sizes: list[int]) -> None:
             program.chmod(0o755)
             env = env_for_fdl(bed.home_env(work / "h"))
             for size in sizes:
-                rows.append(one_size(bed, work, env, size, runs))
+                rows.append(one_size(bed, work, env, size, runs, against))
         finally:
             shutil.rmtree(work, ignore_errors=True)
     print(f"\nacross hosts over SSH, 1 rank of `{RANK}` each, medians of {runs} (wall s / controller CPU s):")
     print(f"{'hosts':>5} {'ssh wall':>9} {'fdl wall':>9} {'over':>7} {'ssh cpu':>8} {'fdl cpu':>8} "
           f"{'ssh cpu/h':>10} {'fdl cpu/h':>10}")
-    for size, ssh, fdl in rows:
+    for size, ssh, fdl, _ in rows:
         print(f"{size:>5} {ssh[0]:>9.3f} {fdl[0]:>9.3f} {fdl[0] - ssh[0]:>+7.3f} {ssh[1]:>8.3f} {fdl[1]:>8.3f} "
               f"{ssh[1] / size:>10.4f} {fdl[1] / size:>10.4f}")
-    project(rows)
+    if against is not None:
+        print(f"\nthe same samples against {against} (its fdl, interleaved with the above):")
+        print(f"{'hosts':>5} {'it wall':>9} {'over ssh':>9} {'it cpu':>8} {'fdl - it wall':>14} {'fdl - it cpu':>13}")
+        for size, ssh, fdl, other in rows:
+            assert other is not None  # every size was sampled against it
+            print(f"{size:>5} {other[0]:>9.3f} {other[0] - ssh[0]:>+9.3f} {other[1]:>8.3f} {fdl[0] - other[0]:>+14.3f} "
+                  f"{fdl[1] - other[1]:>+13.3f}")
+    project([(size, ssh, fdl) for size, ssh, fdl, _ in rows])
 
 
-def one_size(bed, work: Path, env: dict, size: int, runs: int) -> tuple[int, tuple, tuple]:
+def one_size(bed, work: Path, env: dict, size: int, runs: int, against: Path | None = None
+             ) -> tuple[int, tuple, tuple, tuple | None]:
     hosts = bed.hosts[:size]
     project_dir = work / f"n{size}"
     project_dir.mkdir()
@@ -121,25 +131,34 @@ def one_size(bed, work: Path, env: dict, size: int, runs: int) -> tuple[int, tup
     (project_dir / "fdl.yml").write_text(yaml.safe_dump({"commands": {"job": {"cluster": True, "bin": "rank.sh"}}}))
     (project_dir / "fdl.cluster.yml").write_text(yaml.safe_dump(doc))
     fdl = [*fdl_command(), "@cluster", "job"]
-    first = subprocess.run(fdl, cwd=project_dir, env=env, capture_output=True, text=True, check=False)
-    if first.returncode != 0:  # cold: ships the binary, opens the SSH masters
-        raise SystemExit(f"fdl @cluster job on {size} hosts failed: {first.stderr}")
+    other_env = {**env, "PYTHONPATH": str(against)} if against is not None else None
+    for which in (env, other_env):
+        if which is None:
+            continue
+        first = subprocess.run(fdl, cwd=project_dir, env=which, capture_output=True, text=True, check=False)
+        if first.returncode != 0:  # cold: ships the binary, opens the SSH masters
+            raise SystemExit(f"fdl @cluster job on {size} hosts failed ({which['PYTHONPATH']}): {first.stderr}")
     ssh = " & ".join(shlex.join([*h.ssh_argv(extra=("-o", "ControlMaster=auto", "-o", f"ControlPath={work}/cp-%C",
                                                    "-o", "ControlPersist=120")), f"/usr/bin/{RANK}"])
                      for h in hosts) + " & wait"
     parallel = ["/bin/sh", "-c", ssh]
     subprocess.run(parallel, check=False)  # open the parallel side's masters too
     bed.verify()
-    samples: dict[str, list[tuple[float, float, int]]] = {"ssh": [], "fdl": []}
-    for _ in range(runs):  # round-robin, so machine noise hits both alike
+    samples: dict[str, list[tuple[float, float, int]]] = {"ssh": [], "fdl": [], "other": []}
+    for _ in range(runs):  # round-robin, so machine noise hits every command alike
         samples["ssh"].append(timed(parallel, project_dir, env))
         samples["fdl"].append(timed(fdl, project_dir, env))
-    failed = [s for s in samples["fdl"] if s[2] != 0]
+        if other_env is not None:
+            samples["other"].append(timed(fdl, project_dir, other_env))
+    failed = [s for s in samples["fdl"] + samples["other"] if s[2] != 0]
     if failed:
         raise SystemExit(f"fdl @cluster job on {size} hosts failed {len(failed)} of {runs} times")
-    medians = {k: (statistics.median(s[0] for s in v), statistics.median(s[1] for s in v)) for k, v in samples.items()}
-    print(f"  {size} hosts: parallel ssh {medians['ssh'][0]:.3f}s, fdl {medians['fdl'][0]:.3f}s", flush=True)
-    return size, medians["ssh"], medians["fdl"]
+    medians = {k: (statistics.median(s[0] for s in v), statistics.median(s[1] for s in v))
+               for k, v in samples.items() if v}
+    other = medians.get("other")
+    print(f"  {size} hosts: parallel ssh {medians['ssh'][0]:.3f}s, fdl {medians['fdl'][0]:.3f}s"
+          + (f", {against} {other[0]:.3f}s" if other else ""), flush=True)
+    return size, medians["ssh"], medians["fdl"], other
 
 
 def project(rows: list[tuple[int, tuple, tuple]]) -> None:
@@ -183,6 +202,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="", help="testbed sizes to run across, e.g. 3,16,32,64 (root)")
     parser.add_argument("--hosts", type=int, default=0, help="the same as --sizes N")
     parser.add_argument("--no-single", action="store_true", help="skip the single-host case")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="another checkout of fdl to time in the same round-robin across hosts (its fdl/)")
     opts = parser.parse_args()
     sizes = [int(n) for n in opts.sizes.split(",") if n.strip()] + ([opts.hosts] if opts.hosts else [])
     compile_package()
@@ -190,7 +211,10 @@ def main() -> None:
     if not opts.no_single:
         single_host(opts.runs, opts.ranks)
     if sizes:
-        across_hosts(opts.runs, sorted(set(sizes)))
+        against = opts.against.resolve() if opts.against is not None else None
+        if against is not None and not (against / "fdl" / "__init__.py").is_file():
+            raise SystemExit(f"--against {opts.against}: no fdl package there")
+        across_hosts(opts.runs, sorted(set(sizes)), against)
     print(f"(bench took {time.monotonic() - started:.0f}s)")
 
 

@@ -15,7 +15,9 @@ description:
   - The file is rewritten atomically (temp file in the same directory, mode set, fsync, rename).
   - Paths under /etc/ssh are refused, as by C(fdl join-config).
   - Shares its code with C(fdl join-config) (fdl.farm.authorized_keys and fdl.farm.doors, the collection's
-    module_utils C(farm)).
+    module_utils C(farm)), and is how the wizard installs its line - Ansible changes hosts, the wizard
+    decides and asks - C(fdl join-config --install-key) runs the C(fdl_join_door) role's key part through
+    ansible-playbook on its own box (local connection), as the invoking account.
 options:
   path:
     description: The key file. C(~) and C(~user) are expanded on the host.
@@ -62,6 +64,12 @@ options:
   owner:
     description: Owner for a file (and directory) this module creates; an existing file keeps its owner.
     type: str
+  fix_permissions:
+    description: Fix what sshd's StrictModes refuses on the way to the key file - its directory to 0700 and no
+      group or other write on the home above it. Only with I(create_parent) (a directory the module may manage);
+      the file itself gets I(mode) at the rewrite.
+    type: bool
+    default: false
   state:
     description: C(present) puts the line in; C(absent) takes every line of the key (and I(retired_keys)) out.
     type: str
@@ -99,6 +107,11 @@ line:
   description: The key line (public material only).
   returned: always
   type: str
+permissions:
+  description: What sshd would object to along the path before this run (path, mode, want, problem, command).
+  returned: when fix_permissions
+  type: list
+  elements: dict
 """
 
 import os
@@ -109,6 +122,8 @@ from ansible.module_utils.basic import AnsibleModule
 try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
     from ansible_collections.flodl.fdl.plugins.module_utils.farm.authorized_keys import (
         AuthorizedKeysError,
+        check_permissions,
+        fix_permissions,
         install_line,
         parse_public_key,
         remove_keys,
@@ -117,6 +132,8 @@ try:  # the flodl.fdl collection: module_utils copied from the fdl package when 
 except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
     from ansible.module_utils.fdl.farm.authorized_keys import (
         AuthorizedKeysError,
+        check_permissions,
+        fix_permissions,
         install_line,
         parse_public_key,
         remove_keys,
@@ -138,6 +155,7 @@ def main() -> None:
             create_parent=dict(type="bool", default=True),
             mode=dict(type="str", default="0600"),
             owner=dict(type="str"),
+            fix_permissions=dict(type="bool", default=False),
             state=dict(type="str", default="present", choices=["present", "absent"]),
         ),
         supports_check_mode=True,
@@ -156,10 +174,19 @@ def main() -> None:
             result = remove_keys(path, (key, *retire), check=module.check_mode)
             module.exit_json(changed=result.changed, action=result.action, line_number=0, removed=result.removed,
                              line=None, path=path)
+        extra = {}
+        if p["fix_permissions"] and p["create_parent"]:
+            parent = os.path.dirname(os.path.abspath(path))
+            issues = check_permissions(path, uid=os.geteuid(), manage_parent=True, home=os.path.dirname(parent))
+            extra["permissions"] = [issue.to_dict() for issue in issues]
+            if not module.check_mode:
+                fix_permissions(issues)
         result = install_line(path, line, key, retire=retire, mode=mode, create_parent=p["create_parent"],
                               check=module.check_mode)
     except (AuthorizedKeysError, DoorError, ValueError) as exc:
         module.fail_json(msg=str(exc))
+    except OSError as exc:  # the account may not write there: say where and why, no traceback
+        module.fail_json(msg=f"cannot write {exc.filename or path}: {exc.strerror or exc}", errno=exc.errno)
     if p["owner"] and not module.check_mode:
         try:
             entry = pwd.getpwnam(p["owner"])
@@ -170,7 +197,7 @@ def main() -> None:
         if not parent_existed:
             os.chown(os.path.dirname(os.path.abspath(path)), entry.pw_uid, entry.pw_gid)
     module.exit_json(changed=result.changed, action=result.action, line_number=result.line_number or 0,
-                     removed=result.removed, line=line, path=path)
+                     removed=result.removed, line=line, path=path, **extra)
 
 
 if __name__ == "__main__":

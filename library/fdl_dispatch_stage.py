@@ -13,9 +13,15 @@ description:
     changed) and C(runs/RUN_ID/logs/), writes the rank supervisor to C(root/supervisor.py) when its content
     differs, and writes the host's rank spec to C(runs/RUN_ID/spec.json) (mode 0600).
   - The supervisor is fdl's own C(fdl/agent/supervisor.py), which reaches the host inside this module's payload
-    as the collection's module_utils C(supervisor) (copied from the fdl package when the collection is built).
-  - Starts nothing. fdl then runs C(python3 supervisor.py spec.json) over ssh with its stdin held open.
-  - One module call instead of a file, copy and template task each, so staging costs one round trip per host.
+    as the collection's module_utils C(supervisor) (copied from the fdl package when the collection is built);
+    the layout is C(fdl/launch/hoststage.py), module_utils C(hoststage).
+  - Starts nothing. Ansible changes and stages hosts; a run's live session is ssh. C(fdl @cluster CMD) stages
+    every host with this module (playbook C(flodl.fdl.dispatch)), then runs C(python3 supervisor.py spec.json)
+    over one ssh session per host with its stdin held open, riding the ControlPath Ansible opened and the
+    connection settings the inventory gives the host, because a task cannot stream a process's output for
+    hours.
+  - One module call instead of a file, copy and template task each, so staging costs one round trip per host;
+    it sets the fact C(fdl_dispatch_staged) itself, so no set_fact task follows.
 options:
   root:
     description: The launcher directory (C(~) is expanded).
@@ -95,6 +101,11 @@ program_current:
   description: Whether the binary on this host already has C(program_sha256).
   returned: always
   type: bool
+ansible_facts:
+  description: C(fdl_dispatch_staged), the paths the launcher needs (C(run_dir), C(supervisor), C(spec)), the
+    binary's directory (C(bin_dir)) and whether the host's copy is current (C(program_current)).
+  returned: always
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -133,13 +144,17 @@ def main():
         ),
         supports_check_mode=True,
     )
-    # The layout is fdl's own (fdl/launch/hoststage.py), the same code the launcher runs on a host over ssh.
+    # The layout is fdl's own (fdl/launch/hoststage.py), shipped as module_utils.
     try:
         changed, staged = hoststage.stage(module.params, supervisor_source(), atomic_write,
                                           check_mode=module.check_mode)
     except hoststage.StageError as exc:
         module.fail_json(msg=str(exc))
-    module.exit_json(changed=changed, **staged)
+    except OSError as exc:  # an unwritable launcher directory: name the path and the reason, no traceback
+        where = exc.filename or module.params["root"]
+        module.fail_json(msg=f"cannot lay out the run: {where}: {exc.strerror or exc}")
+    facts = {k: staged[k] for k in ("run_dir", "supervisor", "spec", "bin_dir", "program_current")}
+    module.exit_json(changed=changed, ansible_facts={"fdl_dispatch_staged": facts}, **staged)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ description:
     notably which Port lines keep sshd on its current ports while adding the door port.
   - Also says whether sshd would read a drop-in at I(dropin_dir) at all, and which settings read before it
     would win over its Match block. Changes nothing.
+  - The privileged part of the C(fdl_join_door) role starts here, the part C(fdl join-config) prints as one
+    C(ansible-playbook ... --become) line for the operator to run, so the wizard and an Ansible user apply
+    the same tasks (Ansible changes the host; the wizard decides and asks).
 options:
   sshd_config:
     description: The main sshd configuration file.

@@ -311,6 +311,7 @@ class _Collector:
         self.on_event = on_event
         self.progress = progress
         self.errors: list[str] = []
+        self.stats = threading.Event()  # the play's final stats arrived: every host's result is in
 
     def _host(self, name: str) -> HostResult:
         if name not in self.hosts:  # a host the play added (add_host, delegate_to): track it too
@@ -346,6 +347,8 @@ class _Collector:
                 host.current_task = None
         elif name == "error" or (name == "verbose" and "ERROR!" in (event.get("stdout") or "")):
             self.errors.append(event.get("stdout") or "")
+        elif name == "playbook_on_stats":
+            self.stats.set()
         if self.progress is not None:
             self.progress.update(self.hosts)
         if self.on_event is not None:
@@ -382,6 +385,7 @@ def run_playbook(
     title: str | None = None,
     skip_validation: bool = False,
     skip_tags: Sequence[str] = (),
+    return_at_stats: bool = False,
 ) -> RunResult:
     """Run a playbook against the inventory's hosts (or `limit`) and return per-host results.
 
@@ -395,6 +399,11 @@ def run_playbook(
     tags `always`), for callers whose variables come from fdl's checked configuration; the modules still check
     their own arguments.
     skip_tags: more tags whose tasks fdl does not need (a role's message for people, when fdl renders its own).
+    return_at_stats: return as soon as the play's final stats arrive (every host's result is in then), while
+    ansible-playbook and ansible-runner wind down in the background (the interpreter's exit, the artifacts: a
+    few tenths of a second); the next run_playbook call, and the end of the process, wait for that. For a
+    caller whose next step is on the critical path (the launcher's rank sessions). The result's status is then
+    "successful" or "failed" from the hosts, and its rc 0 or 2.
 
     Raises RemoteError when ansible-playbook itself fails before any host ran
     (a playbook or inventory it cannot read), and KeyboardInterrupt after a
@@ -416,6 +425,7 @@ def run_playbook(
         raise FdlError("there are no hosts to run on: the cluster has no workers",
                        hint="list them under cluster.workers in fdl.cluster.yml")
 
+    settle()
     run_id = uuid.uuid4().hex
     pdd = private_data_dir(inventory)
     inventory_file = _write_private(pdd / "inventory" / "hosts.json", json.dumps(inventory.to_ansible()))
@@ -430,16 +440,24 @@ def run_playbook(
         with Interrupts(cancel) as interrupts:
             if display is not None:
                 display.start()
+            def start() -> Any:
+                return _invoke(pdd, run_id, path, inventory_file, vars_file, len(hosts), timeout=timeout,
+                               event_handler=collector, cancel_callback=cancel.is_set,
+                               skip_tags=((VALIDATION_TAG,) if skip_validation else ()) + tuple(skip_tags))
+
             try:
-                runner = _invoke(pdd, run_id, path, inventory_file, vars_file, len(hosts), timeout=timeout,
-                                 event_handler=collector, cancel_callback=cancel.is_set,
-                                 skip_tags=((VALIDATION_TAG,) if skip_validation else ()) + tuple(skip_tags))
+                runner = _until_stats(start, collector) if return_at_stats else start()
             finally:
                 if display is not None:
                     display.stop()
-            result = RunResult(status=runner.status, rc=int(runner.rc if runner.rc is not None else -1),
-                               hosts=collector.hosts, artifact_dir=Path(runner.config.artifact_dir),
-                               run_id=run_id)
+            if runner is None:  # every host's result is in; the run winds down in the background
+                ok = all(h.status in (OK, SKIPPED) for h in collector.hosts.values())
+                result = RunResult(status="successful" if ok else "failed", rc=0 if ok else 2,
+                                   hosts=collector.hosts, artifact_dir=pdd / "artifacts" / run_id, run_id=run_id)
+            else:
+                result = RunResult(status=runner.status, rc=int(runner.rc if runner.rc is not None else -1),
+                                   hosts=collector.hosts, artifact_dir=Path(runner.config.artifact_dir),
+                                   run_id=run_id)
             if result.status in ("canceled", "timeout"):
                 started = [h.host for h in result.hosts.values() if h.status != PENDING]
                 _sweep(inventory, started, run_id)
@@ -458,6 +476,39 @@ def run_playbook(
         raise RemoteError(f"ansible-playbook failed before reaching any host (rc {result.rc}): "
                           f"{_stdout_tail(result.artifact_dir, collector.errors)}")
     return result
+
+
+_winding_down: list[threading.Thread] = []  # runs returned at their final stats, still finishing
+
+
+def _until_stats(start: Callable[[], Any], collector: _Collector) -> Any | None:
+    """Run start() (the ansible-runner call) in a thread of its own: its runner when it ends first, or None as soon
+    as the play's final stats arrive, leaving the thread to finish (settle() waits for it). Ctrl-C and `cancel`
+    work as inline: the runner polls the cancel flag and ends the thread."""
+    box: list[Any] = []
+
+    def target() -> None:
+        try:
+            box.append(start())
+        except BaseException as exc:  # handed to the caller while it waits; after the stats, the outcome is in
+            box.append(exc)
+
+    thread = threading.Thread(target=target, name="fdl-ansible-run")
+    thread.start()
+    while thread.is_alive():
+        if collector.stats.wait(0.05):
+            _winding_down.append(thread)
+            return None
+    thread.join()
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
+
+
+def settle() -> None:
+    """Wait for every run that returned at its final stats to finish (its process exit, its artifacts)."""
+    while _winding_down:
+        _winding_down.pop().join()
 
 
 def _stdout_tail(artifact_dir: Path, errors: list[str], lines: int = 8) -> str:

@@ -1,9 +1,11 @@
 """A plain `ssh` command line for an inventory host, with the settings Ansible uses for it.
 
-Some work does not fit an Ansible task: a long-running process whose output
-streams back for hours (the launcher's rank supervisor on every host), or an
-rsync that must use the host's port, key and known-hosts file. Those run
-`ssh` directly, built here from the same sources as the runner's Ansible:
+Ansible changes and stages hosts; a run's live session is ssh. The one thing
+that does not fit an Ansible task is a process whose output streams back for
+hours: the launcher's rank supervisor on every host, started over one ssh per
+host once the dispatch playbook has staged it. That ssh, and the rsync
+command the dispatch role runs for a host (its `--rsh`), are built here from
+the same sources as the runner's Ansible:
 the shipped ansible.cfg's `ssh_args`, the same ControlPath directory (so a
 session rides the persistent master Ansible opened a moment before, and the
 next Ansible run rides ours), and the host's inventory variables

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import shutil
 import socket
 import subprocess
@@ -41,7 +42,7 @@ class HostFacts:
     ssh_socket_active: bool | None = None  # Debian/Ubuntu socket activation holds the listener
     sshd_path: str | None = None
     sshd_config: SshdConfigScan | None = None  # scanned with the drop-in virtually in place
-    dropin_target: str | None = None  # where the setup steps install the drop-in
+    dropin_target: str | None = None  # where the privileged step (the fdl_join_door role) installs the drop-in
     door_listening: bool = False
     door_banner: str | None = None  # first line a TCP connect to the door port read (SSH-2.0-...)
     rrsync_path: str | None = None
@@ -100,10 +101,22 @@ class Spelling:
             return "sudo launchctl kickstart -k system/com.openssh.sshd"
         if self.facts.init == "systemd":
             return f"sudo systemctl reload {self.service}"
-        pidfile = "/var/run/sshd.pid"
+        return f"sudo kill -HUP \"$(cat {self.pidfile})\""
+
+    @property
+    def pidfile(self) -> str:
         if self.facts.sshd_config is not None and self.facts.sshd_config.top("pidfile"):
-            pidfile = self.facts.sshd_config.top("pidfile")[0].value
-        return f"sudo kill -HUP \"$(cat {pidfile})\""
+            return self.facts.sshd_config.top("pidfile")[0].value
+        return "/var/run/sshd.pid"
+
+    def reload_command(self) -> str | None:
+        """What the fdl_join_door role's handler runs to reload sshd here, as root (its reload_command: a
+        command line, no shell); None where the service manager reloads it (its sshd_service)."""
+        if self.facts.macos:
+            return "launchctl kickstart -k system/com.openssh.sshd"
+        if self.facts.init == "systemd":
+            return None
+        return "/bin/sh -c " + shlex.quote(f"kill -HUP \"$(cat {shlex.quote(self.pidfile)})\"")
 
     def enable(self) -> str:
         if self.facts.macos:

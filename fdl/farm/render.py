@@ -21,6 +21,9 @@ from fdl.resources import roles_dir, templates_dir
 DROPIN_TEMPLATE = ("fdl_join_door", "sshd-door.conf.j2")
 UNIT_TEMPLATE = ("fdl_join_worker", "fdl-join.service.j2")
 MANAGED = "Written by fdl join-config; install it as it is (re-run the wizard to change it)."
+# The drop-in's header, in the copy the wizard writes for review and in the file the fdl_join_door role installs.
+DROPIN_MANAGED = ("Written by fdl join-config; the fdl_join_door role installs it as it is (re-run the wizard to "
+                  "change it).")
 
 
 def comment(text: str) -> str:
@@ -61,7 +64,9 @@ def dropin_template_path() -> Path:
     return roles_dir() / DROPIN_TEMPLATE[0] / "templates" / DROPIN_TEMPLATE[1]
 
 
-def render_dropin(values: Mapping[str, object], managed: str = MANAGED) -> str:
-    """The sshd drop-in, from the role's own template."""
+def render_dropin(values: Mapping[str, object], managed: str = DROPIN_MANAGED) -> str:
+    """The sshd drop-in, from the role's own template: with the role's fdl_join_door_managed set to `managed`,
+    the file the role installs is this text byte for byte."""
     folder = str(dropin_template_path().parent)
-    return _env(folder).get_template(DROPIN_TEMPLATE[1]).render(ansible_managed=managed, **values)
+    return _env(folder).get_template(DROPIN_TEMPLATE[1]).render(ansible_managed=managed,
+                                                                fdl_join_door_managed=managed, **values)

@@ -1,23 +1,22 @@
-"""Dispatch: stage a run on every remote host, then run each host's ranks under the rank supervisor.
+"""Dispatch: stage a run on every remote host with Ansible, then run each host's ranks over ssh.
 
-Two halves, because a rank runs for hours and an Ansible task is a poor host
-for a process whose output must stream back the whole time:
+The rule: Ansible changes and stages hosts; a run's live session is ssh. Ansible cannot carry a process whose
+output must stream back for hours (a task's output arrives when it ends, async tasks are polled, and a
+canceled play leaves its children behind), so dispatch has two halves:
 
-1. **Staging** is Ansible (playbooks/dispatch.yml, roles/fdl_dispatch), all
-   hosts at once: the built binary goes over rsync (only changed bytes), the
-   rank supervisor (fdl/agent/supervisor.py, shipped as it is: a host needs no
-   fdl install) and the host's rank spec (world environment per rank, the
-   worker's `env:`, the args) land under `~/.flodl/launch/` on the host.
-2. **Running** is one `ssh` per host (fdl.cluster.ssh: the runner's own SSH
-   settings and ControlPath, so it rides the master Ansible just opened) that
-   starts the supervisor with its stdin held open by the launcher. Its stdout,
-   every rank's lines prefixed `[host/rank]`, streams back live; its last line
-   is the group's result. When the launcher goes away (Ctrl-C, a crash, a lost
-   link) the supervisor sees EOF on stdin and takes its ranks down.
+1. **Staging** is the flodl.fdl.dispatch playbook (role fdl_dispatch), run through fdl.cluster.runner, every
+   host at once: the fdl_dispatch_stage module lays out `~/.flodl/launch/` on the host (the rank supervisor,
+   fdl/agent/supervisor.py shipped as it is in the module's payload, so a host needs no fdl install, and the
+   host's rank spec: world environment per rank, the worker's `env:`, the args), and the built binary goes
+   over rsync only where the host's copy has another SHA-256.
+2. **Running** is one `ssh` per host (fdl.cluster.ssh: the inventory's connection settings for that host and
+   the runner's ControlPath, so it rides the master Ansible just opened) that starts the supervisor with its
+   stdin held open by the launcher. Its stdout, every rank's lines prefixed `[host/rank]`, streams back live;
+   its last line is the group's result. When the launcher goes away (Ctrl-C, a crash, a lost link) the
+   supervisor sees EOF on stdin and takes its ranks down.
 
-A host that is this machine (or a single-host run) needs neither: its
-supervisor runs in-process (`Supervisor`, the same class), its ranks in the
-project root.
+A host that is this machine (or a single-host run) needs neither: its supervisor runs in-process
+(`Supervisor`, the same class), its ranks in the project root.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from fdl.agent.supervisor import NOTE_PREFIX, RESULT_PREFIX, GroupResult, Supervisor
@@ -41,7 +39,8 @@ from fdl.launch.build import BuildJob
 from fdl.launch.plan import LaunchHost, LaunchPlan
 
 if TYPE_CHECKING:
-    from fdl.cluster.inventory import ClusterInventory, InventoryHost
+    from fdl.cluster.inventory import ClusterInventory
+    from fdl.cluster.runner import HostResult, TaskOutcome
 
 GRACE_S = 10.0
 STAGE_ROOT = "~/.flodl/launch"
@@ -111,52 +110,47 @@ def rank_specs(plan: LaunchPlan, host: LaunchHost, assignment: dict[str, Any]) -
     return out
 
 
-# The host's `python3 -c` program: it reads one JSON document from stdin (the staging code, fdl.fsio and the
-# supervisor's source, and this host's inputs), loads the code as modules and stages. Only code is on the
-# command line; the spec travels inside the ssh session.
-BOOTSTRAP = ("import json,sys,types\n"
-             "d=json.load(sys.stdin)\n"
-             "m={}\n"
-             "for n,s in d['code']:\n"
-             " m[n]=types.ModuleType(n);exec(compile(s,n+'.py','exec'),m[n].__dict__)\n"
-             "sys.exit(m['hoststage'].serve(d['params'],d['supervisor'],m['fsio'].atomic_write))\n")
-STAGE_TIMEOUT_S = 60.0
-
-
 def stage_remote(plan: LaunchPlan, inventory: ClusterInventory, jobs: dict[str, BuildJob],
-                 specs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Ship binary, supervisor and rank spec to every remote host at once; returns {host: staged paths}.
+                 specs: dict[str, list[dict[str, Any]]], *, progress: bool | None = None) -> dict[str, dict[str, Any]]:
+    """Stage every remote host through the flodl.fdl.dispatch playbook; returns {host: staged paths}.
 
-    One ssh per host runs fdl.launch.hoststage there (over the host's warm ControlMaster: tens of
-    milliseconds), then rsync only for the hosts whose copy of the binary differs. Ansible would add its
-    own start (about two seconds here) and nothing else: the same ssh settings, host keys and login apply.
-    The flodl.fdl.dispatch playbook stays, on the same hoststage code, for staging without fdl.
+    One ansible-playbook run (fdl.cluster.runner, one task per host): the fdl_dispatch_stage module lays out
+    the run on each host in one round trip (the hoststage code, the supervisor and the rank spec travel in its
+    payload), and rsync ships the binary only to the hosts whose copy has another SHA-256. The ssh sessions
+    Ansible opens stay up as persistent masters that the rank sessions ride next (fdl.cluster.ssh). It returns
+    at the play's final stats, when every host's result is in: ansible-playbook's own exit and the runner's
+    artifacts finish in the background while the rank sessions start.
     """
-    from concurrent.futures import ThreadPoolExecutor
+    from fdl.cluster.runner import OK, run_playbook
+    from fdl.cluster.ssh import login, rsync_rsh
 
-    hosts = [h for h in plan.remote]
+    hosts = [h.name for h in plan.remote]
     digests: dict[str, str] = {}
-    code = _stage_code()
-    work = []
-    for host in hosts:
-        job = jobs.get(host.name)
+    dispatch_plan: dict[str, dict[str, Any]] = {}
+    for name in hosts:
+        job = jobs.get(name)
         artifact = str(job.artifact) if job is not None and job.artifact is not None else ""
         if artifact and artifact not in digests:
             digests[artifact] = _sha256(artifact)
-        params = {"run_id": plan.run_id, "bin_dir": plan.command.name if artifact else "",
-                  "program": Path(artifact).name if artifact else "", "program_sha256": digests.get(artifact, ""),
-                  "command": list(plan.args) if plan.command.bin is not None else plan.rank_argv(None),
-                  "ranks": specs[host.name], "label": host.name, "grace_s": GRACE_S, "root": STAGE_ROOT}
-        work.append((host, inventory.hosts[host.name], artifact, {**code, "params": params}))
+        inv_host = inventory.hosts[name]
+        dispatch_plan[name] = {
+            "run_id": plan.run_id, "root": STAGE_ROOT, "artifact": artifact,
+            "artifact_sha256": digests.get(artifact, ""), "bin_dir": plan.command.name,
+            "rsh": rsync_rsh(inv_host), "login": login(inv_host),
+            "command": list(plan.args) if plan.command.bin is not None else plan.rank_argv(None),
+            "ranks": specs[name], "label": name, "grace_s": GRACE_S}
+    result = run_playbook("dispatch.yml", inventory, extravars={"fdl_dispatch_plan": dispatch_plan}, limit=hosts,
+                          progress=progress, title="dispatch", skip_validation=True,
+                          return_at_stats=True)
     staged: dict[str, dict[str, Any]] = {}
     failures: list[str] = []
-    with ThreadPoolExecutor(max_workers=max(1, min(len(work), 64)), thread_name_prefix="fdl-stage") as pool:
-        outcomes = list(pool.map(lambda w: _stage_one(plan.run_id, *w), work))
-    for (host, *_), (paths, problem) in zip(work, outcomes, strict=True):
-        if problem is not None:
-            failures.append(f"{host.name}: {problem}")
+    for name in hosts:
+        outcome = result.hosts[name]
+        paths = staged_paths(outcome.tasks)
+        if outcome.status != OK or paths is None:
+            failures.append(f"{name}: {_why(outcome)}")
         else:
-            staged[host.name] = paths
+            staged[name] = paths
     if failures:
         raise RemoteError(f"staging the run failed on {len(failures)} host(s), so no rank was started: "
                           + "; ".join(failures),
@@ -165,65 +159,26 @@ def stage_remote(plan: LaunchPlan, inventory: ClusterInventory, jobs: dict[str, 
     return staged
 
 
-def _stage_code() -> dict[str, Any]:
-    """The code half of every host's staging document (read once per launch)."""
-    from fdl import fsio
-    from fdl.agent import supervisor
-    from fdl.launch import hoststage
-
-    def source(module: ModuleType) -> str:
-        assert module.__file__ is not None
-        return Path(module.__file__).read_text(encoding="utf-8")
-
-    return {"code": [["fsio", source(fsio)], ["hoststage", source(hoststage)]], "supervisor": source(supervisor)}
-
-
-def _stage_one(run_id: str, host: LaunchHost, inv_host: InventoryHost, artifact: str, document: dict[str, Any]
-               ) -> tuple[dict[str, Any], str | None]:
-    """Stage one host (and rsync its binary when it differs): (staged paths, None) or ({}, why it failed)."""
-    from fdl.cluster.ssh import login, rsync_rsh, ssh_argv
-
-    remote = f"exec env FDL_RUN_ID={shlex.quote(run_id)} {shlex.quote(host.python)} -c {shlex.quote(BOOTSTRAP)}"
-    try:
-        done = subprocess.run([*ssh_argv(inv_host), remote], input=json.dumps(document).encode(),
-                              capture_output=True, timeout=STAGE_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        return {}, f"staging did not finish within {STAGE_TIMEOUT_S:.0f}s"
-    except OSError as exc:
-        return {}, f"cannot run ssh: {exc.strerror or exc}"
-    answer = _last_json(done.stdout)
-    if done.returncode == 255:
-        return {}, f"ssh exited 255: {_last_line(done.stderr) or 'no output'}"
-    if done.returncode != 0 or not isinstance(answer.get("staged"), dict):
-        why = answer.get("error") or _last_line(done.stderr) or "no output"
-        return {}, f"staging exited {done.returncode}: {why}"
-    paths = answer["staged"]
-    if artifact and not paths.get("program_current"):
-        try:
-            shipped = subprocess.run(["rsync", "--archive", "--rsh", rsync_rsh(inv_host), artifact,
-                                      f"{login(inv_host)}:{paths['bin_dir']}/"], capture_output=True,
-                                     timeout=None, check=False)
-        except OSError as exc:
-            return {}, f"cannot run rsync: {exc.strerror or exc}"
-        if shipped.returncode != 0:
-            return {}, f"rsync exited {shipped.returncode}: {_last_line(shipped.stderr) or 'no output'}"
-    return {k: paths[k] for k in ("run_dir", "supervisor", "spec")}, None
+def _why(outcome: HostResult) -> str:
+    """Why a host was not staged: the failed task and what it said (a command's exit status and last line)."""
+    failed = next((t for t in reversed(outcome.tasks) if t.status in ("failed", "unreachable")), None)
+    if failed is None:
+        return outcome.message or outcome.status
+    res = failed.res or {}
+    if isinstance(res.get("rc"), int) and res.get("cmd"):  # the rsync: its exit status, then its last words
+        lines = [line for line in str(res.get("stderr") or "").splitlines() if line.strip()]
+        return f"{failed.task}: exited {res['rc']}: {lines[-1].strip() if lines else 'no output'}"
+    return f"{failed.task}: {outcome.message or failed.status}"
 
 
-def _last_json(raw: bytes) -> dict[str, Any]:
-    for line in reversed(raw.decode("utf-8", "replace").splitlines()):
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return {}
-
-
-def _last_line(raw: bytes) -> str:
-    lines = [line.strip() for line in raw.decode("utf-8", "replace").splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+def staged_paths(tasks: list[TaskOutcome]) -> dict[str, Any] | None:
+    """Where the fdl_dispatch_stage module put the run on a host (its fact fdl_dispatch_staged), or None."""
+    for outcome in tasks:
+        facts = (outcome.res or {}).get("ansible_facts") or {}
+        paths = facts.get("fdl_dispatch_staged")
+        if isinstance(paths, dict) and all(isinstance(paths.get(k), str) for k in ("run_dir", "supervisor", "spec")):
+            return {k: paths[k] for k in ("run_dir", "supervisor", "spec")}
+    return None
 
 
 def _sha256(path: str) -> str:

@@ -1,17 +1,13 @@
-"""Lay out one launcher run on a host: the host-side half of staging, for both of its callers.
+"""Lay out one launcher run on a host: the host-side half of staging.
 
 Standard library only and Python 3.8 compatible, because it runs on the managed host, never on the
-launching machine:
-
-- the launcher (fdl/launch/dispatch.py) sends this file's source, fdl/fsio.py's and the rank supervisor's
-  over one ssh session's stdin to the host's `python3 -c BOOTSTRAP` (nothing but code on its command line),
-  which runs `serve()`: one round trip per host, no Ansible start;
-- the Ansible module flodl.fdl.fdl_dispatch_stage (the collection's module_utils `hoststage`) calls
-  `stage()` for anyone running the dispatch playbook without fdl.
+launching machine: it is the collection's module_utils `hoststage`, which the Ansible module
+flodl.fdl.fdl_dispatch_stage calls (`stage()`) for the flodl.fdl.dispatch playbook, the way
+`fdl @cluster CMD` stages every remote host (fdl/launch/dispatch.py) and the way an Ansible user stages one.
 
 The layout, under `root` (default ~/.flodl/launch): `supervisor.py` (rewritten only when its content
 differs), `bin/BIN_DIR/` (kept between runs: rsync then sends only what changed) and `runs/RUN_ID/` with the
-host's rank spec `spec.json` (0600) and `logs/`. It starts nothing.
+host's rank spec `spec.json` (0600) and `logs/`. It starts nothing: the run's live session is ssh.
 """
 
 from __future__ import annotations
@@ -19,9 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 from collections.abc import Callable
-from typing import IO, Any
+from typing import Any
 
 FIELDS = ("run_id", "bin_dir", "program")  # plain names: never a path that could leave the root
 
@@ -90,20 +85,3 @@ def stage(params: dict[str, Any], supervisor_source: str, atomic_write: Callable
         file_sha256(os.path.join(where["bin_dir"], where["program"])) == wanted
     return changed, {"run_dir": where["run_dir"], "supervisor": where["supervisor"], "spec": where["spec_path"],
                      "bin_dir": where["bin_dir"], "program_current": program_current}
-
-
-def serve(params: dict[str, Any], supervisor_source: str, atomic_write: Callable[..., None],
-          out: IO[str] | None = None) -> int:
-    """The launcher's direct path: stage, then one JSON line on stdout (`{"staged": ...}` or `{"error": ...}`);
-    the exit status is 0 when staged, 3 when the inputs were refused, 4 when the host could not write."""
-    out = out or sys.stdout
-    try:
-        staged = stage(params, supervisor_source, atomic_write)[1]
-    except StageError as exc:
-        out.write(json.dumps({"error": str(exc)}) + "\n")
-        return 3
-    except OSError as exc:
-        out.write(json.dumps({"error": "{}: {}".format(exc.filename or "staging", exc.strerror or exc)}) + "\n")
-        return 4
-    out.write(json.dumps({"staged": staged}) + "\n")
-    return 0

@@ -357,7 +357,7 @@ class Launcher:
                 self.printer.note(problem)
             self.printer.note(f"staging on {len(plan.remote)} remote host(s): binary (rsync), rank supervisor, "
                               f"rank spec")
-            staged = stage_remote(plan, inventory, jobs, specs)
+            staged = stage_remote(plan, inventory, jobs, specs, progress=self.progress)
         self.inventory = inventory
         log_root = self.run_dir / "logs"
         for host in plan.hosts:

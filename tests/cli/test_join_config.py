@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests.conftest import fdl_env, run_fdl
+from tests.runner_runs import runs_of
 
 DOOR = "op@127.0.0.1:22990"  # nothing listens there: these tests need no sshd
 FOREIGN = (b"# the operator's own keys\r\n"
@@ -53,10 +54,15 @@ class Project:
     def ak(self) -> Path:
         return self.home / ".ssh" / "authorized_keys"
 
+    @property
+    def cache(self) -> Path:
+        return self.home / ".cache"
+
     def run(self, *args: str, sshd: bool = True, input: str | None = None):
         extra = ["--sshd-config", str(self.sshd_config)] if sshd else []
-        return run_fdl(*args, *extra, cwd=self.root, env={"HOME": str(self.home), "XDG_STATE_HOME": ""},
-                       input=input)
+        return run_fdl(*args, *extra, cwd=self.root, env={"HOME": str(self.home), "XDG_STATE_HOME": "",
+                                                          "XDG_CACHE_HOME": str(self.cache)},
+                       input=input, timeout=300)
 
     def json(self, *args: str):
         done = self.run(*args, "--json")
@@ -88,11 +94,20 @@ def test_scripted_first_run_writes_the_farm_and_reports(proj):
     assert "Match LocalPort 22990" in (farm / "sshd-door.conf").read_text()
     assert "host doctor (before anything is written):" in done.stdout
     assert "setup on this box:" in done.stdout
-    # the steps read the farm's files instead of repeating them, and end with the self-test
-    assert f"sudo install -m 0644 .fdl/b300/sshd-door.conf {proj.etc}/sshd_config.d/01-fdl-b300.conf" in done.stdout
+    # the privileged part is one reviewable line: the fdl_join_door role with the variables the wizard wrote
     steps = [line.strip() for line in done.stdout.split("setup on this box:")[1].split("on each worker:")[0]
              .splitlines() if line.strip()]
+    (privileged,) = [line for line in steps if "ansible-playbook" in line]
+    assert privileged.endswith(" -i localhost, -c local flodl.fdl.join_door -e @.fdl/b300/join-door.yml --become")
+    assert not any(line.startswith("sudo ") for line in steps), steps  # no list of sudo commands
+    variables = yaml.safe_load((farm / "join-door.yml").read_text())
+    assert variables["fdl_join_door_sshd_config_dir"] == str(proj.etc / "sshd_config.d")
+    assert variables["fdl_join_door_sshd_config"] == str(proj.sshd_config)
+    assert variables["fdl_join_door_public_key"] == (farm / "key.pub").read_text().strip()
+    assert (variables["fdl_join_door_privileged"], variables["fdl_join_door_install_key"]) == (True, False)
+    # the steps read the farm's files instead of repeating them, and end with the self-test
     assert steps[-1] == "sh .fdl/b300/door-selftest.sh"
+    assert runs_of(proj.cache, "join_door.yml") == []  # without consent nothing outside the project changed
     token = (farm / "token").read_text().strip()
     assert token not in done.stdout and token not in done.stderr
     # --yes is not consent to edit authorized_keys
@@ -267,6 +282,12 @@ def test_refusals_exit_1_and_write_nothing(proj, args, says):
 def test_install_key_creates_ssh_dir_and_keeps_foreign_lines(proj):
     done = proj.run("join-config", "b300", "--controller", DOOR, "--door", "tunnel-only", "--install-key")
     assert done.returncode == 0, done.stderr
+    # the line went in through ansible-playbook running the fdl_join_door role here, its key part only
+    (run,) = runs_of(proj.cache, "join_door.yml")
+    assert run.command[0] == "ansible-playbook"
+    assert "flodl.fdl.fdl_authorized_key" in run.actions and "ansible.builtin.template" in run.actions
+    assert set(run.hosts("ok")) == {"localhost"} and run.hosts("failures") == {}
+    assert run.hosts("changed") == {"localhost": 1}  # the key file, and nothing of the privileged part
     ak = proj.ak()
     assert mode(ak.parent) == 0o700 and mode(ak) == 0o600
     line = (proj.farm / "b300" / "authorized_keys.line").read_bytes()
@@ -562,8 +583,12 @@ def test_door_a_logs_workers_in_as_its_jailed_account_never_the_operators(proj):
     assert doc["authorized_keys"]["action"] == "jailed"
     assert doc["authorized_keys"]["path"] == "/srv/fdl/b300/.ssh/authorized_keys"
     commands = " ; ".join(s["command"] or "" for s in doc["steps"])
-    assert "useradd --system" in commands and "--shell /usr/sbin/nologin fdl-b300" in commands
-    assert "mount --bind /flodl/data /srv/fdl/b300/jail/data" in commands and "remount,bind,ro" in commands
+    (privileged,) = [s for s in doc["steps"] if "ansible-playbook" in (s["command"] or "")]
+    assert "the door's own account fdl-b300" in privileged["title"]
+    assert "/flodl/data bound read-only at /srv/fdl/b300/jail/data" in privileged["title"]
+    assert privileged["command"].endswith("flodl.fdl.join_door -e @.fdl/b300/join-door.yml --become")
+    variables = yaml.safe_load((proj.farm / "b300" / "join-door.yml").read_text())
+    assert (variables["fdl_join_door_door"], variables["fdl_join_door_jail_base"]) == ("a", "/srv/fdl")
     assert "install --install-key" not in commands and "fdl join-config b300 --install-key" not in commands
     worker = yaml.safe_load((proj.farm / "b300" / "worker.yml").read_text())["join"]
     assert worker["data_source"] == "sshfs://fdl-b300@127.0.0.1:22990:/data" and worker["data_path"] == "/flodl/data"

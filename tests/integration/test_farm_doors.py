@@ -1,15 +1,16 @@
 """Every farm door against a real sshd on loopback, with the key the wizard generated.
 
-The wizard runs as a user would (`fdl join-config ... --install-key`), the
-drop-in is installed and sshd reloaded by running the very commands of its
-printed setup steps, and then real ssh, sftp and rsync clients knock on the
-door: a shell is refused everywhere; door a opens a read-only sftp session;
-door b lists the served tree through rrsync and refuses writes and paths
-outside it; every door forwards to the controller port and refuses any other
-forward. The wizard's own door self-test must pass too. Door b is opened a
-second time for each of Debian 12's rsync releases (3.2.7 and 3.5.0, unpacked
-from their packages): a link out of the served tree must give nothing on
-either, whatever the client asks.
+The wizard runs as a user would (`fdl join-config ... --install-key`: its key
+line goes in through the fdl_join_door role), the drop-in (and door a's
+account, jail and bind) is installed and sshd reloaded by running the very
+privileged line its report prints (the same role, as root), and then real
+ssh, sftp and rsync clients knock on the door: a shell is refused everywhere;
+door a opens a read-only sftp session; door b lists the served tree through
+rrsync and refuses writes and paths outside it; every door forwards to the
+controller port and refuses any other forward. The wizard's own door
+self-test must pass too. Door b is opened a second time for each of Debian
+12's rsync releases (3.2.7 and 3.5.0, unpacked from their packages): a link
+out of the served tree must give nothing on either, whatever the client asks.
 """
 
 from __future__ import annotations
@@ -68,9 +69,10 @@ class Door:
 
 
 def _run_step(door_project: Path, command: str) -> None:
-    """Run a printed setup step as the user would paste it (this test runs as root: no sudo)."""
-    done = subprocess.run(["/bin/sh", "-c", command.replace("sudo ", "")], cwd=door_project, capture_output=True,
-                          text=True, timeout=60)
+    """Run a printed setup step as the user would paste it (this test runs as root, and this machine has no sudo:
+    Ansible's --become would ask it for root, which the test already is)."""
+    command = command.replace("sudo ", "").replace(" --become", "")
+    done = subprocess.run(["/bin/sh", "-c", command], cwd=door_project, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"step failed: {command}\n{done.stdout}{done.stderr}"
 
 
@@ -114,14 +116,14 @@ def open_door(door: str, rrsync: str | None = None) -> Door:
                        cwd=project, env=env)
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
-        steps = {s["title"].split(":")[0].split(" (")[0]: s["command"] for s in report["steps"]}
-        if door == "a":  # every privileged step but the /etc/fstab line (this machine's boot is not the test's)
-            _run_step(project, steps[f"Create the door's own account {JAILED}"])
-            _run_step(project, steps["Build the jail"])
-            _run_step(project, steps[f"Bind the served directory {served} read-only into the jail"])
-            assert "Keep the read-only bind across reboots" in steps
-        _run_step(project, steps["Install the sshd drop-in"])
-        _run_step(project, steps["Check sshd's configuration, then reload it"])
+        (privileged,) = [s for s in report["steps"] if s["command"] and "ansible-playbook" in s["command"]]
+        command = privileged["command"]
+        assert command.endswith(" -i localhost, -c local flodl.fdl.join_door -e @.fdl/lab/join-door.yml --become")
+        assert not (sshd.dropins / "01-fdl-lab.conf").exists()  # nothing under sshd's directory before it runs
+        if door == "a":  # the /etc/fstab line goes to a file of the test's (this machine's boot is not the test's)
+            assert "(and in /etc/fstab)" in privileged["title"]
+            command += f" -e fdl_join_door_fstab={sshd.base / 'fstab'}"
+        _run_step(project, command)
         sshd.wait_listening([sshd.port, door_port])
         listener = Listener(controller_port)
         return Door(door, sshd, project, home, project / ".fdl" / "lab", door_port, controller_port, served,

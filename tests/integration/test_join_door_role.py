@@ -145,6 +145,41 @@ def test_role_rotation_replaces_the_old_line_in_place(play, tmp_path):
     assert refused.returncode == 255 and "Permission denied" in refused.stderr
 
 
+def test_with_the_wizards_header_the_installed_dropin_is_its_review_copy_byte_for_byte(play, tmp_path):
+    from fdl.farm.render import DROPIN_MANAGED
+
+    public = _keygen(tmp_path / "key")
+    rc, _, out = play.run(play.vars(public, fdl_join_door_managed=DROPIN_MANAGED))
+    assert rc == 0, out
+    wizard = render_dropin(dropin_vars("tunnel-only", label="lab", door_port=play.door_port,
+                                       controller_port=play.controller_port, explicit_ports=[play.sshd.port]))
+    assert (play.sshd.dropins / "01-fdl-lab.conf").read_text() == wizard
+
+
+def test_the_key_part_alone_changes_the_key_file_and_nothing_of_sshd(play, tmp_path):
+    """What `fdl join-config --install-key` runs as the invoking account: no drop-in, no reload, no facts, and
+    no sshd configuration needed at all."""
+    public = _keygen(tmp_path / "key")
+    pid = play.sshd.pid()
+    rc, counts, out = play.run(play.vars(public, fdl_join_door_privileged=False,
+                                         fdl_join_door_sshd_config=str(tmp_path / "no-such-sshd_config")))
+    assert rc == 0 and counts["failed"] == 0 and counts["changed"] == 1, out
+    assert "Gathering Facts" not in out and "RUNNING HANDLER" not in out
+    assert not (play.sshd.dropins / "01-fdl-lab.conf").exists() and play.sshd.pid() == pid
+    data = play.sshd.authorized_keys.read_bytes()
+    assert data.startswith(FOREIGN + b"\r\n") and data.count(b"fdl-farm-lab") == 1
+
+
+def test_the_privileged_part_alone_leaves_the_key_file_byte_for_byte(play, tmp_path):
+    """What the wizard's printed `ansible-playbook ... --become` line runs: the drop-in and the reload only."""
+    public = _keygen(tmp_path / "key")
+    before = play.sshd.authorized_keys.read_bytes()
+    rc, counts, out = play.run(play.vars(public, fdl_join_door_install_key=False))
+    assert rc == 0 and counts["failed"] == 0, out
+    assert "RUNNING HANDLER" in out and (play.sshd.dropins / "01-fdl-lab.conf").exists()
+    assert play.sshd.authorized_keys.read_bytes() == before
+
+
 def test_a_configuration_sshd_rejects_is_never_put_in_place(play, tmp_path):
     public = _keygen(tmp_path / "key")
     assert play.run(play.vars(public))[0] == 0

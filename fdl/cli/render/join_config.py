@@ -56,6 +56,7 @@ def _render_files(report: FarmReport, cwd: Path) -> list[str]:
              "  worker.yml              the worker's fdl.yml join block (holds the token)",
              f"  sshd-door.conf          the sshd drop-in (Match LocalPort {report.shape.door_port})",
              f"  authorized_keys.line    the key line for door {report.door}",
+             "  join-door.yml           the fdl_join_door role's variables for the privileged step",
              "  door-selftest.sh        the door self-test"]
     if report.files.cloud_init:
         lines.append("  cloud-init.yml          user-data for workers (holds the key and token)")
@@ -69,8 +70,8 @@ def _render_key_file(ak: AuthorizedKeysReport) -> list[str]:
     from fdl.farm.wizard.report import KeyAction
 
     if ak.action == KeyAction.JAILED:
-        lines = [f"authorized_keys: door a's key goes into {ak.path}, the jailed account's own file (setup step "
-                 f"below)"]
+        lines = [f"authorized_keys: door a's key goes into {ak.path}, the jailed account's own file (the "
+                 f"privileged step below)"]
         if ak.removed_unconfined:
             gone = ak.removed_unconfined
             lines.append(f"  removed the unconfined door-a line {gone.line} from {gone.path}")

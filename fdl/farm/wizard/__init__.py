@@ -9,9 +9,11 @@ host doctor has spoken:
   observes the host and reads the key file, into a frozen `Plan`; decide.py: `decide()` takes the key
   file's decisions (consent, permissions) into a frozen `Decisions`. A decision needed without a
   terminal is a refusal;
-- apply.py: `apply()` writes the farm directory, credentials, worker yml, drop-in, key line,
-  cloud-init, self-test, the overlay (created, or only its token rewritten) and, with consent, the key
-  line into the key file; steps.py composes the setup steps;
+- apply.py: `apply()` writes the farm's own files (directory, credentials, worker yml, the review copies of
+  the drop-in and the key line, cloud-init, self-test, the overlay, created or only its token rewritten) and,
+  with consent, has the key line put into the key file by the fdl_join_door role (role.py: ansible-playbook
+  on this box, the same tasks an Ansible user runs); the privileged part of the door (drop-in, reload, door
+  a's jail) it leaves to one printed `ansible-playbook ... --become` line; steps.py composes the setup steps;
 - report.py: what was done, as typed records (`FarmReport`), with their JSON twin.
 
 The library never prints: questions go through a `Prompter` the caller supplies, results come back as

@@ -1,8 +1,12 @@
 """Apply: the wizard's writes, each a small function, in the order apply() runs them.
 
-Everything is written to a temp file, fsynced and renamed into place (fdl.fsio.atomic_write); files that
-hold the key or the token are 0600. Outside the project only the key file is edited, and only its
-farm lines, with the consent decide() recorded.
+The farm's own files (the farm directory, credentials, worker.yml, the review copies of the drop-in and the
+key line, the self-test, cloud-init, the overlay, the privileged part's variables) are the project's: each
+is written to a temp file, fsynced and renamed into place (fdl.fsio.atomic_write); files that hold the key
+or the token are 0600. Outside the project only the key file is changed, only its farm lines, with the
+consent decide() recorded, and not by this code: the fdl_join_door role does it (role.py), the same task an
+Ansible user runs. The privileged part (drop-in, reload, door a's jail) is left to the operator's one
+`ansible-playbook ... --become` line.
 """
 
 from __future__ import annotations
@@ -13,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from fdl.farm import credentials as creds_mod
-from fdl.farm.authorized_keys import AuthorizedKeysError, KeyIdentity, fix_permissions, install_line, remove_keys
 from fdl.farm.doctor import probe_banner
 from fdl.farm.doors import DOOR_A, DOOR_B, DOOR_TUNNEL, JAIL_DATA, TITLES, jail
 from fdl.farm.overlay import OverlayEditError, current_token, has_token, read_crate, rewrite_token
 from fdl.farm.render import render, render_unit
+from fdl.farm.wizard import role
 from fdl.farm.wizard.decide import Decisions
 from fdl.farm.wizard.plan import DROPIN, WORKER_YML, Plan
 from fdl.farm.wizard.report import (
@@ -33,7 +37,6 @@ from fdl.farm.wizard.report import (
     Unconfined,
     spell_path,
 )
-from fdl.farm.wizard.shape import refusal
 from fdl.farm.wizard.steps import CLOUD_INIT, KEY_LINE, SELFTEST, WORKER_DIR, setup_steps, worker_steps
 from fdl.fsio import atomic_write
 
@@ -213,52 +216,46 @@ def _listening(plan: Plan, notes: list[str]) -> Listening:
     return Listening(host, port, answering, banner)
 
 
+def _rotated_out(plan: Plan, cred: creds_mod.Credentials) -> tuple[str, ...]:
+    """The public key this run rotated out, if any: the role takes its lines out too."""
+    if plan.existing is not None and plan.existing.identity != cred.identity:
+        return (plan.existing.public_key,)
+    return ()
+
+
 def _install_key(plan: Plan, decisions: Decisions, cred: creds_mod.Credentials, line: str,
                  notes: list[str]) -> AuthorizedKeysReport:
-    """Put the door's line into the key file (doors b and tunnel-only), retiring a rotated-out key."""
+    """Put the door's line into the key file (doors b and tunnel-only), retiring a rotated-out key: the
+    fdl_join_door role's key line part, run here as this account."""
     if not decisions.install:
         return _key_already_there(plan, cred, line, notes)
     path, issues = plan.key_file.path, decisions.perm_issues
-    retire: tuple[KeyIdentity, ...] = ()
-    if plan.existing is not None and plan.existing.identity != cred.identity:
-        retire = (plan.existing.identity,)
-    if decisions.fix_perms:
-        fix_permissions(list(issues))
     file_issue = any(i.path == path for i in issues)
-    try:
-        result = install_line(path, line, cred.identity, retire=retire,
-                              mode=0o600 if decisions.fix_perms or not file_issue else None,
-                              create_parent=not plan.key_file.explicit)
-    except AuthorizedKeysError as exc:
-        raise refusal(str(exc)) from None
-    except PermissionError as exc:
-        raise refusal(f"cannot write {path}: {exc.strerror}. The farm files were written; the key line was not "
-                      f"installed.", hint="run as the account that owns the file") from None
+    answer = role.install_key(plan, cred.public_key, _rotated_out(plan, cred), fix_permissions=decisions.fix_perms,
+                              keep_mode=file_issue and not decisions.fix_perms)
     _record_installed(plan, notes)
-    return AuthorizedKeysReport(path, KeyAction(result.action), installed=True, line=result.line_number,
-                                permissions=issues, permissions_fixed=decisions.fix_perms and bool(issues),
-                                listening=_listening(plan, notes), removed_old=result.removed)
+    return AuthorizedKeysReport(path, KeyAction(answer["action"]), installed=True,
+                                line=int(answer.get("line_number") or 0) or None, permissions=issues,
+                                permissions_fixed=decisions.fix_perms and bool(issues),
+                                listening=_listening(plan, notes), removed_old=int(answer.get("removed") or 0))
 
 
-def _install_jailed(plan: Plan, decisions: Decisions, notes: list[str]) -> AuthorizedKeysReport:
-    """Door a: take an unconfined farm key out of the key file; the jailed account's own file is a setup step."""
+def _install_jailed(plan: Plan, decisions: Decisions, cred: creds_mod.Credentials,
+                    notes: list[str]) -> AuthorizedKeysReport:
+    """Door a: take an unconfined farm key out of the key file (the role's key line part, with consent); the
+    jailed account's own file is the privileged part's."""
     cell = jail(plan.label, plan.shape.jail_base)
     removed = None
     at = decisions.unconfined_at
     if at is not None and plan.existing is not None:
         path = plan.key_file.path
-        try:
-            result = remove_keys(path, (plan.existing.identity,))
-        except AuthorizedKeysError as exc:
-            raise refusal(str(exc)) from None
-        except PermissionError as exc:
-            raise refusal(f"cannot write {path}: {exc.strerror}; the unconfined door-a line {at} is still there.",
-                          hint="remove that line yourself") from None
-        removed = Unconfined(path, at, result.removed)
+        answer = role.install_key(plan, cred.public_key, _rotated_out(plan, cred), fix_permissions=False,
+                                  keep_mode=True)
+        removed = Unconfined(path, at, int(answer.get("removed") or 0))
         notes.append(f"removed the farm key from {path} (line {at}): it let door-a workers log in as this account "
                      f"unconfined. Workers now log in as {cell.account}: give them the new worker.yml.")
-    notes.append(f"door a's key line goes into {cell.authorized_keys}, the jailed account's own file (the setup "
-                 f"steps install it; that needs root).")
+    notes.append(f"door a's key line goes into {cell.authorized_keys}, the jailed account's own file (the "
+                 f"privileged step installs it; that needs root).")
     return AuthorizedKeysReport(cell.authorized_keys, KeyAction.JAILED, installed=False, removed_unconfined=removed)
 
 
@@ -280,14 +277,17 @@ def apply(plan: Plan, decisions: Decisions, cwd: Path | None = None) -> FarmRepo
     if plan.inherit_from and overlay.action != OverlayAction.CREATED:
         notes.append(f"inherit-from was not added to the existing {spell_path(plan.overlay, cwd)} (fdl only edits "
                      f"its token line): add 'inherit-from: {plan.inherit_from}' yourself.")
+    rotated = _rotated_out(plan, cred)
+    door_vars = role.write_privileged_vars(plan, cred.public_key, rotated[0] if rotated else None, cwd)
     if plan.shape.door == DOOR_A:
-        ak = _install_jailed(plan, decisions, notes)
+        ak = _install_jailed(plan, decisions, cred, notes)
     else:
         ak = _install_key(plan, decisions, cred, line, notes)
     files = Files(farm_dir=str(farm), key=str(cred.key), public_key=str(cred.public), token=str(cred.token_file),
                   worker_yml=str(farm / WORKER_YML), dropin=str(farm / DROPIN),
                   authorized_keys_line=str(farm / KEY_LINE), selftest=str(farm / SELFTEST), gitignore=str(ignore),
-                  overlay=str(plan.overlay), cloud_init=cloud_init, overlay_snippet=overlay.snippet)
+                  overlay=str(plan.overlay), join_door_vars=str(door_vars), cloud_init=cloud_init,
+                  overlay_snippet=overlay.snippet)
     return FarmReport(label=label, shape=plan.shape, shape_from=plan.shape_from, farm_dir=farm, files=files,
                       credentials=credentials, overlay=overlay, authorized_keys=ak, doctor=plan.findings,
                       steps=setup_steps(plan, ak, cwd), worker_steps=worker_steps(plan, cwd), notes=tuple(notes))

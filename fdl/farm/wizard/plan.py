@@ -93,6 +93,7 @@ class Plan:
     findings: tuple[CheckResult, ...]
     dropin_text: str
     dropin_target: str
+    sshd_config: str  # the main sshd configuration (absolute): the drop-in goes to its sshd_config.d/
     rrsync: str
     key_file: KeyFile
     inherit_from: str | None
@@ -112,7 +113,7 @@ def validate_dropin(sshd: str, main_config: str, text: str) -> CheckResult:
     """`sshd -t` over this box's configuration with the new drop-in read first (as root)."""
     if os.geteuid() != 0:
         return CheckResult("sshd -t", SKIPPED, "the drop-in was not checked with sshd -t (that needs root, to read "
-                           "the host keys)", hint="the setup steps run sshd -t before the reload")
+                           "the host keys)", hint="the privileged step runs sshd -t before the drop-in goes live")
     with tempfile.TemporaryDirectory(prefix="fdl-dropin-") as tmp:
         dropin = Path(tmp) / "door.conf"
         dropin.write_text(text)
@@ -243,5 +244,6 @@ def prepare(req: Request, prompter: Prompter | None = None, observe: Observe = g
         label=label, root=root, farm_dir=farm_dir, overlay=overlay_file(root, label) or root / f"fdl.{label}.yml",
         shape=shape, shape_from=shape_from, existing=existing, rotate=rotate, facts=facts,
         findings=tuple(findings), dropin_text=dropin_text, dropin_target=dropin_target,
+        sshd_config=os.path.abspath(req.sshd_config),
         rrsync=facts.rrsync_path or "rrsync", key_file=key_file, inherit_from=req.inherit_from,
         cloud_init=req.cloud_init, notes=tuple(notes))

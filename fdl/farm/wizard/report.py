@@ -37,6 +37,7 @@ class Files:
     selftest: str
     gitignore: str
     overlay: str
+    join_door_vars: str  # the fdl_join_door role's variables for the privileged step
     cloud_init: str | None = None
     overlay_snippet: str | None = None
 
@@ -44,8 +45,8 @@ class Files:
         out: dict[str, str | None] = {
             "farm_dir": self.farm_dir, "key": self.key, "public_key": self.public_key, "token": self.token,
             "worker_yml": self.worker_yml, "dropin": self.dropin, "authorized_keys_line": self.authorized_keys_line,
-            "selftest": self.selftest, "gitignore": self.gitignore, "cloud_init": self.cloud_init,
-            "overlay": self.overlay}
+            "selftest": self.selftest, "gitignore": self.gitignore, "join_door_vars": self.join_door_vars,
+            "cloud_init": self.cloud_init, "overlay": self.overlay}
         if self.overlay_snippet is not None:
             out["overlay_snippet"] = self.overlay_snippet
         return out

@@ -1,7 +1,9 @@
 """The setup steps the report lists: what a person runs on the controller box, and on each worker.
 
-Pure: composed from the plan and what apply() did. The wizard itself writes nothing outside the project;
-every privileged change (the jail, the drop-in, the reload) is a step with its exact command.
+Composed from the plan and what apply() did. The wizard changes nothing under /etc/ssh and builds no jail:
+the privileged part of the door (door a's account and jail, the drop-in, the reload) is one step, the
+`ansible-playbook ... --become` line that runs the fdl_join_door role with the variables the wizard wrote
+(role.py), so what the operator reviews and runs is the role an Ansible user runs.
 """
 
 from __future__ import annotations
@@ -10,10 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fdl.checks.report import ERROR, OK
-from fdl.farm.doctor import Spelling
 from fdl.farm.doors import DOOR_A, jail
 from fdl.farm.wizard.plan import DROPIN, WORKER_YML, Plan
 from fdl.farm.wizard.report import AuthorizedKeysReport, KeyAction, Step, spell_path
+from fdl.farm.wizard.role import VARS_FILE, privileged_command
 
 KEY_LINE, CLOUD_INIT, SELFTEST = "authorized_keys.line", "cloud-init.yml", "door-selftest.sh"
 WORKER_DIR = "/etc/fdl/{label}"  # where the setup steps and cloud-init put a worker's copy
@@ -41,26 +43,18 @@ def _in_farm(plan: Plan, cwd: Path) -> Callable[[str], str]:
     return rel
 
 
-def _jail_steps(plan: Plan, steps: _Steps, rel: Callable[[str], str]) -> None:
-    """The privileged steps that build door a's jail."""
-    cell = jail(plan.label, plan.shape.jail_base)
-    a, served = cell.account, plan.shape.served
-    steps.add(f"Create the door's own account {a} (no shell, no usable password; '*' rather than '!', which sshd "
-              f"treats as a locked account when PAM is off)",
-              f"{{ id -u {a} >/dev/null 2>&1 || sudo useradd --system --user-group --no-create-home --home-dir "
-              f"{cell.home} --shell /usr/sbin/nologin {a}; }} && sudo usermod -p '*' {a}")
-    steps.add(f"Build the jail: {cell.root} and every directory above it root-owned and not writable by others "
-              f"(sshd refuses a chroot otherwise), the key line in {a}'s own file",
-              f"sudo install -d -o root -g root -m 0755 {cell.home} {cell.root} {cell.data} && "
-              f"sudo install -d -o {a} -g {a} -m 0700 {cell.home}/.ssh && "
-              f"sudo install -o {a} -g {a} -m 0600 {rel(KEY_LINE)} {cell.authorized_keys}")
-    steps.add(f"Bind the served directory {served} read-only into the jail (if you later replace that "
-              f"directory by renaming another into its place, run this again)",
-              f"mountpoint -q {cell.data} || {{ sudo mount --bind {served} {cell.data} && "
-              f"sudo mount -o remount,bind,ro {cell.data}; }}")
-    steps.add("Keep the read-only bind across reboots",
-              f"grep -qs ' {cell.data} ' /etc/fstab || echo '{served} {cell.data} none bind,ro 0 0' | "
-              f"sudo tee -a /etc/fstab >/dev/null")
+def _privileged_step(plan: Plan, steps: _Steps, rel: Callable[[str], str], cwd: Path) -> None:
+    """The privileged part as one line: the fdl_join_door role, this box, as root."""
+    what = "the sshd drop-in (checked with sshd -t inside this box's whole configuration before it goes live), " \
+           "then sshd reloaded"
+    if plan.shape.door == DOOR_A:
+        cell = jail(plan.label, plan.shape.jail_base)
+        what = (f"the door's own account {cell.account} (no shell, no usable password), its jail {cell.root} with "
+                f"{plan.shape.served} bound read-only at {cell.data} (and in /etc/fstab), its key line in "
+                f"{cell.authorized_keys}, " + what)
+    steps.add(f"Apply the privileged part with the fdl_join_door role, as root: {what} (the variables are in "
+              f"{rel(VARS_FILE)}; add --ask-become-pass if sudo asks for your password)",
+              privileged_command(plan, cwd))
 
 
 def _key_step(plan: Plan, ak: AuthorizedKeysReport, steps: _Steps) -> None:
@@ -77,18 +71,14 @@ def _key_step(plan: Plan, ak: AuthorizedKeysReport, steps: _Steps) -> None:
 
 def setup_steps(plan: Plan, ak: AuthorizedKeysReport, cwd: Path) -> tuple[Step, ...]:
     """The steps on the controller box, in the order to run them."""
-    say = Spelling(plan.facts)
     rel = _in_farm(plan, cwd)
     steps = _Steps()
     steps.add("Review what the wizard wrote (nothing below repeats it: every command reads these files)",
-              f"ls -l {spell_path(plan.farm_dir, cwd)} && cat {rel(DROPIN)} {rel(KEY_LINE)}")
+              f"ls -l {spell_path(plan.farm_dir, cwd)} && cat {rel(DROPIN)} {rel(KEY_LINE)} {rel(VARS_FILE)}")
     for finding in plan.findings:
         if finding.status == ERROR and finding.hint and finding.name not in ("listener", "sshd -t"):
             steps.add(f"Fix: {finding.message}", finding.hint)
-    if plan.shape.door == DOOR_A:
-        _jail_steps(plan, steps, rel)
-    steps.add("Install the sshd drop-in", f"sudo install -m 0644 {rel(DROPIN)} {plan.dropin_target}")
-    steps.add("Check sshd's configuration, then reload it", f"{say.sshd_test()} && {say.reload()}")
+    _privileged_step(plan, steps, rel, cwd)
     _key_step(plan, ak, steps)
     for finding in plan.findings:
         if finding.name in ("firewall", "selinux") and finding.status != OK and finding.hint \

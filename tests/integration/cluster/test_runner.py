@@ -81,6 +81,23 @@ def test_skip_validation_leaves_one_task_per_host(testbed, home):
     assert tasks[True] == tasks[False][1:]  # the probe itself, and nothing else
 
 
+def test_a_run_can_return_at_its_final_stats_and_settle_later(testbed, home):
+    """return_at_stats: every host's outcome as an inline run has it, the run's own end (process exit, artifacts)
+    waited for by settle() or the next run."""
+    from fdl.cluster import runner
+
+    inventory = inventory_for(testbed, {"h4": testbed.new_key("outsider")})
+    result = runner.run_playbook(PLAYBOOKS / "mixed.yml", inventory, extravars={"secret": "hunter2-s3cr3t"},
+                                 progress=False, return_at_stats=True)
+    assert {n: h.status for n, h in result.hosts.items()} == {"h1": "ok", "h2": "failed", "h3": "skipped",
+                                                              "h4": "unreachable"}
+    assert result.status == "failed" and result.rc == 2 and not result.ok
+    runner.settle()
+    assert runner._winding_down == []
+    assert (result.artifact_dir / "status").read_text() == "failed"  # the run's own end, written in the background
+    assert not list((result.artifact_dir.parent.parent / "tmp").glob("*.json"))  # the vars file is gone
+
+
 def test_a_second_run_reuses_the_ssh_masters(testbed, home):
     from fdl.cluster.runner import control_path_dir, run_playbook
 
@@ -108,8 +125,10 @@ def _sleepers(bed: Testbed) -> dict[str, list[int]]:
     return found
 
 
-def test_ctrl_c_stops_the_run_and_leaves_nothing_running_remotely(testbed, home):
-    """SIGINT to a process inside run_playbook: the run is canceled, the hosts are swept, KeyboardInterrupt."""
+@pytest.mark.parametrize("at_stats", [False, True], ids=["inline", "return-at-stats"])
+def test_ctrl_c_stops_the_run_and_leaves_nothing_running_remotely(testbed, home, at_stats):
+    """SIGINT to a process inside run_playbook: the run is canceled, the hosts are swept, KeyboardInterrupt (also
+    when the run goes on in a thread of its own until its stats, as the launcher's staging does)."""
     hosts = [{"host": h.name, "address": h.address, "user": h.user, "identity": str(h.key)} for h in testbed.hosts]
     driver = textwrap.dedent(f"""
         import json, sys
@@ -120,7 +139,8 @@ def test_ctrl_c_stops_the_run_and_leaves_nothing_running_remotely(testbed, home)
         ssh = SshDefaults(known_hosts={str(testbed.known_hosts)!r})
         inv = build_inventory(ClusterSpec(ControllerSpec(host=workers[0].address), ssh, workers))
         try:
-            run_playbook({str(PLAYBOOKS / 'sleep.yml')!r}, inv.subset([w.host for w in workers]), progress=False)
+            run_playbook({str(PLAYBOOKS / 'sleep.yml')!r}, inv.subset([w.host for w in workers]), progress=False,
+                         return_at_stats={at_stats!r})
         except KeyboardInterrupt:
             print("interrupted", flush=True)
             sys.exit(130)

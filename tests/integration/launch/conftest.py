@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.integration.launch.helpers import torch_python
 
-# This module's own testbed prefix and /24, so it can run beside other suites' testbeds.
-PREFIX, NET, HOSTS = "fdll6", "10.226.6", 3
+# This suite's own testbed prefix and /24, so it can run beside other suites' testbeds (FDL_TESTBED_PREFIX and
+# FDL_TESTBED_NET move it, for a run beside another checkout's).
+PREFIX = os.environ.get("FDL_TESTBED_PREFIX") or "fdll6"
+NET = os.environ.get("FDL_TESTBED_NET") or "10.226.6"
+HOSTS = 3
 
 
 @pytest.fixture(scope="module")

@@ -136,6 +136,56 @@ def test_ctrl_c_on_the_launcher_leaves_nothing_on_any_host(bed, torchpy, short_t
     assert_no_leftovers(bed)
 
 
+# --------------------------------------------------------------------------- staging is the dispatch playbook
+
+
+def test_every_host_is_staged_by_the_dispatch_playbook_and_the_binary_travels_only_when_changed(
+        bed, short_tmp, testbed_home):
+    """`fdl @cluster CMD` stages through ansible-playbook (flodl.fdl.dispatch, role fdl_dispatch): the runner's
+    artifacts name the playbook and its module; rsync runs only for a host whose binary differs."""
+    from tests.runner_runs import runs_of
+
+    root = short_tmp / "proj"
+    root.mkdir(parents=True)
+    rank = root / "rank.sh"
+    rank.write_text('#!/bin/sh\necho "staged rank $RANK v1"\n')
+    rank.chmod(0o755)
+    doc = cluster_doc(bed, free_port(bed.gateway), **{h.name: {"local_devices": "cpu:1"} for h in bed.hosts})
+    project = write_project(root, {"job": {"cluster": True, "bin": "rank.sh"}}, doc)
+    cache = Path(testbed_home["XDG_CACHE_HOME"])
+    names = {h.name for h in bed.hosts}
+
+    def run_job() -> subprocess.CompletedProcess:
+        done = run_fdl("@cluster", "job", cwd=project, env=testbed_home, timeout=300)
+        assert done.returncode == 0, done.stderr + done.stdout
+        return done
+
+    first = run_job()
+    assert sorted(line.split("] ", 1)[1] for line in first.stdout.splitlines() if "staged rank" in line) == \
+        ["staged rank 0 v1", "staged rank 1 v1", "staged rank 2 v1"]
+    stage, stop, ship = "flodl.fdl.fdl_dispatch_stage", "ansible.builtin.meta", "ansible.builtin.command"
+    (run,) = runs_of(cache, "dispatch.yml")
+    assert run.command[0] == "ansible-playbook", run.command
+    steps = lambda run: list(dict.fromkeys(run.actions))  # noqa: E731 - a meta task starts once per host
+    assert steps(run) == [stage, stop, ship]  # layout, the controller's decision, then rsync
+    assert run.hosts("ok") == {name: 2 for name in names}  # a new binary: the layout and rsync on every host
+    assert run.hosts("failures") == {} and run.hosts("dark") == {}
+    for host in bed.hosts:  # the staged copy is the binary itself
+        shipped = host.home / ".flodl" / "launch" / "bin" / "job" / "rank.sh"
+        assert shipped.read_bytes() == rank.read_bytes(), host.name
+
+    run_job()  # unchanged: the module saw the same SHA-256 on every host, so no rsync task went anywhere
+    unchanged = runs_of(cache, "dispatch.yml")[-1]
+    assert steps(unchanged) == [stage, stop] and unchanged.hosts("ok") == {name: 1 for name in names}
+
+    rank.write_text('#!/bin/sh\necho "staged rank $RANK v2"\n')
+    changed = run_job()
+    assert "staged rank 0 v2" in changed.stdout
+    latest = runs_of(cache, "dispatch.yml")[-1]
+    assert steps(latest) == [stage, stop, ship] and latest.hosts("ok") == {name: 2 for name in names}
+    assert_no_leftovers(bed)
+
+
 # --------------------------------------------------------------------------- the pre-flight build
 
 CRATE_MAIN = r'''

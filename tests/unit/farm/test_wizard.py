@@ -15,6 +15,7 @@ from dataclasses import FrozenInstanceError, replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fdl.cli.render.join_config import render_json
 from fdl.errors import FdlError
@@ -279,10 +280,15 @@ def test_door_a_logs_in_as_its_jailed_account_and_installs_nothing_here(box):
     assert ak.action == KeyAction.JAILED and ak.path == str(box.root / "jails" / "lab" / ".ssh" / "authorized_keys")
     assert not box.ak.exists() and not Path(ak.path).exists()  # the jail is a privileged setup step
     titles = [s.title for s in report.steps]
-    assert any(t.startswith("Create the door's own account fdl-lab") for t in titles)
-    assert any(t.startswith("Build the jail") for t in titles)
+    (privileged,) = [s for s in report.steps if s.title.startswith("Apply the privileged part")]
+    assert "the door's own account fdl-lab" in privileged.title and str(box.root / "jails" / "lab" / "jail") \
+        in privileged.title
     assert not any(t.startswith("Install the key line") for t in titles)
     assert json.loads(render_json(report))["authorized_keys"]["removed_unconfined"] is None
+    variables = yaml.safe_load((box.farm / "join-door.yml").read_text())
+    assert variables["fdl_join_door_door"] == "a" and variables["fdl_join_door_served"] == str(served)
+    assert variables["fdl_join_door_jail_base"] == str(box.root / "jails")
+    assert variables["fdl_join_door_privileged"] is True and variables["fdl_join_door_install_key"] is False
 
 
 def test_door_a_removes_an_unconfined_farm_line_only_with_consent(box):
@@ -398,3 +404,15 @@ def test_the_key_line_written_is_the_one_the_farm_key_identifies(box):
     _, plan = box.prepare()
     assert plan.existing is not None
     assert find_key(box.ak.read_bytes(), plan.existing.identity) == report.authorized_keys.line == 1
+
+
+def test_a_key_file_the_role_refuses_is_the_wizards_refusal_with_the_farm_written(box):
+    """The fdl_join_door role's module refuses (the key file is a directory): exit 1 with its reason, no traceback,
+    the farm's own files already written and the key file as it was."""
+    box.ak.parent.mkdir(mode=0o700)
+    box.ak.mkdir()
+    with pytest.raises(FdlError, match=r"the fdl_join_door role did not change .*is not a regular file") as excinfo:
+        box.run(controller=box.controller, assume_yes=True, install_key=True)
+    refused(excinfo)
+    assert (box.farm / "key").is_file() and (box.farm / "join-door.yml").is_file()
+    assert box.ak.is_dir() and list(box.ak.iterdir()) == []

@@ -1,4 +1,5 @@
-"""Rank specs and the ssh command line a remote host's supervisor runs under."""
+"""Rank specs, the staging layout and the playbook's answer, and the ssh session a remote host's supervisor
+runs under."""
 
 from __future__ import annotations
 
@@ -147,70 +148,78 @@ def test_a_session_that_cannot_start_is_a_failed_host(tmp_path):
     assert s.done and s.outcome().code == 127 and "cannot run ssh" in s.outcome().detail
 
 
-# --------------------------------------------------------------------------- staging, without ssh
-# The staging program's own ssh is replaced by `sh -c`: the host's `python3 -c BOOTSTRAP` runs here, reads its
-# document from stdin and lays out the run with fdl.launch.hoststage, exactly as on a host.
+# ------------------------------------------------------------------- staging: the layout and the playbook's answer
+# The layout is fdl.launch.hoststage, the module_utils the fdl_dispatch_stage module runs on each host (the
+# playbook itself runs on the testbed: tests/integration/launch/test_launch_testbed.py).
 
-def stage_here(tmp_path: Path, monkeypatch, seen: list[list[str]], sha: str = "", program: str = "") -> tuple:
-    import subprocess
-    import sys
+def stage_here(tmp_path: Path, sha: str = "", program: str = "") -> tuple[bool, dict, Path]:
+    from fdl.agent import supervisor
+    from fdl.fsio import atomic_write
+    from fdl.launch import hoststage
 
-    from fdl.launch import dispatch
-    from fdl.launch.plan import LaunchHost
-
-    real_run = subprocess.run
-
-    def run(argv, **kwargs):
-        seen.append(list(argv))
-        return real_run(argv, **kwargs)
-
-    monkeypatch.setattr("fdl.cluster.ssh.ssh_argv", lambda host: ["sh", "-c"])
-    monkeypatch.setattr(dispatch.subprocess, "run", run)
-    host = LaunchHost(name="hx", address="x", devices=CPU2, local=False,
-                      worker=schema.WorkerSpec(host="hx", address="x", python=sys.executable))
     root = tmp_path / "launch"
     params = {"run_id": "r1", "bin_dir": "train" if program else "", "program": program, "program_sha256": sha,
               "command": ["--epochs", "3"], "label": "hx", "grace_s": 2.0, "root": str(root),
-              "ranks": [{"rank": 0, "env": {"RANK": "0", "FDL_DATA_PATH": "/data/secret-looking-value"}}]}
-    document = {**dispatch._stage_code(), "params": params}
-    return dispatch._stage_one("r1", host, None, "", document), root
+              "ranks": [{"rank": 0, "env": {"RANK": "0", "FDL_DATA_PATH": "/data/x"}}]}
+    changed, staged = hoststage.stage(params, Path(supervisor.__file__).read_text(), atomic_write)
+    return changed, staged, root
 
 
-def test_staging_lays_out_the_run_with_the_spec_private_and_off_the_command_line(tmp_path, monkeypatch):
+def test_staging_lays_out_the_run_with_the_spec_private(tmp_path):
     import json
     import stat
 
     from fdl.agent import supervisor
 
-    seen: list[list[str]] = []
-    (paths, problem), root = stage_here(tmp_path, monkeypatch, seen)
-    assert problem is None, problem
-    assert paths == {"run_dir": str(root / "runs/r1"), "supervisor": str(root / "supervisor.py"),
-                     "spec": str(root / "runs/r1/spec.json")}
-    assert Path(paths["supervisor"]).read_text() == Path(supervisor.__file__).read_text()
-    spec = json.loads(Path(paths["spec"]).read_text())
+    changed, staged, root = stage_here(tmp_path)
+    assert changed
+    assert {k: staged[k] for k in ("run_dir", "supervisor", "spec")} == {
+        "run_dir": str(root / "runs/r1"), "supervisor": str(root / "supervisor.py"),
+        "spec": str(root / "runs/r1/spec.json")}
+    assert Path(staged["supervisor"]).read_text() == Path(supervisor.__file__).read_text()
+    spec = json.loads(Path(staged["spec"]).read_text())
     assert spec["argv"] == ["--epochs", "3"] and spec["ranks"][0]["env"]["RANK"] == "0"
-    assert stat.S_IMODE(Path(paths["spec"]).stat().st_mode) == 0o600
+    assert stat.S_IMODE(Path(staged["spec"]).stat().st_mode) == 0o600
     assert (root / "runs/r1/logs").is_dir()
-    (argv,) = seen  # one program per host, and the rank environment only on its stdin, never on argv
-    assert not any("secret-looking-value" in word or "RANK" in word for word in argv), argv
+    assert stage_here(tmp_path)[0] is False  # the second time: the supervisor is current, nothing changed
 
 
-def test_staging_refuses_a_run_id_that_is_a_path(tmp_path, monkeypatch):
-    from fdl.launch import dispatch, hoststage
+def test_staging_says_whether_the_hosts_binary_is_current(tmp_path):
+    import hashlib
 
-    document = {**dispatch._stage_code(), "params": {"run_id": "../x", "label": "hx", "ranks": [], "command": ["a"]}}
+    _, staged, root = stage_here(tmp_path, sha="0" * 64, program="train")
+    assert staged["program_current"] is False  # nothing there yet: rsync must ship it
+    (root / "bin" / "train" / "train").write_bytes(b"built")
+    sha = hashlib.sha256(b"built").hexdigest()
+    assert stage_here(tmp_path, sha=sha, program="train")[1]["program_current"] is True
+    assert stage_here(tmp_path, sha="", program="train")[1]["program_current"] is False  # no sha: always ship
+
+
+def test_staging_refuses_a_run_id_that_is_a_path():
     import pytest
 
+    from fdl.launch import hoststage
+
     with pytest.raises(hoststage.StageError, match="run_id must be a plain name"):
-        hoststage.plan(document["params"])
+        hoststage.plan({"run_id": "../x", "label": "hx", "ranks": [], "command": ["a"]})
 
 
-def test_a_staging_program_that_fails_names_its_exit_and_reason(tmp_path, monkeypatch):
-    seen: list[list[str]] = []
-    (tmp_path / "launch").write_text("a file where the launcher directory should be")
-    (paths, problem), _ = stage_here(tmp_path, monkeypatch, seen)
-    assert paths == {} and problem is not None and problem.startswith("staging exited 4: "), problem
+def test_the_playbooks_answer_is_read_from_the_modules_fact_and_a_failure_names_its_task():
+    from fdl.cluster.runner import FAILED, OK, SKIPPED, HostResult, TaskOutcome
+    from fdl.launch.dispatch import _why, staged_paths
+
+    paths = {"run_dir": "/h/r", "supervisor": "/h/s.py", "spec": "/h/r/spec.json"}
+    stage = TaskOutcome("Lay out the run", OK, {"changed": False, "run_dir": "/h/r", "program_current": True,
+                                                "ansible_facts": {"fdl_dispatch_staged": paths}})
+    assert staged_paths([stage, TaskOutcome("Ship the binary", SKIPPED)]) == paths
+    assert staged_paths([TaskOutcome("Lay out the run", OK, {"run_dir": "/h/r"})]) is None
+    rsync = TaskOutcome("Ship the binary", FAILED, {"rc": 23, "cmd": ["rsync", "--archive"], "msg": "non-zero",
+                                                    "stderr": "rsync: change_dir failed\nrsync error: code 23\n"})
+    host = HostResult("h1", status=FAILED, tasks=[stage, rsync], message="non-zero")
+    assert _why(host) == "Ship the binary: exited 23: rsync error: code 23"
+    lost = HostResult("h2", status="unreachable", message="ssh: connect to host x port 22: No route to host",
+                      tasks=[TaskOutcome("Lay out the run", "unreachable", {"unreachable": True, "msg": "x"})])
+    assert _why(lost) == "Lay out the run: ssh: connect to host x port 22: No route to host"
 
 
 def test_the_launcher_raises_its_open_files_limit_for_many_hosts():
