@@ -208,5 +208,3 @@ def _cacheable(data: Data, origins: Origins, shown: str) -> bool:
     return plain(data) and not find_masks(data) and all(
         origin.file == shown and all(type(part) in (str, int) for part in keypath)
         for keypath, origin in origins.items())
-
-
