@@ -337,7 +337,9 @@ def main(argv: list[str] | None = None) -> int:
         if sys.stdout is watched:
             sys.stdout = real
     if code != 0 and not watched.written and sys.stdout is real:
-        if failure is None:
+        if failure is None and code == ExitCode.INTERRUPTED:  # typer turns Ctrl-C into a return of 130
+            failure = failure_document(KeyboardInterrupt(), code, "interrupted")
+        elif failure is None:
             failure = failure_document(None, code, f"the command ended with exit code {code} and no report")
         import json
 
