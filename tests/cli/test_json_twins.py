@@ -118,16 +118,23 @@ def test_an_interrupted_command_is_a_document(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "fdl", "status", "--watch", "--wait", "--json", "--addr",
                              f"127.0.0.1:{free_port()}"], cwd=tmp_path, env=fdl_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+    seen = []
     try:
-        waited = proc.stderr.readline() if proc.stderr else ""
-        assert "waiting for one" in waited, waited
+        assert proc.stderr is not None
+        for line in proc.stderr:  # ends when fdl does, should it end before it waits
+            seen.append(line)
+            if "waiting for one" in line:
+                break
+        assert seen and "waiting for one" in seen[-1], seen
         proc.send_signal(2)
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+    err = "".join(seen) + err
     doc = one_document(out)
     assert doc["ok"] is False and doc["exit_code"] == proc.returncode, (doc, err)
     # the signal lands in the wait between two looks (the answer: no run appeared) or during a look
-    assert (proc.returncode, doc["message"]) in ((1, "stopped waiting; no run appeared"), (130, "interrupted")), doc
+    assert (proc.returncode, doc["message"]) in ((1, "stopped waiting; no run appeared"), (130, "interrupted")), \
+        (doc, err)
