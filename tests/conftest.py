@@ -6,6 +6,7 @@ import atexit
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -71,6 +72,12 @@ def _a_home_of_this_run() -> None:
 
 
 _a_home_of_this_run()
+
+# A suite started in the background by a script (`scripts/test.sh --quick &` in a shell without job control)
+# inherits SIGINT ignored, and so would every fdl it starts; the tests that press Ctrl-C on one need it
+# delivered as at a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 pytest_plugins = ["tests.testbed.plugin"]  # the SSH testbed fixtures (tests/testbed/README.md)
 
