@@ -372,13 +372,14 @@ def test_collective_is_abandoned_at_its_time_limit_and_leaves_no_rank(ready, tmp
                     f"echo $$ >> {pids}\nexec sleep 300\n")
     hang.chmod(0o755)
     env = _collective_cluster(project, tmp_path, env, str(hang), free_port())
-    # The PyTorch check before the ranks gets half the limit: 10 s lets `import torch` finish on a loaded box.
-    result = run_fdl("@cluster", "probe", "--json", "--skip-mount", "--collective", "--collective-timeout", "20",
-                     cwd=project, env=env, timeout=120)
+    # The PyTorch check before the ranks gets half the limit: 20 s lets `import torch` finish on a loaded box
+    # (10 s did not, with two clones' suites running at once on two cores).
+    result = run_fdl("@cluster", "probe", "--json", "--skip-mount", "--collective", "--collective-timeout", "40",
+                     cwd=project, env=env, timeout=180)
     assert result.returncode == 1, result.stderr
     check = next(c for c in _json(result)["cluster"] if c["name"] == "collective")
     assert check["status"] == "error"
-    assert "did not complete: abandoned at the 20 s time limit (0 message sizes done)" in check["message"]
+    assert "did not complete: abandoned at the 40 s time limit (0 message sizes done)" in check["message"]
     assert check["data"]["abandoned"] is True
     started_ranks = [int(p) for p in pids.read_text().split()]
     assert len(started_ranks) == 2, started_ranks  # both ranks ran, and neither outlived the probe
