@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import pwd
 import shutil
@@ -32,6 +33,32 @@ def real_cache() -> Path:
     return Path(os.environ.get("FDL_TEST_REAL_CACHE") or real_home() / ".cache")
 
 
+_RUN_LOCK: list[int] = []
+
+
+def _remove_killed_runs(runs: Path) -> None:
+    """Remove what runs that were killed left behind (their exit handlers never ran): a living run holds the
+    lock on its directory's .lock, so a directory whose lock can be taken belongs to no run any more."""
+    for old in runs.glob("run-*"):
+        try:
+            fd = os.open(old / ".lock", os.O_RDWR)
+        except OSError:  # being made by a run starting now, or not one of these
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # alive
+            os.close(fd)
+            continue
+        try:
+            runtime = Path((old / ".runtime").read_text())
+            if runtime.parent == Path(tempfile.gettempdir()) and runtime.name.startswith("fdl-test-rt-"):
+                shutil.rmtree(runtime, ignore_errors=True)
+        except OSError:
+            pass
+        shutil.rmtree(old, ignore_errors=True)
+        os.close(fd)
+
+
 def _a_home_of_this_run() -> None:
     """Point HOME and the XDG base directories at directories of this run, removed at its end.
 
@@ -52,10 +79,14 @@ def _a_home_of_this_run() -> None:
     runs = home / ".cache" / "fdl-test" / "runs"
     try:
         runs.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _remove_killed_runs(runs)
         run = Path(tempfile.mkdtemp(prefix="run-", dir=runs))
     except OSError:  # a read-only home: the temp dir it is
         run = Path(tempfile.mkdtemp(prefix="fdl-test-run-"))
     runtime = Path(tempfile.mkdtemp(prefix="fdl-test-rt-"))
+    (run / ".runtime").write_text(str(runtime))
+    _RUN_LOCK.append(os.open(run / ".lock", os.O_RDWR | os.O_CREAT, 0o600))  # held while this run lives
+    fcntl.flock(_RUN_LOCK[0], fcntl.LOCK_EX)
     atexit.register(shutil.rmtree, run, True)
     atexit.register(shutil.rmtree, runtime, True)
     for name in [n for n in os.environ if n.startswith("FDL_") and not n.startswith(TEST_CONTROLS)]:
