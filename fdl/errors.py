@@ -40,6 +40,22 @@ class FdlError(Exception):
 class ConfigError(FdlError):
     """A configuration file is missing, unreadable, malformed or invalid."""
 
+    def __init__(self, message: str, *, hint: str | None = None, exit_code: int | None = None,
+                 errors: list[str] | None = None, warnings: list[str] | None = None):
+        super().__init__(message, hint=hint, exit_code=exit_code)
+        #: every error found before validation stopped (the boundary prints one line each)
+        self.errors = list(errors) if errors else [message]
+        #: the warnings of the same files (unknown keys, did-you-mean), printed before the errors
+        self.warnings = list(warnings or ())
+
+    @classmethod
+    def collected(cls, errors: list[str], warnings: list[str]) -> ConfigError:
+        """One error standing for all the errors validation found in the configuration."""
+        if len(errors) == 1:
+            return cls(errors[0], warnings=warnings)
+        return cls(f"{len(errors)} errors in the configuration: " + " ".join(errors), errors=errors,
+                   warnings=warnings)
+
 
 class UsageError(FdlError):
     """The command line is malformed or contradictory."""

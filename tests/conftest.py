@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
+import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -15,11 +18,97 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI") == "true"
 
-# fdl remembers parsed config files (fdl.config.source); the suite's thousands of temporary projects go to a
-# directory of this run, removed at its end, not to the cache of whoever runs the tests.
-if not os.environ.get("FDL_CONFIG_CACHE"):
-    os.environ["FDL_CONFIG_CACHE"] = tempfile.mkdtemp(prefix="fdl-test-config-cache-")
-    atexit.register(shutil.rmtree, os.environ["FDL_CONFIG_CACHE"], True)
+# The variables that steer the tests themselves; every other FDL_* variable is fdl's, and is cleared below.
+TEST_CONTROLS = ("FDL_TEST", "FDL_TESTBED_", "FDL_MATRIX", "FDL_CRASH_SEED")
+
+
+def real_home() -> Path:
+    """The home of whoever runs the suite (tests run with HOME set to a home of the run's own)."""
+    return Path(os.environ.get("FDL_TEST_REAL_HOME") or os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir)
+
+
+def real_cache() -> Path:
+    """Their cache directory: for the test tooling's own slow-to-build caches (venvs of other ansible-core
+    lines), never for fdl's."""
+    return Path(os.environ.get("FDL_TEST_REAL_CACHE") or real_home() / ".cache")
+
+
+_RUN_LOCK: list[int] = []
+
+
+def _remove_killed_runs(runs: Path) -> None:
+    """Remove what runs that were killed left behind (their exit handlers never ran): a living run holds the
+    lock on its directory's .lock, so a directory whose lock can be taken belongs to no run any more."""
+    for old in runs.glob("run-*"):
+        try:
+            fd = os.open(old / ".lock", os.O_RDWR)
+        except OSError:  # being made by a run starting now, or not one of these
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # alive
+            os.close(fd)
+            continue
+        try:
+            runtime = Path((old / ".runtime").read_text())
+            if runtime.parent == Path(tempfile.gettempdir()) and runtime.name.startswith("fdl-test-rt-"):
+                shutil.rmtree(runtime, ignore_errors=True)
+        except OSError:
+            pass
+        shutil.rmtree(old, ignore_errors=True)
+        os.close(fd)
+
+
+def _a_home_of_this_run() -> None:
+    """Point HOME and the XDG base directories at directories of this run, removed at its end.
+
+    So no test reads or leaves anything in the caches, state or configuration of whoever runs the suite
+    (fdl's cache dir and config cache, ~/.flodl, the launcher's live records), nor in another clone's run on
+    the same machine. A test that needs a particular home still sets its own. The home is made under the
+    real one (whose parents are not world-writable, as sshd's StrictModes wants of a key file below it);
+    the runtime directory under the temp dir, where its sockets' paths stay short. The toolchains that live
+    in the real home (rustup, cargo, pyenv) stay reachable through their own variables, and fdl's own
+    variables from the caller's environment (FDL_PORT, FDL_ENV, LIBTORCH, ...) do not reach the tests.
+    """
+    if os.environ.get("FDL_TEST_REAL_HOME"):  # a run's own process (or one it started) already has its home
+        return
+    home, cache = real_home(), os.environ.get("XDG_CACHE_HOME")
+    for name, sub in (("RUSTUP_HOME", ".rustup"), ("CARGO_HOME", ".cargo"), ("PYENV_ROOT", ".pyenv")):
+        if not os.environ.get(name) and (home / sub).is_dir():
+            os.environ[name] = str(home / sub)
+    runs = home / ".cache" / "fdl-test" / "runs"
+    try:
+        runs.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _remove_killed_runs(runs)
+        run = Path(tempfile.mkdtemp(prefix="run-", dir=runs))
+    except OSError:  # a read-only home: the temp dir it is
+        run = Path(tempfile.mkdtemp(prefix="fdl-test-run-"))
+    runtime = Path(tempfile.mkdtemp(prefix="fdl-test-rt-"))
+    (run / ".runtime").write_text(str(runtime))
+    _RUN_LOCK.append(os.open(run / ".lock", os.O_RDWR | os.O_CREAT, 0o600))  # held while this run lives
+    fcntl.flock(_RUN_LOCK[0], fcntl.LOCK_EX)
+    atexit.register(shutil.rmtree, run, True)
+    atexit.register(shutil.rmtree, runtime, True)
+    for name in [n for n in os.environ if n.startswith("FDL_") and not n.startswith(TEST_CONTROLS)]:
+        del os.environ[name]
+    for name in ("LIBTORCH", "LIBTORCH_PATH"):
+        os.environ.pop(name, None)
+    own = run / "home"
+    os.environ.update(FDL_TEST_REAL_HOME=str(home), FDL_TEST_REAL_CACHE=cache or str(home / ".cache"),
+                      HOME=str(own), XDG_CACHE_HOME=str(own / ".cache"), XDG_CONFIG_HOME=str(own / ".config"),
+                      XDG_DATA_HOME=str(own / ".local" / "share"), XDG_STATE_HOME=str(own / ".local" / "state"),
+                      XDG_RUNTIME_DIR=str(runtime))
+    for name in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"):
+        Path(os.environ[name]).mkdir(parents=True, mode=0o700)
+
+
+_a_home_of_this_run()
+
+# A suite started in the background by a script (`scripts/test.sh --quick &` in a shell without job control)
+# inherits SIGINT ignored, and so would every fdl it starts; the tests that press Ctrl-C on one need it
+# delivered as at a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # fdl records the farm credentials it mints in $XDG_STATE_HOME/fdl/farms (fdl.farm.minted): the suite's go to a
 # directory of this run too, never to the state of whoever runs the tests (a test can still point it elsewhere).

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import random
 import socket
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 FIRST_PORT, LAST_PORT = 21000, 21999
 #: The token of a test window that names none: every window has one (loopback is not a credential).
@@ -74,16 +76,18 @@ def serving(policy, *, host: str = "127.0.0.1", limits=None, span: tuple[int, in
 class PeerNamespace:
     """A network namespace joined to the host by a veth pair: a real non-loopback peer.
 
-    Host side HOST_ADDR, namespace side PEER_ADDR (10.213.5.0/24, this suite's own subnet). Needs root.
+    Host side HOST_ADDR, namespace side PEER_ADDR: .1 and .2 of a /24 in 10.213.0.0/16 (this suite's own)
+    that no interface of this machine holds, picked under a lock, so runs of two clones at once each get
+    their own. Needs root.
     """
 
-    HOST_ADDR = "10.213.5.1"
-    PEER_ADDR = "10.213.5.2"
+    LOCK = Path("/run/lock" if Path("/run/lock").is_dir() else tempfile.gettempdir()) / "fdl-test-peer-subnets.lock"
 
     def __init__(self, tag: str):
         self.name = f"fdlc5-{tag}"
         self.host_if = f"fdlc5h{tag}"[:15]
         self.peer_if = f"fdlc5n{tag}"[:15]
+        self.HOST_ADDR = self.PEER_ADDR = ""
 
     def _ip(self, *args: str, ns: bool = False) -> None:
         import subprocess
@@ -92,13 +96,22 @@ class PeerNamespace:
         subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=30)
 
     def create(self) -> PeerNamespace:
+        import fcntl
         import subprocess
 
         self.destroy()
-        self._ip("netns", "add", self.name)
-        self._ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.peer_if)
-        self._ip("link", "set", self.peer_if, "netns", self.name)
-        self._ip("addr", "add", f"{self.HOST_ADDR}/24", "dev", self.host_if)
+        with open(self.LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # held until this namespace's subnet is on an interface
+            held = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True,
+                                  check=True).stdout
+            third = next((n for n in range(5, 255) if f" 10.213.{n}." not in held), None)
+            if third is None:
+                raise RuntimeError("every /24 of 10.213.0.0/16 is in use on this machine")
+            self.HOST_ADDR, self.PEER_ADDR = f"10.213.{third}.1", f"10.213.{third}.2"
+            self._ip("netns", "add", self.name)
+            self._ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.peer_if)
+            self._ip("link", "set", self.peer_if, "netns", self.name)
+            self._ip("addr", "add", f"{self.HOST_ADDR}/24", "dev", self.host_if)
         self._ip("link", "set", self.host_if, "up")
         self._ip("addr", "add", f"{self.PEER_ADDR}/24", "dev", self.peer_if, ns=True)
         self._ip("link", "set", self.peer_if, "up", ns=True)

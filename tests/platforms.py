@@ -71,7 +71,9 @@ def _pyenv_root() -> Path:
         done = subprocess.run([pyenv, "root"], capture_output=True, text=True, timeout=30)
         if done.returncode == 0 and done.stdout.strip():
             return Path(done.stdout.strip())
-    return Path.home() / ".pyenv"
+    from tests.conftest import real_home
+
+    return real_home() / ".pyenv"
 
 
 def find_python(version: str) -> Path | None:
@@ -122,11 +124,13 @@ def build_wheel(dest: Path) -> Path:
 
 
 def cache_root() -> Path:
-    """Where matrix venvs are kept: FDL_MATRIX_CACHE, else ~/.cache/fdl-test/matrix (never in the repo)."""
+    """Where matrix venvs are kept: FDL_MATRIX_CACHE, else ~/.cache/fdl-test/matrix of whoever runs the tests
+    (never in the repo, nor in the home of the run)."""
+    from tests.conftest import real_cache
+
     if os.environ.get("FDL_MATRIX_CACHE"):
         return Path(os.environ["FDL_MATRIX_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "fdl-test" / "matrix"
+    return real_cache() / "fdl-test" / "matrix"
 
 
 def constraints(combo: Combo) -> str:

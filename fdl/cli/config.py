@@ -8,7 +8,8 @@ import typer
 
 from fdl.cli.context import globals_of
 
-app = typer.Typer(help="Inspect the resolved configuration.", rich_markup_mode=None, no_args_is_help=True)
+app = typer.Typer(help="Inspect the resolved configuration.", rich_markup_mode=None, no_args_is_help=True,
+                  add_completion=False)
 
 
 @app.callback()
@@ -34,8 +35,7 @@ def show(
     if env is not None:  # a positional env is as explicit as --env
         from fdl.config import load_config
 
-        cfg = load_config(None, EnvSelection.choose(env, None))
-        cfg.env = EnvSelection(cfg.env.name, "argument")
+        cfg = load_config(None, EnvSelection.named(env, "argument"))
         for warning in cfg.warnings:
             typer.echo(f"fdl: warning: {warning}", err=True)
     else:
@@ -50,7 +50,7 @@ def show(
         return
     from fdl.config.source import display_path
 
-    header = [f"env: {cfg.env.name} (from {cfg.env.source})" if cfg.env.name else "env: (none, base only)",
+    header = [f"env: {cfg.env.name} (from {cfg.env.how})" if cfg.env.name else "env: (none, base only)",
               "files, merged in order: " + ", ".join(display_path(p) for p in cfg.files)]
     if g.gpus is not None:
         header.append(f"--gpus: {g.gpus} (command line; CUDA_VISIBLE_DEVICES for every process started)")

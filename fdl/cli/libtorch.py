@@ -11,7 +11,7 @@ import typer
 
 from fdl.cli.context import globals_of
 
-app = typer.Typer(help="List, download and activate libtorch variants.", rich_markup_mode=None,
+app = typer.Typer(help="List, download and activate libtorch variants.", rich_markup_mode=None, add_completion=False,
                   no_args_is_help=True)
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import click
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from fdl import __version__
 from fdl.cli.context import Globals, Invocation, collector_paused, resume_collector
@@ -51,36 +51,54 @@ GLOBAL_VALUE_OPTIONS = ("--env", "--gpus")
 GLOBAL_FLAGS = ("--debug", "--verbose", "-v", "--version", "--help", "-h")
 
 
-def split_sigil(argv: list[str]) -> tuple[list[str], str | None]:
-    """Pull an `@NAME` word out from before the command: `fdl --gpus 0 @cluster probe`."""
+def _first_word(argv: list[str]) -> int:
+    """The index of the first word after the global options (len(argv) when there is none)."""
     i = 0
     while i < len(argv):
         word = argv[i]
-        if word == "--":
-            break
         if word in GLOBAL_VALUE_OPTIONS:
             i += 2
             continue
         if (word.startswith("--") and "=" in word) or word in GLOBAL_FLAGS:
             i += 1
             continue
-        if word.startswith("@"):
-            return argv[:i] + argv[i + 1:], word[1:]
         break
+    return min(i, len(argv))
+
+
+def split_sigil(argv: list[str]) -> tuple[list[str], str | None]:
+    """Pull an `@NAME` word out from before the command: `fdl --gpus 0 @cluster probe`."""
+    i = _first_word(argv)
+    if i < len(argv) and argv[i].startswith("@"):
+        return argv[:i] + argv[i + 1:], argv[i][1:]
     return argv, None
 
 
-def argument_help(command: Any) -> Any:
-    """Put each positional argument's help text (from its typer.Argument) on the click parameter.
+def wants_json(argv: list[str]) -> bool:
+    """True when a built-in command is asked for its --json twin (before any standalone `--`).
 
-    Some typer/click pairings lose it (typer sets `help`, then click's Argument constructor resets
-    it), which leaves `--help` listing arguments with no description.
+    A project command (fdl.yml `commands:`) passes --json on to what it runs, so it is not asked here.
+    """
+    words = argv[_first_word(argv):]
+    words = words[: words.index("--")] if "--" in words else words
+    return bool(words) and words[0] in BUILTINS and "--json" in words[1:]
+
+
+def argument_help(command: Any) -> Any:
+    """Make the help of `command` and its subcommands read the same under every supported typer/click pairing.
+
+    Each positional argument gets the help text of its typer.Argument (some pairings lose it: typer sets
+    `help`, then click's Argument constructor resets it, which leaves `--help` listing arguments with no
+    description), and is listed once: typer lists arguments under "Arguments:" beside the options, and
+    click 8.2 and later would list them again under "Positional arguments:".
     """
     import inspect
     import typing
 
     for sub in getattr(command, "commands", {}).values():
         argument_help(sub)
+    if isinstance(command, (TyperCommand, TyperGroup)):
+        command.format_arguments = _listed_with_the_options  # type: ignore[method-assign]
     callback = getattr(command, "callback", None)
     if callback is None:
         return command
@@ -95,6 +113,10 @@ def argument_help(command: Any) -> Any:
             if isinstance(meta, typer.models.ArgumentInfo) and meta.help:
                 param.help = meta.help
     return command
+
+
+def _listed_with_the_options(ctx: Any, formatter: Any) -> None:
+    """click's own arguments section, left out: typer's format_options already lists the arguments."""
 
 
 class FdlGroup(TyperGroup):
@@ -218,54 +240,147 @@ def ensure_globals(ctx: Any) -> Globals:
 
 
 def report_error(exc: FdlError, debug: bool) -> None:
+    """An error for the person at the terminal, on stderr: the configuration's warnings first (they often
+    explain the error), then every error found, one line each, then the hint."""
     if debug:
         import traceback
 
         traceback.print_exception(exc)
-    message = f"fdl: {exc.label}: {exc.message}" if exc.label else f"fdl: {exc.message}"
+    lines = [f"fdl: warning: {warning}" for warning in getattr(exc, "warnings", ())]
+    for error in getattr(exc, "errors", None) or [exc.message]:
+        lines.append(f"fdl: {exc.label}: {error}" if exc.label else f"fdl: {error}")
     if exc.hint:
-        message += f"\n  hint: {exc.hint}"
-    print(message, file=sys.stderr)
+        lines[-1] += f"\n  hint: {exc.hint}"
+    print("\n".join(lines), file=sys.stderr)
+
+
+def failure_document(exc: BaseException | None, exit_code: int, message: str | None = None) -> dict[str, Any]:
+    """The --json twin of a failure: `{"ok": false, "reason": CODE, "message": SENTENCE, ...}`, the envelope
+    the controller's own refusals use. reason is the most specific kind of error known: the error's own code
+    (a controller's refusal), else that of the error it re-words, else its class in snake_case."""
+    doc: dict[str, Any] = {"ok": False, "reason": failure_reason(exc), "message": message or str(exc),
+                           "hint": getattr(exc, "hint", None), "exit_code": int(exit_code)}
+    if isinstance(exc, FdlError) and len(getattr(exc, "errors", ())) > 1:
+        doc["errors"] = list(getattr(exc, "errors", ()))
+    if getattr(exc, "warnings", None):
+        doc["warnings"] = list(getattr(exc, "warnings", ()))
+    return doc
+
+
+def failure_reason(exc: BaseException | None) -> str:
+    import re
+
+    if exc is None:
+        return "failed"
+    own = getattr(exc, "reason", None)
+    if isinstance(own, str) and own:
+        return own
+    if isinstance(exc, click.exceptions.ClickException):
+        return "usage_error"
+    if isinstance(exc, (KeyboardInterrupt, typer.Abort)):
+        return "interrupted"
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(exc, FdlError) and isinstance(cause, FdlError):
+        return failure_reason(cause)
+    if not isinstance(exc, FdlError):
+        return "internal_error"
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", type(exc).__name__).lower()
+
+
+class WatchedStdout:
+    """sys.stdout while a command runs with --json: notes whether the command wrote anything, so the
+    boundary adds a failure's document only where the command printed no document of its own."""
+
+    def __init__(self, stream: Any, seen: list[bool] | None = None):
+        self._stream = stream
+        self._seen = [False] if seen is None else seen
+
+    @property
+    def written(self) -> bool:
+        return self._seen[0]
+
+    def write(self, text: Any) -> Any:
+        if text:
+            self._seen[0] = True
+        return self._stream.write(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    @property
+    def buffer(self) -> WatchedStdout:
+        return WatchedStdout(self._stream.buffer, self._seen)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run fdl with argv (default sys.argv[1:]) and return the exit code."""
+    """Run fdl with argv (default sys.argv[1:]) and return the exit code.
+
+    With --json, a built-in command's outcome is one JSON document on stdout whatever happens: its own
+    report, or, when it failed before printing one, failure_document().
+    """
     args = list(sys.argv[1:] if argv is None else argv)
     args, sigil = split_sigil(args)
     head = args[: args.index("--")] if "--" in args else args
     debug = "--debug" in head or os.environ.get("FDL_DEBUG") == "1"
     invocation = Invocation(sigil=sigil, debug=debug)
+    if not wants_json(args):
+        return _run(args, invocation, debug)[0]
+    real = sys.stdout
+    watched = sys.stdout = WatchedStdout(real)
+    try:
+        code, failure = _run(args, invocation, debug)
+    finally:
+        if sys.stdout is watched:
+            sys.stdout = real
+    if code != 0 and not watched.written and sys.stdout is real:
+        if failure is None and code == ExitCode.INTERRUPTED:  # typer turns Ctrl-C into a return of 130
+            failure = failure_document(KeyboardInterrupt(), code, "interrupted")
+        elif failure is None:
+            failure = failure_document(None, code, f"the command ended with exit code {code} and no report")
+        import json
+
+        print(json.dumps(failure, indent=2), flush=True)
+    return code
+
+
+def _run(args: list[str], invocation: Invocation, debug: bool) -> tuple[int, dict[str, Any] | None]:
+    """(exit code, the failure's JSON document or None): the one place errors become messages and codes."""
     try:
         with collector_paused():
             command = typer.main.get_command(app)
             result = command.main(args=args, prog_name="fdl", standalone_mode=False, obj=invocation)
-        return int(result or 0) if isinstance(result, int) else 0
+        return (int(result or 0) if isinstance(result, int) else 0), None
     except FdlError as exc:
         report_error(exc, debug)
-        return int(exc.exit_code)
+        return int(exc.exit_code), failure_document(exc, exc.exit_code)
     except typer.Exit as exc:
-        return int(getattr(exc, "exit_code", 0) or 0)
+        return int(getattr(exc, "exit_code", 0) or 0), None
     except click.exceptions.ClickException as exc:
         exc.show()
-        return ExitCode.PERMANENT
-    except (KeyboardInterrupt, typer.Abort):
+        return ExitCode.PERMANENT, failure_document(exc, ExitCode.PERMANENT, exc.format_message())
+    except (KeyboardInterrupt, typer.Abort) as exc:
         print("fdl: interrupted", file=sys.stderr)
-        return ExitCode.INTERRUPTED
+        return ExitCode.INTERRUPTED, failure_document(exc, ExitCode.INTERRUPTED, "interrupted")
     except BrokenPipeError:
         # stdout closed early (fdl ... | head): not an error worth a traceback
         try:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the interpreter's flush at exit
         except OSError:
             pass
-        return ExitCode.FAILURE
+        return ExitCode.FAILURE, None
     except Exception as exc:  # the last line of defence: never a traceback unless asked
         if debug:
             import traceback
 
             traceback.print_exc()
-        print(f"fdl: internal error: {type(exc).__name__}: {exc}. This is a bug in fdl; rerun with --debug "
-              f"for the traceback and report it.", file=sys.stderr)
-        return ExitCode.FAILURE
+        message = (f"internal error: {type(exc).__name__}: {exc}. This is a bug in fdl; rerun with --debug "
+                   f"for the traceback and report it.")
+        print(f"fdl: {message}", file=sys.stderr)
+        return ExitCode.FAILURE, failure_document(exc, ExitCode.FAILURE, message)
 
 
 if __name__ == "__main__":  # pragma: no cover

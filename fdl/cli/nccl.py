@@ -11,7 +11,7 @@ import typer
 from fdl.cli.context import globals_of
 
 app = typer.Typer(help="Build NVIDIA's NCCL from source for heterogeneous rigs.", rich_markup_mode=None,
-                  no_args_is_help=True)
+                  no_args_is_help=True, add_completion=False)
 
 
 @app.callback()

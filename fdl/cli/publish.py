@@ -58,8 +58,7 @@ def publish(
     no_wait: Annotated[bool, typer.Option("--no-wait", help="Fail at once when another publish holds the served "
                                                             "directory, instead of waiting for it.")] = False,
 ) -> None:
-    from fdl.cli.render.publish import failure_json, publish_json, render_publish
-    from fdl.errors import FdlError
+    from fdl.cli.render.publish import publish_json, render_publish
     from fdl.publish.report import worker_sources
     from fdl.publish.run import PublishFlags, resolve_request
     from fdl.publish.run import publish as do_publish
@@ -80,14 +79,10 @@ def publish(
         origin = origins.get(("publish", key))
         return f"publish: block ({origin})" if origin is not None else "publish: block"
 
-    # Every refusal and failure of publish is exit 1 (docs/publish.md): its library raises only such errors.
-    try:
-        request = resolve_request(flags, config.publish, cwd=Path.cwd(), block_root=config.root, block_where=where)
-        result = do_publish(request, project_root=config.root, note=note)
-    except FdlError as exc:
-        if as_json:  # the JSON twin of a failure; the message itself is the boundary's to print
-            print(json.dumps(failure_json(exc.message, exc.hint), indent=2))
-        raise
+    # Every refusal and failure of publish is exit 1 (docs/publish.md): its library raises only such errors,
+    # and the boundary (fdl.cli.main) prints them, with their JSON twin under --json.
+    request = resolve_request(flags, config.publish, cwd=Path.cwd(), block_root=config.root, block_where=where)
+    result = do_publish(request, project_root=config.root, note=note)
     sources = worker_sources(result.request.served, socket.gethostname(), _user())
     if not result.manifest.built:
         note("WARNING: published with --no-build: NOTHING HAS COMPILED THIS TREE (manifest built: false)")

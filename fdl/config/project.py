@@ -31,7 +31,7 @@ from .schema import (
     check_libtorch_block,
     check_publish,
 )
-from .source import Data, Layer, Origins, display_path, read_layer
+from .source import Data, KeyPath, Layer, Origins, display_path, read_layer
 
 INHERIT_KEY = "inherit-from"
 _ENV_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # fullmatch: `$` would accept a trailing newline
@@ -41,7 +41,7 @@ class EnvSelection(NamedTuple):
     """Which env the user asked for and how: --env flag, @sigil or FDL_ENV."""
 
     name: str | None = None
-    source: str | None = None  # "--env", "@sigil", "FDL_ENV"
+    source: str | None = None  # "--env", "@sigil", "FDL_ENV", "argument" (fdl config show ENV)
 
     @staticmethod
     def choose(flag: str | None, sigil: str | None, environ: Mapping[str, str] | None = None) -> EnvSelection:
@@ -49,13 +49,26 @@ class EnvSelection(NamedTuple):
         environ = os.environ if environ is None else environ
         for name, source in ((flag, "--env"), (sigil, "@sigil"), (environ.get("FDL_ENV") or None, "FDL_ENV")):
             if name:
-                if not _ENV_RE.fullmatch(name):
-                    raise UsageError(
-                        f"env name {name!r} (from {source}) is not valid: use letters, digits, '-' and '_', "
-                        f"as in fdl.<name>.yml."
-                    )
-                return EnvSelection(name, source)
+                return EnvSelection.named(name, source)
         return EnvSelection()
+
+    @staticmethod
+    def named(name: str, source: str) -> EnvSelection:
+        """The env `name`, selected the way `source` says; a name that cannot be a file name is refused."""
+        selection = EnvSelection(name, source)
+        if not _ENV_RE.fullmatch(name):
+            raise UsageError(f"env name {name!r} (from {selection.how}) is not valid: use letters, digits, '-' "
+                             f"and '_', as in fdl.<name>.yml.")
+        return selection
+
+    @property
+    def how(self) -> str:
+        """How the env was selected, in a user's words: --env, @NAME, FDL_ENV or the ENV argument."""
+        if self.source == "@sigil":
+            return f"@{self.name}"
+        if self.source == "argument":
+            return "the ENV argument"
+        return self.source or "nothing"
 
 
 class Config:
@@ -73,6 +86,7 @@ class Config:
         self.publish: PublishDefaults | None = None
         self.libtorch: LibtorchDefaults | None = None
         self.warnings: list[str] = []
+        self.ignored: list[KeyPath] = []  # unknown keys: warned about and not in force
 
     @property
     def is_discovery_window(self) -> bool:
@@ -93,7 +107,7 @@ def _overlay_chain(root: Path, env: EnvSelection) -> list[Layer]:
     chain: list[Layer] = []
     names: list[str] = []
     name: str | None = env.name
-    needed_by = f"selected by {env.source}"
+    needed_by = f"selected by {env.how}"
     while name is not None:
         if name in names:
             cycle = " -> ".join([*names, name])
@@ -134,7 +148,7 @@ def load_config(cwd: Path | None = None, env: EnvSelection | None = None, *, req
             where = str((cwd or Path.cwd()).resolve())
             raise ConfigError(
                 f"no fdl.yml (or fdl.yaml, fdl.json) in {where} or any directory above it"
-                + (f", so env '{env.name}' ({env.source}) cannot be applied" if env.name else "")
+                + (f", so env '{env.name}' (selected by {env.how}) cannot be applied" if env.name else "")
                 + ". Run fdl from your project directory, or create fdl.yml there."
             )
         return Config(root=None, env=env, files=[], data={}, origins={})
@@ -153,19 +167,25 @@ def load_config(cwd: Path | None = None, env: EnvSelection | None = None, *, req
 
 
 def validate(config: Config) -> Config:
-    """Check the merged document and fill the typed blocks; warnings go to config.warnings."""
+    """Check the merged document and fill the typed blocks; warnings go to config.warnings.
+
+    Every block is checked even after an error, and every error found is raised at once (with the
+    warnings, which often explain an error: a mistyped key is ignored, so what it meant to set is not).
+    """
     checker = Checker(config.origins, [display_path(p) for p in config.files])
-    checker.mapping(config.data, (), TOP_KEYS)
-    data = config.data
+    data: Data = checker.soft({}, checker.mapping, config.data, (), TOP_KEYS)
     if data.get("cluster") is not None:
-        config.cluster = check_cluster(checker, data["cluster"])
+        config.cluster = checker.soft(None, check_cluster, checker, data["cluster"])
     if data.get("commands") is not None:
-        config.commands = check_commands(checker, data["commands"])
+        config.commands = checker.soft({}, check_commands, checker, data["commands"])
     if data.get("join") is not None:
-        config.join = check_join(checker, data["join"])
+        config.join = checker.soft(None, check_join, checker, data["join"])
     if data.get("publish") is not None:
-        config.publish = check_publish(checker, data["publish"])
+        config.publish = checker.soft(None, check_publish, checker, data["publish"])
     if data.get("libtorch") is not None:
-        config.libtorch = check_libtorch_block(checker, data["libtorch"])
+        config.libtorch = checker.soft(None, check_libtorch_block, checker, data["libtorch"])
     config.warnings.extend(checker.warnings)
+    config.ignored.extend(checker.ignored)
+    if checker.errors:
+        raise ConfigError.collected(checker.errors, config.warnings)
     return config

@@ -4,14 +4,17 @@ Each block (`cluster:`, `commands:`, `join:`, `publish:`) is checked against
 the schema in the design notes and turned into immutable records (NamedTuple) the rest of
 fdl uses. An error names the file and line, the key path, what was expected
 and what was found. Unknown keys are warnings, with a did-you-mean when a
-known key is close.
+known key is close, and are listed as ignored. Validation does not stop at the
+first error: every error of the configuration is collected (Checker.errors)
+and raised together, with the warnings, as one ConfigError.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
 from ..checks.devices import Devices as Devices
 from ..checks.devices import parse_devices as parse_devices
@@ -29,6 +32,7 @@ START_MODES = ("auto", "manual", "hybrid")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _ASCII_DIGITS_RE = re.compile(r"0|[1-9][0-9]{0,8}")  # a plain decimal: no sign, no leading zero
+T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------- model
@@ -129,10 +133,27 @@ class LibtorchDefaults(NamedTuple):
 
 
 class Checker:
+    """Checks values against the schema; collects warnings, ignored keys and (through soft) every error."""
+
     def __init__(self, origins: Origins, files: list[str]):
         self.origins = origins
         self.files = files
         self.warnings: list[str] = []
+        self.errors: list[str] = []
+        self.ignored: list[KeyPath] = []  # unknown keys: warned about, not in force
+
+    def soft(self, default: T, check: Callable[..., T], *args: Any) -> T:
+        """check(*args); when it fails, its error is recorded and default stands in, so validation goes on
+        and one run reports every error of the configuration."""
+        try:
+            return check(*args)
+        except ConfigError as exc:
+            self.errors.append(exc.message)
+            return default
+
+    def report(self, error: ConfigError) -> None:
+        """Record an error and go on checking."""
+        self.errors.append(error.message)
 
     def where(self, path: KeyPath) -> str:
         for cut in range(len(path), -1, -1):
@@ -151,8 +172,10 @@ class Checker:
             raise self.fail(path, "a mapping of keys", value)
         for key in value:
             if not isinstance(key, str):
-                raise self.fail(path + (key,), "a text key", key)
+                self.report(self.fail(path + (key,), "a text key", key))
+                continue
             if key not in known:
+                self.ignored.append(path + (key,))
                 close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
                 hint = f" (did you mean '{close[0]}'?)" if close else ""
                 self.warnings.append(
@@ -170,7 +193,8 @@ class Checker:
         return text
 
     def opt_string(self, block: Data, key: str, path: KeyPath) -> str | None:
-        return None if block.get(key) is None else self.string(block[key], path + (key,))
+        """block[key] as text; None when absent or (its error recorded) invalid."""
+        return None if block.get(key) is None else self.soft(None, self.string, block[key], path + (key,))
 
     def boolean(self, value: Any, path: KeyPath) -> bool:
         if not isinstance(value, bool):
@@ -220,7 +244,8 @@ class Checker:
             raise self.fail(path, "a list of arguments (YAML list, e.g. [--epochs, \"3\"])", value)
         if not isinstance(value, list):
             raise self.fail(path, "a list of arguments", value)
-        return tuple(self.string(item, path + (i,), nonempty=False) for i, item in enumerate(value))
+        return tuple(self.soft("", lambda v, p: self.string(v, p, nonempty=False), item, path + (i,))
+                     for i, item in enumerate(value))
 
     def env_map(self, value: Any, path: KeyPath) -> tuple[tuple[str, str], ...]:
         if not isinstance(value, dict):
@@ -229,8 +254,9 @@ class Checker:
         out = []
         for key, val in block.items():
             if not isinstance(key, str) or not _ENV_NAME_RE.fullmatch(key):
-                raise self.fail(path + (key,), "an environment variable name (letters, digits, '_')", key)
-            out.append((key, self.string(val, path + (key,), nonempty=False)))
+                self.report(self.fail(path + (key,), "an environment variable name (letters, digits, '_')", key))
+                continue
+            out.append((key, self.soft("", lambda v, p: self.string(v, p, nonempty=False), val, path + (key,))))
         return tuple(out)
 
 
@@ -265,13 +291,12 @@ MAX_WORKERS = 4096
 def check_cluster(c: Checker, value: Any) -> ClusterSpec:
     path = ("cluster",)
     block = c.mapping(value, path, ClusterSpec._fields)
-    controller = _controller(c, block.get("controller"), path + ("controller",))
-    ssh_block = block.get("ssh") or {}
+    controller = c.soft(ControllerSpec(), _controller, c, block.get("controller"), path + ("controller",))
     ssh_path = path + ("ssh",)
-    c.mapping(ssh_block, ssh_path, _SSH_KEYS)
+    ssh_block: Data = c.soft({}, c.mapping, block.get("ssh") or {}, ssh_path, _SSH_KEYS)
     ssh = SshDefaults(
-        user=None if ssh_block.get("user") is None else c.user(ssh_block["user"], ssh_path + ("user",)),
-        port=22 if ssh_block.get("port") is None else c.port(ssh_block["port"], ssh_path + ("port",)),
+        user=None if ssh_block.get("user") is None else c.soft(None, c.user, ssh_block["user"], ssh_path + ("user",)),
+        port=22 if ssh_block.get("port") is None else c.soft(22, c.port, ssh_block["port"], ssh_path + ("port",)),
         identity=c.opt_string(ssh_block, "identity", ssh_path),
         known_hosts=c.opt_string(ssh_block, "known_hosts", ssh_path),
     )
@@ -283,10 +308,13 @@ def check_cluster(c: Checker, value: Any) -> ClusterSpec:
     workers = []
     seen: dict[str, int] = {}
     for i, entry in enumerate(workers_value):
-        worker = _worker(c, entry, path + ("workers", i), ssh)
+        worker = c.soft(None, _worker, c, entry, path + ("workers", i), ssh)
+        if worker is None:
+            continue
         if worker.host in seen:
-            raise c.fail(path + ("workers", i, "host"), "a host name used once",
-                         worker.host, f"It is already worker {seen[worker.host]}.")
+            c.report(c.fail(path + ("workers", i, "host"), "a host name used once",
+                            worker.host, f"It is already worker {seen[worker.host]}."))
+            continue
         seen[worker.host] = i
         workers.append(worker)
     return ClusterSpec(controller=controller, ssh=ssh, workers=tuple(workers))
@@ -302,27 +330,30 @@ def _controller(c: Checker, value: Any, path: KeyPath) -> ControllerSpec:
             raise c.fail(path, "host[:port] or a mapping with host:, port:", value, f"({exc})") from None
         return ControllerSpec(host=host, port=port)
     block = c.mapping(value, path, _CONTROLLER_KEYS)
-    host = c.host(block["host"], path + ("host",)) if block.get("host") is not None else "127.0.0.1"
-    port = c.port(block["port"], path + ("port",)) if block.get("port") is not None else DEFAULT_PORT
-    join = _join_policy(c, block.get("join"), path + ("join",))
+    host = c.soft("127.0.0.1", c.host, block["host"], path + ("host",)) if block.get("host") is not None \
+        else "127.0.0.1"
+    # None: a port that did not check (its error is recorded), so nothing is compared with it
+    own_port = c.soft(None, c.port, block["port"], path + ("port",)) if block.get("port") is not None \
+        else DEFAULT_PORT
+    join = c.soft(JoinPolicy(), _join_policy, c, block.get("join"), path + ("join",))
     if block.get("bind") is not None:
-        bind = c.host(block["bind"], path + ("bind",))
+        bind = c.soft(None, c.host, block["bind"], path + ("bind",))
     else:
         bind = "127.0.0.1" if join.tunnel_only else "0.0.0.0"
-    if join.tunnel_only and bind not in ("127.0.0.1", "::1", "localhost"):
-        raise c.fail(path + ("bind",), "a loopback address (tunnel_only binds loopback)", bind,
-                     "Remove bind: or set tunnel_only: false.")
-    master_port = None
+    if join.tunnel_only and bind is not None and bind not in ("127.0.0.1", "::1", "localhost"):
+        c.report(c.fail(path + ("bind",), "a loopback address (tunnel_only binds loopback)", bind,
+                        "Remove bind: or set tunnel_only: false."))
+    master_port: int | None = None
     if block.get("master_port") is not None:
-        master_port = c.port(block["master_port"], path + ("master_port",))
-        if master_port == port:
-            raise c.fail(path + ("master_port",), "a port other than the controller's own", master_port,
-                         "Rank 0 opens the torch rendezvous store there; leave it out to use port + 1.")
+        master_port = c.soft(None, c.port, block["master_port"], path + ("master_port",))
+        if master_port is not None and master_port == own_port:
+            c.report(c.fail(path + ("master_port",), "a port other than the controller's own", master_port,
+                            "Rank 0 opens the torch rendezvous store there; leave it out to use port + 1."))
     peer_connections = 64
     if block.get("peer_connections") is not None:
-        peer_connections = c.integer(block["peer_connections"], path + ("peer_connections",), 1, 10_000)
-    return ControllerSpec(host=host, port=port, bind=bind, join=join, master_port=master_port,
-                          peer_connections=peer_connections)
+        peer_connections = c.soft(64, c.integer, block["peer_connections"], path + ("peer_connections",), 1, 10_000)
+    return ControllerSpec(host=host, port=DEFAULT_PORT if own_port is None else own_port, bind=bind or "0.0.0.0",
+                          join=join, master_port=master_port, peer_connections=peer_connections)
 
 
 def _join_policy(c: Checker, value: Any, path: KeyPath) -> JoinPolicy:
@@ -331,60 +362,73 @@ def _join_policy(c: Checker, value: Any, path: KeyPath) -> JoinPolicy:
     block = c.mapping(value, path, _JOIN_POLICY_KEYS)
     start = block.get("start", "auto")
     if start not in START_MODES:
-        raise c.fail(path + ("start",), "one of auto, manual, hybrid", start)
+        c.report(c.fail(path + ("start",), "one of auto, manual, hybrid", start))
+        start = "auto"
     quorum_hosts = quorum_ranks = None
     quorum = block.get("quorum")
     if quorum is not None:
-        q = c.mapping(quorum, path + ("quorum",), ("hosts", "ranks"))
+        q: Data = c.soft({}, c.mapping, quorum, path + ("quorum",), ("hosts", "ranks"))
         if q.get("hosts") is not None:
-            quorum_hosts = c.integer(q["hosts"], path + ("quorum", "hosts"), 1, MAX_WORKERS)
+            quorum_hosts = c.soft(None, c.integer, q["hosts"], path + ("quorum", "hosts"), 1, MAX_WORKERS)
         if q.get("ranks") is not None:
-            quorum_ranks = c.integer(q["ranks"], path + ("quorum", "ranks"), 1, 1 << 20)
+            quorum_ranks = c.soft(None, c.integer, q["ranks"], path + ("quorum", "ranks"), 1, 1 << 20)
     token = c.opt_string(block, "token", path)
     return JoinPolicy(
-        discovery=c.boolean(block.get("discovery", False), path + ("discovery",)),
+        discovery=c.soft(False, c.boolean, block.get("discovery", False), path + ("discovery",)),
         start=start,
         token=token,
         quorum_hosts=quorum_hosts,
         quorum_ranks=quorum_ranks,
-        window_s=c.number(block.get("window_s", 600), path + ("window_s",), 0.05, 7 * 24 * 3600),
-        tunnel_only=c.boolean(block.get("tunnel_only", False), path + ("tunnel_only",)),
+        window_s=c.soft(600.0, c.number, block.get("window_s", 600), path + ("window_s",), 0.05, 7 * 24 * 3600),
+        tunnel_only=c.soft(False, c.boolean, block.get("tunnel_only", False), path + ("tunnel_only",)),
         max_hosts=(None if block.get("max_hosts") is None
-                   else c.integer(block["max_hosts"], path + ("max_hosts",), 1, MAX_WORKERS)),
-        insecure_no_token=c.boolean(block.get("insecure_no_token", False), path + ("insecure_no_token",)),
+                   else c.soft(None, c.integer, block["max_hosts"], path + ("max_hosts",), 1, MAX_WORKERS)),
+        insecure_no_token=c.soft(False, c.boolean, block.get("insecure_no_token", False),
+                                 path + ("insecure_no_token",)),
     )
 
 
-def _worker(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults) -> WorkerSpec:
+def _devices(c: Checker, value: Any, path: KeyPath, expected: str) -> Devices | None:
+    """value parsed as devices; None (its error recorded) when it does not parse."""
+    try:
+        return parse_devices(value)
+    except ValueError as exc:
+        c.report(c.fail(path, expected, value, f"({exc})"))
+        return None
+
+
+def _worker(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults) -> WorkerSpec | None:
+    """The worker entry, every field checked; None when its host or address is missing or invalid."""
     block = c.mapping(value, path, _WORKER_KEYS)
+    host = None
     if block.get("host") is None:
-        raise c.fail(path + ("host",), "the worker's logical host name", None, "Every worker needs host:.")
-    host = c.host(block["host"], path + ("host",))
-    address = c.host(block["address"], path + ("address",)) if block.get("address") is not None else host
-    problem = unicast_problem(address)
+        c.report(c.fail(path + ("host",), "the worker's logical host name", None, "Every worker needs host:."))
+    else:
+        host = c.soft(None, c.host, block["host"], path + ("host",))
+    address = c.soft(None, c.host, block["address"], path + ("address",)) if block.get("address") is not None \
+        else host
+    problem = None if address is None else unicast_problem(address)
     if problem is not None:
-        raise c.fail(path + ("address" if block.get("address") is not None else "host",),
-                     "a unicast address a worker can be reached at, or a host name", address,
-                     f"That is {problem}.")
-    devices = Devices()
+        c.report(c.fail(path + ("address" if block.get("address") is not None else "host",),
+                        "a unicast address a worker can be reached at, or a host name", address,
+                        f"That is {problem}."))
+    devices = None
     if block.get("local_devices") is not None:
-        try:
-            devices = parse_devices(block["local_devices"])
-        except ValueError as exc:
-            raise c.fail(path + ("local_devices",), "GPU ids like [0, 1], 'all' or 'cpu:N'",
-                         block["local_devices"], f"({exc})") from None
-    return WorkerSpec(
-        host=host,
-        address=address,
-        user=c.user(block["user"], path + ("user",)) if block.get("user") is not None else ssh.user,
-        port=c.port(block["port"], path + ("port",)) if block.get("port") is not None else ssh.port,
+        devices = _devices(c, block["local_devices"], path + ("local_devices",),
+                           "GPU ids like [0, 1], 'all' or 'cpu:N'")
+    spec = WorkerSpec(
+        host=host or "",
+        address=address or "",
+        user=c.soft(None, c.user, block["user"], path + ("user",)) if block.get("user") is not None else ssh.user,
+        port=c.soft(22, c.port, block["port"], path + ("port",)) if block.get("port") is not None else ssh.port,
         identity=c.opt_string(block, "identity", path) or ssh.identity,
         arch=c.opt_string(block, "arch", path),
-        local_devices=devices,
-        env=c.env_map(block["env"], path + ("env",)) if block.get("env") is not None else (),
+        local_devices=Devices() if devices is None else devices,
+        env=c.soft((), c.env_map, block["env"], path + ("env",)) if block.get("env") is not None else (),
         data_path=c.opt_string(block, "data_path", path),
         python=c.opt_string(block, "python", path) or "/usr/bin/python3",
     )
+    return spec if host is not None and address is not None and problem is None else None
 
 
 def check_commands(c: Checker, value: Any) -> dict[str, CommandSpec]:
@@ -395,36 +439,41 @@ def check_commands(c: Checker, value: Any) -> dict[str, CommandSpec]:
     for name, spec in value.items():
         here = path + (name,)
         if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-            raise c.fail(here, "a command name (letters, digits, '.', '-', '_')", name)
+            c.report(c.fail(here, "a command name (letters, digits, '.', '-', '_')", name))
+            continue
         if isinstance(spec, str):  # shorthand: `test: cargo test`
             out[name] = CommandSpec(name=name, run=spec)
             continue
-        block = c.mapping(spec, here, _COMMAND_KEYS)
-        cluster = c.boolean(block.get("cluster", False), here + ("cluster",))
-        run = c.opt_string(block, "run", here)
-        binary = c.opt_string(block, "bin", here)
-        if not cluster and run is None:
-            raise c.fail(here, "run: (a shell command) or cluster: true with bin:", spec)
-        if cluster and binary is None and run is None:
-            raise c.fail(here + ("bin",), "the binary every rank runs (or run:)", None)
-        devices = None
-        if block.get("local_devices") is not None:
-            if not cluster:
-                raise c.fail(here + ("local_devices",), "local_devices: only on a cluster: true command",
-                             block["local_devices"], "It sets the ranks of a single-host launcher run; an "
-                             "ordinary command runs once.")
-            try:
-                devices = parse_devices(block["local_devices"])
-            except ValueError as exc:
-                raise c.fail(here + ("local_devices",), "GPU ids like [0, 1], 'all' or 'cpu:N'",
-                             block["local_devices"], f"({exc})") from None
-        out[name] = CommandSpec(
-            name=name, run=run, cluster=cluster, build=c.opt_string(block, "build", here), bin=binary,
-            args=c.str_list(block["args"], here + ("args",)) if block.get("args") is not None else (),
-            description=c.opt_string(block, "description", here), local_devices=devices,
-            env=c.env_map(block["env"], here + ("env",)) if block.get("env") is not None else (),
-        )
+        command = c.soft(None, _command, c, name, spec, here)
+        if command is not None:
+            out[name] = command
     return out
+
+
+def _command(c: Checker, name: str, spec: Any, here: KeyPath) -> CommandSpec:
+    block = c.mapping(spec, here, _COMMAND_KEYS)
+    # None: a cluster: value that did not check, so nothing that depends on it is judged
+    cluster = c.soft(None, c.boolean, block.get("cluster", False), here + ("cluster",))
+    run = c.opt_string(block, "run", here)
+    binary = c.opt_string(block, "bin", here)
+    if cluster is False and block.get("run") is None:
+        c.report(c.fail(here, "run: (a shell command) or cluster: true with bin:", spec))
+    if cluster and block.get("bin") is None and block.get("run") is None:
+        c.report(c.fail(here + ("bin",), "the binary every rank runs (or run:)", None))
+    devices = None
+    if block.get("local_devices") is not None:
+        if cluster is False:
+            c.report(c.fail(here + ("local_devices",), "local_devices: only on a cluster: true command",
+                            block["local_devices"], "It sets the ranks of a single-host launcher run; an "
+                            "ordinary command runs once."))
+        devices = _devices(c, block["local_devices"], here + ("local_devices",),
+                           "GPU ids like [0, 1], 'all' or 'cpu:N'")
+    return CommandSpec(
+        name=name, run=run, cluster=bool(cluster), build=c.opt_string(block, "build", here), bin=binary,
+        args=c.str_list(block["args"], here + ("args",)) if block.get("args") is not None else (),
+        description=c.opt_string(block, "description", here), local_devices=devices,
+        env=c.soft((), c.env_map, block["env"], here + ("env",)) if block.get("env") is not None else (),
+    )
 
 
 def check_join(c: Checker, value: Any) -> JoinDefaults:
@@ -434,7 +483,9 @@ def check_join(c: Checker, value: Any) -> JoinDefaults:
     kwargs: dict[str, Any] = {}
     for key, setting in JOIN_SETTINGS:
         if block.get(key) is not None:
-            kwargs[key] = _join_value(c, setting.check, block[key], path + (key,))
+            checked = c.soft(None, _join_value, c, setting.check, block[key], path + (key,))
+            if checked is not None:
+                kwargs[key] = checked
     return JoinDefaults(**kwargs)
 
 
@@ -468,14 +519,9 @@ def check_publish(c: Checker, value: Any) -> PublishDefaults:
     for key in PUBLISH_KEYS:
         if block.get(key) is None:
             continue
-        here = path + (key,)
-        if key == "args":
-            kwargs[key] = c.str_list(block[key], here)
-        elif key == "gate":
-            gate = block[key]
-            kwargs[key] = (c.string(gate, here),) if isinstance(gate, str) else c.str_list(gate, here)
-        else:
-            kwargs[key] = c.string(block[key], here)
+        checked = c.soft(None, _publish_value, c, key, block[key], path + (key,))
+        if checked is not None:
+            kwargs[key] = checked
     return PublishDefaults(**kwargs)
 
 
@@ -505,3 +551,11 @@ def check_libtorch_block(c: Checker, value: Any) -> LibtorchDefaults:
                 raise c.fail(here + (variant,), "a SHA-256 in hex (64 characters, as sha256sum prints)", digest)
             pins.append((variant, text))
     return LibtorchDefaults(mirror=mirror, sha256=tuple(pins))
+
+
+def _publish_value(c: Checker, key: str, value: Any, here: KeyPath) -> Any:
+    if key == "args":
+        return c.str_list(value, here)
+    if key == "gate":
+        return (c.string(value, here),) if isinstance(value, str) else c.str_list(value, here)
+    return c.string(value, here)

@@ -47,13 +47,17 @@ def redacted_data(config: Config) -> tuple[Any, list[str]]:
 
 
 def annotated_yaml(config: Config, header: list[str] | None = None, *, show_secrets: bool = False) -> str:
-    """The merged document as YAML, each value followed by `# file:line`; secrets masked unless show_secrets."""
+    """The merged document as YAML, each value followed by `# file:line`; secrets masked unless show_secrets;
+    unknown keys (warned about, not in force) marked ignored."""
     rows: list[tuple[str, str]] = []
     masks = {} if show_secrets else find_masks(config.data)
 
+    ignored = set(config.ignored)
+
     def origin(path: KeyPath) -> str:
         found = config.origins.get(path)
-        return str(found) if found else ""
+        where = str(found) if found else ""
+        return f"{where} (ignored: unknown key)".lstrip() if path in ignored else where
 
     def shown(path: KeyPath, value: Any) -> str:
         mask = masks.get(path)
@@ -106,6 +110,7 @@ def as_json(config: Config, extra: dict[str, Any] | None = None, *, show_secrets
         "redacted": masked,
         "origins": origins,
         "warnings": config.warnings,
+        "ignored": [format_path(path) for path in config.ignored],
     }
     doc.update(extra or {})
     return json.dumps(doc, indent=2, default=str, sort_keys=False)

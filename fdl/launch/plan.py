@@ -234,7 +234,8 @@ def plan_launch(spec: CommandSpec, args: list[str] | tuple[str, ...], cluster: C
                              f"rendezvous port, is), so this run's controller cannot listen there.",
                              hint="Pick another with --port N or FDL_PORT=N, or stop what listens there.")
         moved = free_port_pair()
-        notes.append(f"127.0.0.1:{port} (the configured controller port) is taken, so this run's controller "
+        which = "the default controller port" if port == DEFAULT_PORT else "the configured controller port"
+        notes.append(f"127.0.0.1:{port} ({which}) is taken, so this run's controller "
                      f"listens on 127.0.0.1:{moved} instead; plain `fdl status` still finds it (--port or "
                      f"FDL_PORT picks one)")
         port = moved

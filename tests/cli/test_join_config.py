@@ -18,9 +18,11 @@ import pytest
 import yaml
 
 from tests.conftest import fdl_env, run_fdl
+from tests.controller_util import free_port
 from tests.runner_runs import runs_of
 
-DOOR = "op@127.0.0.1:22990"  # nothing listens there: these tests need no sshd
+DOOR_PORT = free_port(pairs=False)  # nothing listens there when the tests start: they need no sshd
+DOOR = f"op@127.0.0.1:{DOOR_PORT}"
 FOREIGN = (b"# the operator's own keys\r\n"
            b"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIForeignForeignForeignForeignForeignForeig01 me@laptop\r\n"
            b"\r\n"
@@ -91,7 +93,7 @@ def test_scripted_first_run_writes_the_farm_and_reports(proj):
     for name in ("key", "key.pub", "token", "worker.yml", "cloud-init.yml"):
         assert mode(farm / name) == 0o600, name
     assert mode(farm / "door-selftest.sh") == 0o755
-    assert "Match LocalPort 22990" in (farm / "sshd-door.conf").read_text()
+    assert f"Match LocalPort {DOOR_PORT}" in (farm / "sshd-door.conf").read_text()
     assert "host doctor (before anything is written):" in done.stdout
     assert "setup on this box:" in done.stdout
     # the privileged part is one reviewable line: the fdl_join_door role with the variables the wizard wrote
@@ -140,7 +142,7 @@ def test_json_twin_names_secrets_by_path_only(proj):
     doc, done = proj.json("join-config", "b300", "--controller", "fdl-b300@" + DOOR.split("@")[1], "--door", "a",
                           "--served", "/flodl/data", "--cloud-init", "--yes")
     farm = proj.farm / "b300"
-    assert doc["door"] == "a" and doc["controller"]["door_port"] == 22990
+    assert doc["door"] == "a" and doc["controller"]["door_port"] == DOOR_PORT
     assert doc["files"]["token"] == str(farm / "token") and doc["files"]["key"] == str(farm / "key")
     secret_key = (farm / "key").read_text()
     token = (farm / "token").read_text().strip()
@@ -161,7 +163,7 @@ def test_cloud_init_carries_the_farm_key_and_worker_config(proj):
     files = {f["path"]: f for f in doc["write_files"]}
     assert files["/etc/fdl/b300/key"]["content"] == (farm / "key").read_text()
     worker = yaml.safe_load(files["/etc/fdl/b300/fdl.yml"]["content"])
-    assert worker["join"]["ssh"] == DOOR and worker["join"]["source"] == "rsync://op@127.0.0.1:22990:/tree"
+    assert worker["join"]["ssh"] == DOOR and worker["join"]["source"] == f"rsync://op@127.0.0.1:{DOOR_PORT}:/tree"
     assert "RestartPreventExitStatus=2" in files["/etc/systemd/system/flodl-join.service"]["content"]
     assert "rsync" in doc["packages"]
     # the agent's account owns its secrets; they are written once cloud-init created it
@@ -292,7 +294,7 @@ def test_install_key_creates_ssh_dir_and_keeps_foreign_lines(proj):
     assert mode(ak.parent) == 0o700 and mode(ak) == 0o600
     line = (proj.farm / "b300" / "authorized_keys.line").read_bytes()
     assert ak.read_bytes() == line
-    assert "nothing listens on 127.0.0.1:22990 yet" in done.stderr
+    assert f"nothing listens on 127.0.0.1:{DOOR_PORT} yet" in done.stderr
 
     ak.write_bytes(FOREIGN + b"\r\n" + line.rstrip(b"\n") + b"\r\n# after\r\n")
     again = proj.run("join-config", "b300", "--install-key")
@@ -591,7 +593,8 @@ def test_door_a_logs_workers_in_as_its_jailed_account_never_the_operators(proj):
     assert (variables["fdl_join_door_door"], variables["fdl_join_door_jail_base"]) == ("a", "/srv/fdl")
     assert "install --install-key" not in commands and "fdl join-config b300 --install-key" not in commands
     worker = yaml.safe_load((proj.farm / "b300" / "worker.yml").read_text())["join"]
-    assert worker["data_source"] == "sshfs://fdl-b300@127.0.0.1:22990:/data" and worker["data_path"] == "/flodl/data"
+    assert worker["data_source"] == f"sshfs://fdl-b300@127.0.0.1:{DOOR_PORT}:/data"
+    assert worker["data_path"] == "/flodl/data"
     dropin = (proj.farm / "b300" / "sshd-door.conf").read_text()
     assert "Match User fdl-b300" in dropin and "ChrootDirectory /srv/fdl/b300/jail" in dropin
     again, _ = proj.json("join-config", "b300", "--yes")  # the re-run recovers the jail from worker.yml

@@ -134,7 +134,7 @@ def test_quickstart_demo_two_cpu_ranks_with_fdl_status_finding_it(tmp_path):
     demo = tmp_path / "quickstart"
     shutil.copytree(REPO / "examples" / "quickstart", demo)
     env = fdl_env(python_path_env(tmp_path / "home", GLOO_SOCKET_IFNAME="lo"))
-    with own_loopback("fdll6-solo") as inside:
+    with own_loopback(f"fdll6-{os.getpid()}") as inside:  # this run's own: another clone's run has another
         proc = subprocess.Popen([*inside, sys.executable, "-m", "fdl", "train", "--", "--pause", "0.3"], cwd=demo,
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:

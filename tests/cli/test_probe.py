@@ -16,6 +16,7 @@ import pytest
 
 from fdl.checks.nccl import find_nccl
 from tests.conftest import fdl_env, run_fdl
+from tests.controller_util import free_port
 from tests.fakes import make_libtorch
 
 TWO_ARCHS = "H100:9.0:80G,RTX3060:8.6:12G"
@@ -414,7 +415,7 @@ def _collective_cluster(project: Path, tmp_path: Path, env: dict, python: str, p
 
 def test_collective_across_a_cluster_runs_the_ranks_through_the_launcher(ready, tmp_path: Path) -> None:
     project, env = ready
-    env = _collective_cluster(project, tmp_path, env, sys.executable, 29311)
+    env = _collective_cluster(project, tmp_path, env, sys.executable, free_port())
     result = run_fdl("@cluster", "probe", "--json", "--skip-mount", "--collective", "--collective-max-size", "32K",
                      "--collective-timeout", "90", cwd=project, env=env, timeout=150)
     doc = _json(result)
@@ -435,7 +436,7 @@ def test_collective_skips_a_host_without_pytorch_with_a_warning(ready, tmp_path:
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(bare)], check=True)
     if subprocess.run([str(bare / "bin" / "python3"), "-c", "import torch"], capture_output=True).returncode == 0:
         pytest.fail("/usr/bin/python3's own packages include torch: no interpreter without it to test with")
-    env = _collective_cluster(project, tmp_path, env, str(bare / "bin" / "python3"), 29313)
+    env = _collective_cluster(project, tmp_path, env, str(bare / "bin" / "python3"), free_port())
     result = run_fdl("@cluster", "probe", "--skip-mount", "--collective", cwd=project, env=env, timeout=120)
     assert result.returncode == 0, result.stderr  # a warning, not a failure
     assert "Skipped, PyTorch cannot be imported there: node-a (" in result.stdout
@@ -451,14 +452,15 @@ def test_collective_is_abandoned_at_its_time_limit_and_leaves_no_rank(ready, tmp
     hang.write_text(f"#!/bin/sh\ncase \" $* \" in *\" --check \"*) exec {sys.executable} \"$@\";; esac\n"
                     f"echo $$ >> {pids}\nexec sleep 300\n")
     hang.chmod(0o755)
-    env = _collective_cluster(project, tmp_path, env, str(hang), 29315)
-    # The PyTorch check before the ranks gets half the limit: 10 s lets `import torch` finish on a loaded box.
-    result = run_fdl("@cluster", "probe", "--json", "--skip-mount", "--collective", "--collective-timeout", "20",
-                     cwd=project, env=env, timeout=120)
+    env = _collective_cluster(project, tmp_path, env, str(hang), free_port())
+    # The PyTorch check before the ranks gets half the limit: 20 s lets `import torch` finish on a loaded box
+    # (10 s did not, with two clones' suites running at once on two cores).
+    result = run_fdl("@cluster", "probe", "--json", "--skip-mount", "--collective", "--collective-timeout", "40",
+                     cwd=project, env=env, timeout=180)
     assert result.returncode == 1, result.stderr
     check = next(c for c in _json(result)["cluster"] if c["name"] == "collective")
     assert check["status"] == "error"
-    assert "did not complete: abandoned at the 20 s time limit (0 message sizes done)" in check["message"]
+    assert "did not complete: abandoned at the 40 s time limit (0 message sizes done)" in check["message"]
     assert check["data"]["abandoned"] is True
     started_ranks = [int(p) for p in pids.read_text().split()]
     assert len(started_ranks) == 2, started_ranks  # both ranks ran, and neither outlived the probe

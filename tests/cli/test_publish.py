@@ -196,7 +196,8 @@ def test_failing_build_publishes_nothing_and_the_previous_run_stays_served(box: 
     assert "the build gate failed" in result.stderr and "exited 3" in result.stderr
     assert "compiler says no" in result.stderr
     assert "Nothing was published: the previous run stays served" in result.stderr
-    assert json.loads(result.stdout)["published"] is False
+    failure = json.loads(result.stdout)  # the boundary's twin of the error on stderr
+    assert failure["ok"] is False and failure["exit_code"] == 1 and "the build gate failed" in failure["message"]
     assert box.manifest() == before  # the previous run, whole: its tree and its build
     assert (box.tree / "a.txt").read_text() == "one\n" and (box.tree / "out" / "app").read_text() == "one\n"
     staged = [p for p in (box.served / "releases").iterdir() if p.resolve() != box.tree.resolve()]

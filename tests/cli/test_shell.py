@@ -144,5 +144,17 @@ def test_config_show_json_twin(project: Path) -> None:
 def test_config_show_positional_env(project: Path) -> None:
     result = run_fdl("config", "show", "farm", cwd=project)
     assert result.returncode == 0
-    assert "# env: farm (from argument)" in result.stdout
+    assert "# env: farm (from the ENV argument)" in result.stdout
     assert "discovery: true" in result.stdout and "# fdl.farm.yml:4" in result.stdout
+    assert json.loads(run_fdl("config", "show", "farm", "--json", cwd=project).stdout)["env_source"] == "argument"
+
+
+def test_a_missing_env_names_how_it_was_selected(project: Path) -> None:
+    """Regression: a positional env that has no overlay was said to be "selected by --env"."""
+    for argv, how in ((["config", "show", "nosuch"], "the ENV argument"), (["--env", "nosuch", "config", "show"],
+                      "--env"), (["@nosuch", "config", "show"], "@nosuch")):
+        result = run_fdl(*argv, cwd=project)
+        assert result.returncode == 1
+        assert result.stderr.startswith(f"fdl: error: env 'nosuch' (selected by {how}) has no overlay: "), argv
+    result = run_fdl("config", "show", "nosuch", cwd=project, env={"FDL_ENV": "farm"})
+    assert "(selected by the ENV argument)" in result.stderr  # the argument wins over FDL_ENV, and says so

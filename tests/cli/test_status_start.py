@@ -71,7 +71,14 @@ def test_status_with_no_run_says_no_run_listening_and_exits_1(tmp_path: Path) ->
         result = run_fdl("status", "--addr", f"127.0.0.1:{port}", *extra, cwd=tmp_path)
         assert result.returncode == 1
         assert f"fdl: no run listening at 127.0.0.1:{port} (connection refused)" in result.stderr
-        assert "error" not in result.stderr and result.stdout == ""
+        assert "error" not in result.stderr
+        if not extra:
+            assert result.stdout == ""
+            continue
+        # the JSON twin of the answer (regression: --json printed nothing, so a script read an empty string)
+        doc = json.loads(result.stdout)
+        assert doc["ok"] is False and doc["reason"] == "no_run_listening" and doc["exit_code"] == 1
+        assert doc["message"].startswith(f"no run listening at 127.0.0.1:{port} (connection refused)")
 
 
 def test_status_reads_the_controller_from_the_active_env(tmp_path: Path) -> None:

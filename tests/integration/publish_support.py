@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import IN_CI, need_root_or_skip
+from tests.conftest import IN_CI, need_root_or_skip, real_home
 
-REAL_HOME = Path(os.path.expanduser("~"))
+REAL_HOME = real_home()  # rustup's and cargo's, which live there; the tests' own HOME is the run's
 PORTS = range(22800, 22900)  # this suite's loopback port range
 
 

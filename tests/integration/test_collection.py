@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from fdl.collection import pynvml_file
-from tests.conftest import REPO, install_collection
+from tests.conftest import REPO, install_collection, real_cache
 
 pytestmark = [pytest.mark.testbed(hosts=1), pytest.mark.slow]
 
@@ -68,7 +68,7 @@ LOCAL_WORKER = {"host": "here", "address": "127.0.0.1", "local_devices": "cpu:1"
 
 
 def cache_root() -> Path:
-    root = Path(os.environ.get("FDL_TEST_CACHE") or Path.home() / ".cache" / "fdl-test")
+    root = Path(os.environ.get("FDL_TEST_CACHE") or real_cache() / "fdl-test")
     root.mkdir(parents=True, exist_ok=True)
     return root
 

@@ -12,15 +12,15 @@ import pytest
 from fdl.collective.results import to_check
 from fdl.collective.run import CollectiveOptions, local_ranks, run_local, run_ranks
 from tests.conftest import run_fdl
+from tests.controller_util import free_port
 from tests.fakes import make_libtorch
 
 pytestmark = pytest.mark.slow
-PORTS = iter(range(24200, 24300))  # this suite's own port range
 
 
 def test_two_cpu_ranks_report_bandwidth_rows() -> None:
     result = run_local(None, 2, CollectiveOptions(time_limit_s=90, max_bytes=1 << 20), host="node-a",
-                       port=next(PORTS))
+                       port=free_port(span=(24200, 24300)))
     check = to_check(result)
     assert check.status == "ok", check.message
     assert (result.world_size, result.backend, result.hosts) == (2, "gloo", {"node-a": [0, 1]})
@@ -32,7 +32,7 @@ def test_two_cpu_ranks_report_bandwidth_rows() -> None:
 
 def test_a_rank_that_never_comes_is_abandoned_at_the_time_limit() -> None:
     """World size 3, two ranks started: the rendezvous waits for the third until the limit strikes."""
-    ranks = local_ranks(None, 3, host="node-a", port=next(PORTS))[:2]
+    ranks = local_ranks(None, 3, host="node-a", port=free_port(span=(24200, 24300)))[:2]
     result = run_ranks(ranks, CollectiveOptions(time_limit_s=8, max_bytes=64 << 10))
     check = to_check(result)
     assert result.abandoned and check.status == "error"
@@ -44,7 +44,7 @@ def test_a_python_without_pytorch_skips_the_host_with_a_warning(tmp_path: Path) 
     wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")  # -S: no site-packages, no torch
     wrapper.chmod(0o755)
     result = run_local(None, 2, CollectiveOptions(time_limit_s=30, python=str(wrapper)), host="node-b",
-                       port=next(PORTS))
+                       port=free_port(span=(24200, 24300)))
     check = to_check(result)
     assert check.status == "warning" and "PyTorch cannot be imported there: node-b (No module named 'torch')" \
         in check.message

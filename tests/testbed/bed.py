@@ -46,6 +46,7 @@ SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 DEFAULT_PREFIX = "fdlt"
 DEFAULT_NET = "10.231.0"  # the first three octets of the testbed's /24
 MAX_HOSTS = 200
+XDG_DIRS = ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR")
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{1,7}$")
 
 
@@ -140,8 +141,10 @@ class Host:
         """Run command inside the host's namespace (no SSH), as its user unless as_user=False."""
         argv = ["ip", "netns", "exec", self.namespace]
         if as_user:
+            # The user's own home and base directories, not those of the run that set the host up
             argv += ["setpriv", f"--reuid={self.user}", f"--regid={self.user}", "--init-groups",
-                     "env", f"HOME={self.home}", f"USER={self.user}", f"LOGNAME={self.user}"]
+                     "env", *(f"--unset={name}" for name in XDG_DIRS),
+                     f"HOME={self.home}", f"USER={self.user}", f"LOGNAME={self.user}"]
         return _sh(*argv, "sh", "-c", command, check=check, timeout=timeout)
 
     def pids(self) -> list[int]:

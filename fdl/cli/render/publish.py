@@ -39,11 +39,6 @@ def publish_json(result: PublishResult, sources: list[WorkerSource]) -> dict[str
     }
 
 
-def failure_json(message: str, hint: str | None) -> dict[str, Any]:
-    """The JSON twin of a publish that published nothing."""
-    return {"published": False, "error": message, "hint": hint}
-
-
 def render_publish(result: PublishResult, sources: list[WorkerSource]) -> str:
     """A published run for people."""
     request, m = result.request, result.manifest

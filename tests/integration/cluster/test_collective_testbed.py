@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_fdl
+from tests.controller_util import free_port
 from tests.integration.launch.helpers import run_processes, torch_python
 
 pytestmark = [pytest.mark.testbed(hosts=3), pytest.mark.slow]
-PORTS = iter(range(29400, 29500, 2))  # the probe's controller (and, +1, rank 0's rendezvous)
+PORTS = (29400, 29500)  # the probe's controller (and, +1, rank 0's rendezvous): one free now, in this span
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,8 @@ def collective_project(kit, root: Path, torchpy: Path, **per_host: dict) -> Path
                                       "env": kit.worker_env(GLOO_SOCKET_IFNAME="eth0"), **per_host.get(h.name, {})}
                              for h in kit.bed.hosts})
     bed = kit.bed
-    return kit.project(root, workers, controller={"host": bed.gateway, "port": next(PORTS), "bind": bed.gateway})
+    return kit.project(root, workers, controller={"host": bed.gateway, "port": free_port(bed.gateway, span=PORTS),
+                                                   "bind": bed.gateway})
 
 
 def probe(project: Path, env: dict, *args: str) -> tuple[subprocess.CompletedProcess, dict]:

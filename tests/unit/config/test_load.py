@@ -97,7 +97,7 @@ def test_missing_env_names_file_and_existing_envs(three_layers: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(three_layers, EnvSelection("nope", "@sigil"))
     text = str(err.value)
-    assert "fdl.nope.yml" in text and "b300, farmbase" in text and "@sigil" in text
+    assert "fdl.nope.yml" in text and "b300, farmbase" in text and "(selected by @nope)" in text
 
 
 def test_inherit_cycle_names_the_chain(tmp_path: Path) -> None:

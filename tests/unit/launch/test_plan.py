@@ -88,13 +88,28 @@ def test_discovery_window_without_workers_is_a_launcher_run_whose_run_id_is_left
     (None, Devices(ids=(1,)), 2, Devices(ids=(1,))),
 ])
 def test_single_host_promotion(gpus, local, count, expected):
+    """The default port, as planned when it is free (whatever holds 127.0.0.1:1337 on the machine running the
+    tests: is_free answers for the plan)."""
     spec = TRAIN._replace(local_devices=local)
-    plan = plan_launch(spec, [], None, ROOT, gpus, gpu_count=lambda: count)
+    plan = plan_launch(spec, [], None, ROOT, gpus, gpu_count=lambda: count, environ={},
+                       is_free=lambda host, port: True)
     assert plan is not None and plan.mode == SINGLE
     assert plan.hosts[0].devices == expected and plan.hosts[0].local
     assert (plan.bind, plan.port, plan.controller_addr) == ("127.0.0.1", 1337, "127.0.0.1:1337")
     policy = plan.policy()
     assert policy.roster[0].address == "127.0.0.1" and policy.master_port == 1338 and not policy.discovery
+
+
+@pytest.mark.parametrize(("cluster_block", "which"), [(None, "the default controller port"),
+                                                     (cluster(), "the configured controller port")])
+def test_a_taken_port_from_the_configuration_moves_the_run_and_says_whose_port_it_was(cluster_block, which):
+    spec = TRAIN._replace(local_devices=Devices(kind="cpu", count=2))
+    plan = plan_launch(spec, [], cluster_block, ROOT, environ={}, is_free=lambda host, port: port not in (1337, 26100))
+    assert plan is not None and plan.port not in (1337, 26100) and plan.controller_addr == f"127.0.0.1:{plan.port}"
+    taken = 1337 if cluster_block is None else 26100
+    assert plan.notes == (f"127.0.0.1:{taken} ({which}) is taken, so this run's controller listens on "
+                          f"127.0.0.1:{plan.port} instead; plain `fdl status` still finds it (--port or FDL_PORT "
+                          f"picks one)",)
 
 
 @pytest.mark.parametrize(("gpus", "count"), [(None, 0), (GpuSelection("0", (0,)), 1), (GpuSelection("all", None), 1)])
@@ -104,7 +119,7 @@ def test_no_promotion_runs_once(gpus, count):
 
 def test_a_cluster_block_without_workers_sets_the_single_host_port():
     spec = TRAIN._replace(local_devices=Devices(kind="cpu", count=2))
-    plan = plan_launch(spec, [], cluster(), ROOT)
+    plan = plan_launch(spec, [], cluster(), ROOT, environ={}, is_free=lambda host, port: True)
     assert plan.mode == SINGLE and plan.port == 26100 and plan.controller_addr == "127.0.0.1:26100"
 
 
@@ -116,5 +131,5 @@ def test_gpus_all_on_a_box_without_gpus_says_so():
 
 def test_a_shell_line_runs_with_its_args_quoted():
     spec = CommandSpec(name="t", cluster=True, run="python3 train.py", local_devices=Devices(kind="cpu", count=1))
-    plan = plan_launch(spec, ["a b"], None, ROOT)
+    plan = plan_launch(spec, ["a b"], None, ROOT, environ={}, is_free=lambda host, port: True)
     assert plan.rank_argv(None) == ["/bin/sh", "-c", "python3 train.py 'a b'"]
