@@ -1,13 +1,15 @@
-"""Shared timing helpers for the bench/ scripts: medians of whole-process wall times, one run."""
+"""Shared timing helpers for the bench/ scripts: medians of whole-process wall (and CPU) times, one run."""
 
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,20 +42,58 @@ def median_wall(argv: list[str], *, runs: int, cwd: Path | None = None, env: dic
     return statistics.median(samples)
 
 
+class Timing(NamedTuple):
+    """Medians of one command's runs: wall seconds, and CPU seconds (user + system of it and its children)."""
+
+    wall: float
+    cpu: float
+
+
 def interleaved(commands: dict[str, tuple[list[str], dict]], *, runs: int, cwd: Path | None = None) -> dict:
     """Median wall per command, sampled round-robin so machine noise hits all of them alike."""
-    samples: dict[str, list[float]] = {name: [] for name in commands}
+    return {name: timing.wall for name, timing in interleaved_timings(commands, runs=runs, cwd=cwd).items()}
+
+
+def interleaved_timings(commands: dict[str, tuple[list[str], dict]], *, runs: int,
+                        cwd: Path | None = None) -> dict[str, Timing]:
+    """Median wall and CPU per command, sampled round-robin so machine noise hits all of them alike.
+
+    On a loaded machine the wall time of a short command is mostly waiting for a core; its CPU time is
+    what the command itself costs, and moves much less with the load."""
+    walls: dict[str, list[float]] = {name: [] for name in commands}
+    cpus: dict[str, list[float]] = {name: [] for name in commands}
     for argv, env in commands.values():  # warm the page cache
         subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(runs):
         for name, (argv, env) in commands.items():
+            used = _children_cpu()
             start = time.perf_counter()
             subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in samples.items()}
+            walls[name].append(time.perf_counter() - start)
+            cpus[name].append(_children_cpu() - used)
+    return {name: Timing(statistics.median(walls[name]), statistics.median(cpus[name])) for name in commands}
+
+
+def print_timings(rows: list[tuple[str, Timing, Timing]]) -> None:
+    """One line per (name, timing, the bare interpreter's timing of the same rounds): medians and ratios."""
+    width = max(len(name) for name, _, _ in rows) + 1
+    print(f"{'command':<{width}} {'wall ms':>8} {'x bare':>7} {'cpu ms':>8} {'x bare':>7}")
+    for name, timing, bare in rows:
+        print(f"{name:<{width}} {timing.wall * 1000:>8.1f} {timing.wall / bare.wall:>7.2f} "
+              f"{timing.cpu * 1000:>8.1f} {timing.cpu / bare.cpu:>7.2f}")
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 PY = sys.executable
+
+
+def baseline_tag(baseline: Path, baselines: list[Path]) -> str:
+    """How a --baseline checkout's rows are marked: [baseline], or [its directory name] among several."""
+    return " [baseline]" if len(baselines) == 1 else f" [{baseline.resolve().name}]"
 
 
 def fdl_command() -> list[str]:
