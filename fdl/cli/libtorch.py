@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from fdl.cli.context import globals_of
+from fdl.cli.options import json_option
 
 app = typer.Typer(help="List, download and activate libtorch variants.", rich_markup_mode=None,
                   no_args_is_help=True)
@@ -41,7 +42,7 @@ def _describe(data: dict[str, Any]) -> str:
 @app.command("list")
 def list_(
     ctx: typer.Context,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """The installed variants (project libtorch/, ~/.flodl/libtorch, this environment's PyTorch)."""
     from fdl import libtorch as lt
@@ -72,7 +73,7 @@ def info(
     ctx: typer.Context,
     libtorch_path: Annotated[str | None, typer.Option("--libtorch-path", metavar="DIR",
                                                       help="Resolve as if fdl probe had this option.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> int:
     """What fdl probe would resolve, and the order it looked in (exit 1 when it resolves nothing)."""
     from fdl import libtorch as lt
@@ -104,7 +105,7 @@ def download(
                                                help="Base URL serving libtorch-VARIANT.zip and its .sha256 "
                                                     "(default: FDL_LIBTORCH_MIRROR, then join.libtorch_mirror).")]
     = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Download a variant into ~/.flodl/libtorch, checksum-verified, installed atomically."""
     from fdl import libtorch as lt
