@@ -95,7 +95,7 @@ def refusal_error(exc: ControllerRefused, address: str) -> JoinRefused:
                        hint=_REFUSAL_HINTS.get(reason), exit_code=code)
 
 
-def _unreachable(exc: ControllerError, address: str, tunneled: bool) -> Unreachable:
+def _unreachable(exc: ControllerError, tunneled: bool) -> Unreachable:
     via = " through the ssh tunnel" if tunneled else ""
     return Unreachable(f"{exc.message}{via}.",
                        hint=exc.hint or "The controller runs only while its launcher does; start the run (or wait "
@@ -160,7 +160,7 @@ class JoinAgent:
                 except ControllerRefused as exc:
                     raise refusal_error(exc, shown) from None
                 except ControllerError as exc:
-                    raise _unreachable(exc, shown, tunnel is not None) from None
+                    raise _unreachable(exc, tunnel is not None) from None
                 ticket = str(admitted["ticket"])
                 left = admitted.get("seconds_left")
                 self.note(f"admitted by {shown} as {admitted.get('host', self.host)} with {admitted.get('ranks')} "
@@ -171,7 +171,7 @@ class JoinAgent:
                 except ControllerRefused as exc:
                     raise refusal_error(exc, shown) from None
                 except ControllerError as exc:
-                    raise _unreachable(exc, shown, tunnel is not None) from None
+                    raise _unreachable(exc, tunnel is not None) from None
                 except Stopped as exc:  # leave the window before it forms, so the roster stays true
                     with contextlib.suppress(Exception):
                         client.report_exit(ticket, 128 + exc.signum, "stopped before the world formed")
