@@ -91,9 +91,17 @@ def _children_cpu() -> float:
 PY = sys.executable
 
 
-def baseline_tag(baseline: Path, baselines: list[Path]) -> str:
-    """How a --baseline checkout's rows are marked: [baseline], or [its directory name] among several."""
-    return " [baseline]" if len(baselines) == 1 else f" [{baseline.resolve().name}]"
+def trees(env: dict, baselines: list[Path], caches: Path) -> dict[str, dict]:
+    """The environment of this checkout ("") and of each --baseline checkout (tagged by name).
+
+    Each tree runs with a cache directory of its own under `caches`, as an installed fdl would: what one
+    version of fdl remembers (the collection it built, any cached parse) is not found stale and rewritten
+    by the next tree in the same round."""
+    found = {"": {**env, "XDG_CACHE_HOME": str(caches / "this")}}
+    for index, baseline in enumerate(baselines):
+        tag = " [baseline]" if len(baselines) == 1 else f" [{baseline.resolve().name}]"
+        found[tag] = {**env, "PYTHONPATH": str(baseline.resolve()), "XDG_CACHE_HOME": str(caches / f"baseline-{index}")}
+    return found
 
 
 def fdl_command() -> list[str]:

@@ -33,12 +33,12 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from _timing import (  # noqa: E402
     PY,
-    baseline_tag,
     compile_package,
     env_for_fdl,
     fdl_command,
     interleaved_timings,
     print_timings,
+    trees,
 )
 
 from tests.fakes import FakeNvml, build_fake_nvml, make_host_root, make_libtorch  # noqa: E402
@@ -73,20 +73,18 @@ def main() -> int:
         sample = subprocess.run(probe, cwd=project, env=env, capture_output=True, text=True)
         statuses = {c["name"]: c["status"] for c in json.loads(sample.stdout)["checks"]}
         print(f"probe exit {sample.returncode}, checks: {statuses}")
-        trees = {"": env}
-        for baseline in args.baseline:
-            trees[baseline_tag(baseline, args.baseline)] = {**env, "PYTHONPATH": str(baseline.resolve())}
+        tree_envs = trees(env, args.baseline, root / "caches")
         bare_cmd = [*probe, "--libtorch-path", str(bare_dir / "libtorch")]
         results = interleaved_timings({"python3 -c pass": ([PY, "-c", "pass"], env),
                                        **{f"fdl probe --json{tag}": (bare_cmd, tree_env)
-                                          for tag, tree_env in trees.items()}},
+                                          for tag, tree_env in tree_envs.items()}},
                                       runs=args.runs, cwd=bare_dir)
         # a first read of fdl.yml (after an edit): the parsed-config cache cannot be used or written
         (root / "no-cache").write_text("")
         uncached = {**env, "XDG_CACHE_HOME": str(root / "no-cache")}
         in_project = interleaved_timings({"python3 -c pass": ([PY, "-c", "pass"], env),
                                           **{f"fdl probe --json (project){tag}": (probe, tree_env)
-                                             for tag, tree_env in trees.items()},
+                                             for tag, tree_env in tree_envs.items()},
                                           "fdl probe --json (project, 1st read)": (probe, uncached)},
                                          runs=args.runs, cwd=project)
     rows = [("python3 -c pass", results["python3 -c pass"], results["python3 -c pass"])]

@@ -26,7 +26,7 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import PY, baseline_tag, compile_package, env_for_fdl, fdl_command, interleaved_timings, print_timings
+from _timing import PY, compile_package, env_for_fdl, fdl_command, interleaved_timings, print_timings, trees
 
 TARGET = 8.0
 
@@ -60,11 +60,8 @@ def main() -> int:
         (root / "fdl.farm.yml").write_text("inherit-from: base\ncluster:\n  controller:\n    join: {token: t}\n")
         env = env_for_fdl()
         fdl = fdl_command()
-        trees = {"": env}
-        for baseline in args.baseline:
-            trees[baseline_tag(baseline, args.baseline)] = {**env, "PYTHONPATH": str(baseline.resolve())}
         commands = {"python3 -c pass": ([PY, "-c", "pass"], env)}
-        for tag, tree_env in trees.items():
+        for tag, tree_env in trees(env, args.baseline, root / ".caches").items():
             commands[f"fdl --help{tag}"] = ([*fdl, "--help"], tree_env)
             commands[f"fdl config show{tag}"] = ([*fdl, "@farm", "config", "show"], tree_env)
             commands[f"fdl status (no run){tag}"] = ([*fdl, "status", "--addr", no_run], tree_env)
