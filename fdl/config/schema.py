@@ -32,8 +32,8 @@ _ASCII_DIGITS_RE = re.compile(r"0|[1-9][0-9]{0,8}")  # a plain decimal: no sign,
 
 
 # --------------------------------------------------------------------------- model
-# Immutable records. NamedTuple rather than frozen dataclasses: building a
-# dataclass costs ~1 ms of exec() per class at import, and every fdl start pays it.
+# Immutable records. NamedTuple rather than frozen dataclasses: a dataclass is
+# built with exec() at import, and every fdl start would pay it for each class.
 
 
 class JoinPolicy(NamedTuple):

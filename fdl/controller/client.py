@@ -115,7 +115,7 @@ class ControllerClient:
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *, timeout: float | None = None,
                  accept: tuple[int, ...] = (200,)) -> dict[str, Any]:
-        import requests  # lazy: ~100 ms, and only commands that talk to a controller pay it
+        import requests  # lazy: a heavy import, and only commands that talk to a controller pay it
 
         if self._session is None:
             self._session = requests.Session()
