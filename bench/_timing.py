@@ -23,11 +23,13 @@ def env_for_fdl(extra: dict | None = None) -> dict:
     return env
 
 
-def compile_package() -> None:
-    """Byte-compile fdl as an installed wheel would be, so no run pays for compiling sources."""
+def compile_package(baselines: list[Path] | tuple[Path, ...] = ()) -> None:
+    """Byte-compile fdl (and each --baseline checkout's) as an installed wheel would be, so no run pays for
+    compiling sources."""
     import compileall
 
-    compileall.compile_dir(str(REPO / "fdl"), quiet=1)
+    for tree in (REPO, *baselines):
+        compileall.compile_dir(str(tree / "fdl"), quiet=1)
 
 
 def median_wall(argv: list[str], *, runs: int, cwd: Path | None = None, env: dict | None = None,

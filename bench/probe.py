@@ -52,11 +52,7 @@ def main() -> int:
     parser.add_argument("--baseline", type=Path, metavar="DIR", action="append", default=[],
                         help="another fdl checkout, measured alongside (repeatable)")
     args = parser.parse_args()
-    compile_package()
-    for baseline in args.baseline:
-        import compileall
-
-        compileall.compile_dir(str(baseline / "fdl"), quiet=1)
+    compile_package(args.baseline)
     with tempfile.TemporaryDirectory(prefix="fdl-bench-probe-") as tmp:
         root = Path(tmp)
         nvml = FakeNvml(build_fake_nvml(root / "nvml"), make_host_root(root / "host"))

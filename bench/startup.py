@@ -37,11 +37,7 @@ def main() -> int:
     parser.add_argument("--baseline", type=Path, metavar="DIR", action="append", default=[],
                         help="another fdl checkout, measured alongside (repeatable)")
     args = parser.parse_args()
-    compile_package()
-    for baseline in args.baseline:
-        import compileall
-
-        compileall.compile_dir(str(baseline / "fdl"), quiet=1)
+    compile_package(args.baseline)
     # a port bound but not listening refuses connections: `fdl status` finds no run there
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
