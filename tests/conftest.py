@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI") == "true"
-
-# fdl remembers parsed config files (fdl.config.source); the suite's thousands of temporary projects go to a
-# directory of this run, removed at its end, not to the cache of whoever runs the tests.
-if not os.environ.get("FDL_CONFIG_CACHE"):
-    os.environ["FDL_CONFIG_CACHE"] = tempfile.mkdtemp(prefix="fdl-test-config-cache-")
-    atexit.register(shutil.rmtree, os.environ["FDL_CONFIG_CACHE"], True)
 
 pytest_plugins = ["tests.testbed.plugin"]  # the SSH testbed fixtures (tests/testbed/README.md)
 
