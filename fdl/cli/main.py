@@ -19,7 +19,7 @@ import typer
 from typer.core import TyperGroup
 
 from fdl import __version__
-from fdl.cli.context import Globals, Invocation, collector_paused, resume_collector
+from fdl.cli.context import Globals, Invocation
 from fdl.errors import ExitCode, FdlError
 
 if TYPE_CHECKING:
@@ -42,10 +42,6 @@ BUILTINS: dict[str, tuple[str, str]] = {
     "nccl": ("fdl.cli.nccl", "Build NCCL from source to match the fleet (heterogeneous rigs)."),
     "libtorch": ("fdl.cli.libtorch", "List, download and activate libtorch variants."),
 }
-
-# Built-in commands that finish in moments and keep the cyclic collector paused (fdl.cli.context); every other
-# command, project commands included, turns it back on before it runs.
-BRIEF = frozenset({"probe", "config"})
 
 GLOBAL_VALUE_OPTIONS = ("--env", "--gpus")
 GLOBAL_FLAGS = ("--debug", "--verbose", "-v", "--version", "--help", "-h")
@@ -108,8 +104,6 @@ class FdlGroup(TyperGroup):
         return names
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        if cmd_name not in BRIEF:
-            resume_collector()
         if cmd_name in BUILTINS:
             module = importlib.import_module(BUILTINS[cmd_name][0])
             command = typer.main.get_command(module.app)
@@ -236,9 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in head or os.environ.get("FDL_DEBUG") == "1"
     invocation = Invocation(sigil=sigil, debug=debug)
     try:
-        with collector_paused():
-            command = typer.main.get_command(app)
-            result = command.main(args=args, prog_name="fdl", standalone_mode=False, obj=invocation)
+        command = typer.main.get_command(app)
+        result = command.main(args=args, prog_name="fdl", standalone_mode=False, obj=invocation)
         return int(result or 0) if isinstance(result, int) else 0
     except FdlError as exc:
         report_error(exc, debug)

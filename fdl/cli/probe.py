@@ -17,7 +17,7 @@ import typer
 from fdl.checks.data import DEFAULT_DATA_PATH
 from fdl.checks.probe import ProbeOptions, run_probe
 from fdl.checks.report import HostReport
-from fdl.cli.context import Globals, globals_of, resume_collector
+from fdl.cli.context import Globals, globals_of
 from fdl.cli.options import json_option
 from fdl.cli.render.probe import echo_human, render_human, render_json
 from fdl.config.discover import find_base
@@ -86,8 +86,6 @@ def probe(
     plan = collective_plan(collective_devices, collective_max_size, collective_timeout) if collective else None
     if plan is not None and plan[0] is None and declared is not None and declared.is_cpu:
         plan = (declared, plan[1])  # the smoke test runs the ranks this CPU host offers
-    if workers or plan is not None:  # a fan-out or a smoke test runs for seconds to minutes: collect as usual
-        resume_collector()
     if workers:  # a cluster env: every worker, over Ansible (imported only on this path)
         from fdl.errors import UsageError
 
