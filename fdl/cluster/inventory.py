@@ -198,7 +198,8 @@ def inventory_from_file(path: Path, env: str | None = None,
     from the name unless given. Returns (inventory, config); the inventory is
     empty when the merged configuration has no cluster: block. Raises ConfigError.
     """
-    from fdl.config import EnvSelection, find_base, load_config
+    from fdl.config.discover import find_base
+    from fdl.config.project import EnvSelection, load_config
     from fdl.config.source import display_path
     from fdl.errors import ConfigError
 
