@@ -25,9 +25,8 @@ from fdl.errors import ExitCode, FdlError
 if TYPE_CHECKING:
     from fdl.config.schema import CommandSpec
 # At exit the interpreter's last garbage collections walk every object the imports made (typer, click, yaml,
-# pynvml, aiohttp): about a fifth of `fdl --help` and `fdl probe --json`'s CPU time on a 2-core machine
-# (medians of 11: 181 -> 145 ms and 282 -> 226 ms). A process that is ending frees its memory anyway, so the
-# collector is told to leave what exists by then alone (files fdl writes are closed before exit).
+# pynvml, requests, aiohttp). A process that is ending frees its memory anyway, so the collector is told to
+# leave what exists by then alone (files fdl writes are closed before exit). What it saves: docs/cli.md.
 atexit.register(gc.freeze)
 
 # name -> (module, one-line help). Modules are imported on use only.
