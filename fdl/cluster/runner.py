@@ -61,7 +61,6 @@ from fdl.signals import Interrupts
 
 RUN_ID_VAR = "fdl_run_id"  # extra variable every playbook exports as FDL_RUN_ID (play-level environment:)
 KEEP_ARTIFACTS = 5
-VALIDATION_TAG = "always"  # the tag Ansible gives a role's argument-validation task (no fdl task uses it)
 PEXPECT_TIMEOUT = 0.2  # how often ansible-runner polls the cancel flag
 REAP_TIMEOUT = 30.0
 _MAX_SOCKET_PATH = 104  # sun_path is 108 bytes; ssh appends ".XXXXXXXXXXXXXXXX" while it binds
@@ -368,7 +367,6 @@ def run_playbook(
     cancel: threading.Event | None = None,
     timeout: float | None = None,
     title: str | None = None,
-    skip_validation: bool = False,
 ) -> RunResult:
     """Run a playbook against the inventory's hosts (or `limit`) and return per-host results.
 
@@ -378,9 +376,6 @@ def run_playbook(
     progress: live per-host progress on stderr (default: when stderr is a terminal).
     cancel: set it from another thread to stop the run; Ctrl-C does the same in the main thread.
     timeout: seconds before the run is stopped (status "timeout").
-    skip_validation: leave out the roles' argument validation (a task of its own on every host, which Ansible
-    tags `always`), for callers whose variables come from fdl's checked configuration; the modules still check
-    their own arguments.
 
     Raises RemoteError when ansible-playbook itself fails before any host ran
     (a playbook or inventory it cannot read), and KeyboardInterrupt after a
@@ -418,8 +413,7 @@ def run_playbook(
                 display.start()
             try:
                 runner = _invoke(pdd, run_id, path, inventory_file, vars_file, len(hosts), timeout=timeout,
-                                 event_handler=collector, cancel_callback=cancel.is_set,
-                                 skip_tags=(VALIDATION_TAG,) if skip_validation else ())
+                                 event_handler=collector, cancel_callback=cancel.is_set)
             finally:
                 if display is not None:
                     display.stop()
@@ -477,14 +471,11 @@ def _sweep(inventory: ClusterInventory, hosts: list[str], run_id: str) -> None:
 
 def _invoke(pdd: Path, ident: str, playbook: Path, inventory_file: Path, vars_file: Path, forks: int, *,
             timeout: float | None, event_handler: Callable[[dict[str, Any]], bool] | None,
-            cancel_callback: Callable[[], bool], skip_tags: Sequence[str] = ()) -> Any:
+            cancel_callback: Callable[[], bool]) -> Any:
     """The one ansible_runner.run call: fdl's environment, extra variables from a 0600 file, quiet, rotated."""
     import ansible_runner
 
     cmdline = f"-e @{shlex.quote(str(vars_file))}"
-    if skip_tags:
-        cmdline += f" --skip-tags {shlex.quote(','.join(skip_tags))}"
-
     return ansible_runner.run(
         private_data_dir=str(pdd), ident=ident, playbook=str(playbook), inventory=str(inventory_file),
         cmdline=cmdline, envvars=ansible_environment(forks), forks=forks,
