@@ -112,7 +112,7 @@ def refusal_error(exc: ControllerRefused, address: str) -> JoinRefused:
                        hint=_REFUSAL_HINTS.get(reason))
 
 
-def _unreachable(exc: ControllerError, address: str, tunneled: bool) -> Unreachable:
+def _unreachable(exc: ControllerError, tunneled: bool) -> Unreachable:
     from fdl.controller.client import UnverifiedController
 
     via = " through the ssh tunnel" if tunneled else ""
@@ -200,7 +200,7 @@ class JoinAgent:
                 except ControllerRefused as exc:
                     raise refusal_error(exc, shown) from None
                 except ControllerError as exc:
-                    raise _unreachable(exc, shown, tunnel is not None) from None
+                    raise _unreachable(exc, tunnel is not None) from None
                 finally:
                     self.skew = client.clock_skew if client.clock_skew is not None else self.skew
                 ticket = str(admitted["ticket"])
@@ -213,7 +213,7 @@ class JoinAgent:
                 except ControllerRefused as exc:
                     raise refusal_error(exc, shown) from None
                 except ControllerError as exc:
-                    raise _unreachable(exc, shown, tunnel is not None) from None
+                    raise _unreachable(exc, tunnel is not None) from None
                 except Stopped as exc:  # leave the window before it forms, so the roster stays true
                     with contextlib.suppress(Exception):
                         client.report_exit(ticket, 128 + exc.signum, "stopped before the world formed")

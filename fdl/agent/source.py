@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, NamedTuple, TypeVar
 
-from fdl.errors import ExitCode, FdlError, PermanentError
+from fdl.errors import BuildError, ExitCode, PermanentError
 
 Note = Callable[[str], None]
 _T = TypeVar("_T")
@@ -39,10 +39,6 @@ if TYPE_CHECKING:
     from fdl.libtorch.variants import Libtorch
     from fdl.publish.manifest import Manifest
     from fdl.publish.spec import SourceSpec
-
-
-class BuildError(FdlError):
-    """The fetched source did not compile (transient: the fix is a push away)."""
 
 
 class Built(NamedTuple):

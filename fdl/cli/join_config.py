@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from fdl.cli.context import Globals
+from fdl.cli.options import json_option
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
@@ -84,9 +85,8 @@ def join_config(
              "Every directory up to the chroot must be root-owned and not writable by others.",
         show_default=False)] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Accept the default of every ordinary question.")] = False,
-    as_json: Annotated[bool, typer.Option(
-        "--json", help="Print the report as JSON on stdout (secrets as file paths, never their contents); "
-                       "notes go to stderr. Asks nothing.")] = False,
+    as_json: Annotated[bool, json_option("Print the report as JSON on stdout (secrets as file paths, never their "
+                                         "contents); notes go to stderr. Asks nothing.")] = False,
 ) -> None:
     """Set up a farm on this controller box: key, token, overlay, sshd door and the steps to open it.
 

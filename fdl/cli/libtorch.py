@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from fdl.cli.context import globals_of
+from fdl.cli.options import json_option
 
 app = typer.Typer(help="List, download and activate libtorch variants.", rich_markup_mode=None, add_completion=False,
                   no_args_is_help=True)
@@ -42,7 +43,7 @@ def _describe(data: dict[str, Any]) -> str:
 @app.command("list")
 def list_(
     ctx: typer.Context,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """The installed variants (project libtorch/, ~/.flodl/libtorch, this environment's PyTorch)."""
     from fdl.libtorch import manage
@@ -74,7 +75,7 @@ def info(
     ctx: typer.Context,
     libtorch_path: Annotated[str | None, typer.Option("--libtorch-path", metavar="DIR",
                                                       help="Resolve as if fdl probe had this option.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> int:
     """What fdl probe would resolve, the order it looked in, and the SHA-256 fdl recorded for it."""
     from fdl.libtorch import manage
@@ -112,7 +113,7 @@ def download(
                                                help="Download from this mirror instead of PyTorch's own location "
                                                     "(default: FDL_LIBTORCH_MIRROR, then libtorch.mirror, then "
                                                     "join.libtorch_mirror in fdl.yml).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Download a variant into ~/.flodl/libtorch: verified (HTTPS, CRCs, build-version, pins), installed in one
     step, or not at all."""

@@ -17,7 +17,8 @@ import typer
 from fdl.checks.data import DEFAULT_DATA_PATH
 from fdl.checks.probe import ProbeOptions, run_probe
 from fdl.checks.report import HostReport
-from fdl.cli.context import Globals, globals_of, resume_collector
+from fdl.cli.context import Globals, globals_of
+from fdl.cli.options import json_option
 from fdl.cli.render.probe import echo_human, render_human, render_json
 from fdl.config.discover import find_base
 
@@ -36,8 +37,8 @@ CPU_FLAG_DEVICES = "cpu:2"  # what --cpu declares: the CPU ranks a single-host r
 @app.command()
 def probe(
     ctx: typer.Context,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout (schema in "
-                                                          "docs/probe.md); notes go to stderr.")] = False,
+    as_json: Annotated[bool, json_option("Print the report as JSON on stdout (schema in docs/probe.md); notes go "
+                                         "to stderr.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Nothing on stdout; problems only, on stderr. "
                                                              "The exit code is the answer.")] = False,
     skip_mount: Annotated[bool, typer.Option("--skip-mount", help="Skip the shared-data check (single-host "
@@ -92,8 +93,6 @@ def probe(
         plan = (declared, plan[1])  # the smoke test runs the ranks this CPU host offers
     if textfile is not None:
         check_textfile(textfile, workers)
-    if workers or plan is not None:  # a fan-out or a smoke test runs for seconds to minutes: collect as usual
-        resume_collector()
     if workers:  # a cluster env: every worker, over Ansible (imported only on this path)
         from fdl.errors import UsageError
 

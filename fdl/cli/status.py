@@ -10,6 +10,7 @@ import typer
 
 from fdl.cli._controller import Timeout, addr_option, given_token, print_json, resolve_target, token_file_option
 from fdl.cli.context import Globals, globals_of
+from fdl.cli.options import json_option
 
 if TYPE_CHECKING:
     from fdl.controller.address import Target
@@ -21,7 +22,7 @@ app = typer.Typer(rich_markup_mode=None, add_completion=False)
 def status(
     ctx: typer.Context,
     addr: Annotated[str | None, addr_option("ask")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the raw state.json on stdout.")] = False,
+    as_json: Annotated[bool, json_option("Print the raw state.json on stdout.")] = False,
     timeout: Timeout = 5.0,
     watch: Annotated[bool, typer.Option("--watch", "-w",
                                         help="Keep watching: a live view on a terminal, one line per look "

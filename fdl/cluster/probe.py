@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from fdl.config.project import Config
 
 NATIVE_TIMEOUT_S = 120.0
-VERDICT_TAG = "fdl_probe_verdict"  # the role's one-line verdict for people: fdl renders its own report
 
 
 @dataclass(frozen=True)
@@ -165,7 +164,9 @@ def _probe_remote(inventory: ClusterInventory, hosts: list[InventoryHost], optio
     from fdl.cluster.runner import FAILED, UNREACHABLE, run_playbook
     from fdl.cluster.runner import OK as HOST_OK
 
-    extravars: dict[str, Any] = {"fdl_probe_skip_mount": options.skip_mount}
+    # fdl checked every value it sends: the role's argument validation (a task per host) is left out
+    extravars: dict[str, Any] = {"fdl_probe_skip_mount": options.skip_mount, "fdl_probe_validate": False,
+                                 "fdl_probe_verdict": False}
     if options.data_path is not None:
         extravars["fdl_probe_data_path"] = options.data_path
     if options.libtorch_path is not None:
@@ -175,7 +176,7 @@ def _probe_remote(inventory: ClusterInventory, hosts: list[InventoryHost], optio
     sent = time.time()
     wall_minus_monotonic = sent - time.monotonic()  # the runner stamps hosts with time.monotonic()
     result = run_playbook("probe.yml", inventory, extravars=extravars, limit=[h.name for h in hosts],
-                          progress=progress, title="probe", skip_validation=True, skip_tags=(VERDICT_TAG,))
+                          progress=progress, title="probe")
     reports = {}
     for host in hosts:
         outcome = result.hosts[host.name]

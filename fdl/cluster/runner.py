@@ -69,7 +69,6 @@ from fdl.signals import Interrupts
 
 RUN_ID_VAR = "fdl_run_id"  # extra variable every playbook exports as FDL_RUN_ID (play-level environment:)
 KEEP_ARTIFACTS = 5
-VALIDATION_TAG = "always"  # the tag Ansible gives a role's argument-validation task (no fdl task uses it)
 PEXPECT_TIMEOUT = 0.2  # how often ansible-runner polls the cancel flag
 REAP_TIMEOUT = 30.0
 _MAX_SOCKET_PATH = 104  # sun_path is 108 bytes; ssh appends ".XXXXXXXXXXXXXXXX" while it binds
@@ -268,8 +267,8 @@ def ansible_environment(forks: int) -> dict[str, str]:
         "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "False",
         "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp_dir),
         "ANSIBLE_FORKS": str(forks),
-        # fdl hands ansible-playbook a JSON inventory: loading the other inventory plugins (and parsing their
-        # documentation) would cost a third of a second per run.
+        # fdl hands ansible-playbook a JSON inventory: every run would otherwise load the other inventory
+        # plugins and parse their documentation for nothing.
         "ANSIBLE_INVENTORY_ENABLED": "yaml",
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_DEPRECATION_WARNINGS": "False",
@@ -383,8 +382,6 @@ def run_playbook(
     cancel: threading.Event | None = None,
     timeout: float | None = None,
     title: str | None = None,
-    skip_validation: bool = False,
-    skip_tags: Sequence[str] = (),
     return_at_stats: bool = False,
 ) -> RunResult:
     """Run a playbook against the inventory's hosts (or `limit`) and return per-host results.
@@ -395,10 +392,6 @@ def run_playbook(
     progress: live per-host progress on stderr (default: when stderr is a terminal).
     cancel: set it from another thread to stop the run; Ctrl-C does the same in the main thread.
     timeout: seconds before the run is stopped (status "timeout").
-    skip_validation: leave out the roles' argument validation (a task of its own on every host, which Ansible
-    tags `always`), for callers whose variables come from fdl's checked configuration; the modules still check
-    their own arguments.
-    skip_tags: more tags whose tasks fdl does not need (a role's message for people, when fdl renders its own).
     return_at_stats: return as soon as the play's final stats arrive (every host's result is in then), while
     ansible-playbook and ansible-runner wind down in the background (the interpreter's exit, the artifacts: a
     few tenths of a second); the next run_playbook call, and the end of the process, wait for that. For a
@@ -442,8 +435,7 @@ def run_playbook(
                 display.start()
             def start() -> Any:
                 return _invoke(pdd, run_id, path, inventory_file, vars_file, len(hosts), timeout=timeout,
-                               event_handler=collector, cancel_callback=cancel.is_set,
-                               skip_tags=((VALIDATION_TAG,) if skip_validation else ()) + tuple(skip_tags))
+                               event_handler=collector, cancel_callback=cancel.is_set)
 
             try:
                 runner = _until_stats(start, collector) if return_at_stats else start()
@@ -542,14 +534,11 @@ def _sweep(inventory: ClusterInventory, hosts: list[str], run_id: str) -> None:
 
 def _invoke(pdd: Path, ident: str, playbook: Path, inventory_file: Path, vars_file: Path, forks: int, *,
             timeout: float | None, event_handler: Callable[[dict[str, Any]], bool] | None,
-            cancel_callback: Callable[[], bool], skip_tags: Sequence[str] = ()) -> Any:
+            cancel_callback: Callable[[], bool]) -> Any:
     """The one ansible_runner.run call: fdl's environment, extra variables from a 0600 file, quiet, rotated."""
     import ansible_runner
 
     cmdline = f"-e @{shlex.quote(str(vars_file))}"
-    if skip_tags:
-        cmdline += f" --skip-tags {shlex.quote(','.join(skip_tags))}"
-
     return ansible_runner.run(
         private_data_dir=str(pdd), ident=ident, playbook=str(playbook), inventory=str(inventory_file),
         cmdline=cmdline, envvars=ansible_environment(forks), forks=forks,

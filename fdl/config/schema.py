@@ -36,8 +36,8 @@ T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------- model
-# Immutable records. NamedTuple rather than frozen dataclasses: building a
-# dataclass costs ~1 ms of exec() per class at import, and every fdl start pays it.
+# Immutable records. NamedTuple rather than frozen dataclasses: a dataclass is
+# built with exec() at import, and every fdl start would pay it for each class.
 
 
 class JoinPolicy(NamedTuple):

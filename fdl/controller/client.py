@@ -149,7 +149,7 @@ class ControllerClient:
 
     def _send(self, method: str, path: str, data: bytes | None, headers: dict[str, str], wait: float) -> Answer:
         """One HTTP exchange; network failures as ControllerError. The answer's body is read, bounded."""
-        import requests  # lazy: ~100 ms, and only commands that talk to a controller pay it
+        import requests  # lazy: a heavy import, and only commands that talk to a controller pay it
 
         if self._session is None:
             self._session = requests.Session()

@@ -237,7 +237,7 @@ class Endpoints:
 
     async def metrics(self, request: web.BaseRequest) -> web.Response:
         if self._registry is None:
-            # prometheus_client takes ~0.1 s to import: done off the loop, once, at the first scrape
+            # prometheus_client is slow to import: done off the loop, once, at the first scrape
             registry = await asyncio.to_thread(self._new_registry)
             self._registry = self._registry or registry
         from fdl.controller.metrics import render

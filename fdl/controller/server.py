@@ -270,7 +270,7 @@ class ControllerServer:
         return self._gate.total if self._gate is not None else 0
 
     def _new_registry(self) -> Any:
-        """prometheus_client's CollectorRegistry over this server (imported at the first scrape: ~0.1 s)."""
+        """prometheus_client's CollectorRegistry over this server (imported at the first scrape, not at start)."""
         from fdl.controller.metrics import new_registry
 
         return new_registry(self)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from fdl.errors import FdlError
+from fdl.errors import BuildError
 from fdl.launch.plan import SINGLE, LaunchHost, LaunchPlan
 
 if TYPE_CHECKING:
@@ -38,10 +38,6 @@ TARGET = "target"
 NATIVE = "native"  # the target-dir key of a host without arch: (this machine's libtorch)
 LOG_NAME = "fdl-build.log"
 _ENV_KEYS = ("LIBTORCH_PATH", "FDL_GPU_FEATURE", "LD_LIBRARY_PATH")
-
-
-class BuildError(FdlError):
-    """The pre-flight build failed (nothing was dispatched)."""
 
 
 @dataclass(frozen=True)

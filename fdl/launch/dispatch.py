@@ -139,9 +139,10 @@ def stage_remote(plan: LaunchPlan, inventory: ClusterInventory, jobs: dict[str, 
             "rsh": rsync_rsh(inv_host), "login": login(inv_host),
             "command": list(plan.args) if plan.command.bin is not None else plan.rank_argv(None),
             "ranks": specs[name], "label": name, "grace_s": GRACE_S}
-    result = run_playbook("dispatch.yml", inventory, extravars={"fdl_dispatch_plan": dispatch_plan}, limit=hosts,
-                          progress=progress, title="dispatch", skip_validation=True,
-                          return_at_stats=True)
+    # fdl checked every value it sends: the role's argument validation (a task per host) is left out
+    result = run_playbook("dispatch.yml", inventory,
+                          extravars={"fdl_dispatch_plan": dispatch_plan, "fdl_dispatch_validate": False},
+                          limit=hosts, progress=progress, title="dispatch", return_at_stats=True)
     staged: dict[str, dict[str, Any]] = {}
     failures: list[str] = []
     for name in hosts:

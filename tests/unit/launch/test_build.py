@@ -14,7 +14,8 @@ from fdl.config.schema import (
     SshDefaults,
     WorkerSpec,
 )
-from fdl.launch.build import BuildError, artifact_path, build_jobs, check_artifacts
+from fdl.errors import BuildError
+from fdl.launch.build import artifact_path, build_jobs, check_artifacts
 from fdl.launch.plan import plan_launch
 from fdl.libtorch.gate import LibtorchError
 from tests.fakes import make_libtorch
