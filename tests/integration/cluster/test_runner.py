@@ -67,19 +67,22 @@ def test_each_host_gets_its_own_outcome(testbed, home):
 
 
 def test_fdl_probe_validate_false_leaves_one_task_per_host(testbed, home):
-    """The probe as fdl runs it: fdl_probe_validate false leaves the role's argument validation (a task of its
-    own on every host) out of the play, while by default the role checks its variables first."""
+    """The probe as fdl runs it: fdl_probe_validate and fdl_probe_verdict false leave the role's argument
+    validation and its verdict (a task each on every host) out of the play, while by default the role checks
+    its variables first and ends with the host's verdict."""
     from fdl.cluster.runner import run_playbook
 
     inventory = inventory_for(testbed)
     tasks = {}
-    for validate in (None, False):
+    for case, switches in (("default", {}), ("fdl", {"fdl_probe_validate": False, "fdl_probe_verdict": False})):
         events = []
-        extravars = {"fdl_probe_skip_mount": True} | ({} if validate is None else {"fdl_probe_validate": validate})
-        run_playbook("probe.yml", inventory, extravars=extravars, on_event=events.append, progress=False)
-        tasks[validate] = [e.task for e in events if e.kind in ("on_ok", "on_failed", "on_skipped") and e.host == "h1"]
-    assert len(tasks[None]) == 2 and tasks[None][0].startswith("Validating arguments against arg spec")
-    assert tasks[False] == tasks[None][1:]  # the probe itself, and nothing else (not even a skipped task)
+        run_playbook("probe.yml", inventory, extravars={"fdl_probe_skip_mount": True, **switches},
+                     on_event=events.append, progress=False)
+        tasks[case] = [e.task for e in events if e.kind in ("on_ok", "on_failed", "on_skipped") and e.host == "h1"]
+    assert len(tasks["default"]) == 3, tasks["default"]
+    assert tasks["default"][0].startswith("Validating arguments against arg spec")
+    assert tasks["default"][2] == "Say whether the host is ready"
+    assert tasks["fdl"] == tasks["default"][1:2]  # the probe itself, and nothing else (not even a skipped task)
 
 
 def test_the_probe_playbook_validates_by_default_and_names_the_wrong_variable(testbed, home):
