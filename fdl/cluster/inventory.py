@@ -18,6 +18,7 @@ carries this module for its inventory plugin (fdl/collection.py).
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import shlex
 import socket
@@ -155,13 +156,19 @@ def worker_vars(worker: WorkerSpec, root: Path | None, ssh: SshDefaults | None =
         hostvars["ansible_ssh_private_key_file"] = identity
     hostvars.update(_ssh_args(ssh, root))
     if local:
-        hostvars["ansible_connection"] = "local"
+        hostvars.update(local_vars(hostvars["ansible_python_interpreter"]))
     return hostvars
 
 
 def local_vars(python: str = DEFAULT_PYTHON) -> dict[str, Any]:
-    """The host variables of this machine reached without ssh (connection: local)."""
-    return {"ansible_connection": "local", "ansible_python_interpreter": python}
+    """The host variables of this machine reached without ssh (connection: local).
+
+    `ansible_async_dir` is spelled out: ansible-core's async_status finds a job under the account's home as
+    the password database has it (`~user`), while the job itself writes under $HOME, so an async task (the
+    NCCL image build) reported "could not find job" whenever $HOME was set elsewhere. This machine's $HOME
+    is known here, so both sides get the same absolute directory."""
+    return {"ansible_connection": "local", "ansible_python_interpreter": python,
+            "ansible_async_dir": os.path.join(os.path.expanduser("~"), ".ansible_async")}
 
 
 def local_inventory(name: str = "localhost", python: str | None = None) -> ClusterInventory:

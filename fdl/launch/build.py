@@ -140,15 +140,13 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def prebuild(plan: LaunchPlan, jobs: list[BuildJob], *, progress: bool | None = None) -> None:
     """Run every job's recipe at once through playbooks/prebuild.yml; raise BuildError on the first failure."""
-    from fdl.cluster.inventory import WORKERS_GROUP, ClusterInventory, InventoryHost
+    from fdl.cluster.inventory import WORKERS_GROUP, ClusterInventory, InventoryHost, local_vars
     from fdl.cluster.runner import OK, SKIPPED, run_playbook
 
     todo = [job for job in jobs if job.recipe is not None]
     if todo:
         inventory = ClusterInventory(
-            hosts={job.host: InventoryHost(name=job.host, vars={"ansible_connection": "local",
-                                                                  "ansible_python_interpreter": sys.executable})
-                   for job in todo},
+            hosts={job.host: InventoryHost(name=job.host, vars=local_vars(sys.executable)) for job in todo},
             groups={WORKERS_GROUP: [job.host for job in todo]})
         for job in todo:
             job.log.parent.mkdir(parents=True, exist_ok=True)
