@@ -27,13 +27,13 @@ def show(
                             ] = False,
 ) -> None:
     """Print the merged fdl.yml (+ overlays) with the file and line of every value; secrets masked."""
-    from fdl.config import EnvSelection
+    from fdl.config.project import EnvSelection
     from fdl.config.show import annotated_yaml
     from fdl.config.show import as_json as render_json
 
     g = globals_of(ctx)
     if env is not None:  # a positional env is as explicit as --env
-        from fdl.config import load_config
+        from fdl.config.project import load_config
 
         cfg = load_config(None, EnvSelection.named(env, "argument"))
         for warning in cfg.warnings:

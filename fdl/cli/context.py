@@ -57,7 +57,7 @@ class Globals:
 
     def config(self, *, required: bool = False) -> Config:
         """The resolved configuration for the selected env (warnings printed once)."""
-        from fdl.config import load_config
+        from fdl.config.project import load_config
 
         key = required
         if key not in self._configs:

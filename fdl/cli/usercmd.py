@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from fdl.cli.context import globals_of
-from fdl.config import CommandSpec
+from fdl.config.schema import CommandSpec
 
 
 def make_command(spec: CommandSpec) -> Any:

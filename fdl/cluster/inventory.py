@@ -233,7 +233,8 @@ def inventory_from_file(path: Path, env: str | None = None,
     from the name unless given. Returns (inventory, config); the inventory is
     empty when the merged configuration has no cluster: block. Raises ConfigError.
     """
-    from ..config import EnvSelection, find_base, load_config
+    from ..config.discover import find_base
+    from ..config.project import EnvSelection, load_config
     from ..config.source import display_path
     from ..errors import ConfigError
 

@@ -331,7 +331,7 @@ def test_thread_api_bind_errors_and_restart() -> None:
 
 
 def test_from_cluster_reads_the_cluster_block(tmp_path) -> None:
-    from fdl.config import load_config
+    from fdl.config.project import load_config
 
     (tmp_path / "fdl.yml").write_text(
         "cluster:\n  controller:\n    host: 10.0.0.1\n    port: 2000\n    join: {discovery: true, start: hybrid,"
@@ -345,7 +345,7 @@ def test_from_cluster_reads_the_cluster_block(tmp_path) -> None:
 
 
 def test_for_cluster_binds_loopback_when_tunnel_only(tmp_path) -> None:
-    from fdl.config import load_config
+    from fdl.config.project import load_config
 
     port = free_port()
     (tmp_path / "fdl.yml").write_text(

@@ -14,7 +14,7 @@ from fdl.agent.options import resolve_options
 from fdl.checks.devices import Devices, parse_devices, parse_gpu_ids
 from fdl.checks.gpu import parse_selection
 from fdl.checks.health import declared_gpu_ids
-from fdl.config import load_config
+from fdl.config.project import load_config
 from fdl.errors import ConfigError, UsageError
 from fdl.gpus import parse_gpus
 

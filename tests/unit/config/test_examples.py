@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from fdl.config import EnvSelection, load_config
+from fdl.config.project import EnvSelection, load_config
 from fdl.config.schema import Devices
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
