@@ -1,6 +1,6 @@
 """The GPU stack check before a dial, and what this box offers.
 
-NVIDIA GPUs are read through the probe's own check (`fdl.checks.gpu`, the real
+NVIDIA GPUs are read through the probe's own check (`fdl.hostside.checks.gpu`, the real
 NVML path); AMD GPUs through the kernel's KFD topology in sysfs, which the
 ROCm driver publishes without any user-space library. A box with neither has
 nothing to offer: that is permanent (exit 2), except for a worker declared
@@ -59,8 +59,8 @@ def check_gpu_stack(devices: Devices, environ: Mapping[str, str] | None = None,
     if devices.is_cpu:
         return Offer(devices=devices, summary=f"{devices.count} CPU rank{'s' if devices.count != 1 else ''} "
                                               f"(gloo), no GPU needed")
-    from fdl.checks.gpu import check_gpu
-    from fdl.checks.report import ERROR
+    from fdl.hostside.checks.gpu import check_gpu
+    from fdl.hostside.checks.report import ERROR
 
     result, inventory, _ = check_gpu(gpus="all", environ=environ)
     if result.status == ERROR or inventory is None or not inventory.devices:

@@ -2,7 +2,7 @@
 
 Thin by design: build ProbeOptions from the flags, collect host reports
 (`collect_reports`), render them (fdl.cli.render.probe), exit 0 when no check
-failed and 1 otherwise. The checks live in fdl.checks.
+failed and 1 otherwise. The checks live in fdl.hostside.checks.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fdl.checks.data import DEFAULT_DATA_PATH
-from fdl.checks.probe import ProbeOptions, run_probe
-from fdl.checks.report import HostReport
 from fdl.cli.context import Globals, globals_of, resume_collector
 from fdl.cli.render.probe import echo_human, render_human, render_json
 from fdl.config.discover import find_base
+from fdl.hostside.checks.data import DEFAULT_DATA_PATH
+from fdl.hostside.checks.probe import ProbeOptions, run_probe
+from fdl.hostside.checks.report import HostReport
 
 if TYPE_CHECKING:
     from fdl.collective.results import CollectiveResult
@@ -162,8 +162,8 @@ def declared_devices(devices: str | None, cpu: bool, *, gpus_given: bool) -> Dev
 
 def check_textfile(path: str, workers: int) -> None:
     """Refuse a --textfile the collector would never read, or one asked of a cluster probe (exit 2)."""
-    from fdl.checks.textfile import SUFFIX
     from fdl.errors import UsageError
+    from fdl.hostside.checks.textfile import SUFFIX
 
     if workers:
         raise UsageError("--textfile writes this host's metrics for the node_exporter running here, but under a "
@@ -180,7 +180,7 @@ def write_metrics(path: str, report: HostReport) -> str | None:
     """Write the report's metrics to `path`; None when written, else the message for stderr."""
     import errno
 
-    from fdl.checks.textfile import write_textfile
+    from fdl.hostside.checks.textfile import write_textfile
 
     try:
         write_textfile(path, report.to_dict())

@@ -61,7 +61,7 @@ from typing import Any
 from fdl.cluster.inventory import ClusterInventory
 from fdl.collection import RELATIVE, cache_dir
 from fdl.errors import FdlError, RemoteError
-from fdl.fsio import atomic_write
+from fdl.hostside.fsio import atomic_write
 from fdl.progress import HostsProgress
 from fdl.resources import ansible_cfg, collections_path
 from fdl.resources import playbook as shipped_playbook

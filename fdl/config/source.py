@@ -140,7 +140,7 @@ def _cached_parse(path: Path, text: str, shown: str) -> tuple[Data, Origins]:
         entry = {"stamp": stamp, "text": text, "data": data,
                  "origins": [(keypath, origin.line) for keypath, origin in origins.items()]}
         try:
-            from ..fsio import atomic_write
+            from ..hostside.fsio import atomic_write
 
             entry_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             atomic_write(entry_path, marshal.dumps(entry), mode=0o600)

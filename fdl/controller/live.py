@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fdl.fsio import atomic_write
+from fdl.hostside.fsio import atomic_write
 
 MAX_RECORD_BYTES = 4096
 

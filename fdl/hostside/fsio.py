@@ -1,7 +1,7 @@
 """Durable file writes: the one atomic-write and directory-fsync helper of fdl.
 
-Standard library only and Python 3.8 compatible, because the collection ships it to managed hosts as
-module_utils (fdl/collection.py) beside the code that uses it there.
+Host-side (fdl/hostside/), because code that runs on managed hosts writes through it too (the
+authorized_keys edit, the launcher's staging, the probe's textfile); the rest of fdl imports it from here.
 
 A reader of `path` sees either the old content or the new, never a mix, and after a crash the file is
 one of the two: the data goes to a temporary file in the same directory, which is given its mode (and

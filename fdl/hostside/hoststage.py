@@ -1,9 +1,9 @@
 """Lay out one launcher run on a host: the host-side half of staging.
 
-Standard library only and Python 3.8 compatible, because it runs on the managed host, never on the
-launching machine: it is the collection's module_utils `hoststage`, which the Ansible module
-flodl.fdl.fdl_dispatch_stage calls (`stage()`) for the flodl.fdl.dispatch playbook, the way
-`fdl @cluster CMD` stages every remote host (fdl/launch/dispatch.py) and the way an Ansible user stages one.
+Host-side (fdl/hostside/), and only there: it runs on the managed host, never on the launching machine.
+The Ansible module flodl.fdl.fdl_dispatch_stage calls `stage()` for the flodl.fdl.dispatch playbook, the
+way `fdl @cluster CMD` stages every remote host (fdl/launch/dispatch.py) and the way an Ansible user
+stages one.
 
 The layout, under `root` (default ~/.flodl/launch): `supervisor.py` (rewritten only when its content
 differs), `bin/BIN_DIR/` (kept between runs: rsync then sends only what changed) and `runs/RUN_ID/` with the
@@ -62,7 +62,7 @@ def stage(params: dict[str, Any], supervisor_source: str, atomic_write: Callable
           check_mode: bool = False) -> tuple[bool, dict[str, Any]]:
     """Write the layout; returns (changed, {run_dir, supervisor, spec, bin_dir, program_current}).
 
-    atomic_write(path, data, mode) is fdl.fsio's, handed in by the caller (module_utils or the bootstrap).
+    atomic_write(path, data, mode) is ..fsio's, handed in by the caller (the module).
     """
     where = plan(params)
     changed = False

@@ -1,9 +1,10 @@
 """The rank supervisor: start one child per rank, stream its output, fail fast, leave no orphans.
 
-One code path for every rank child fdl starts: the launcher's dispatch on
-remote hosts (shipped to them as a single module, since the hosts need no fdl
-install) and `fdl join` on a self-deployed worker. Standard library only, and
-no imports from the rest of fdl, so the file runs on its own:
+One code path for every rank child fdl starts: the launcher's ranks on remote
+hosts (staged there as this one file, since the hosts need no fdl install),
+on this machine (in-process) and under `fdl join` on a self-deployed worker.
+Host-side (fdl/hostside/), and more: it imports nothing but the standard
+library, not even its siblings, so the file runs on its own:
 
     python3 supervisor.py SPEC.json      # or: python3 - SPEC.json < supervisor.py
 

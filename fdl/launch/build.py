@@ -31,7 +31,7 @@ from fdl.launch.plan import SINGLE, LaunchHost, LaunchPlan
 
 if TYPE_CHECKING:
     from fdl.cluster.runner import RunnerEvent
-    from fdl.libtorch.variants import Libtorch
+    from fdl.hostside.libtorch.variants import Libtorch
 
 DEFAULT_RECIPE = "cargo build --release"
 TARGET = "target"

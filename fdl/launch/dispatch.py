@@ -6,7 +6,7 @@ canceled play leaves its children behind), so dispatch has two halves:
 
 1. **Staging** is the flodl.fdl.dispatch playbook (role fdl_dispatch), run through fdl.cluster.runner, every
    host at once: the fdl_dispatch_stage module lays out `~/.flodl/launch/` on the host (the rank supervisor,
-   fdl/agent/supervisor.py shipped as it is in the module's payload, so a host needs no fdl install, and the
+   fdl/hostside/supervisor.py shipped as it is in the module's payload, so a host needs no fdl install, and the
    host's rank spec: world environment per rank, the worker's `env:`, the args), and the built binary goes
    over rsync only where the host's copy has another SHA-256.
 2. **Running** is one `ssh` per host (fdl.cluster.ssh: the inventory's connection settings for that host and
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from fdl.agent.supervisor import NOTE_PREFIX, RESULT_PREFIX, GroupResult, Supervisor
 from fdl.controller.protocol import without_secrets
 from fdl.errors import RemoteError
+from fdl.hostside.supervisor import NOTE_PREFIX, RESULT_PREFIX, GroupResult, Supervisor
 from fdl.launch.build import BuildJob
 from fdl.launch.plan import LaunchHost, LaunchPlan
 

@@ -139,7 +139,7 @@ def concrete_gpus(devices: Devices, what: str, count: int | None) -> Devices:
 
 
 def _gpu_count() -> int | None:
-    from fdl.checks.nvml import device_count
+    from fdl.hostside.checks.nvml import device_count
 
     return device_count()
 

@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from fdl.agent.gpu import amd_gpus, check_gpu_stack
 from fdl.config.schema import Devices
+from fdl.offer import amd_gpus, check_gpu_stack
 from tests.conftest import fdl_env
 
 SCRIPT = """
 import json, sys
-from fdl.agent.gpu import check_gpu_stack
+from fdl.offer import check_gpu_stack
 from fdl.config.schema import parse_devices
 from fdl.errors import FdlError
 try:

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fdl.checks.report import CheckResult
     from fdl.farm.wizard import FarmReport, Plan
     from fdl.farm.wizard.report import AuthorizedKeysReport
+    from fdl.hostside.checks.report import CheckResult
 
 
 def render_json(report: FarmReport) -> str:
@@ -19,7 +19,7 @@ def render_json(report: FarmReport) -> str:
 
 
 def render_header(plan: Plan) -> str:
-    from fdl.farm.doors import TITLES
+    from fdl.hostside.farm.doors import TITLES
 
     shape = plan.shape
     lines = [f"farm {plan.label}: door {shape.door} ({TITLES[shape.door]})",

@@ -6,7 +6,7 @@ say yes to root on a read-only mount). A path that sits on the root file
 system rather than a mount of its own is a warning: on one host that is
 normal, across hosts it means each box has its own copy.
 
-Standard library only; sibling imports relative (Ansible module_utils).
+Host-side (fdl/hostside/: runs in fdl and on managed hosts): standard library only, relative imports.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ probe's declared GPUs and its explicit selection all say the same thing:
 GPU ids (`0,1` or `[0, 1]`), every GPU (`all`), or, where ranks may run on
 CPU, `cpu:N`. `parse_devices` reads all of them into a `Devices`;
 `parse_gpu_ids` is its GPU-id half, for selections that cannot name CPU
-ranks. Standard library only and Python 3.8: this file also ships to hosts
-as module_utils (with the rest of the check library).
+ranks. Host-side (fdl/hostside/): the probe runs it on every host, and the
+configuration reader the inventory plugin carries imports it too.
 """
 
 from __future__ import annotations

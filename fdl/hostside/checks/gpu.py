@@ -1,8 +1,7 @@
 """The GPU check: driver, CUDA driver version and every device, through NVML.
 
-Standard library and pynvml (through .nvml, imported only when the check
-runs) only; sibling imports are relative so this file also works as Ansible
-module_utils.
+Host-side (fdl/hostside/: runs in fdl and on managed hosts): standard library
+and pynvml (through .nvml, imported only when the check runs), relative imports.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ A reading NVML does not support on a board (ECC on a GeForce, MIG before
 Ampere) is not a finding; a reading that failed for another reason is a
 warning, since a health gate must say when it could not look.
 
-Standard library only; sibling imports relative (Ansible module_utils).
+Host-side (fdl/hostside/: runs in fdl and on managed hosts): standard library only, relative imports.
 """
 
 from __future__ import annotations

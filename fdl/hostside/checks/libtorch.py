@@ -1,11 +1,10 @@
 """The libtorch check: which libtorch ranks would link, its version, variant and GPU coverage.
 
-Which libtorch that is, and what it records about itself, is fdl.libtorch's (the resolution order, the
-roots, the variant record): this module only judges it against the GPUs the GPU check found. docs/probe.md
-has the rules.
+Which libtorch that is, and what it records about itself, is libtorch's host-side core (..libtorch:
+the resolution order, the roots, the variant record; fdl/libtorch/ has the whole package): this module only
+judges it against the GPUs the GPU check found. docs/probe.md has the rules.
 
-Standard library only; relative imports (Ansible module_utils: fdl/libtorch's host-side modules ship beside
-this package as module_utils/libtorch/).
+Host-side (fdl/hostside/: runs in fdl and on managed hosts): standard library only, relative imports.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ the check asks `docker compose config --services` whether the service exists
 and does not look at the host's NCCL. (This machine's tests run it against a
 stand-in `docker` script: no Docker engine or compose plugin exists there.)
 
-Standard library only; sibling imports relative (Ansible module_utils).
+Host-side (fdl/hostside/: runs in fdl and on managed hosts): standard library only, relative imports.
 """
 
 from __future__ import annotations

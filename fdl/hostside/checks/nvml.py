@@ -1,7 +1,8 @@
 """Thin access to NVML through NVIDIA's own bindings (pynvml, from nvidia-ml-py).
 
-Standard library and pynvml only: this file also runs inside Ansible modules on
-remote hosts, where the flodl.fdl collection ships pynvml beside it, packed (module_utils/pynvml_packed.py).
+Host-side (fdl/hostside/): standard library and pynvml only. pynvml is the installed one when this Python has
+it, else a packed copy shipped as this package's sibling `..pynvml_packed` (the flodl.fdl collection puts one
+beside the check library on every host); this file never needs to know which deployment it is in.
 """
 
 from __future__ import annotations
@@ -14,25 +15,23 @@ T = TypeVar("T")
 
 
 def load_pynvml() -> Any:
-    """Import pynvml, locally or from the module_utils fdl ships to a remote host; None if absent."""
+    """pynvml: the installed module, else the packed sibling `..pynvml_packed` shipped beside this package;
+    None when neither is there."""
     try:
         import pynvml
     except ImportError:
         try:
-            from ansible_collections.flodl.fdl.plugins.module_utils.pynvml_packed import load
-        except ImportError:
+            from ..pynvml_packed import load
+        except (ImportError, ValueError):  # no sibling (ValueError: no parent package, before Python 3.9)
             return None
         pynvml = load()
     return pynvml
 
 
 def pynvml_hint() -> str:
-    """What to do about a missing pynvml, for where this code runs."""
-    if __name__.startswith("ansible.module_utils."):
-        # an Ansible module sent from a clone used in place (ansible.cfg's module_utils): nothing packs pynvml
-        return ("install nvidia-ml-py for this host's Python, or probe through the flodl.fdl collection "
-                "(scripts/build-collection builds it), which ships pynvml to every host")
-    return "install nvidia-ml-py into fdl's environment (pip install nvidia-ml-py)"
+    """What to do about a missing pynvml (wherever this runs)."""
+    return ("install nvidia-ml-py for the Python that runs the probe (pip install nvidia-ml-py); the flodl.fdl "
+            "collection carries its own copy to every host it probes")
 
 
 def device_count() -> int | None:

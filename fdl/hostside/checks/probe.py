@@ -14,8 +14,8 @@ judged as a CPU host: the checks that only matter to GPU ranks (gpu, NCCL,
 GPU health, the GPU software stack) are skipped, each saying so in one line
 and carrying `data.cpu_host`, and libtorch and the data path decide.
 
-Standard library (+ pynvml, inside the GPU check) only; sibling imports
-relative, so this package doubles as Ansible module_utils.
+Host-side (fdl/hostside/: runs in fdl and on managed hosts): standard library
+(+ pynvml, inside the GPU check), relative imports.
 """
 
 from __future__ import annotations

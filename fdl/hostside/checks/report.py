@@ -1,7 +1,7 @@
 """The probe report: one host's check results, and its JSON form.
 
-Standard library only; shared by the local probe, the Ansible probe module
-and the cluster aggregation. The JSON schema is versioned (SCHEMA_VERSION).
+Host-side (fdl/hostside/): standard library only; shared by the local probe,
+the Ansible probe module on every host and the cluster aggregation. The JSON schema is versioned (SCHEMA_VERSION).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@
 The file system root these read (`/proc/modules`, `/dev`) is a parameter
 (run_probe takes it from FDL_PROBE_ROOT, default `/`) so tests can script a host.
 
-Standard library only; sibling imports relative (Ansible module_utils).
+Host-side (fdl/hostside/: runs in fdl and on managed hosts): standard library only, relative imports.
 """
 
 from __future__ import annotations

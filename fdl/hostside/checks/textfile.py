@@ -24,8 +24,8 @@ and nothing secret is in a probe report to begin with. A reading the report
 does not have (null) is left out rather than exported as a made-up value.
 node_exporter refuses samples with timestamps, so none carry one.
 
-Standard library only, Python 3.8 syntax: this file ships with the checks to
-hosts as Ansible module_utils.
+Host-side (fdl/hostside/): it runs in `fdl probe` and in the probe module on
+every host.
 """
 
 from __future__ import annotations
@@ -231,8 +231,8 @@ def _versions(metrics: _Metrics, checks: dict[str, dict[str, Any]]) -> None:
 def write_textfile(path: str, doc: dict[str, Any], now: float | None = None) -> str:
     """Render `doc` and replace `path` with it atomically (a temporary file in the same directory that the
     collector's *.prom glob does not match, then a rename), mode 0644. Returns the text; raises OSError."""
-    # Imported here, not at the top: fdl.fsio in the package, module_utils/fsio.py beside checks/ in the
-    # collection; a caller that loads checks/ as a top-level package (no parent) can still render.
+    # Imported here, not at the top: a caller that loads checks/ as a top-level package (no parent) can
+    # still render.
     from ..fsio import atomic_write
 
     text = render(doc, now)

@@ -1,7 +1,7 @@
 """One line that says whether a host is ready: what `fdl probe` prints for a host, and the verdict the
 fdl_probe module returns (the role prints it for every host).
 
-Standard library only, Python 3.8: this file also runs inside the Ansible probe module on remote hosts.
+Host-side (fdl/hostside/): it runs in fdl and inside the Ansible probe module on every host.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Edit one line of an authorized_keys file and leave every other byte alone.
 
-Shared by `fdl join-config` and the `fdl_authorized_key` Ansible module (shipped
-to hosts as module_utils), so it imports only the standard library and fdl's
-fsio (shipped beside it), relatively.
+Shared by `fdl join-config` and the `fdl_authorized_key` Ansible module, which
+runs it on the host: host-side (fdl/hostside/), standard library and ..fsio.
 
 The rules:
 
@@ -13,8 +12,8 @@ The rules:
   endings, odd whitespace, lines fdl cannot parse, a missing final newline.
 - Our line is replaced where it stands; a new one is appended (after adding
   the file's own line ending to a last line that lacks one).
-- The file is rewritten atomically (fdl.fsio.atomic_write): a temp file in
-  the same directory, written, mode (and owner) set, fsynced, renamed over
+- The file is rewritten atomically (..fsio.atomic_write): a temp file in the
+  same directory, written, mode (and owner) set, fsynced, renamed over
   the old one, and the directory fsynced. A crash leaves the old file or the
   new one, never a mix.
 - Nothing under /etc/ssh is edited, by name or through a symlink.
@@ -27,11 +26,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 
-try:
-    from ..fsio import atomic_write  # fdl.fsio; in the collection, module_utils/fsio.py beside farm/
-except (ImportError, ValueError):  # module_utils' contents as top-level modules (farm/ and fsio.py on sys.path);
-    # a relative import above the top package is a ValueError before Python 3.9
-    from fsio import atomic_write  # type: ignore[import-not-found,no-redef]
+from ..fsio import atomic_write
 
 FORBIDDEN_ROOT = "/etc/ssh"
 _KEY_TYPE_RE = re.compile(rb"(?:ssh|ecdsa|sk)-[A-Za-z0-9@._-]+")

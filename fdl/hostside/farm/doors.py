@@ -1,7 +1,7 @@
 """The three farm doors: what a worker's key may do once it reaches the controller's sshd.
 
-Shared by `fdl join-config` and the `fdl_join_door` Ansible role (as
-module_utils): standard library only, siblings imported relatively.
+Shared by `fdl join-config` and the `fdl_join_door` Ansible role, which runs
+it on the host: host-side (fdl/hostside/), standard library only.
 
 Every door refuses a shell and permits exactly one forward, to the
 controller's training port on the controller box's loopback. On top of that:

@@ -1,7 +1,7 @@
 """Read an sshd configuration the way sshd does, as far as a farm door cares.
 
-Shared by the host doctor and the `fdl_join_door` role (module_utils):
-standard library only. It never needs root and never runs sshd: it follows
+Shared by the host doctor and the `fdl_join_door` role, which runs it on the
+host: host-side (fdl/hostside/), standard library only. It never needs root and never runs sshd: it follows
 `Include` globs (sorted, relative to the main file's directory, as sshd
 does), tracks `Match` context per file (a Match block ends with the file that
 opened it), and records, in the order sshd reads them, the top-level

@@ -21,7 +21,7 @@ written by flodl when it builds a variant), else PyTorch's own `build-version` (
 directory name; fdl's install record (`.fdl-download`, written by `fdl libtorch download`) adds the SHA-256
 of the archive it came from. docs/probe.md has the details.
 
-Host-side: standard library only, Python 3.8 syntax, siblings imported relatively (Ansible module_utils).
+Host-side (fdl/hostside/): the probe runs it on every host; the rest of fdl/libtorch/ builds on it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a libtorch variant is: its names, its kind (CPU, CUDA, ROCm), its compiled arch list, and the record
 every caller shares (`Libtorch`).
 
-Host-side: standard library only, Python 3.8 syntax (shipped to managed hosts as module_utils with the probe).
+Host-side (fdl/hostside/): the probe runs it on every host; the rest of fdl/libtorch/ builds on it.
 """
 
 from __future__ import annotations

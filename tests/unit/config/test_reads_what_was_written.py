@@ -136,7 +136,7 @@ def test_host_port_takes_ascii_port_digits_only() -> None:
 
 
 def test_publish_and_farm_patterns_full_match() -> None:
-    from fdl.farm.doors import DoorError, check_label, check_served
+    from fdl.hostside.farm.doors import DoorError, check_label, check_served
     from fdl.publish.manifest import ManifestError, parse_manifest
     from fdl.publish.spec import SourceSpecError, parse_source_spec
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from fdl.controller.address import resolve
-from fdl.launch.live import live_runs, remove_record, state_dir, write_record
+from fdl.controller.live import live_runs, remove_record, state_dir, write_record
 
 
 def test_a_record_is_private_found_and_removed(tmp_path):
@@ -40,7 +40,7 @@ def test_a_record_of_a_dead_launcher_is_stale(tmp_path):
 
 def test_status_asks_a_moved_run_before_its_configured_address():
     from fdl.config.schema import ClusterSpec, ControllerSpec, SshDefaults
-    from fdl.launch.live import LiveRun
+    from fdl.controller.live import LiveRun
 
     moved = LiveRun("127.0.0.1:40003", "127.0.0.1:1337", "r", os.getpid(), 1.0)
     cluster = ClusterSpec(controller=ControllerSpec(port=1337), ssh=SshDefaults(), workers=())

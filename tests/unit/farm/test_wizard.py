@@ -20,10 +20,10 @@ import yaml
 from fdl.cli.render.join_config import render_json
 from fdl.errors import FdlError
 from fdl.farm import wizard
-from fdl.farm.authorized_keys import find_key
 from fdl.farm.doctor import HostFacts
 from fdl.farm.wizard.report import CredentialAction, KeyAction, OverlayAction
 from fdl.farm.wizard.shape import Origin
+from fdl.hostside.farm.authorized_keys import find_key
 
 DEBIAN = HostFacts(system="Linux", distro="debian", package_manager="apt", init="systemd",
                    ssh_units=("ssh.service",), ssh_socket_active=False, sshd_path=None,

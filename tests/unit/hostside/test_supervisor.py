@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fdl.agent import supervisor as sup_module
-from fdl.agent.supervisor import RESULT_PREFIX, WORKER_ENV, Supervisor
+from fdl.hostside import supervisor as sup_module
+from fdl.hostside.supervisor import RESULT_PREFIX, WORKER_ENV, Supervisor
 
 SUPERVISOR_FILE = Path(sup_module.__file__)
 

@@ -68,7 +68,7 @@ def staged_run(tmp_path: Path, argv: list[str], ranks: int = 2) -> dict:
     import json
     import shutil
 
-    from fdl.agent import supervisor
+    from fdl.hostside import supervisor
 
     run_dir = tmp_path / "runs" / "r1"
     (run_dir / "logs").mkdir(parents=True)
@@ -149,13 +149,12 @@ def test_a_session_that_cannot_start_is_a_failed_host(tmp_path):
 
 
 # ------------------------------------------------------------------- staging: the layout and the playbook's answer
-# The layout is fdl.launch.hoststage, the module_utils the fdl_dispatch_stage module runs on each host (the
+# The layout is fdl.hostside.hoststage, the module_utils the fdl_dispatch_stage module runs on each host (the
 # playbook itself runs on the testbed: tests/integration/launch/test_launch_testbed.py).
 
 def stage_here(tmp_path: Path, sha: str = "", program: str = "") -> tuple[bool, dict, Path]:
-    from fdl.agent import supervisor
-    from fdl.fsio import atomic_write
-    from fdl.launch import hoststage
+    from fdl.hostside import hoststage, supervisor
+    from fdl.hostside.fsio import atomic_write
 
     root = tmp_path / "launch"
     params = {"run_id": "r1", "bin_dir": "train" if program else "", "program": program, "program_sha256": sha,
@@ -169,7 +168,7 @@ def test_staging_lays_out_the_run_with_the_spec_private(tmp_path):
     import json
     import stat
 
-    from fdl.agent import supervisor
+    from fdl.hostside import supervisor
 
     changed, staged, root = stage_here(tmp_path)
     assert changed
@@ -198,7 +197,7 @@ def test_staging_says_whether_the_hosts_binary_is_current(tmp_path):
 def test_staging_refuses_a_run_id_that_is_a_path():
     import pytest
 
-    from fdl.launch import hoststage
+    from fdl.hostside import hoststage
 
     with pytest.raises(hoststage.StageError, match="run_id must be a plain name"):
         hoststage.plan({"run_id": "../x", "label": "hx", "ranks": [], "command": ["a"]})

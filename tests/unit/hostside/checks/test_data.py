@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from fdl.checks.data import check_data_path, mount_of
-from fdl.checks.report import ERROR, OK, SKIPPED, WARNING
+from fdl.hostside.checks.data import check_data_path, mount_of
+from fdl.hostside.checks.report import ERROR, OK, SKIPPED, WARNING
 from tests.conftest import REPO, need_root_or_skip
 
-SNIPPET = ("import json, sys; from fdl.checks.data import check_data_path; "
+SNIPPET = ("import json, sys; from fdl.hostside.checks.data import check_data_path; "
            "print(json.dumps(check_data_path(sys.argv[1]).__dict__))")
 
 
@@ -81,7 +81,7 @@ def test_a_directory_on_the_root_file_system_is_not_a_mount_warning(tmp_path: Pa
     import tempfile
 
     # tmp_path is usually on the root file system; where /tmp is its own mount, use another root-fs place
-    places = [str(tmp_path), "/var/tmp", str(Path(__file__).resolve().parents[3])]
+    places = [str(tmp_path), "/var/tmp", str(Path(__file__).resolve().parents[4])]
     base = next((p for p in places if Path(p).is_dir() and mount_of(p)[0] == "/"), None)
     assert base is not None, f"none of {places} is on the root file system"
     data = Path(tempfile.mkdtemp(prefix="fdlp3-data-", dir=base))

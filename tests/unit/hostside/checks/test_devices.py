@@ -1,5 +1,5 @@
 """One device-selection parser: --gpus, --devices, join.devices, local_devices and the probe's selection
-read GPU ids the same way (fdl.checks.devices) and refuse the same spellings for the same reason."""
+read GPU ids the same way (fdl.hostside.checks.devices) and refuse the same spellings for the same reason."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import pytest
 
 from fdl.agent.options import resolve_options
-from fdl.checks.devices import Devices, parse_devices, parse_gpu_ids
-from fdl.checks.gpu import parse_selection
-from fdl.checks.health import declared_gpu_ids
 from fdl.config.project import load_config
 from fdl.errors import ConfigError, UsageError
 from fdl.gpus import parse_gpus
+from fdl.hostside.checks.devices import Devices, parse_devices, parse_gpu_ids
+from fdl.hostside.checks.gpu import parse_selection
+from fdl.hostside.checks.health import declared_gpu_ids
 
 
 @pytest.mark.parametrize(("text", "ids"), [("0", (0,)), ("0,1", (0, 1)), (" 3 , 1 ", (3, 1)), ("1023", (1023,))])

@@ -18,7 +18,7 @@ from tests.fakes import make_host_root, make_libtorch
 
 PROBE = (
     "import json, sys\n"
-    "from fdl.checks.probe import ProbeOptions, run_probe\n"
+    "from fdl.hostside.checks.probe import ProbeOptions, run_probe\n"
     "report = run_probe(ProbeOptions(**json.loads(sys.argv[1])), host='h')\n"
     "print(json.dumps(report.to_dict()))\n"
 )

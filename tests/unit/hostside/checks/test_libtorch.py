@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from fdl.checks.libtorch import check_libtorch
-from fdl.checks.nvml import NvmlDevice, NvmlInventory
-from fdl.checks.report import ERROR, OK, WARNING
-from fdl.libtorch.resolve import LibtorchNotFound, resolve_libtorch
-from fdl.libtorch.variants import arch_covers, normalise_arch, parse_archs
+from fdl.hostside.checks.libtorch import check_libtorch
+from fdl.hostside.checks.nvml import NvmlDevice, NvmlInventory
+from fdl.hostside.checks.report import ERROR, OK, WARNING
+from fdl.hostside.libtorch.resolve import LibtorchNotFound, resolve_libtorch
+from fdl.hostside.libtorch.variants import arch_covers, normalise_arch, parse_archs
 from tests.fakes import make_libtorch
 
 

@@ -1,76 +1,27 @@
-"""fdl/checks must work outside the fdl package, as Ansible module_utils: standard library and
-pynvml only, siblings (and the shipped libtorch core) imported relatively, and a JSON-in JSON-out entry point."""
+"""The check library works outside the fdl package, as Ansible module_utils: the host-side package copied
+under another name, run from JSON options, JSON out (fdl/hostside/'s import rules: tests/unit/hostside/
+test_imports.py)."""
 
 from __future__ import annotations
 
-import ast
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from fdl.collection import MODULE_UTILS
-from tests.conftest import REPO
-
-CHECKS = REPO / "fdl" / "checks"
-ALLOWED_THIRD_PARTY = {"pynvml", "ansible_collections"}  # the collection's vendored pynvml, on a host
-VENDORED_PYNVML = "ansible_collections.flodl.fdl.plugins.module_utils.pynvml_packed"
-
-
-def shipped_packages() -> dict[str, list[Path]]:
-    """The module_utils packages the probe needs (checks/, libtorch/), as fdl/collection.py ships them."""
-    out: dict[str, list[Path]] = {}
-    for name in ("checks", "libtorch"):
-        files: list[Path] = []
-        for part in MODULE_UTILS[name]:
-            origin = REPO / "fdl" / part
-            files += sorted(origin.glob("*.py")) if origin.is_dir() else [origin]
-        out[name] = files
-    return out
+from fdl.collection import module_utils
 
 
 def module_utils_copy(dest: Path) -> Path:
-    """The shipped packages under dest/fdl_module_utils/ (a package named unlike fdl, as on a host)."""
+    """The collection's module_utils (fdl/hostside/, without the packed pynvml) under dest/fdl_module_utils/:
+    a package named unlike fdl, as on a host."""
     top = dest / "fdl_module_utils"
-    for name, files in shipped_packages().items():
-        (top / name).mkdir(parents=True)
-        for path in files:
-            shutil.copyfile(path, top / name / path.name)
+    for rel, origin in module_utils().items():
+        (top / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(origin, top / rel)
     (top / "__init__.py").touch()
     return top
-
-
-def test_checks_import_only_stdlib_pynvml_and_shipped_siblings() -> None:
-    shipped = {f"{name}.{p.stem}" for name, files in shipped_packages().items() for p in files}
-    shipped |= {name[:-3] for name in MODULE_UTILS if name.endswith(".py")}  # single files: fsio, supervisor...
-    offenders = []
-    for package, files in shipped_packages().items():
-        for source in files:
-            for node in ast.walk(ast.parse(source.read_text(), str(source))):
-                if isinstance(node, ast.Import):
-                    names = [alias.name for alias in node.names]
-                elif isinstance(node, ast.ImportFrom):
-                    if node.level:  # relative (. is the package, .. module_utils): it must land on a shipped module
-                        base = [package] if node.level == 1 else []
-                        target = ".".join([*base, *(node.module or "").split(".")]).strip(".")
-                        if target not in shipped and f"{target}.__init__" not in shipped and \
-                                not any(f"{target}.{alias.name}" in shipped for alias in node.names):
-                            offenders.append(f"{package}/{source.name}:{node.lineno} imports {target}, not shipped")
-                        continue
-                    names = [node.module or ""]
-                else:
-                    continue
-                for name in names:
-                    top = name.split(".")[0]
-                    if top in sys.stdlib_module_names or top == "__future__":
-                        continue
-                    if top in ALLOWED_THIRD_PARTY and (top != "ansible_collections" or name == VENDORED_PYNVML):
-                        continue
-                    offenders.append(f"{package}/{source.name}:{node.lineno} imports {name}")
-    assert offenders == []
-    assert {"libtorch.variants", "libtorch.resolve", "libtorch.__init__"} <= shipped
-    assert "libtorch.install" not in shipped  # requests: never on a host
 
 
 def test_checks_run_as_a_renamed_package_from_json_options(tmp_path: Path, fake_nvml) -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fdl.checks.nccl import check_docker_service, check_nccl, decode_version, find_nccl, library_version
-from fdl.checks.report import ERROR, OK, SKIPPED, WARNING
-from fdl.libtorch.resolve import resolve_libtorch
+from fdl.hostside.checks.nccl import check_docker_service, check_nccl, decode_version, find_nccl, library_version
+from fdl.hostside.checks.report import ERROR, OK, SKIPPED, WARNING
+from fdl.hostside.libtorch.resolve import resolve_libtorch
 from tests.fakes import build_fake_nccl, make_libtorch
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fdl.checks import probe as probe_module
-from fdl.checks.probe import ProbeOptions, run_probe
-from fdl.checks.report import HostReport
+from fdl.hostside.checks import probe as probe_module
+from fdl.hostside.checks.probe import ProbeOptions, run_probe
+from fdl.hostside.checks.report import HostReport
 
 
 def test_options_are_plain_json_with_the_documented_defaults() -> None:

@@ -1,4 +1,4 @@
-"""fdl.checks.textfile: the exposition rules a report's metrics follow (the CLI tests run real probes)."""
+"""fdl.hostside.checks.textfile: the exposition rules a report's metrics follow (the CLI tests run real probes)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from fdl.checks.report import CheckResult, HostReport
-from fdl.checks.textfile import FAMILIES, LABEL_MAX, escape, render, write_textfile
+from fdl.hostside.checks.report import CheckResult, HostReport
+from fdl.hostside.checks.textfile import FAMILIES, LABEL_MAX, escape, render, write_textfile
 from tests.prometheus import samples
 
 SAMPLE = re.compile(r"^[a-z_]+(\{.*\})? -?[0-9.e+]+$")

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fdl.farm import authorized_keys as ak
-from fdl.farm.authorized_keys import (
+from fdl.hostside.farm import authorized_keys as ak
+from fdl.hostside.farm.authorized_keys import (
     AuthorizedKeysError,
     KeyIdentity,
     check_permissions,
@@ -28,7 +28,7 @@ from fdl.farm.authorized_keys import (
 )
 from tests.conftest import need_root_or_skip
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 OURS = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOursOursOursOursOursOursOursOursOursOurs01"
 NEWER = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINewNewNewNewNewNewNewNewNewNewNewNewNew0002"
 KEY = parse_public_key(OURS)
@@ -287,7 +287,7 @@ def test_not_a_regular_file_is_refused(tmp_path):
 CHILD = r"""
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
-from fdl.farm import authorized_keys as ak
+from fdl.hostside.farm import authorized_keys as ak
 path, when, line = sys.argv[2], sys.argv[3], sys.argv[4]
 key = ak.parse_public_key(line.split(" ", 1)[1])
 if when == "mid-write":
@@ -302,11 +302,11 @@ elif when == "enospc":
     os.write = full
 else:
     import functools
-    from fdl import fsio
+    from fdl.hostside import fsio
     def step(name):
         if name == when:
             os.kill(os.getpid(), signal.SIGKILL)
-    # the rewrite goes through fdl.fsio.atomic_write; its step parameter is the seam that kills us mid-way
+    # the rewrite goes through fdl.hostside.fsio.atomic_write; its step parameter is the seam that kills us mid-way
     ak.atomic_write = functools.partial(fsio.atomic_write, step=step)
 ak.install_line(path, line, key)
 """

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fdl.farm.authorized_keys import line_identity, parse_public_key
-from fdl.farm.doors import DoorError, door_account, dropin_name, dropin_vars, jail, key_line, port_lines
 from fdl.farm.render import render_dropin
+from fdl.hostside.farm.authorized_keys import line_identity, parse_public_key
+from fdl.hostside.farm.doors import DoorError, door_account, dropin_name, dropin_vars, jail, key_line, port_lines
 
 PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOursOursOursOursOursOursOursOursOursOurs01 fdl-farm-b300"
 

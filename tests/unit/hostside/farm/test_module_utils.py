@@ -3,7 +3,6 @@ library only, and no second copy in the repository."""
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -12,37 +11,16 @@ import pytest
 
 from fdl import collection
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 PARTS = [REPO / part for _, part in collection.PARTS]  # the collection's parts in this clone
 
 
-# module_utils shipped beside the farm's (plugins/module_utils/<name>): importable as top-level names in a
-# layout that puts module_utils itself on sys.path
-SIBLINGS = {name.removesuffix(".py") for name in collection.MODULE_UTILS}
-
-
-def _foreign_imports(source: str) -> list[str]:
-    """Top-level names a file imports that are neither the standard library nor shipped module_utils."""
-    out = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names = [alias.name.split(".")[0] for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:  # relative: a module shipped alongside
-                continue
-            names = [(node.module or "").split(".")[0]]
-        else:
-            continue
-        out += [top for top in names if top not in sys.stdlib_module_names and top not in ("__future__", *SIBLINGS)]
-    return out
-
-
 @pytest.mark.parametrize("name", ["farm/authorized_keys.py", "farm/doors.py", "farm/sshd_config.py", "fsio.py"])
-def test_shared_modules_come_from_the_package_and_import_only_the_standard_library(name, tmp_path):
+def test_shared_modules_come_from_the_package_as_real_files(name, tmp_path):
+    """What they may import: tests/unit/hostside/test_imports.py."""
     assert not [p for part in PARTS for p in part.rglob(Path(name).name)], "a copy of fdl code is committed"
     built = collection.assemble(tmp_path) / "plugins" / "module_utils" / name
-    assert built.read_bytes() == (REPO / "fdl" / name).read_bytes() and not built.is_symlink()
-    assert _foreign_imports(built.read_text()) == []
+    assert built.read_bytes() == (REPO / "fdl" / "hostside" / name).read_bytes() and not built.is_symlink()
 
 
 def test_the_key_file_writes_through_the_shipped_fsio_in_the_collection(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fdl.farm.sshd_config import scan
+from fdl.hostside.farm.sshd_config import scan
 
 
 def _layout(tmp_path: Path, main: str, dropins: dict[str, str]) -> Path:
