@@ -162,8 +162,9 @@ def _probe_native(host: InventoryHost, options: ClusterProbeOptions, root: Path 
 
 def _probe_remote(inventory: ClusterInventory, hosts: list[InventoryHost], options: ClusterProbeOptions,
                   progress: bool | None, windows: dict[str, tuple[float, float]]) -> dict[str, HostReport]:
-    from fdl.cluster.runner import FAILED, UNREACHABLE, run_playbook
-    from fdl.cluster.runner import OK as HOST_OK
+    from fdl.cluster.events import FAILED, UNREACHABLE
+    from fdl.cluster.events import OK as HOST_OK
+    from fdl.cluster.runner import run_playbook
 
     extravars: dict[str, Any] = {"fdl_probe_skip_mount": options.skip_mount}
     if options.data_path is not None:

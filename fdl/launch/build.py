@@ -30,7 +30,7 @@ from fdl.errors import FdlError
 from fdl.launch.plan import SINGLE, LaunchHost, LaunchPlan
 
 if TYPE_CHECKING:
-    from fdl.cluster.runner import RunnerEvent
+    from fdl.cluster.events import RunnerEvent
     from fdl.hostside.libtorch.variants import Libtorch
 
 DEFAULT_RECIPE = "cargo build --release"
@@ -144,8 +144,9 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def prebuild(plan: LaunchPlan, jobs: list[BuildJob], *, progress: bool | None = None) -> None:
     """Run every job's recipe at once through playbooks/prebuild.yml; raise BuildError on the first failure."""
+    from fdl.cluster.events import OK, SKIPPED
     from fdl.cluster.inventory import WORKERS_GROUP, ClusterInventory, InventoryHost
-    from fdl.cluster.runner import OK, SKIPPED, run_playbook
+    from fdl.cluster.runner import run_playbook
 
     todo = [job for job in jobs if job.recipe is not None]
     if todo:

@@ -39,8 +39,8 @@ from fdl.launch.build import BuildJob
 from fdl.launch.plan import LaunchHost, LaunchPlan
 
 if TYPE_CHECKING:
+    from fdl.cluster.events import HostResult, TaskOutcome
     from fdl.cluster.inventory import ClusterInventory
-    from fdl.cluster.runner import HostResult, TaskOutcome
 
 GRACE_S = 10.0
 STAGE_ROOT = "~/.flodl/launch"
@@ -121,7 +121,8 @@ def stage_remote(plan: LaunchPlan, inventory: ClusterInventory, jobs: dict[str, 
     at the play's final stats, when every host's result is in: ansible-playbook's own exit and the runner's
     artifacts finish in the background while the rank sessions start.
     """
-    from fdl.cluster.runner import OK, run_playbook
+    from fdl.cluster.events import OK
+    from fdl.cluster.runner import run_playbook
     from fdl.cluster.ssh import login, rsync_rsh
 
     hosts = [h.name for h in plan.remote]

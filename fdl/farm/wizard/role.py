@@ -85,8 +85,9 @@ def install_key(plan: Plan, public_key: str, retired: tuple[str, ...], *, fix_pe
 
 
 def _run(variables: dict[str, Any], path: str) -> dict[str, Any]:
+    from fdl.cluster.events import OK, RunnerEvent
     from fdl.cluster.inventory import local_inventory
-    from fdl.cluster.runner import OK, RunnerEvent, run_playbook
+    from fdl.cluster.runner import run_playbook
 
     answers: list[dict[str, Any]] = []
 
@@ -169,7 +170,7 @@ def write_privileged_vars(plan: Plan, public_key: str, rotated_out: str | None, 
 
 def privileged_command(plan: Plan, cwd: Path) -> str:
     """The one line that applies the privileged part: fdl's own ansible-playbook and collection, this box."""
-    from fdl.cluster.runner import ansible_bin_dir
+    from fdl.cluster.connection import ansible_bin_dir
     from fdl.resources import collections_path
 
     playbook = ansible_bin_dir() / "ansible-playbook"

@@ -13,13 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fdl.cluster.runner import (
-    RUN_ID_VAR,
-    ansible_bin_dir,
-    ansible_environment,
-    control_path_dir,
-    ready_control_path_dir,
-)
+from fdl.cluster.connection import ansible_bin_dir, ansible_environment, control_path_dir, ready_control_path_dir
+from fdl.cluster.runner import RUN_ID_VAR
 from fdl.cluster.ssh import ssh_options
 from fdl.errors import FdlError
 from fdl.resources import collection_root, share_dir
@@ -181,7 +176,7 @@ def test_a_local_probe_never_loads_ansible(tmp_path):
 def test_progress_table_shows_each_hosts_state_and_task():
     from rich.console import Console
 
-    from fdl.cluster.runner import HostResult
+    from fdl.cluster.events import HostResult
     from fdl.progress import HostsProgress
 
     progress = HostsProgress("probe", ["node-a", "node-b", "node-c"])

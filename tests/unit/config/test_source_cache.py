@@ -164,7 +164,7 @@ def test_a_command_reading_an_unchanged_config_does_not_import_yaml(tmp_path: Pa
     text = "cluster:\n  controller: {host: 10.0.0.1}\ncommands:\n  test: {run: cargo test}\n"
     (tmp_path / "fdl.yml").write_text(text)
     env = {**os.environ, "PYTHONPATH": str(REPO), "FDL_CONFIG_CACHE": str(tmp_path / "cache")}
-    code = ("import sys; from pathlib import Path; from fdl.config import EnvSelection, load_config; "
+    code = ("import sys; from pathlib import Path; from fdl.config.project import EnvSelection, load_config; "
             "load_config(Path.cwd(), EnvSelection.choose(None, None)); print('yaml' in sys.modules)")
     runs = [subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=60) for _ in range(2)]

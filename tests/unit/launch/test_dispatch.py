@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fdl.cluster.connection import control_path_dir
 from fdl.cluster.inventory import build_inventory
-from fdl.cluster.runner import control_path_dir
 from fdl.cluster.ssh import login, rsync_rsh, ssh_argv
 from fdl.config import schema
 from fdl.launch.dispatch import rank_specs
@@ -204,7 +204,7 @@ def test_staging_refuses_a_run_id_that_is_a_path():
 
 
 def test_the_playbooks_answer_is_read_from_the_modules_fact_and_a_failure_names_its_task():
-    from fdl.cluster.runner import FAILED, OK, SKIPPED, HostResult, TaskOutcome
+    from fdl.cluster.events import FAILED, OK, SKIPPED, HostResult, TaskOutcome
     from fdl.launch.dispatch import _why, staged_paths
 
     paths = {"run_dir": "/h/r", "supervisor": "/h/s.py", "spec": "/h/r/spec.json"}
