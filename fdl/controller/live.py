@@ -15,6 +15,9 @@ configured one, or one the launcher made for the run) is in its own file,
 `~/.flodl/launch/runs/<run id>/token`, mode 0600: `run_token` reads it for
 this user's own commands, and only when no other account could have written
 or read it.
+
+It sits with the controller's client side, beside its reader (address.py: where
+status and start look); the launcher (fdl.launch.run) writes the records.
 """
 
 from __future__ import annotations

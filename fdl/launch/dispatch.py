@@ -26,17 +26,17 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any
 
 from fdl.controller.protocol import without_secrets
 from fdl.errors import RemoteError
 from fdl.hostside.supervisor import NOTE_PREFIX, RESULT_PREFIX, GroupResult, Supervisor
 from fdl.launch.build import BuildJob
 from fdl.launch.plan import LaunchHost, LaunchPlan
+from fdl.launch.printer import Printer
 
 if TYPE_CHECKING:
     from fdl.cluster.events import HostResult, TaskOutcome
@@ -44,42 +44,6 @@ if TYPE_CHECKING:
 
 GRACE_S = 10.0
 STAGE_ROOT = "~/.flodl/launch"
-
-
-class TextSink(Protocol):
-    """Where a Printer writes: a text stream, or anything with its write and flush."""
-
-    def write(self, text: str, /) -> int: ...
-
-    def flush(self) -> None: ...
-
-
-class Printer:
-    """Rank lines to stdout, launcher notes to stderr; one lock, so lines never interleave."""
-
-    def __init__(self, out: TextSink | None = None, err: TextSink | None = None):
-        self.out = out or sys.stdout
-        self.err = err or sys.stderr
-        self._lock = threading.Lock()
-
-    def line(self, text: str) -> None:
-        with self._lock:
-            try:
-                self.out.write(text.rstrip("\n") + "\n")
-                self.out.flush()
-            except (BrokenPipeError, ValueError):
-                pass
-
-    def note(self, text: str) -> None:
-        from fdl.controller.view import printable
-
-        text = printable(text)  # host names and details from walk-ins are data, never terminal controls
-        with self._lock:
-            try:
-                self.err.write(f"fdl: launch: {text}\n")
-                self.err.flush()
-            except (BrokenPipeError, ValueError):
-                pass
 
 
 @dataclass

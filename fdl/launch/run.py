@@ -31,13 +31,13 @@ from fdl.launch.dispatch import (
     GRACE_S,
     HostOutcome,
     LocalSession,
-    Printer,
     RemoteSession,
     Session,
     rank_specs,
     stage_remote,
 )
 from fdl.launch.plan import SINGLE, LaunchPlan
+from fdl.launch.printer import Printer
 from fdl.signals import Interrupts
 
 if TYPE_CHECKING:
