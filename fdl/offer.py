@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from fdl.config.schema import Devices
 from fdl.errors import PermanentError
+from fdl.hostside.checks.devices import Devices
 
 KFD_TOPOLOGY = "/sys/class/kfd/kfd/topology/nodes"
 

@@ -24,7 +24,7 @@ from fdl.hostside.checks.report import HostReport
 if TYPE_CHECKING:
     from fdl.collective.results import CollectiveResult
     from fdl.collective.run import CollectiveOptions
-    from fdl.config.schema import Devices
+    from fdl.hostside.checks.devices import Devices
 
     CollectivePlan = tuple[Devices | None, CollectiveOptions]
 
@@ -140,8 +140,8 @@ def probe(
 
 def declared_devices(devices: str | None, cpu: bool, *, gpus_given: bool) -> Devices | None:
     """What --devices or --cpu declare this host offers (None: nothing declared); contradictions exit 2."""
-    from fdl.config.schema import parse_devices
     from fdl.errors import UsageError
+    from fdl.hostside.checks.devices import parse_devices
 
     if cpu and devices is not None:
         raise UsageError(f"--cpu and --devices {devices} both say what this host offers; give one of them.")
@@ -203,8 +203,8 @@ def write_metrics(path: str, report: HostReport) -> str | None:
 def collective_plan(devices: str | None, max_size: str, timeout: float) -> CollectivePlan:
     """(devices or None, CollectiveOptions) from the flags; bad values are usage errors (exit 2)."""
     from fdl.collective.run import CollectiveOptions, parse_size
-    from fdl.config.schema import parse_devices
     from fdl.errors import UsageError
+    from fdl.hostside.checks.devices import parse_devices
 
     parsed = None
     if devices is not None:

@@ -17,12 +17,10 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
 from ..errors import ConfigError
-from ..hostside.checks.devices import Devices as Devices
-from ..hostside.checks.devices import parse_devices as parse_devices
+from ..hostside.checks.devices import Devices, parse_devices
 from .join_fields import SETTINGS as JOIN_SETTINGS
-from .join_fields import JoinDefaults as JoinDefaults
-from .parse import DEFAULT_PORT as DEFAULT_PORT
-from .parse import is_login_name, is_valid_host, split_host_port, unicast_problem
+from .join_fields import JoinDefaults
+from .parse import DEFAULT_PORT, is_login_name, is_valid_host, split_host_port, unicast_problem
 from .source import Data, KeyPath, Origin, Origins, format_path
 
 DEFAULT_DATA_PATH = "/flodl/data"  # fdl.hostside.checks.data's too: importing it here would cost start-up time

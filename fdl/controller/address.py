@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
-from fdl.config.schema import DEFAULT_PORT, ClusterSpec
+from fdl.config.parse import DEFAULT_PORT
+from fdl.config.schema import ClusterSpec
 from fdl.controller.client import ControllerClient, ControllerError, NoRunListening, normalize_address
 from fdl.errors import UsageError
 

@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fdl.hostside.checks.report import ERROR, OK, SKIPPED, WARNING, CheckResult
+from fdl.hostside.checks.report import ERROR, OK, WARNING, CheckResult
 from fdl.hostside.farm.doors import DOOR_A, DOOR_B
 from fdl.hostside.farm.sshd_config import SshdConfigScan, scan
 
@@ -429,4 +429,4 @@ def gather_facts(*, door_port: int, served: str | None, sshd_config: str = DEFAU
     )
 
 
-__all__ = ["ERROR", "OK", "SKIPPED", "WARNING", "HostFacts", "Spelling", "diagnose", "gather_facts", "probe_banner"]
+__all__ = ["HostFacts", "Spelling", "diagnose", "gather_facts", "probe_banner"]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from fdl import __version__
 from fdl.controller import live
-from fdl.controller.machine import DONE, FAILED, FORMING, TERMINAL, TRAINING, Refused
+from fdl.controller.states import DONE, FAILED, FORMING, TERMINAL, TRAINING, Refused
 from fdl.controller.wire import is_loopback
 from fdl.errors import ExitCode, FdlError
 from fdl.launch.build import BuildJob, build_jobs, check_artifacts, prebuild
@@ -158,7 +158,7 @@ class Launcher:
         plan = self.plan
         for text in plan.notes:
             self.printer.note(text)
-        from fdl.controller.server import Limits
+        from fdl.controller.wire import Limits
 
         limits = Limits(max_per_peer=plan.cluster.controller.peer_connections) if plan.cluster is not None else None
         self._server = ControllerServer(self._policy(), host=plan.bind, port=plan.port, limits=limits).start()

@@ -106,7 +106,7 @@ def choose_variant(name: str, offer_fn: Callable[[], Offer] | None = None) -> st
 
 def this_box_offer() -> Offer:
     """What this box offers for `auto`: every GPU present, else CPU ranks."""
-    from fdl.config.schema import Devices
+    from fdl.hostside.checks.devices import Devices
     from fdl.offer import Offer, check_gpu_stack
 
     try:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from fdl.config.schema import Devices
+from fdl.hostside.checks.devices import Devices
 from fdl.offer import amd_gpus, check_gpu_stack
 from tests.conftest import fdl_env
 

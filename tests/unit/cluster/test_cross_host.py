@@ -12,7 +12,8 @@ from fdl.cluster.probe import (
     host_options,
     unreachable_check,
 )
-from fdl.config.schema import Devices, WorkerSpec
+from fdl.config.schema import WorkerSpec
+from fdl.hostside.checks.devices import Devices
 from fdl.hostside.checks.report import CheckResult, HostReport
 
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from fdl.config.parse import is_valid_host, split_host_port
 from fdl.config.project import EnvSelection, load_config
-from fdl.config.schema import is_valid_host, parse_devices, split_host_port
 from fdl.errors import ConfigError, UsageError
+from fdl.hostside.checks.devices import parse_devices
 
 
 def project(tmp_path: Path, body: str) -> Path:

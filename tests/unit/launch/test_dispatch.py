@@ -9,10 +9,11 @@ from fdl.cluster.connection import control_path_dir
 from fdl.cluster.inventory import build_inventory
 from fdl.cluster.ssh import login, rsync_rsh, ssh_argv
 from fdl.config import schema
+from fdl.hostside.checks.devices import Devices
 from fdl.launch.dispatch import rank_specs
 from fdl.launch.plan import plan_launch
 
-CPU2 = schema.Devices(kind="cpu", count=2)
+CPU2 = Devices(kind="cpu", count=2)
 
 
 def spec(discovery: bool = False) -> schema.ClusterSpec:

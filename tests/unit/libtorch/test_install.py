@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fdl.config.schema import Devices
 from fdl.errors import PermanentError
+from fdl.hostside.checks.devices import Devices
 from fdl.hostside.libtorch.resolve import describe_variant, read_key_values
 from fdl.libtorch.install import LibtorchFetchError, ensure_variant
 from fdl.libtorch.source import Source, choose_source, official_url, route_auto
