@@ -467,13 +467,16 @@ class Testbed:
         }}
 
     def home_env(self, home: Path) -> dict:
-        """Environment overrides giving a controller-side process (fdl, ansible) its own HOME and cache.
+        """Environment overrides giving a controller-side process (fdl, ansible) its own HOME, cache and runtime
+        directory.
 
-        fdl's cache (runner data, SSH control sockets) follows XDG_CACHE_HOME;
+        fdl's cache (runner data) follows XDG_CACHE_HOME, its SSH control sockets XDG_RUNTIME_DIR first: one of
+        the session's would let a test ride another test's ssh master (a host reached with the wrong key, say);
         keep `home` short, since control socket paths must fit in 104 bytes.
         """
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
+        (home / "run").mkdir(exist_ok=True, mode=0o700)
+        return {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "XDG_RUNTIME_DIR": str(home / "run")}
 
     def new_key(self, name: str) -> Path:
         """A fresh key pair under the testbed directory that no host trusts (yet)."""
