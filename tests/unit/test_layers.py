@@ -1,6 +1,7 @@
 """fdl's packages form layers: a module imports its own package or a package of a lower layer, never one
-of its own layer or above, and every name is imported from the module that defines it (one import path per
-name). Every import counts: module-level, function-level (lazy) and TYPE_CHECKING ones alike.
+of its own layer or above; every name is imported from the module that defines it (one import path per
+name), and no module of fdl takes another module's private (`_name`) names. Every import counts:
+module-level, function-level (lazy) and TYPE_CHECKING ones alike.
 
 The order, highest first, is written once, here:
 
@@ -159,6 +160,19 @@ def second_paths(root: Path, callers: list[Path]) -> list[str]:
     return found
 
 
+def private_reaches(root: Path) -> list[str]:
+    """Every import in root of a `_private` name from another module."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if "_share" in path.relative_to(root).parts:
+            continue
+        for line, module, name in imports(path, root):
+            if name and name.startswith("_") and not name.startswith("__") and \
+                    module != module_name(path, root) and not is_module(root, f"{module}.{name}"):
+                found.append(f"{path.relative_to(root)}:{line} imports {module}.{name}")
+    return found
+
+
 def _absolute(tree: ast.Module) -> Iterator[tuple[int, str, str | None]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and not node.level and node.module:
@@ -177,6 +191,10 @@ def test_every_import_goes_down_the_layers():
 
 def test_every_name_has_one_import_path():
     assert second_paths(PACKAGE, callers()) == []
+
+
+def test_no_module_takes_another_modules_private_names():
+    assert private_reaches(PACKAGE) == []
 
 
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -210,9 +228,12 @@ def test_the_one_path_rule_finds_second_paths(tmp_path):
         "schema.py": "from fdl.checks import Devices\nfrom fdl.checks import Devices as Devices\n"
                      "__all__ = ['Devices']\n",
         "user.py": "from fdl.schema import Devices\nfrom fdl.checks import Devices as D\n",
+        "other.py": "def f():\n    from fdl.checks import _hidden\n    from . import _private_module\n",
+        "_private_module.py": "",
     })
     test = tmp_path / "test_x.py"
     test.write_text("from fdl.schema import Devices\nfrom fdl.checks import Devices\n")
     found = second_paths(root, [test])
     assert sorted(line.split(" ")[0] for line in found) == [
-        "fdl/schema.py:", "fdl/schema.py:2", "fdl/user.py:1", "test_x.py:1"], found
+        "fdl/other.py:2", "fdl/schema.py:", "fdl/schema.py:2", "fdl/user.py:1", "test_x.py:1"], found
+    assert private_reaches(root) == ["other.py:2 imports fdl.checks._hidden"]
