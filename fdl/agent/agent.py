@@ -3,7 +3,7 @@
 One attempt is: preparation (fdl.agent.prepare), the `--ssh` tunnel when
 asked for, the hello on the controller's join channel (fdl.controller.client,
 the same client `fdl status` uses), the long-poll for the world, the ranks
-under the rank supervisor (fdl.agent.supervisor, the launcher's own code
+under the rank supervisor (fdl.hostside.supervisor, the launcher's own code
 path) with heartbeats while they run, and the exit report.
 
 Exit codes: one-shot returns the agent's own code (the ranks' group result)
@@ -38,9 +38,9 @@ from fdl import __version__
 from fdl.agent.backoff import Backoff
 from fdl.agent.options import JoinOptions
 from fdl.agent.prepare import Prepared, prepare
-from fdl.agent.supervisor import GroupResult, Supervisor
 from fdl.agent.tunnel import Tunnel, local_address_toward
 from fdl.errors import ExitCode, FdlError
+from fdl.hostside.supervisor import GroupResult, Supervisor
 
 if TYPE_CHECKING:
     from fdl.controller.client import ControllerClient, ControllerError, ControllerRefused

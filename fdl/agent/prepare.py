@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, NamedTuple
 
 from fdl.agent.data import prepare_data, prove_writable
-from fdl.agent.gpu import Offer, check_gpu_stack
 from fdl.agent.options import JoinOptions
 from fdl.agent.signature import probe_signature, probe_timeout
 from fdl.errors import PermanentError
+from fdl.offer import Offer, check_gpu_stack
 
 if TYPE_CHECKING:
-    from fdl.libtorch.variants import Libtorch
+    from fdl.hostside.libtorch.variants import Libtorch
 
 Note = Callable[[str], None]
 

@@ -60,8 +60,8 @@ import time
 from collections.abc import Callable, Mapping
 
 from fdl.agent.options import SshHop
-from fdl.agent.supervisor import die_with_parent, stop_process_group
 from fdl.errors import ExitCode, FdlError, PermanentError
+from fdl.hostside.supervisor import die_with_parent, stop_process_group
 
 CONNECT_TIMEOUT_S = 15
 SSH_FAILED = 255  # ssh's own exit status for every error of its own (connection, host key, login, forward)

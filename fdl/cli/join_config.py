@@ -94,12 +94,15 @@ def join_config(
     a permission that cannot be fixed).
     """
     from fdl.cli.render.join_config import render_doctor, render_header, render_json, render_rest
-    from fdl.farm import wizard
+    from fdl.farm.wizard.apply import apply
+    from fdl.farm.wizard.decide import decide
+    from fdl.farm.wizard.plan import prepare
+    from fdl.farm.wizard.shape import Request
 
     g = ctx.find_object(Globals)
     env = g.env if g is not None else None
     interactive = sys.stdin.isatty() and not as_json
-    request = wizard.Request(
+    request = Request(
         label=label, env_label=env.name if env else None, env_source=env.source if env else None,
         door=door.value if door else None, controller=controller, port=port, served=served,
         inherit_from=inherit_from, regen=regen, install_key=install_key, authorized_keys=authorized_keys,
@@ -107,12 +110,12 @@ def join_config(
         cwd=Path.cwd(),
     )
     prompter = TtyPrompter() if interactive else None
-    plan = wizard.prepare(request, prompter)
+    plan = prepare(request, prompter)
     if not as_json:
         typer.echo(render_header(plan))
         typer.echo(render_doctor(plan.findings))
-    decisions = wizard.decide(plan, request, prompter)
-    report = wizard.apply(plan, decisions, request.cwd)
+    decisions = decide(plan, request, prompter)
+    report = apply(plan, decisions, request.cwd)
     for note in report.notes:
         typer.echo(f"fdl: note: {note}", err=True)
     if as_json:

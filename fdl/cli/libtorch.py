@@ -117,9 +117,9 @@ def download(
 ) -> None:
     """Download a variant into ~/.flodl/libtorch: verified (HTTPS, CRCs, build-version, pins), installed in one
     step, or not at all."""
+    from fdl.hostside.libtorch.variants import CHOICES
     from fdl.libtorch import manage
     from fdl.libtorch.source import choose_source
-    from fdl.libtorch.variants import CHOICES
 
     if cpu and variant not in (None, "cpu"):
         raise typer.BadParameter(f"--cpu and {variant} name different variants; give one.")

@@ -2,7 +2,7 @@
 
 Thin by design: build ProbeOptions from the flags, collect host reports
 (`collect_reports`), render them (fdl.cli.render.probe), exit 0 when no check
-failed and 1 otherwise. The checks live in fdl.checks.
+failed and 1 otherwise. The checks live in fdl.hostside.checks.
 """
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fdl.checks.data import DEFAULT_DATA_PATH
-from fdl.checks.probe import ProbeOptions, run_probe
-from fdl.checks.report import HostReport
 from fdl.cli.context import Globals, globals_of
 from fdl.cli.options import json_option
 from fdl.cli.render.probe import echo_human, render_human, render_json
 from fdl.config.discover import find_base
+from fdl.hostside.checks.data import DEFAULT_DATA_PATH
+from fdl.hostside.checks.probe import ProbeOptions, run_probe
+from fdl.hostside.checks.report import HostReport
 
 if TYPE_CHECKING:
     from fdl.collective.results import CollectiveResult
     from fdl.collective.run import CollectiveOptions
-    from fdl.config.schema import Devices
+    from fdl.hostside.checks.devices import Devices
 
     CollectivePlan = tuple[Devices | None, CollectiveOptions]
 
@@ -139,8 +139,8 @@ def probe(
 
 def declared_devices(devices: str | None, cpu: bool, *, gpus_given: bool) -> Devices | None:
     """What --devices or --cpu declare this host offers (None: nothing declared); contradictions exit 2."""
-    from fdl.config.schema import parse_devices
     from fdl.errors import UsageError
+    from fdl.hostside.checks.devices import parse_devices
 
     if cpu and devices is not None:
         raise UsageError(f"--cpu and --devices {devices} both say what this host offers; give one of them.")
@@ -161,8 +161,8 @@ def declared_devices(devices: str | None, cpu: bool, *, gpus_given: bool) -> Dev
 
 def check_textfile(path: str, workers: int) -> None:
     """Refuse a --textfile the collector would never read, or one asked of a cluster probe (exit 2)."""
-    from fdl.checks.textfile import SUFFIX
     from fdl.errors import UsageError
+    from fdl.hostside.checks.textfile import SUFFIX
 
     if workers:
         raise UsageError("--textfile writes this host's metrics for the node_exporter running here, but under a "
@@ -179,7 +179,7 @@ def write_metrics(path: str, report: HostReport) -> str | None:
     """Write the report's metrics to `path`; None when written, else the message for stderr."""
     import errno
 
-    from fdl.checks.textfile import write_textfile
+    from fdl.hostside.checks.textfile import write_textfile
 
     try:
         write_textfile(path, report.to_dict())
@@ -202,8 +202,8 @@ def write_metrics(path: str, report: HostReport) -> str | None:
 def collective_plan(devices: str | None, max_size: str, timeout: float) -> CollectivePlan:
     """(devices or None, CollectiveOptions) from the flags; bad values are usage errors (exit 2)."""
     from fdl.collective.run import CollectiveOptions, parse_size
-    from fdl.config.schema import parse_devices
     from fdl.errors import UsageError
+    from fdl.hostside.checks.devices import parse_devices
 
     parsed = None
     if devices is not None:

@@ -111,8 +111,8 @@ def _watch(address: str, fire: str, *, interval: float, timeout: float, as_json:
     if end.how == "lost":
         return 1
     if end.how == "ended":
+        from fdl.controller.live import kept_state
         from fdl.controller.watch import outcome
-        from fdl.launch.live import kept_state
 
         line, code = outcome(end, kept_state)
         typer.echo(f"fdl: {line}", err=as_json)

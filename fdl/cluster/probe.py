@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fdl.checks.report import ERROR, OK, SCHEMA_VERSION, SKIPPED, WARNING, CheckResult, HostReport
 from fdl.cluster.consistency import consistency_checks, host_groups
 from fdl.cluster.inventory import ClusterInventory, InventoryHost, build_inventory
 from fdl.config.schema import DEFAULT_DATA_PATH, WorkerSpec
 from fdl.errors import ConfigError
+from fdl.hostside.checks.report import ERROR, OK, SCHEMA_VERSION, SKIPPED, WARNING, CheckResult, HostReport
 
 if TYPE_CHECKING:
     from fdl.config.project import Config
@@ -161,8 +161,9 @@ def _probe_native(host: InventoryHost, options: ClusterProbeOptions, root: Path 
 
 def _probe_remote(inventory: ClusterInventory, hosts: list[InventoryHost], options: ClusterProbeOptions,
                   progress: bool | None, windows: dict[str, tuple[float, float]]) -> dict[str, HostReport]:
-    from fdl.cluster.runner import FAILED, UNREACHABLE, run_playbook
-    from fdl.cluster.runner import OK as HOST_OK
+    from fdl.cluster.events import FAILED, UNREACHABLE
+    from fdl.cluster.events import OK as HOST_OK
+    from fdl.cluster.runner import run_playbook
 
     # fdl checked every value it sends: the role's argument validation (a task per host) is left out
     extravars: dict[str, Any] = {"fdl_probe_skip_mount": options.skip_mount, "fdl_probe_validate": False,

@@ -16,8 +16,8 @@ a real object in `JoinDefaults.__annotations__`, read without evaluating text.
 
 from typing import Annotated, NamedTuple
 
-from ..checks.devices import Devices
-from ..libtorch.variants import CHOICES as LIBTORCH_CHOICES
+from ..hostside.checks.devices import Devices
+from ..hostside.libtorch.variants import CHOICES as LIBTORCH_CHOICES
 
 
 class Setting(NamedTuple):

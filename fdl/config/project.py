@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import ConfigError, UsageError
-from .discover import SUFFIXES, available_envs, find_base, overlay_file  # noqa: F401
+from .discover import available_envs, find_base, overlay_file
+from .join_fields import JoinDefaults
 from .merge import merge_layers
 from .schema import (
     TOP_KEYS,
     Checker,
     ClusterSpec,
     CommandSpec,
-    JoinDefaults,
     LibtorchDefaults,
     PublishDefaults,
     check_cluster,

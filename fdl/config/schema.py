@@ -16,16 +16,14 @@ import re
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
-from ..checks.devices import Devices as Devices
-from ..checks.devices import parse_devices as parse_devices
 from ..errors import ConfigError
+from ..hostside.checks.devices import Devices, parse_devices
 from .join_fields import SETTINGS as JOIN_SETTINGS
-from .join_fields import JoinDefaults as JoinDefaults
-from .parse import DEFAULT_PORT as DEFAULT_PORT
-from .parse import is_login_name, is_valid_host, split_host_port, unicast_problem
+from .join_fields import JoinDefaults
+from .parse import DEFAULT_PORT, is_login_name, is_valid_host, split_host_port, unicast_problem
 from .source import Data, KeyPath, Origin, Origins, format_path
 
-DEFAULT_DATA_PATH = "/flodl/data"  # fdl.checks.data's too: importing it here would cost start-up time
+DEFAULT_DATA_PATH = "/flodl/data"  # fdl.hostside.checks.data's too: importing it here would cost start-up time
 START_MODES = ("auto", "manual", "hybrid")
 # Every pattern here is used with fullmatch: `$` also matches before a trailing
 # newline, so "node\n" would pass a `^...$` match.
@@ -527,8 +525,8 @@ def check_publish(c: Checker, value: Any) -> PublishDefaults:
 
 def check_libtorch_block(c: Checker, value: Any) -> LibtorchDefaults:
     """The libtorch: block: mirror: a base URL, sha256: {variant: hex} pins (docs/config.md)."""
+    from ..hostside.libtorch.variants import DOWNLOADS
     from ..libtorch.source import is_sha256, mirror_problem
-    from ..libtorch.variants import DOWNLOADS
 
     path = ("libtorch",)
     block = c.mapping(value, path, LIBTORCH_KEYS)

@@ -14,7 +14,7 @@ import re
 from typing import Any, NamedTuple
 
 from fdl.config.parse import is_valid_host
-from fdl.config.schema import Devices, parse_devices
+from fdl.hostside.checks.devices import Devices, parse_devices
 
 PROTOCOL = 3  # 2: the token is proved by signing, never sent; 3: proofs name the controller instance (auth.py)
 MAX_BODY = 16 * 1024  # bytes; a hello is a few hundred

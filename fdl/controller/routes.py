@@ -25,8 +25,9 @@ from typing import Any, NamedTuple
 from aiohttp import web
 
 from fdl.controller import auth
-from fdl.controller.machine import OPEN, Refused, RunMachine
+from fdl.controller.machine import RunMachine
 from fdl.controller.protocol import PROTOCOL, BadRequest, decode, parse_hello, parse_start, parse_ticketed
+from fdl.controller.states import OPEN, Refused
 from fdl.controller.wire import Limits, error_response, json_response
 
 GZIP_FROM = 16 * 1024  # state.json bodies this large go gzipped to clients that accept it (a big roster)

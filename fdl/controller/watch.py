@@ -42,7 +42,7 @@ def outcome(end: WatchEnd, kept: Callable[[str | None], State | None] = lambda _
 
     The last state seen tells it when the watch saw the run finish in an answer that proved the run's
     token; otherwise `kept` may hold the final state the run's launcher kept on this machine
-    (fdl.launch.live.kept_state: this user's own file, local evidence).
+    (fdl.controller.live.kept_state: this user's own file, local evidence).
     """
     state = end.state or {}
     run = state.get("run_id")

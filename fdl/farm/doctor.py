@@ -19,9 +19,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, CheckResult
-from fdl.farm.doors import DOOR_A, DOOR_B
-from fdl.farm.sshd_config import SshdConfigScan, scan
+from fdl.hostside.checks.report import ERROR, OK, WARNING, CheckResult
+from fdl.hostside.farm.doors import DOOR_A, DOOR_B
+from fdl.hostside.farm.sshd_config import SshdConfigScan, scan
 
 DEFAULT_SSHD_CONFIG = "/etc/ssh/sshd_config"
 SFTP_SERVERS = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server", "/usr/libexec/sftp-server",
@@ -428,4 +428,4 @@ def gather_facts(*, door_port: int, served: str | None, sshd_config: str = DEFAU
     )
 
 
-__all__ = ["ERROR", "OK", "SKIPPED", "WARNING", "HostFacts", "Spelling", "diagnose", "gather_facts", "probe_banner"]
+__all__ = ["HostFacts", "Spelling", "diagnose", "gather_facts", "probe_banner"]

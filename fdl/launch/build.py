@@ -30,8 +30,8 @@ from fdl.errors import BuildError
 from fdl.launch.plan import SINGLE, LaunchHost, LaunchPlan
 
 if TYPE_CHECKING:
-    from fdl.cluster.runner import RunnerEvent
-    from fdl.libtorch.variants import Libtorch
+    from fdl.cluster.events import RunnerEvent
+    from fdl.hostside.libtorch.variants import Libtorch
 
 DEFAULT_RECIPE = "cargo build --release"
 TARGET = "target"
@@ -140,8 +140,9 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def prebuild(plan: LaunchPlan, jobs: list[BuildJob], *, progress: bool | None = None) -> None:
     """Run every job's recipe at once through playbooks/prebuild.yml; raise BuildError on the first failure."""
+    from fdl.cluster.events import OK, SKIPPED
     from fdl.cluster.inventory import WORKERS_GROUP, ClusterInventory, InventoryHost, local_vars
-    from fdl.cluster.runner import OK, SKIPPED, run_playbook
+    from fdl.cluster.runner import run_playbook
 
     todo = [job for job in jobs if job.recipe is not None]
     if todo:

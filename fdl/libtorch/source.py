@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from ..errors import ConfigError, FdlError, PermanentError, UsageError
-from .variants import DOWNLOADS
+from ..hostside.libtorch.variants import DOWNLOADS
 
 #: the PyTorch release fdl downloads by default (the project's torch pin), and the variants it publishes as
 #: libtorch archives for Linux

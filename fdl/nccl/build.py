@@ -21,8 +21,8 @@ from fdl.nccl.plan import BuildPlan
 from fdl.progress import StatusLine
 
 if TYPE_CHECKING:  # the dry run never loads the Ansible side
+    from fdl.cluster.events import RunnerEvent
     from fdl.cluster.inventory import ClusterInventory
-    from fdl.cluster.runner import RunnerEvent
 
 PLAYBOOK = "nccl_build.yml"
 _TAIL_LINES = 25

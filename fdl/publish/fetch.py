@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fdl.errors import FdlError, RemoteError
-from fdl.fsio import atomic_write
+from fdl.hostside.fsio import atomic_write
 from fdl.publish.manifest import (
     MANIFEST_NAME,
     TEMP_PATTERNS,

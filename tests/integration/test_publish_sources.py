@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fdl.farm.doors import rrsync_command
+from fdl.hostside.farm.doors import rrsync_command
 from fdl.publish.fetch import pull_run
 from fdl.publish.manifest import MANIFEST_NAME, ManifestMissing, read_manifest
 from fdl.publish.spec import parse_source_spec

@@ -467,7 +467,8 @@ class Testbed:
         }}
 
     def home_env(self, home: Path) -> dict:
-        """Environment overrides giving a controller-side process (fdl, ansible) its own HOME and cache.
+        """Environment overrides giving a controller-side process (fdl, ansible) its own HOME, cache and runtime
+        directory.
 
         fdl's cache (runner data) follows XDG_CACHE_HOME and its SSH control sockets XDG_RUNTIME_DIR: both
         are the home's own, so no test rides a master another test opened (with another key, say). Keep

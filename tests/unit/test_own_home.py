@@ -15,7 +15,7 @@ WHERE = """
 import json
 from pathlib import Path
 from fdl.collection import cache_dir
-from fdl.launch.live import state_dir
+from fdl.controller.live import state_dir
 print(json.dumps({"cache": str(cache_dir()), "live": str(state_dir()), "home": str(Path.home())}))
 """
 

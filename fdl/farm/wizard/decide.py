@@ -12,10 +12,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from fdl.farm.authorized_keys import PermissionIssue, check_permissions
-from fdl.farm.doors import DOOR_A, JAIL_DATA, jail
 from fdl.farm.wizard.plan import Plan
 from fdl.farm.wizard.shape import Prompter, Request, refusal
+from fdl.hostside.farm.authorized_keys import PermissionIssue, check_permissions
+from fdl.hostside.farm.doors import DOOR_A, JAIL_DATA, jail
 
 
 @dataclass(frozen=True)

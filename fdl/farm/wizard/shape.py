@@ -22,7 +22,7 @@ import yaml
 from fdl.config.parse import split_host_port
 from fdl.errors import FdlError
 from fdl.farm.doctor import DEFAULT_SSHD_CONFIG
-from fdl.farm.doors import (
+from fdl.hostside.farm.doors import (
     DEFAULT_CONTROLLER_PORT,
     DEFAULT_DOOR_PORT,
     DOOR_A,

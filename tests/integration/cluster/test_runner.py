@@ -114,7 +114,8 @@ def test_a_run_can_return_at_its_final_stats_and_settle_later(testbed, home):
 
 
 def test_a_second_run_reuses_the_ssh_masters(testbed, home):
-    from fdl.cluster.runner import control_path_dir, run_playbook
+    from fdl.cluster.connection import control_path_dir
+    from fdl.cluster.runner import run_playbook
 
     inventory = inventory_for(testbed)
     result = run_playbook(PLAYBOOKS / "mixed.yml", inventory.subset(["h1"]), extravars={"secret": "x"},

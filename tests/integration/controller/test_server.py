@@ -12,7 +12,8 @@ import pytest
 
 from fdl.controller.client import ControllerClient, ControllerRefused, NoRunListening
 from fdl.controller.policy import RunPolicy
-from fdl.controller.server import ControllerServer, Limits
+from fdl.controller.server import ControllerServer
+from fdl.controller.wire import Limits
 from fdl.errors import FdlError
 from tests.controller_util import TEST_TOKEN, free_port, serving
 from tests.integration.controller.forge import send_all
@@ -288,8 +289,8 @@ def test_ten_thousand_forged_requests_admit_nobody() -> None:
     """Forgeries from loopback, which proves nothing: hosts outside the roster, wrong run ids, forged tickets, an
     early start, garbage, none with the token's proof. Token forgeries come from a real non-loopback peer in
     test_netns.py."""
-    from fdl.config.schema import parse_devices
     from fdl.controller.policy import RosterHost
+    from fdl.hostside.checks.devices import parse_devices
 
     policy = RunPolicy(discovery=False, start="manual", run_id="pinned", window_s=600,
                        roster=(RosterHost("node-a", parse_devices("cpu:1"), "127.0.0.1"),

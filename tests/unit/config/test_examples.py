@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 from fdl.config.project import EnvSelection, load_config
-from fdl.config.schema import Devices
+from fdl.hostside.checks.devices import Devices
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
