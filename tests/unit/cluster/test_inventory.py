@@ -100,11 +100,14 @@ def test_a_worker_that_is_this_machine_gets_the_local_connection(project):
     assert "ansible_connection" not in inv.hosts["there"].vars
 
 
-def test_local_inventory_is_this_machine_alone_without_ssh():
+def test_local_inventory_is_this_machine_alone_without_ssh(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # not the account's home in the password database
     inv = local_inventory()
     assert list(inv.hosts) == ["localhost"] and inv.workers == []
+    # async jobs are looked for where they are written: under $HOME, not under ~user (ansible-core's default)
     assert inv.to_ansible()["all"]["hosts"] == {
-        "localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}
+        "localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                      "ansible_async_dir": str(tmp_path / ".ansible_async")}}
     named = local_inventory("pascal-box", python="/opt/py/bin/python3")
     assert named.subset(["pascal-box"]).hosts["pascal-box"].vars["ansible_python_interpreter"] == "/opt/py/bin/python3"
 
