@@ -40,7 +40,7 @@ def test_wheel_carries_the_collection_and_the_shipped_files(tmp_path: Path) -> N
                               str(wheel)], capture_output=True, text=True, timeout=600)
     assert install.returncode == 0, install.stderr
     probe = ("import fdl.resources as r; print(r.share_dir()); print(r.PACKAGE_DIR); print(r.collections_path()); "
-             "from fdl.controller.server import status_page; assert b'state.json' in status_page().body")
+             "from fdl.controller.routes import status_page; assert b'state.json' in status_page().body")
     env = dict(os.environ, PYTHONPATH=str(target))
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
