@@ -19,6 +19,8 @@ be assumed to have; those files are copied in as real files under `plugins/modul
     plugins/module_utils/libtorch/          fdl/libtorch/{__init__,variants,resolve}.py (the host-side core)
     plugins/module_utils/farm/              fdl/farm/{authorized_keys,doors,sshd_config}.py
     plugins/module_utils/fsio.py            fdl/fsio.py (atomic writes; farm/ imports it as ..fsio)
+    plugins/module_utils/paths.py           fdl/paths.py (fdl's directories; checks/, libtorch/ import it as ..paths)
+    plugins/module_utils/envvars.py         fdl/envvars.py (the FDL_* variables; checks/, libtorch/: ..envvars)
     plugins/module_utils/supervisor.py      fdl/agent/supervisor.py
     plugins/module_utils/hoststage.py       fdl/launch/hoststage.py (the launcher's staging layout)
     plugins/module_utils/pynvml_packed.py   nvidia-ml-py's pynvml.py, packed (below), its licence beside it
@@ -26,7 +28,8 @@ be assumed to have; those files are copied in as real files under `plugins/modul
 The inventory plugin reads an fdl project with fdl's own configuration reader, which the collection carries
 too, so that `ansible-galaxy collection install` is the whole install (the fdl package is not on the index):
 
-    plugins/plugin_utils/fdl/               fdl/{__init__,errors,fsio}.py, fdl/config/, fdl/checks/devices.py,
+    plugins/plugin_utils/fdl/               fdl/{__init__,errors,fsio,paths,envvars}.py, fdl/config/,
+                                            fdl/checks/devices.py,
                                             fdl/cluster/inventory.py, fdl/libtorch/{__init__,variants,source}.py
                                             (READER: relative imports, standard
                                             library and PyYAML, which ansible-core requires)
@@ -34,8 +37,8 @@ too, so that `ansible-galaxy collection install` is the whole install (the fdl p
 Three callers, one tree: `scripts/build-collection` (then `ansible-galaxy collection build` makes the
 tarball), the wheel build (hatch_build.py puts the tree inside the wheel), and fdl run from a clone
 (`built_in_cache()` builds it once into the cache, under a key of fdl's version and a hash of every input,
-so an edit in the clone gets a fresh tree and a finished one is never rewritten). Standard library and
-fdl.errors only: the wheel build imports this file.
+so an edit in the clone gets a fresh tree and a finished one is never rewritten). Standard library,
+fdl.errors and fdl.paths only: the wheel build imports this file.
 """
 
 from __future__ import annotations
@@ -52,8 +55,16 @@ from functools import lru_cache
 from pathlib import Path
 
 from fdl.errors import FdlError
+from fdl.paths import cache_dir
 
 NAMESPACE, NAME = "flodl", "fdl"
+#: The ansible-core lines supported, stated once. The collection (roles, modules, inventory plugin) runs under
+#: every one of them: meta/runtime.yml's requires_ansible and each role's min_ansible_version say so. The fdl
+#: command installs the newer ones only (pyproject.toml's ansible-core bound: its controller matrix starts at
+#: 2.19, the newest line Python 3.11 gets). tests/unit/test_ansible_versions.py holds those files, the docs and
+#: the lines the tests run to these two tuples.
+ANSIBLE_CORE_LINES = ("2.17", "2.18", "2.19", "2.20", "2.21")
+COMMAND_ANSIBLE_CORE_LINES = ANSIBLE_CORE_LINES[2:]
 FQCN = f"{NAMESPACE}.{NAME}"
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent  # a clone (or an sdist): the collection's parts sit beside fdl/
@@ -75,13 +86,15 @@ MODULE_UTILS = {
     "libtorch": ("libtorch/__init__.py", "libtorch/variants.py", "libtorch/resolve.py"),  # checks/ imports ..libtorch
     "farm": ("farm/authorized_keys.py", "farm/doors.py", "farm/sshd_config.py"),
     "fsio.py": ("fsio.py",),  # farm/authorized_keys.py writes through it (imported as ..fsio)
+    "paths.py": ("paths.py",),  # checks/ and libtorch/ name fdl's directories through it (..paths)
+    "envvars.py": ("envvars.py",),  # checks/ and libtorch/ read their FDL_* variables through it (..envvars)
     "supervisor.py": ("agent/supervisor.py",),
     "hoststage.py": ("launch/hoststage.py",),
 }
 # plugins/plugin_utils/fdl/<path> <- fdl/<path>: the configuration reader and what it imports (a directory is
 # copied as a package); tests/unit/test_layout.py keeps the list closed under its imports
-READER = ("__init__.py", "errors.py", "fsio.py", "checks/__init__.py", "checks/devices.py", "config",
-          "cluster/__init__.py", "cluster/inventory.py", "libtorch/__init__.py", "libtorch/variants.py",
+READER = ("__init__.py", "errors.py", "fsio.py", "paths.py", "envvars.py", "checks/__init__.py", "checks/devices.py",
+          "config", "cluster/__init__.py", "cluster/inventory.py", "libtorch/__init__.py", "libtorch/variants.py",
           "libtorch/source.py")
 PYNVML_LICENSE = "pynvml.LICENSE.txt"
 PYNVML_PACKED = "plugins/module_utils/pynvml_packed.py"
@@ -220,12 +233,6 @@ def content_key(source: Path | None = None) -> str:
     for rel, origin in _inputs(source or REPO_ROOT):
         digest.update(rel.encode() + b"\0" + origin.read_bytes() + b"\0")
     return f"{version()}-{digest.hexdigest()[:16]}"
-
-
-def cache_dir() -> Path:
-    """fdl's cache directory: $XDG_CACHE_HOME/fdl, else ~/.cache/fdl."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "fdl"
 
 
 @lru_cache(maxsize=1)

@@ -37,8 +37,9 @@ from typing import TYPE_CHECKING, Any
 from fdl.checks.report import ERROR, OK, SCHEMA_VERSION, SKIPPED, WARNING, CheckResult, HostReport
 from fdl.cluster.consistency import consistency_checks, host_groups
 from fdl.cluster.inventory import ClusterInventory, InventoryHost, build_inventory
-from fdl.config.schema import DEFAULT_DATA_PATH, WorkerSpec
+from fdl.config.schema import WorkerSpec
 from fdl.errors import ConfigError
+from fdl.paths import DEFAULT_DATA_PATH
 
 if TYPE_CHECKING:
     from fdl.config.project import Config

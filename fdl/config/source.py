@@ -20,7 +20,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..envvars import FDL_CONFIG_CACHE, read
 from ..errors import ConfigError
+from ..paths import cache_dir
 
 MAX_BYTES = 4 * 1024 * 1024  # no hand-written config comes near this
 CACHE_FORMAT = 1  # bump when the parse of a text may change (the parser's rules, the cached shape)
@@ -186,9 +188,7 @@ def _cache_file(where: tuple[Any, ...]) -> Path:
     config/ in fdl's cache directory ($XDG_CACHE_HOME/fdl, else ~/.cache/fdl)."""
     import zlib
 
-    directory = os.environ.get("FDL_CONFIG_CACHE")
-    if not directory:
-        directory = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fdl" / "config")
+    directory = read(FDL_CONFIG_CACHE) or str(cache_dir() / "config")
     return Path(directory) / f"{zlib.crc32(repr(where).encode()):08x}.marshal"
 
 

@@ -12,7 +12,6 @@ import socket
 from dataclasses import dataclass, field
 
 from fdl.config.schema import (
-    DEFAULT_DATA_PATH,
     DEFAULT_PORT,
     MAX_WORKERS,
     START_MODES,
@@ -20,6 +19,7 @@ from fdl.config.schema import (
     Devices,
 )
 from fdl.errors import ConfigError
+from fdl.paths import DEFAULT_DATA_PATH
 
 #: Hard bounds, whatever a policy asks for: the roster and the world stay finite.
 MAX_HOSTS = MAX_WORKERS

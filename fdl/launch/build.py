@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from fdl.envvars import FDL_GPU_FEATURE
 from fdl.errors import FdlError
 from fdl.launch.plan import SINGLE, LaunchHost, LaunchPlan
 
@@ -37,7 +38,7 @@ DEFAULT_RECIPE = "cargo build --release"
 TARGET = "target"
 NATIVE = "native"  # the target-dir key of a host without arch: (this machine's libtorch)
 LOG_NAME = "fdl-build.log"
-_ENV_KEYS = ("LIBTORCH_PATH", "FDL_GPU_FEATURE", "LD_LIBRARY_PATH")
+_ENV_KEYS = ("LIBTORCH_PATH", FDL_GPU_FEATURE, "LD_LIBRARY_PATH")
 
 
 class BuildError(FdlError):

@@ -50,6 +50,7 @@ from fdl.libtorch.source import (
     official_url,
 )
 from fdl.libtorch.variants import DOWNLOADS, VARIANT_GROUPS, Libtorch
+from fdl.paths import FLODL_IN_HOME
 
 if TYPE_CHECKING:
     import requests
@@ -195,7 +196,7 @@ def _lock(root: Path) -> int:
             continue  # another install removed the empty root between the two calls: make it again
         except OSError as exc:
             raise PermanentError(f"the libtorch root {root} is not writable: {exc.strerror}.",
-                                 hint="Give this user a writable home (~/.flodl).") from None
+                                 hint=f"Give this user a writable home ({FLODL_IN_HOME}).") from None
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             same = os.path.samestat(os.fstat(fd), os.stat(path))

@@ -24,6 +24,7 @@ import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from ..envvars import FDL_LIBTORCH_MIRROR
 from ..errors import ConfigError, FdlError, PermanentError, UsageError
 from .variants import DOWNLOADS
 
@@ -32,7 +33,6 @@ from .variants import DOWNLOADS
 PYTORCH_RELEASE = "2.13.0"
 OFFICIAL_BASE = "https://download.pytorch.org/libtorch"
 OFFICIAL_VARIANTS = ("cpu", "cu126", "cu130", "rocm7.2")
-MIRROR_VARIABLE = "FDL_LIBTORCH_MIRROR"
 _URL_RE = re.compile(r"https?://[^\s/?#@]+(/[^\s?#]*)?")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -100,7 +100,7 @@ def choose_source(flag: str | None = None, environ: Mapping[str, str] | None = N
     environ = os.environ if environ is None else environ
     candidates: list[tuple[str, str | None, type[FdlError]]] = [
         ("--mirror", flag, UsageError),
-        (MIRROR_VARIABLE, environ.get(MIRROR_VARIABLE), ConfigError),
+        (FDL_LIBTORCH_MIRROR, environ.get(FDL_LIBTORCH_MIRROR), ConfigError),
         (configured_by, configured, ConfigError),
         ("join.libtorch_mirror", join_mirror, ConfigError),
     ]
@@ -126,7 +126,7 @@ def check_served(variant: str, source: Source) -> None:
         raise PermanentError(
             f"PyTorch {PYTORCH_RELEASE} publishes no {variant} libtorch (it publishes "
             f"{', '.join(OFFICIAL_VARIANTS)}).",
-            hint=f"Pick one of those, or serve {variant} from a mirror (--mirror URL, {MIRROR_VARIABLE}, or "
+            hint=f"Pick one of those, or serve {variant} from a mirror (--mirror URL, {FDL_LIBTORCH_MIRROR}, or "
                  f"mirror: in the libtorch: block of fdl.yml; docs/cli.md shows the layout).")
 
 
