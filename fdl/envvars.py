@@ -47,10 +47,10 @@ def _register(name: str, kind: str, modules: tuple[str, ...], meaning: str) -> s
 
 
 def read(name: str, environ: Mapping[str, str] | None = None) -> str:
-    """The value of the registered variable `name` in environ (default os.environ), stripped; "" when unset."""
+    """The value of the registered variable `name` in environ (default os.environ), as it is; "" when unset."""
     if name not in REGISTRY:
         raise KeyError(f"{name} is not a registered fdl variable (fdl/envvars.py)")
-    return ((os.environ if environ is None else environ).get(name) or "").strip()
+    return (os.environ if environ is None else environ).get(name) or ""
 
 
 # --------------------------------------------------------------------------- settings

@@ -37,7 +37,7 @@ class Backoff:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Backoff:
         def number(name: str, default: float) -> float:
-            text = read(name, environ)
+            text = read(name, environ).strip()
             if not text:
                 return default
             try:

@@ -70,7 +70,7 @@ class Prepared(NamedTuple):
 
 def stage_root(environ: Mapping[str, str] | None = None) -> Path:
     """Where `fdl join` keeps its source tree and rank logs: $FDL_JOIN_STAGE or ~/.flodl/join."""
-    given = read(FDL_JOIN_STAGE, environ)
+    given = read(FDL_JOIN_STAGE, environ).strip()
     return Path(given).expanduser() if given else join_stage(environ)
 
 

@@ -36,7 +36,7 @@ _MAX_LINE = 4096
 
 def probe_timeout(environ: Mapping[str, str] | None = None) -> float:
     try:
-        value = float(read(FDL_SIGNATURE_TIMEOUT_S, environ) or DEFAULT_TIMEOUT_S)
+        value = float(read(FDL_SIGNATURE_TIMEOUT_S, environ).strip() or DEFAULT_TIMEOUT_S)
     except ValueError:
         return DEFAULT_TIMEOUT_S
     return value if value > 0 else DEFAULT_TIMEOUT_S

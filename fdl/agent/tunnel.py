@@ -81,7 +81,7 @@ class TunnelError(FdlError):
 
 def ssh_words(environ: Mapping[str, str] | None = None) -> list[str]:
     """The ssh command to run: $FDL_SSH_COMMAND split like a shell would, else plain ssh."""
-    text = read(FDL_SSH_COMMAND, environ)
+    text = read(FDL_SSH_COMMAND, environ).strip()
     return shlex.split(text) if text else ["ssh"]
 
 

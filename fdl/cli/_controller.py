@@ -41,7 +41,7 @@ def given_token(token_file: str | None, token: str | None = None) -> str | None:
         return read_token_file(token_file)
     if token:
         return token
-    return read(FDL_JOIN_TOKEN) or None
+    return read(FDL_JOIN_TOKEN).strip() or None
 
 
 def resolve_target(g: Globals, addr: str | None) -> Target:

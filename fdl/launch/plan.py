@@ -172,7 +172,7 @@ def chosen_port(flag: int | None, environ: Mapping[str, str], configured: int) -
     """(port, where it came from): --port, else FDL_PORT, else the configuration (or 1337)."""
     if flag is not None:
         return flag, "--port"
-    text = read(FDL_PORT, environ)
+    text = read(FDL_PORT, environ).strip()
     if text:
         if not text.isdigit() or not 1 <= int(text) <= 65535:
             raise UsageError(f"{FDL_PORT}={text!r} is not a port number from 1 to 65535.",

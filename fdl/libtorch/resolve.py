@@ -181,7 +181,7 @@ def python_torch_dir(environ: Mapping[str, str] | None = None) -> str | None:
 
     None when there is no torch, or when FDL_LIBTORCH_FROM_PYTORCH=0.
     """
-    if read(FDL_LIBTORCH_FROM_PYTORCH, environ) == "0":
+    if read(FDL_LIBTORCH_FROM_PYTORCH, environ).strip() == "0":
         return None
     try:
         spec = importlib.util.find_spec("torch")  # locates the package; runs none of its code

@@ -37,6 +37,8 @@ def module_utils_copy(dest: Path) -> Path:
         (top / name).mkdir(parents=True)
         for path in files:
             shutil.copyfile(path, top / name / path.name)
+    for name, (part,) in ((n, parts) for n, parts in MODULE_UTILS.items() if n.endswith(".py")):
+        shutil.copyfile(REPO / "fdl" / part, top / name)  # single files beside them: paths, envvars, fsio...
     (top / "__init__.py").touch()
     return top
 
