@@ -70,8 +70,8 @@ FDL_JOIN_TOKEN = _register(
     "Removed from every rank's environment.")
 FDL_SSH_COMMAND = _register(
     "FDL_SSH_COMMAND", SETTING, ("fdl/agent/tunnel.py",),
-    "The command `fdl join` runs for its ssh tunnel in place of plain `ssh` (e.g. `ssh -F /etc/fdl/ssh_config`), "
-    "split like a shell would.")
+    "The command `fdl join` runs in place of plain `ssh` for its tunnel and for sshfs (e.g. "
+    "`ssh -F /etc/fdl/ssh_config`), split like a shell would.")
 FDL_JOIN_STAGE = _register(
     "FDL_JOIN_STAGE", SETTING, ("fdl/agent/prepare.py",),
     f"Where `fdl join` keeps its source tree and rank logs (default {JOIN_IN_HOME}).")
@@ -133,7 +133,8 @@ FDL_DEVICE = _register(
     "Ranks: `cuda:ID` or `cpu`.")
 FDL_GPU_RAM_SHARE = _register(
     "FDL_GPU_RAM_SHARE", GIVEN, ("fdl/controller/world.py", "fdl/controller/protocol.py", "fdl/agent/prepare.py"),
-    "Ranks: the share of GPU memory the rank may use, when `fdl join --gpu-ram-share` gave one.")
+    "Ranks: APU boxes, the share of host RAM the integrated GPU may use, when `fdl join --gpu-ram-share` "
+    "gave one.")
 FDL_GPU_FEATURE = _register(
     "FDL_GPU_FEATURE", GIVEN, ("fdl/libtorch/gate.py", "fdl/agent/prepare.py", "fdl/launch/build.py"),
     "Build recipes: `cuda` or `rocm` for the libtorch variant's GPU vendor, empty for CPU "
