@@ -11,7 +11,7 @@ bundled NCCL, and the shared data mount, all reached through each worker's
   no module_utils directory, no runner directory);
 - fdl warm: the same command again (SSH masters kept from the previous run);
 - raw ssh: one `ssh host 'env ... python3 -'` per host, all at once from a
-  shell, each fed the same check code (fdl/checks and pynvml zipped into one
+  shell, each fed the same check code (fdl/hostside/ and pynvml zipped into one
   script, as AnsiballZ ships them) and printing the same JSON report;
 - stock Ansible: `ansible-playbook -i hosts.fdl.yml` of the same role with
   Ansible's defaults (forks 5, facts gathered, no pipelining).
@@ -52,7 +52,7 @@ sys.path.insert(0, str(REPO))
 import yaml  # noqa: E402
 from _timing import PY, compile_package, env_for_fdl, fdl_command  # noqa: E402
 
-from fdl.collection import PACKAGE_DIR, pynvml_file  # noqa: E402
+from fdl.collection import module_utils, pynvml_file  # noqa: E402
 from fdl.resources import collections_path  # noqa: E402
 from tests.fakes import FakeNvml, build_fake_nvml, make_libtorch  # noqa: E402
 from tests.testbed import Testbed  # noqa: E402
@@ -65,11 +65,12 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def check_script() -> str:
-    """The probe as one self-contained script: fdl/checks + pynvml zipped in, options as argv JSON."""
+    """The probe as one self-contained script: fdl/hostside/ + pynvml zipped in, options as argv JSON."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as bundle:
-        for source in sorted((PACKAGE_DIR / "checks").glob("*.py")):
-            bundle.write(source, f"fdl_checks/{source.name}")
+        bundle.writestr("fdl_host/__init__.py", "")
+        for rel, source in module_utils().items():
+            bundle.write(source, f"fdl_host/{rel}")
         bundle.write(pynvml_file(), "pynvml.py")
     payload = base64.b64encode(buf.getvalue()).decode()
     return (
@@ -77,7 +78,7 @@ def check_script() -> str:
         "fd, path = tempfile.mkstemp(suffix='.zip')\n"
         f"os.write(fd, base64.b64decode({payload!r})); os.close(fd)\n"
         "sys.path.insert(0, path)\n"
-        "from fdl_checks.probe import ProbeOptions, run_probe\n"
+        "from fdl_host.checks.probe import ProbeOptions, run_probe\n"
         "report = run_probe(ProbeOptions(**json.loads(sys.argv[2])), host=sys.argv[1])\n"
         "os.remove(path)\n"
         "print(json.dumps(report.to_dict()))\n"

@@ -1,6 +1,6 @@
 """Launcher overhead: `fdl CMD` (launcher mode) against starting the same ranks directly, in one run.
 
-    python bench/launch.py [--runs 5] [--ranks 2]                  # single host (no root needed)
+    python bench/launch.py [--runs 5] [--ranks 2] [--baseline DIR]  # single host (no root needed)
     sudo python bench/launch.py --sizes 3,16,32,64 [--runs 3]       # also across testbed hosts over SSH
 
 Every rank runs the same trivial program (`python3 -c pass`), so the times are the launcher's own cost.
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import yaml
 
-from bench._timing import PY, compile_package, env_for_fdl, fdl_command, interleaved
+from bench._timing import PY, compile_package, env_for_fdl, fdl_command, interleaved_timings, trees
 
 RANK = "python3 -c pass"
 PORTS = range(26800, 26900)
@@ -61,7 +61,7 @@ def free_port() -> int:
     raise RuntimeError("no free port pair in 26800-26899")
 
 
-def single_host(runs: int, ranks: int) -> None:
+def single_host(runs: int, ranks: int, baselines: list[Path]) -> None:
     work = Path(tempfile.mkdtemp(prefix="fdll6-bench-"))
     try:
         (work / "fdl.yml").write_text(yaml.safe_dump({
@@ -69,14 +69,19 @@ def single_host(runs: int, ranks: int) -> None:
             "commands": {"job": {"cluster": True, "run": RANK, "local_devices": f"cpu:{ranks}"}}}))
         env = env_for_fdl({"HOME": str(work / "home"), "PATH": f"{Path(PY).parent}:{os.environ['PATH']}"})
         direct = " & ".join([RANK] * ranks) + " & wait"
-        times = interleaved({"direct": (["/bin/sh", "-c", direct], env), "fdl": ([*fdl_command(), "job"], env)},
-                            runs=runs, cwd=work)
+        commands = {"direct": (["/bin/sh", "-c", direct], env)}
+        for tag, tree_env in trees(env, baselines, work / "caches").items():
+            commands[f"fdl{tag}"] = ([*fdl_command(), "job"], tree_env)
+        times = interleaved_timings(commands, runs=runs, cwd=work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"single host, {ranks} ranks of `{RANK}`, median of {runs}:")
-    print(f"  direct  {times['direct']:.3f}s")
-    print(f"  fdl     {times['fdl']:.3f}s   overhead {times['fdl'] - times['direct']:+.3f}s, "
-          f"ratio {times['fdl'] / times['direct']:.1f}x")
+    direct_wall = times["direct"].wall
+    print(f"single host, {ranks} ranks of `{RANK}`, median of {runs} (wall; CPU of the command and its children):")
+    for name, timing in times.items():
+        line = f"  {name:<20} {timing.wall:.3f}s  cpu {timing.cpu:.3f}s"
+        if name != "direct":
+            line += f"   overhead {timing.wall - direct_wall:+.3f}s, ratio {timing.wall / direct_wall:.1f}x"
+        print(line)
 
 
 def timed(argv: list[str], cwd: Path, env: dict) -> tuple[float, float, int]:
@@ -204,12 +209,14 @@ def main() -> None:
     parser.add_argument("--no-single", action="store_true", help="skip the single-host case")
     parser.add_argument("--against", type=Path, default=None,
                         help="another checkout of fdl to time in the same round-robin across hosts (its fdl/)")
+    parser.add_argument("--baseline", type=Path, metavar="DIR", action="append", default=[],
+                        help="another fdl checkout whose single-host launch runs in the same rounds (repeatable)")
     opts = parser.parse_args()
     sizes = [int(n) for n in opts.sizes.split(",") if n.strip()] + ([opts.hosts] if opts.hosts else [])
-    compile_package()
+    compile_package(opts.baseline)
     started = time.monotonic()
     if not opts.no_single:
-        single_host(opts.runs, opts.ranks)
+        single_host(opts.runs, opts.ranks, opts.baseline)
     if sizes:
         against = opts.against.resolve() if opts.against is not None else None
         if against is not None and not (against / "fdl" / "__init__.py").is_file():

@@ -29,13 +29,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._timing import env_for_fdl, median_wall
-from fdl.config.schema import parse_devices
 from fdl.controller.client import ControllerClient
 from fdl.controller.machine import RunMachine
 from fdl.controller.metrics import new_registry, render
 from fdl.controller.policy import RunPolicy
 from fdl.controller.protocol import Hello
 from fdl.controller.server import ControllerServer
+from fdl.hostside.checks.devices import parse_devices
 
 
 def filled(hosts: int) -> RunMachine:

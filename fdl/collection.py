@@ -11,38 +11,36 @@ changelogs, sanity ignores). `assemble()` writes the complete collection tree fr
     plugins/modules/                        library/
     plugins/inventory/                      inventory_plugins/
 
-The modules import code that lives in the fdl package (the probe's check library, the rank supervisor, the
-farm's sshd and authorized_keys helpers) as the collection's module_utils, and pynvml, which a target cannot
-be assumed to have; those files are copied in as real files under `plugins/module_utils/`:
+The modules import the code fdl runs on managed hosts, which is one package, fdl/hostside/ (standard
+library only, Python 3.8, relative imports within it: the probe's check library, the rank supervisor, the
+launcher's staging layout, the farm's sshd and authorized_keys helpers, libtorch's host-side core, the
+atomic write). It is the collection's module_utils, file for file, and beside it pynvml, which a target
+cannot be assumed to have; every file is copied in as a real file:
 
-    plugins/module_utils/checks/            fdl/checks/ (the package)
-    plugins/module_utils/libtorch/          fdl/libtorch/{__init__,variants,resolve}.py (the host-side core)
-    plugins/module_utils/farm/              fdl/farm/{authorized_keys,doors,sshd_config}.py
-    plugins/module_utils/fsio.py            fdl/fsio.py (atomic writes; farm/ imports it as ..fsio)
-    plugins/module_utils/paths.py           fdl/paths.py (fdl's directories; checks/, libtorch/ import it as ..paths)
-    plugins/module_utils/envvars.py         fdl/envvars.py (the FDL_* variables; checks/, libtorch/: ..envvars)
-    plugins/module_utils/supervisor.py      fdl/agent/supervisor.py
-    plugins/module_utils/hoststage.py       fdl/launch/hoststage.py (the launcher's staging layout)
-    plugins/module_utils/pynvml_packed.py   nvidia-ml-py's pynvml.py, packed (below), its licence beside it
+    plugins/module_utils/<path>             fdl/hostside/<path>, every *.py but the package's own __init__.py
+                                            (module_utils() lists them: nothing here names a file)
+    plugins/module_utils/pynvml_packed.py   nvidia-ml-py's pynvml.py, packed (below), its licence beside it;
+                                            checks/nvml.py finds it as its sibling ..pynvml_packed
 
 The inventory plugin reads an fdl project with fdl's own configuration reader, which the collection carries
 too, so that `ansible-galaxy collection install` is the whole install (the fdl package is not on the index):
 
-    plugins/plugin_utils/fdl/               fdl/{__init__,errors,fsio,paths,envvars}.py, fdl/config/,
-                                            fdl/checks/devices.py,
-                                            fdl/cluster/inventory.py, fdl/libtorch/{__init__,variants,source}.py
-                                            (READER: relative imports, standard
-                                            library and PyYAML, which ansible-core requires)
+    plugins/plugin_utils/fdl/<path>         fdl/<path> for fdl/cluster/inventory.py and every file it reaches
+                                            through relative imports, with the packages' __init__.py on the
+                                            way (reader(): the configuration, fdl.errors, the host-side
+                                            devices, fsio and libtorch variants; standard library and PyYAML,
+                                            which ansible-core requires)
 
 Three callers, one tree: `scripts/build-collection` (then `ansible-galaxy collection build` makes the
 tarball), the wheel build (hatch_build.py puts the tree inside the wheel), and fdl run from a clone
 (`built_in_cache()` builds it once into the cache, under a key of fdl's version and a hash of every input,
 so an edit in the clone gets a fresh tree and a finished one is never rewritten). Standard library,
-fdl.errors and fdl.paths only: the wheel build imports this file.
+fdl.errors and fdl.hostside.paths only: the wheel build imports this file.
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import hashlib
 import importlib.util
@@ -55,7 +53,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from fdl.errors import FdlError
-from fdl.paths import cache_dir
+from fdl.hostside.paths import cache_dir
 
 NAMESPACE, NAME = "flodl", "fdl"
 #: The ansible-core lines supported, stated once. The collection (roles, modules, inventory plugin) runs under
@@ -80,22 +78,8 @@ PARTS = (
 )
 METADATA = "collection"  # the part holding galaxy.yml
 
-# plugins/module_utils/<name> <- fdl/<path>: a directory is copied as a package (its *.py files)
-MODULE_UTILS = {
-    "checks": ("checks",),
-    "libtorch": ("libtorch/__init__.py", "libtorch/variants.py", "libtorch/resolve.py"),  # checks/ imports ..libtorch
-    "farm": ("farm/authorized_keys.py", "farm/doors.py", "farm/sshd_config.py"),
-    "fsio.py": ("fsio.py",),  # farm/authorized_keys.py writes through it (imported as ..fsio)
-    "paths.py": ("paths.py",),  # checks/ and libtorch/ name fdl's directories through it (..paths)
-    "envvars.py": ("envvars.py",),  # checks/ and libtorch/ read their FDL_* variables through it (..envvars)
-    "supervisor.py": ("agent/supervisor.py",),
-    "hoststage.py": ("launch/hoststage.py",),
-}
-# plugins/plugin_utils/fdl/<path> <- fdl/<path>: the configuration reader and what it imports (a directory is
-# copied as a package); tests/unit/test_layout.py keeps the list closed under its imports
-READER = ("__init__.py", "errors.py", "fsio.py", "paths.py", "envvars.py", "checks/__init__.py", "checks/devices.py",
-          "config", "cluster/__init__.py", "cluster/inventory.py", "libtorch/__init__.py", "libtorch/variants.py",
-          "libtorch/source.py")
+HOST_SIDE = PACKAGE_DIR / "hostside"  # the code that runs on managed hosts: plugins/module_utils/, file for file
+READER_ROOT = "cluster/inventory.py"  # what the inventory plugin imports; reader() follows its relative imports
 PYNVML_LICENSE = "pynvml.LICENSE.txt"
 PYNVML_PACKED = "plugins/module_utils/pynvml_packed.py"
 _PACK_FORMAT = b"zlib+base64 v1"  # in the content key: change it with pack_pynvml() so caches get a new tree
@@ -166,6 +150,41 @@ def pack_pynvml(source: bytes) -> str:
     )
 
 
+def _python_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def module_utils() -> dict[str, Path]:
+    """{path under plugins/module_utils: file}: every Python file of fdl/hostside/ at its own path (the
+    package's __init__.py aside: module_utils is the collection's namespace, not a package of fdl's)."""
+    return {p.relative_to(HOST_SIDE).as_posix(): p for p in _python_files(HOST_SIDE) if p != HOST_SIDE / "__init__.py"}
+
+
+def reader() -> list[str]:
+    """fdl/<path> of every file the configuration reader needs: READER_ROOT, what it imports relatively
+    (function-level imports too), and the __init__.py of every package on the way, sorted."""
+    found: set[str] = set()
+    todo = [READER_ROOT]
+    while todo:
+        rel = todo.pop()
+        if rel in found:
+            continue
+        found.add(rel)
+        parts = Path(rel).parent.parts
+        todo += ["/".join((*parts[:i], "__init__.py")) for i in range(len(parts) + 1)]
+        for node in ast.walk(ast.parse((PACKAGE_DIR / rel).read_text(), rel)):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            base = parts[:len(parts) - (node.level - 1)]
+            target = (*base, *(node.module.split(".") if node.module else ()))
+            names = [(*target, alias.name) for alias in node.names]  # `from .pkg import module`
+            for candidate in [target, *names]:
+                for path in ("/".join(candidate) + ".py", "/".join((*candidate, "__init__.py"))):
+                    if (PACKAGE_DIR / path).is_file():
+                        todo.append(path)
+    return sorted(found)
+
+
 def check_source(source: Path) -> None:
     """Raise CollectionError unless `source` holds the collection's parts (collection/galaxy.yml and the rest)."""
     missing = [part for _, part in PARTS if not (source / part).is_dir()]
@@ -183,20 +202,10 @@ def _inputs(source: Path) -> list[tuple[str, Path]]:
             if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
                 rel = path.relative_to(source / part).as_posix()
                 files.append((f"{where}/{rel}" if where else rel, path))
-    for name, parts in MODULE_UTILS.items():
-        for part in parts:
-            origin = PACKAGE_DIR / part
-            if origin.is_dir():
-                for path in sorted(origin.glob("*.py")):
-                    files.append((f"plugins/module_utils/{name}/{path.name}", path))
-            elif len(parts) == 1 and name.endswith(".py"):
-                files.append((f"plugins/module_utils/{name}", origin))
-            else:
-                files.append((f"plugins/module_utils/{name}/{origin.name}", origin))
-    for part in READER:
-        origin = PACKAGE_DIR / part
-        for path in sorted(origin.glob("*.py")) if origin.is_dir() else [origin]:
-            files.append((f"plugins/plugin_utils/fdl/{path.relative_to(PACKAGE_DIR).as_posix()}", path))
+    for rel, origin in module_utils().items():
+        files.append((f"plugins/module_utils/{rel}", origin))
+    for rel in reader():
+        files.append((f"plugins/plugin_utils/fdl/{rel}", PACKAGE_DIR / rel))
     files.append((PYNVML_PACKED, pynvml_file()))
     return files
 
@@ -220,8 +229,6 @@ def assemble(dest: Path, source: Path | None = None) -> Path:
             target.write_text(pack_pynvml(origin.read_bytes()))
         else:
             shutil.copyfile(origin, target)
-    farm_init = root / "plugins" / "module_utils" / "farm" / "__init__.py"
-    farm_init.touch()
     nvml = pynvml_file().read_text()
     (root / "plugins" / "module_utils" / PYNVML_LICENSE).write_text(pynvml_license(nvml))
     return root

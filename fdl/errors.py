@@ -69,6 +69,10 @@ class PermanentError(FdlError):
     exit_code = ExitCode.PERMANENT
 
 
+class BuildError(FdlError):
+    """The training program did not build, or the build left no runnable binary (mended at the source)."""
+
+
 class RemoteError(FdlError):
     """A remote host or endpoint failed or could not be reached."""
 

@@ -1,11 +1,12 @@
-"""The global --gpus selection: `all` or explicit physical indices like `0,1` (read by fdl.checks.devices)."""
+"""The global --gpus selection: `all` or explicit physical indices like `0,1` (read by
+fdl.hostside.checks.devices)."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from fdl.checks.devices import parse_gpu_ids
 from fdl.errors import UsageError
+from fdl.hostside.checks.devices import parse_gpu_ids
 
 
 class GpuSelection(NamedTuple):
@@ -44,6 +45,6 @@ def parse_gpus(spec: str, present: int | None = -1) -> GpuSelection:
 
 def nvml_device_count() -> int | None:
     """How many GPUs NVML reports, or None when it cannot tell (no driver, no library)."""
-    from fdl.checks.nvml import device_count
+    from fdl.hostside.checks.nvml import device_count
 
     return device_count()

@@ -7,7 +7,8 @@ import shlex
 import subprocess
 import sys
 
-from fdl.config import CommandSpec, Config
+from fdl.config.project import Config
+from fdl.config.schema import CommandSpec
 from fdl.errors import FdlError
 
 

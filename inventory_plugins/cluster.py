@@ -86,7 +86,7 @@ _SUFFIXES = ("fdl.yml", "fdl.yaml")
 def _reader():
     """fdl's configuration reader: (inventory_from_file, FdlError)."""
     if __name__.startswith("ansible_collections."):
-        # the collection: the reader it was built with (fdl/collection.py copies it in, READER)
+        # the collection: the reader it was built with (fdl/collection.py copies it in, reader())
         from ansible_collections.flodl.fdl.plugins.plugin_utils.fdl.cluster.inventory import inventory_from_file
         from ansible_collections.flodl.fdl.plugins.plugin_utils.fdl.errors import FdlError
     else:

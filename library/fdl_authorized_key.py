@@ -14,8 +14,8 @@ description:
     as they were.
   - The file is rewritten atomically (temp file in the same directory, mode set, fsync, rename).
   - Paths under /etc/ssh are refused, as by C(fdl join-config).
-  - Shares its code with C(fdl join-config) (fdl.farm.authorized_keys and fdl.farm.doors, the collection's
-    module_utils C(farm)), and is how the wizard installs its line - Ansible changes hosts, the wizard
+  - Shares its code with C(fdl join-config) (fdl.hostside.farm.authorized_keys and fdl.hostside.farm.doors,
+    the collection's module_utils C(farm)), and is how the wizard installs its line - Ansible changes hosts, the wizard
     decides and asks - C(fdl join-config --install-key) runs the C(fdl_join_door) role's key part through
     ansible-playbook on its own box (local connection), as the invoking account.
 options:
@@ -130,7 +130,7 @@ try:  # the flodl.fdl collection: module_utils copied from the fdl package when 
     )
     from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import DoorError, key_line
 except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
-    from ansible.module_utils.fdl.farm.authorized_keys import (
+    from ansible.module_utils.fdl.hostside.farm.authorized_keys import (
         AuthorizedKeysError,
         check_permissions,
         fix_permissions,
@@ -138,7 +138,7 @@ except ImportError:  # a clone used in place: ansible.cfg's module_utils = . ser
         parse_public_key,
         remove_keys,
     )
-    from ansible.module_utils.fdl.farm.doors import DoorError, key_line
+    from ansible.module_utils.fdl.hostside.farm.doors import DoorError, key_line
 
 
 def main() -> None:

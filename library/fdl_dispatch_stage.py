@@ -12,9 +12,9 @@ description:
   - Creates the launcher directory (C(root)) with C(bin/BIN_DIR/) (kept between runs, so rsync sends only what
     changed) and C(runs/RUN_ID/logs/), writes the rank supervisor to C(root/supervisor.py) when its content
     differs, and writes the host's rank spec to C(runs/RUN_ID/spec.json) (mode 0600).
-  - The supervisor is fdl's own C(fdl/agent/supervisor.py), which reaches the host inside this module's payload
+  - The supervisor is fdl's own C(fdl/hostside/supervisor.py), which reaches the host inside this module's payload
     as the collection's module_utils C(supervisor) (copied from the fdl package when the collection is built);
-    the layout is C(fdl/launch/hoststage.py), module_utils C(hoststage).
+    the layout is C(fdl/hostside/hoststage.py), module_utils C(hoststage).
   - Starts nothing. Ansible changes and stages hosts; a run's live session is ssh. C(fdl @cluster CMD) stages
     every host with this module (playbook C(flodl.fdl.dispatch)), then runs C(python3 supervisor.py spec.json)
     over one ssh session per host with its stdin held open, riding the ControlPath Ansible opened and the
@@ -114,9 +114,8 @@ try:  # the flodl.fdl collection: module_utils copied from the fdl package when 
     from ansible_collections.flodl.fdl.plugins.module_utils import hoststage, supervisor
     from ansible_collections.flodl.fdl.plugins.module_utils.fsio import atomic_write
 except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
-    from ansible.module_utils.fdl.agent import supervisor
-    from ansible.module_utils.fdl.fsio import atomic_write
-    from ansible.module_utils.fdl.launch import hoststage
+    from ansible.module_utils.fdl.hostside import hoststage, supervisor
+    from ansible.module_utils.fdl.hostside.fsio import atomic_write
 
 
 def supervisor_source():
@@ -144,7 +143,7 @@ def main():
         ),
         supports_check_mode=True,
     )
-    # The layout is fdl's own (fdl/launch/hoststage.py), shipped as module_utils.
+    # The layout is fdl's own (fdl/hostside/hoststage.py), shipped as module_utils.
     try:
         changed, staged = hoststage.stage(module.params, supervisor_source(), atomic_write,
                                           check_mode=module.check_mode)

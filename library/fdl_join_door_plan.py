@@ -9,7 +9,7 @@ module: fdl_join_door_plan
 short_description: Plan an fdl farm door's sshd drop-in from the host's own sshd configuration
 description:
   - Reads the sshd configuration (following Include globs, as sshd does) and returns what the drop-in
-    template needs, computed by the same code C(fdl join-config) uses (fdl.farm.doors.dropin_vars) -
+    template needs, computed by the same code C(fdl join-config) uses (fdl.hostside.farm.doors.dropin_vars) -
     notably which Port lines keep sshd on its current ports while adding the door port.
   - Also says whether sshd would read a drop-in at I(dropin_dir) at all, and which settings read before it
     would win over its Match block. Changes nothing.
@@ -93,8 +93,8 @@ try:  # the flodl.fdl collection: module_utils copied from the fdl package when 
     from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import DoorError, dropin_name, dropin_vars
     from ansible_collections.flodl.fdl.plugins.module_utils.farm.sshd_config import scan
 except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
-    from ansible.module_utils.fdl.farm.doors import DoorError, dropin_name, dropin_vars
-    from ansible.module_utils.fdl.farm.sshd_config import scan
+    from ansible.module_utils.fdl.hostside.farm.doors import DoorError, dropin_name, dropin_vars
+    from ansible.module_utils.fdl.hostside.farm.sshd_config import scan
 
 
 def main() -> None:

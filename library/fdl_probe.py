@@ -108,8 +108,8 @@ try:  # the flodl.fdl collection: module_utils copied from the fdl package when 
     from ansible_collections.flodl.fdl.plugins.module_utils.checks.probe import ProbeOptions, run_probe
     from ansible_collections.flodl.fdl.plugins.module_utils.checks.verdict import verdict
 except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
-    from ansible.module_utils.fdl.checks.probe import ProbeOptions, run_probe
-    from ansible.module_utils.fdl.checks.verdict import verdict
+    from ansible.module_utils.fdl.hostside.checks.probe import ProbeOptions, run_probe
+    from ansible.module_utils.fdl.hostside.checks.verdict import verdict
 
 
 def main():

@@ -24,10 +24,11 @@ import sys
 import time
 import warnings
 
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch's own note on a numpy-less box
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
+with warnings.catch_warnings():  # torch's own note on a numpy-less box, printed while it loads
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
 
 
 def main() -> int:

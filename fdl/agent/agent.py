@@ -3,7 +3,7 @@
 One attempt is: preparation (fdl.agent.prepare), the `--ssh` tunnel when
 asked for, the hello on the controller's join channel (fdl.controller.client,
 the same client `fdl status` uses), the long-poll for the world, the ranks
-under the rank supervisor (fdl.agent.supervisor, the launcher's own code
+under the rank supervisor (fdl.hostside.supervisor, the launcher's own code
 path) with heartbeats while they run, and the exit report.
 
 Exit codes: one-shot returns the agent's own code (the ranks' group result)
@@ -38,10 +38,10 @@ from fdl import __version__
 from fdl.agent.backoff import Backoff
 from fdl.agent.options import JoinOptions
 from fdl.agent.prepare import Prepared, prepare
-from fdl.agent.supervisor import GroupResult, Supervisor
 from fdl.agent.tunnel import Tunnel, local_address_toward
-from fdl.envvars import FDL_JOIN_TOKEN
 from fdl.errors import ExitCode, FdlError
+from fdl.hostside.envvars import FDL_JOIN_TOKEN
+from fdl.hostside.supervisor import GroupResult, Supervisor
 
 if TYPE_CHECKING:
     from fdl.controller.client import ControllerClient, ControllerError, ControllerRefused
@@ -113,7 +113,7 @@ def refusal_error(exc: ControllerRefused, address: str) -> JoinRefused:
                        hint=_REFUSAL_HINTS.get(reason))
 
 
-def _unreachable(exc: ControllerError, address: str, tunneled: bool) -> Unreachable:
+def _unreachable(exc: ControllerError, tunneled: bool) -> Unreachable:
     from fdl.controller.client import UnverifiedController
 
     via = " through the ssh tunnel" if tunneled else ""
@@ -201,7 +201,7 @@ class JoinAgent:
                 except ControllerRefused as exc:
                     raise refusal_error(exc, shown) from None
                 except ControllerError as exc:
-                    raise _unreachable(exc, shown, tunnel is not None) from None
+                    raise _unreachable(exc, tunnel is not None) from None
                 finally:
                     self.skew = client.clock_skew if client.clock_skew is not None else self.skew
                 ticket = str(admitted["ticket"])
@@ -214,7 +214,7 @@ class JoinAgent:
                 except ControllerRefused as exc:
                     raise refusal_error(exc, shown) from None
                 except ControllerError as exc:
-                    raise _unreachable(exc, shown, tunnel is not None) from None
+                    raise _unreachable(exc, tunnel is not None) from None
                 except Stopped as exc:  # leave the window before it forms, so the roster stays true
                     with contextlib.suppress(Exception):
                         client.report_exit(ticket, 128 + exc.signum, "stopped before the world formed")

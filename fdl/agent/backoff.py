@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 
-from fdl.envvars import FDL_JOIN_BACKOFF_BASE_S, FDL_JOIN_BACKOFF_MAX_S, read
+from fdl.hostside.envvars import FDL_JOIN_BACKOFF_BASE_S, FDL_JOIN_BACKOFF_MAX_S, read
 
 DEFAULT_BASE_S = 2.0
 DEFAULT_MAX_S = 60.0

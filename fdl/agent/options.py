@@ -13,14 +13,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from fdl.checks.devices import Devices, parse_devices
 from fdl.config.join_fields import CLI_FIELDS, SETTINGS, JoinDefaults, flag_of
 from fdl.config.parse import DEFAULT_PORT, is_login_name, is_valid_host, split_host_port
 from fdl.config.schema import LibtorchDefaults
 from fdl.errors import FdlError, UsageError
+from fdl.hostside.checks.devices import Devices, parse_devices
+from fdl.hostside.libtorch.variants import CHOICES
+from fdl.hostside.paths import DEFAULT_DATA_PATH
 from fdl.libtorch.source import Source, choose_source
-from fdl.libtorch.variants import CHOICES
-from fdl.paths import DEFAULT_DATA_PATH
 
 TUNNEL_DEFAULT_CONTROLLER = ("127.0.0.1", DEFAULT_PORT)
 _SECRET = frozenset(name for name, setting in SETTINGS if setting.secret)
@@ -73,7 +73,7 @@ class JoinOptions(NamedTuple):
     source_cwd: str | None = None
     source_build: str | None = None
     source_bin: str | None = None
-    libtorch: str | None = None  # one of fdl.libtorch.variants.CHOICES, None: whatever is active here
+    libtorch: str | None = None  # one of fdl.hostside.libtorch.variants.CHOICES, None: whatever is active here
     host: str | None = None  # None: this machine's hostname
     devices: Devices = Devices()
     persist: bool = False

@@ -25,15 +25,15 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, NamedTuple
 
 from fdl.agent.data import prepare_data, prove_writable
-from fdl.agent.gpu import Offer, check_gpu_stack
 from fdl.agent.options import JoinOptions
 from fdl.agent.signature import probe_signature, probe_timeout
-from fdl.envvars import FDL_DATA_PATH, FDL_GPU_FEATURE, FDL_GPU_RAM_SHARE, FDL_JOIN_STAGE, read
 from fdl.errors import PermanentError
-from fdl.paths import join_stage
+from fdl.hostside.envvars import FDL_DATA_PATH, FDL_GPU_FEATURE, FDL_GPU_RAM_SHARE, FDL_JOIN_STAGE, read
+from fdl.hostside.paths import join_stage
+from fdl.offer import Offer, check_gpu_stack
 
 if TYPE_CHECKING:
-    from fdl.libtorch.variants import Libtorch
+    from fdl.hostside.libtorch.variants import Libtorch
 
 Note = Callable[[str], None]
 

@@ -24,9 +24,9 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from fdl.agent.supervisor import die_with_parent, stop_process_group
-from fdl.envvars import FDL_SIGNATURE_PROBE, FDL_SIGNATURE_TIMEOUT_S, read
 from fdl.errors import PermanentError
+from fdl.hostside.envvars import FDL_SIGNATURE_PROBE, FDL_SIGNATURE_TIMEOUT_S, read
+from fdl.hostside.supervisor import die_with_parent, stop_process_group
 
 PREFIX = "fdl-signature:"
 DEFAULT_TIMEOUT_S = 120.0

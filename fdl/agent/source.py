@@ -30,20 +30,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, NamedTuple, TypeVar
 
-from fdl.envvars import FDL_GPU_FEATURE
-from fdl.errors import ExitCode, FdlError, PermanentError
+from fdl.errors import BuildError, ExitCode, PermanentError
+from fdl.hostside.envvars import FDL_GPU_FEATURE
 
 Note = Callable[[str], None]
 _T = TypeVar("_T")
 
 if TYPE_CHECKING:
-    from fdl.libtorch.variants import Libtorch
+    from fdl.hostside.libtorch.variants import Libtorch
     from fdl.publish.manifest import Manifest
     from fdl.publish.spec import SourceSpec
-
-
-class BuildError(FdlError):
-    """The fetched source did not compile (transient: the fix is a push away)."""
 
 
 class Built(NamedTuple):
@@ -102,7 +98,7 @@ def _pick(flag: _T | None, manifest_value: _T | None, default: _T, what: str, no
 def build(spec_text: str, tree: Path, *, cwd: str | None, recipe: str | None, source_bin: str | None,
           identity: str | None, libtorch: Libtorch | None, output: IO[str] | None = None,
           note: Note = lambda _: None) -> Built:
-    """Fetch and build; `libtorch` is a fdl.libtorch.variants.Libtorch (or None for a recipe that links none)."""
+    """Fetch and build; `libtorch` is a fdl.hostside.libtorch.variants.Libtorch (None: a recipe that links none)."""
     from fdl.libtorch.gate import build_env
     from fdl.publish.gate import header_install_line, headers_present, package_manager, run_recipe, vendor_header
     from fdl.publish.manifest import DEFAULT_BUILD, check_tree_path

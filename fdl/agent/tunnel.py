@@ -60,10 +60,10 @@ import time
 from collections.abc import Callable, Mapping
 
 from fdl.agent.options import SshHop
-from fdl.agent.supervisor import die_with_parent, stop_process_group
-from fdl.envvars import FDL_SSH_COMMAND, read
 from fdl.errors import ExitCode, FdlError, PermanentError
-from fdl.paths import runtime_dir
+from fdl.hostside.envvars import FDL_SSH_COMMAND, read
+from fdl.hostside.paths import runtime_dir
+from fdl.hostside.supervisor import die_with_parent, stop_process_group
 
 CONNECT_TIMEOUT_S = 15
 SSH_FAILED = 255  # ssh's own exit status for every error of its own (connection, host key, login, forward)
@@ -104,7 +104,7 @@ def local_address_toward(host: str, port: int = 22) -> str | None:
 
 
 def _runtime_dir(environ: Mapping[str, str]) -> str | None:
-    """Where the tunnel's private directory goes: $XDG_RUNTIME_DIR when it is private (fdl.paths.runtime_dir)
+    """Where the tunnel's private directory goes: $XDG_RUNTIME_DIR when it is private (fdl.hostside.paths.runtime_dir)
     and short, else the temp dir (a unix socket's path must stay short: 108 bytes on Linux)."""
     runtime = runtime_dir(environ)
     return str(runtime) if runtime is not None and len(str(runtime)) < 60 else None

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TextIO
 import typer
 
 from fdl.cli.context import Globals
-from fdl.envvars import FDL_JOIN_TOKEN, read
+from fdl.hostside.envvars import FDL_JOIN_TOKEN, read
 
 if TYPE_CHECKING:
     from fdl.controller.address import Target

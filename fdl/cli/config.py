@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from fdl.cli.context import globals_of
+from fdl.cli.options import json_option
 
 app = typer.Typer(help="Inspect the resolved configuration.", rich_markup_mode=None, no_args_is_help=True,
                   add_completion=False)
@@ -21,19 +22,19 @@ def config() -> None:
 def show(
     ctx: typer.Context,
     env: Annotated[str | None, typer.Argument(help="Env overlay to show (default: the selected env).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
+    as_json: Annotated[bool, json_option()] = False,
     show_secrets: Annotated[bool, typer.Option("--show-secrets", help="Print tokens and key material in clear "
                                                "(masked as <redacted: N chars, set in FILE:LINE> by default).")
                             ] = False,
 ) -> None:
     """Print the merged fdl.yml (+ overlays) with the file and line of every value; secrets masked."""
-    from fdl.config import EnvSelection
+    from fdl.config.project import EnvSelection
     from fdl.config.show import annotated_yaml
     from fdl.config.show import as_json as render_json
 
     g = globals_of(ctx)
     if env is not None:  # a positional env is as explicit as --env
-        from fdl.config import load_config
+        from fdl.config.project import load_config
 
         cfg = load_config(None, EnvSelection.named(env, "argument"))
         for warning in cfg.warnings:

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fdl.envvars import FDL_ENV, read
 from fdl.gpus import GpuSelection, parse_gpus
+from fdl.hostside.envvars import FDL_ENV, read
 
 if TYPE_CHECKING:
     import click
@@ -58,7 +55,7 @@ class Globals:
 
     def config(self, *, required: bool = False) -> Config:
         """The resolved configuration for the selected env (warnings printed once)."""
-        from fdl.config import load_config
+        from fdl.config.project import load_config
 
         key = required
         if key not in self._configs:
@@ -88,32 +85,3 @@ def globals_of(ctx: click.Context) -> Globals:
         raise RuntimeError("a command ran outside fdl.cli.main, which sets up the Globals every command reads")
     return found
 
-
-# The cyclic garbage collector is paused while a brief command (fdl probe on this host, fdl config, --help)
-# imports its modules and runs: its passes over what the imports build (typer, click, yaml, pynvml) cost
-# 4-8% of `fdl probe --json`'s CPU time in a project (interleaved medians of 21-25 runs on a loaded 2-core
-# machine: 192 -> 184 ms as done here, 235 -> 217 ms with the collector off for the whole process). Reference
-# counting still frees everything that is not in a cycle, and the process ends soon after.
-# Commands that run for long (servers, agents, launches, fan-outs) turn it back on with resume_collector().
-_resume_collector = False
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Keep the cyclic collector off for the block (it is back as it was afterwards)."""
-    global _resume_collector
-    was_enabled = gc.isenabled()
-    gc.disable()
-    _resume_collector = was_enabled
-    try:
-        yield
-    finally:
-        _resume_collector = False
-        if was_enabled:
-            gc.enable()
-
-
-def resume_collector() -> None:
-    """Turn the cyclic collector back on inside collector_paused(), if it was on before: for a long command."""
-    if _resume_collector:
-        gc.enable()

@@ -10,11 +10,11 @@ from typing import Annotated, Any
 
 import typer
 
-from fdl.checks.devices import Devices
 from fdl.cli.context import globals_of
 from fdl.cli.tail import TailCommand, tail
 from fdl.config.join_fields import SETTINGS, flag_of, flag_type
 from fdl.errors import ConfigError, PermanentError
+from fdl.hostside.checks.devices import Devices
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
 

@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 
 from fdl.cli.context import Globals
-from fdl.paths import DEFAULT_DATA_PATH, SERVED_IN_HOME
+from fdl.cli.options import json_option
+from fdl.hostside.paths import DEFAULT_DATA_PATH, SERVED_IN_HOME
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
@@ -85,9 +86,8 @@ def join_config(
              "Every directory up to the chroot must be root-owned and not writable by others.",
         show_default=False)] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Accept the default of every ordinary question.")] = False,
-    as_json: Annotated[bool, typer.Option(
-        "--json", help="Print the report as JSON on stdout (secrets as file paths, never their contents); "
-                       "notes go to stderr. Asks nothing.")] = False,
+    as_json: Annotated[bool, json_option("Print the report as JSON on stdout (secrets as file paths, never their "
+                                         "contents); notes go to stderr. Asks nothing.")] = False,
 ) -> None:
     """Set up a farm on this controller box: key, token, overlay, sshd door and the steps to open it.
 
@@ -95,12 +95,15 @@ def join_config(
     a permission that cannot be fixed).
     """
     from fdl.cli.render.join_config import render_doctor, render_header, render_json, render_rest
-    from fdl.farm import wizard
+    from fdl.farm.wizard.apply import apply
+    from fdl.farm.wizard.decide import decide
+    from fdl.farm.wizard.plan import prepare
+    from fdl.farm.wizard.shape import Request
 
     g = ctx.find_object(Globals)
     env = g.env if g is not None else None
     interactive = sys.stdin.isatty() and not as_json
-    request = wizard.Request(
+    request = Request(
         label=label, env_label=env.name if env else None, env_source=env.source if env else None,
         door=door.value if door else None, controller=controller, port=port, served=served,
         inherit_from=inherit_from, regen=regen, install_key=install_key, authorized_keys=authorized_keys,
@@ -108,12 +111,12 @@ def join_config(
         cwd=Path.cwd(),
     )
     prompter = TtyPrompter() if interactive else None
-    plan = wizard.prepare(request, prompter)
+    plan = prepare(request, prompter)
     if not as_json:
         typer.echo(render_header(plan))
         typer.echo(render_doctor(plan.findings))
-    decisions = wizard.decide(plan, request, prompter)
-    report = wizard.apply(plan, decisions, request.cwd)
+    decisions = decide(plan, request, prompter)
+    report = apply(plan, decisions, request.cwd)
     for note in report.notes:
         typer.echo(f"fdl: note: {note}", err=True)
     if as_json:

@@ -10,8 +10,9 @@ from typing import Annotated, Any
 import typer
 
 from fdl.cli.context import globals_of
-from fdl.envvars import FDL_LIBTORCH_MIRROR
-from fdl.paths import LIBTORCH_IN_HOME
+from fdl.cli.options import json_option
+from fdl.hostside.envvars import FDL_LIBTORCH_MIRROR
+from fdl.hostside.paths import LIBTORCH_IN_HOME
 
 app = typer.Typer(help="List, download and activate libtorch variants.", rich_markup_mode=None, add_completion=False,
                   no_args_is_help=True)
@@ -44,7 +45,7 @@ def _describe(data: dict[str, Any]) -> str:
 @app.command("list")
 def list_(
     ctx: typer.Context,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """The installed variants (project libtorch/, ~/.flodl/libtorch, this environment's PyTorch)."""
     from fdl.libtorch import manage
@@ -76,7 +77,7 @@ def info(
     ctx: typer.Context,
     libtorch_path: Annotated[str | None, typer.Option("--libtorch-path", metavar="DIR",
                                                       help="Resolve as if fdl probe had this option.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> int:
     """What fdl probe would resolve, the order it looked in, and the SHA-256 fdl recorded for it."""
     from fdl.libtorch import manage
@@ -114,13 +115,13 @@ def download(
                                                help="Download from this mirror instead of PyTorch's own location "
                                                     f"(default: {FDL_LIBTORCH_MIRROR}, then libtorch.mirror, then "
                                                     "join.libtorch_mirror in fdl.yml).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Download a variant into ~/.flodl/libtorch: verified (HTTPS, CRCs, build-version, pins), installed in one
     step, or not at all."""
+    from fdl.hostside.libtorch.variants import CHOICES
     from fdl.libtorch import manage
     from fdl.libtorch.source import choose_source
-    from fdl.libtorch.variants import CHOICES
 
     if cpu and variant not in (None, "cpu"):
         raise typer.BadParameter(f"--cpu and {variant} name different variants; give one.")

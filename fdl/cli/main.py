@@ -19,16 +19,16 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from fdl import __version__
-from fdl.cli.context import Globals, Invocation, collector_paused, resume_collector
-from fdl.envvars import FDL_DEBUG, FDL_ENV, read
+from fdl.cli.context import Globals, Invocation
+from fdl.cli.options import JSON_FLAG
 from fdl.errors import ExitCode, FdlError
+from fdl.hostside.envvars import FDL_DEBUG, FDL_ENV, read
 
 if TYPE_CHECKING:
     from fdl.config.schema import CommandSpec
 # At exit the interpreter's last garbage collections walk every object the imports made (typer, click, yaml,
-# pynvml, aiohttp): about a fifth of `fdl --help` and `fdl probe --json`'s CPU time on a 2-core machine
-# (medians of 11: 181 -> 145 ms and 282 -> 226 ms). A process that is ending frees its memory anyway, so the
-# collector is told to leave what exists by then alone (files fdl writes are closed before exit).
+# pynvml, requests, aiohttp). A process that is ending frees its memory anyway, so the collector is told to
+# leave what exists by then alone (files fdl writes are closed before exit). What it saves: docs/cli.md.
 atexit.register(gc.freeze)
 
 # name -> (module, one-line help). Modules are imported on use only.
@@ -43,10 +43,6 @@ BUILTINS: dict[str, tuple[str, str]] = {
     "nccl": ("fdl.cli.nccl", "Build NCCL from source to match the fleet (heterogeneous rigs)."),
     "libtorch": ("fdl.cli.libtorch", "List, download and activate libtorch variants."),
 }
-
-# Built-in commands that finish in moments and keep the cyclic collector paused (fdl.cli.context); every other
-# command, project commands included, turns it back on before it runs.
-BRIEF = frozenset({"probe", "config"})
 
 GLOBAL_VALUE_OPTIONS = ("--env", "--gpus")
 GLOBAL_FLAGS = ("--debug", "--verbose", "-v", "--version", "--help", "-h")
@@ -82,7 +78,7 @@ def wants_json(argv: list[str]) -> bool:
     """
     words = argv[_first_word(argv):]
     words = words[: words.index("--")] if "--" in words else words
-    return bool(words) and words[0] in BUILTINS and "--json" in words[1:]
+    return bool(words) and words[0] in BUILTINS and JSON_FLAG in words[1:]
 
 
 def argument_help(command: Any) -> Any:
@@ -131,8 +127,6 @@ class FdlGroup(TyperGroup):
         return names
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        if cmd_name not in BRIEF:
-            resume_collector()
         if cmd_name in BUILTINS:
             module = importlib.import_module(BUILTINS[cmd_name][0])
             command = typer.main.get_command(module.app)
@@ -351,9 +345,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: list[str], invocation: Invocation, debug: bool) -> tuple[int, dict[str, Any] | None]:
     """(exit code, the failure's JSON document or None): the one place errors become messages and codes."""
     try:
-        with collector_paused():
-            command = typer.main.get_command(app)
-            result = command.main(args=args, prog_name="fdl", standalone_mode=False, obj=invocation)
+        command = typer.main.get_command(app)
+        result = command.main(args=args, prog_name="fdl", standalone_mode=False, obj=invocation)
         return (int(result or 0) if isinstance(result, int) else 0), None
     except FdlError as exc:
         report_error(exc, debug)

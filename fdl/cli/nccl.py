@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 
 from fdl.cli.context import globals_of
-from fdl.paths import FLODL_IN_HOME
+from fdl.cli.options import json_option
+from fdl.hostside.paths import FLODL_IN_HOME
 
 app = typer.Typer(help="Build NVIDIA's NCCL from source for heterogeneous rigs.", rich_markup_mode=None,
                   no_args_is_help=True, add_completion=False)
@@ -40,7 +41,7 @@ def build(
     base_image: Annotated[str | None, typer.Option("--base-image", metavar="IMAGE",
                                                    help="CUDA devel image that compiles NCCL.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the build plan and change nothing.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON twin on stdout.")] = False,
+    as_json: Annotated[bool, json_option()] = False,
 ) -> None:
     """Build libnccl.so.2 in a Docker context and say how to preload it.
 

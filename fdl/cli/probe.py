@@ -2,7 +2,7 @@
 
 Thin by design: build ProbeOptions from the flags, collect host reports
 (`collect_reports`), render them (fdl.cli.render.probe), exit 0 when no check
-failed and 1 otherwise. The checks live in fdl.checks.
+failed and 1 otherwise. The checks live in fdl.hostside.checks.
 """
 
 from __future__ import annotations
@@ -14,18 +14,19 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from fdl.checks.probe import ProbeOptions, run_probe
-from fdl.checks.report import HostReport
-from fdl.cli.context import Globals, globals_of, resume_collector
+from fdl.cli.context import Globals, globals_of
+from fdl.cli.options import json_option
 from fdl.cli.render.probe import echo_human, render_human, render_json
 from fdl.config.discover import find_base
-from fdl.envvars import FDL_ENV, read
-from fdl.paths import DEFAULT_DATA_PATH, FLODL_IN_HOME
+from fdl.hostside.checks.probe import ProbeOptions, run_probe
+from fdl.hostside.checks.report import HostReport
+from fdl.hostside.envvars import FDL_ENV, read
+from fdl.hostside.paths import DEFAULT_DATA_PATH, FLODL_IN_HOME
 
 if TYPE_CHECKING:
     from fdl.collective.results import CollectiveResult
     from fdl.collective.run import CollectiveOptions
-    from fdl.config.schema import Devices
+    from fdl.hostside.checks.devices import Devices
 
     CollectivePlan = tuple[Devices | None, CollectiveOptions]
 
@@ -37,8 +38,8 @@ CPU_FLAG_DEVICES = "cpu:2"  # what --cpu declares: the CPU ranks a single-host r
 @app.command()
 def probe(
     ctx: typer.Context,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout (schema in "
-                                                          "docs/probe.md); notes go to stderr.")] = False,
+    as_json: Annotated[bool, json_option("Print the report as JSON on stdout (schema in docs/probe.md); notes go "
+                                         "to stderr.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Nothing on stdout; problems only, on stderr. "
                                                              "The exit code is the answer.")] = False,
     skip_mount: Annotated[bool, typer.Option("--skip-mount", help="Skip the shared-data check (single-host "
@@ -94,8 +95,6 @@ def probe(
         plan = (declared, plan[1])  # the smoke test runs the ranks this CPU host offers
     if textfile is not None:
         check_textfile(textfile, workers)
-    if workers or plan is not None:  # a fan-out or a smoke test runs for seconds to minutes: collect as usual
-        resume_collector()
     if workers:  # a cluster env: every worker, over Ansible (imported only on this path)
         from fdl.errors import UsageError
 
@@ -142,8 +141,8 @@ def probe(
 
 def declared_devices(devices: str | None, cpu: bool, *, gpus_given: bool) -> Devices | None:
     """What --devices or --cpu declare this host offers (None: nothing declared); contradictions exit 2."""
-    from fdl.config.schema import parse_devices
     from fdl.errors import UsageError
+    from fdl.hostside.checks.devices import parse_devices
 
     if cpu and devices is not None:
         raise UsageError(f"--cpu and --devices {devices} both say what this host offers; give one of them.")
@@ -164,8 +163,8 @@ def declared_devices(devices: str | None, cpu: bool, *, gpus_given: bool) -> Dev
 
 def check_textfile(path: str, workers: int) -> None:
     """Refuse a --textfile the collector would never read, or one asked of a cluster probe (exit 2)."""
-    from fdl.checks.textfile import SUFFIX
     from fdl.errors import UsageError
+    from fdl.hostside.checks.textfile import SUFFIX
 
     if workers:
         raise UsageError("--textfile writes this host's metrics for the node_exporter running here, but under a "
@@ -182,7 +181,7 @@ def write_metrics(path: str, report: HostReport) -> str | None:
     """Write the report's metrics to `path`; None when written, else the message for stderr."""
     import errno
 
-    from fdl.checks.textfile import write_textfile
+    from fdl.hostside.checks.textfile import write_textfile
 
     try:
         write_textfile(path, report.to_dict())
@@ -205,8 +204,8 @@ def write_metrics(path: str, report: HostReport) -> str | None:
 def collective_plan(devices: str | None, max_size: str, timeout: float) -> CollectivePlan:
     """(devices or None, CollectiveOptions) from the flags; bad values are usage errors (exit 2)."""
     from fdl.collective.run import CollectiveOptions, parse_size
-    from fdl.config.schema import parse_devices
     from fdl.errors import UsageError
+    from fdl.hostside.checks.devices import parse_devices
 
     parsed = None
     if devices is not None:

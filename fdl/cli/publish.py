@@ -12,8 +12,9 @@ from typing import Annotated
 import typer
 
 from fdl.cli.context import globals_of
+from fdl.cli.options import json_option
 from fdl.cli.tail import TailCommand, tail
-from fdl.paths import SERVED_IN_HOME
+from fdl.hostside.paths import SERVED_IN_HOME
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
@@ -54,8 +55,7 @@ def publish(
     gate: Annotated[list[str] | None, typer.Option("--gate", help="Extra check-build against another libtorch "
                                                                   "variant, e.g. precompiled/rocm70 "
                                                                   "(repeatable).", metavar="VARIANT")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout "
-                                                         "(notes on stderr).")] = False,
+    as_json: Annotated[bool, json_option("Print the report as JSON on stdout (notes on stderr).")] = False,
     no_wait: Annotated[bool, typer.Option("--no-wait", help="Fail at once when another publish holds the served "
                                                             "directory, instead of waiting for it.")] = False,
 ) -> None:

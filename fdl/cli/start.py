@@ -8,7 +8,8 @@ import typer
 
 from fdl.cli._controller import Timeout, addr_option, given_token, print_json, resolve_target, token_file_option
 from fdl.cli.context import globals_of
-from fdl.envvars import FDL_JOIN_TOKEN
+from fdl.cli.options import json_option
+from fdl.hostside.envvars import FDL_JOIN_TOKEN
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
@@ -22,7 +23,7 @@ def start(
                                               help="The run's join token on the command line, where every user of "
                                                    f"this box can read it: prefer {FDL_JOIN_TOKEN} or "
                                                    "--token-file.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the controller's answer as JSON on stdout.")] = False,
+    as_json: Annotated[bool, json_option("Print the controller's answer as JSON on stdout.")] = False,
     timeout: Timeout = 5.0,
 ) -> None:
     """Fire the start switch of a staging run (start: manual or hybrid): the world forms now.

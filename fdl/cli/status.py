@@ -10,7 +10,8 @@ import typer
 
 from fdl.cli._controller import Timeout, addr_option, given_token, print_json, resolve_target, token_file_option
 from fdl.cli.context import Globals, globals_of
-from fdl.envvars import FDL_JOIN_TOKEN
+from fdl.cli.options import json_option
+from fdl.hostside.envvars import FDL_JOIN_TOKEN
 
 if TYPE_CHECKING:
     from fdl.controller.address import Target
@@ -22,7 +23,7 @@ app = typer.Typer(rich_markup_mode=None, add_completion=False)
 def status(
     ctx: typer.Context,
     addr: Annotated[str | None, addr_option("ask")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the raw state.json on stdout.")] = False,
+    as_json: Annotated[bool, json_option("Print the raw state.json on stdout.")] = False,
     timeout: Timeout = 5.0,
     watch: Annotated[bool, typer.Option("--watch", "-w",
                                         help="Keep watching: a live view on a terminal, one line per look "
@@ -111,8 +112,8 @@ def _watch(address: str, fire: str, *, interval: float, timeout: float, as_json:
     if end.how == "lost":
         return 1
     if end.how == "ended":
+        from fdl.controller.live import kept_state
         from fdl.controller.watch import outcome
-        from fdl.launch.live import kept_state
 
         line, code = outcome(end, kept_state)
         typer.echo(f"fdl: {line}", err=as_json)

@@ -8,8 +8,8 @@ from typing import Annotated, Any
 import typer
 
 from fdl.cli.context import globals_of
-from fdl.config import CommandSpec
-from fdl.envvars import FDL_PORT
+from fdl.config.schema import CommandSpec
+from fdl.hostside.envvars import FDL_PORT
 
 
 def make_command(spec: CommandSpec) -> Any:

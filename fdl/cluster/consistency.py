@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, CheckResult, HostReport
+from fdl.hostside.checks.report import ERROR, OK, SKIPPED, WARNING, CheckResult, HostReport
 
 CLOCK_SKEW_LIMIT_S = 5.0
 

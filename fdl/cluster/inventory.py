@@ -18,6 +18,7 @@ carries this module for its inventory plugin (fdl/collection.py).
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import shlex
 import socket
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.schema import ClusterSpec, SshDefaults, WorkerSpec
-from ..paths import DEFAULT_DATA_PATH
+from ..hostside.paths import DEFAULT_DATA_PATH
 
 if TYPE_CHECKING:
     from ..config.project import Config
@@ -156,13 +157,19 @@ def worker_vars(worker: WorkerSpec, root: Path | None, ssh: SshDefaults | None =
         hostvars["ansible_ssh_private_key_file"] = identity
     hostvars.update(_ssh_args(ssh, root))
     if local:
-        hostvars["ansible_connection"] = "local"
+        hostvars.update(local_vars(hostvars["ansible_python_interpreter"]))
     return hostvars
 
 
 def local_vars(python: str = DEFAULT_PYTHON) -> dict[str, Any]:
-    """The host variables of this machine reached without ssh (connection: local)."""
-    return {"ansible_connection": "local", "ansible_python_interpreter": python}
+    """The host variables of this machine reached without ssh (connection: local).
+
+    `ansible_async_dir` is spelled out: ansible-core's async_status finds a job under the account's home as
+    the password database has it (`~user`), while the job itself writes under $HOME, so an async task (the
+    NCCL image build) reported "could not find job" whenever $HOME was set elsewhere. This machine's $HOME
+    is known here, so both sides get the same absolute directory."""
+    return {"ansible_connection": "local", "ansible_python_interpreter": python,
+            "ansible_async_dir": os.path.join(os.path.expanduser("~"), ".ansible_async")}
 
 
 def local_inventory(name: str = "localhost", python: str | None = None) -> ClusterInventory:
@@ -234,7 +241,8 @@ def inventory_from_file(path: Path, env: str | None = None,
     from the name unless given. Returns (inventory, config); the inventory is
     empty when the merged configuration has no cluster: block. Raises ConfigError.
     """
-    from ..config import EnvSelection, find_base, load_config
+    from ..config.discover import find_base
+    from ..config.project import EnvSelection, load_config
     from ..config.source import display_path
     from ..errors import ConfigError
 

@@ -13,7 +13,7 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    from fdl.checks.probe import ProbeOptions, run_probe
+    from fdl.hostside.checks.probe import ProbeOptions, run_probe
 
     fields = json.loads(sys.stdin.read() or "{}")
     report = run_probe(ProbeOptions(**fields), host=argv[1] if len(argv) > 1 else None)

@@ -34,18 +34,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fdl.checks.report import ERROR, OK, SCHEMA_VERSION, SKIPPED, WARNING, CheckResult, HostReport
 from fdl.cluster.consistency import consistency_checks, host_groups
 from fdl.cluster.inventory import ClusterInventory, InventoryHost, build_inventory
 from fdl.config.schema import WorkerSpec
 from fdl.errors import ConfigError
-from fdl.paths import DEFAULT_DATA_PATH
+from fdl.hostside.checks.report import ERROR, OK, SCHEMA_VERSION, SKIPPED, WARNING, CheckResult, HostReport
+from fdl.hostside.paths import DEFAULT_DATA_PATH
 
 if TYPE_CHECKING:
     from fdl.config.project import Config
 
 NATIVE_TIMEOUT_S = 120.0
-VERDICT_TAG = "fdl_probe_verdict"  # the role's one-line verdict for people: fdl renders its own report
 
 
 @dataclass(frozen=True)
@@ -163,10 +162,13 @@ def _probe_native(host: InventoryHost, options: ClusterProbeOptions, root: Path 
 
 def _probe_remote(inventory: ClusterInventory, hosts: list[InventoryHost], options: ClusterProbeOptions,
                   progress: bool | None, windows: dict[str, tuple[float, float]]) -> dict[str, HostReport]:
-    from fdl.cluster.runner import FAILED, UNREACHABLE, run_playbook
-    from fdl.cluster.runner import OK as HOST_OK
+    from fdl.cluster.events import FAILED, UNREACHABLE
+    from fdl.cluster.events import OK as HOST_OK
+    from fdl.cluster.runner import run_playbook
 
-    extravars: dict[str, Any] = {"fdl_probe_skip_mount": options.skip_mount}
+    # fdl checked every value it sends: the role's argument validation (a task per host) is left out
+    extravars: dict[str, Any] = {"fdl_probe_skip_mount": options.skip_mount, "fdl_probe_validate": False,
+                                 "fdl_probe_verdict": False}
     if options.data_path is not None:
         extravars["fdl_probe_data_path"] = options.data_path
     if options.libtorch_path is not None:
@@ -176,7 +178,7 @@ def _probe_remote(inventory: ClusterInventory, hosts: list[InventoryHost], optio
     sent = time.time()
     wall_minus_monotonic = sent - time.monotonic()  # the runner stamps hosts with time.monotonic()
     result = run_playbook("probe.yml", inventory, extravars=extravars, limit=[h.name for h in hosts],
-                          progress=progress, title="probe", skip_validation=True, skip_tags=(VERDICT_TAG,))
+                          progress=progress, title="probe")
     reports = {}
     for host in hosts:
         outcome = result.hosts[host.name]

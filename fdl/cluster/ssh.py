@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import shlex
 
+from fdl.cluster.connection import pinned_settings, ready_control_path_dir
 from fdl.cluster.inventory import InventoryHost
-from fdl.cluster.runner import _pinned_settings, ready_control_path_dir
 from fdl.resources import ansible_cfg
 
 
 def ssh_options() -> list[str]:
     """The options every fdl ssh carries: ansible.cfg's ssh_args, its connect timeout, the shared ControlPath."""
-    pinned = _pinned_settings(ansible_cfg())
+    pinned = pinned_settings(ansible_cfg())
     words = shlex.split(pinned.get("ANSIBLE_SSH_ARGS", ""))
     timeout = pinned.get("ANSIBLE_TIMEOUT", "10")
     cp_dir = ready_control_path_dir()

@@ -37,11 +37,12 @@ from fdl.collective.run import (
     script_argv,
     selected_gpus,
 )
-from fdl.config.schema import ClusterSpec, CommandSpec, Devices, JoinPolicy, WorkerSpec
+from fdl.config.schema import ClusterSpec, CommandSpec, JoinPolicy, WorkerSpec
 from fdl.errors import FdlError
+from fdl.hostside.checks.devices import Devices
 from fdl.launch.build import BuildJob
-from fdl.launch.dispatch import Printer
 from fdl.launch.plan import plan_launch
+from fdl.launch.printer import Printer
 from fdl.launch.run import Launcher, RunFailed
 
 COMMAND = "fdl-collective"  # the launcher command's name: bin/fdl-collective/ on every host

@@ -177,7 +177,7 @@ def human_size(n: int) -> str:
 def to_check(result: CollectiveResult):
     """The `collective` CheckResult: error when it failed or was abandoned; warning for stragglers,
     skipped hosts or a truncated sweep; ok otherwise."""
-    from fdl.checks.report import ERROR, OK, WARNING, CheckResult
+    from fdl.hostside.checks.report import ERROR, OK, WARNING, CheckResult
 
     name = "collective"
     data = result.to_dict()

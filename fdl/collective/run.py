@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fdl.agent.supervisor import Supervisor
 from fdl.collective.results import CollectiveResult, aggregate, parse_line
-from fdl.envvars import FDL_BACKEND, FDL_HOST
+from fdl.hostside.envvars import FDL_BACKEND, FDL_HOST
+from fdl.hostside.supervisor import Supervisor
 
 SCRIPT = Path(__file__).with_name("allreduce.py")
 BUDGET_SHARE = 0.75  # of the time limit, for the ranks' own measuring; the rest is start-up and slack

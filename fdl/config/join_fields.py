@@ -16,10 +16,10 @@ a real object in `JoinDefaults.__annotations__`, read without evaluating text.
 
 from typing import Annotated, NamedTuple
 
-from ..checks.devices import Devices
-from ..envvars import FDL_GPU_FEATURE, FDL_JOIN_TOKEN, FDL_LIBTORCH_MIRROR
-from ..libtorch.variants import CHOICES as LIBTORCH_CHOICES
-from ..paths import DEFAULT_DATA_PATH, LIBTORCH_IN_HOME
+from ..hostside.checks.devices import Devices
+from ..hostside.envvars import FDL_GPU_FEATURE, FDL_JOIN_TOKEN, FDL_LIBTORCH_MIRROR
+from ..hostside.libtorch.variants import CHOICES as LIBTORCH_CHOICES
+from ..hostside.paths import DEFAULT_DATA_PATH, LIBTORCH_IN_HOME
 
 
 class Setting(NamedTuple):

@@ -13,16 +13,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from ..envvars import FDL_ENV, read
 from ..errors import ConfigError, UsageError
-from .discover import SUFFIXES, available_envs, find_base, overlay_file  # noqa: F401
+from ..hostside.envvars import FDL_ENV, read
+from .discover import available_envs, find_base, overlay_file
+from .join_fields import JoinDefaults
 from .merge import merge_layers
 from .schema import (
     TOP_KEYS,
     Checker,
     ClusterSpec,
     CommandSpec,
-    JoinDefaults,
     LibtorchDefaults,
     PublishDefaults,
     check_cluster,

@@ -16,13 +16,11 @@ import re
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
-from ..checks.devices import Devices as Devices
-from ..checks.devices import parse_devices as parse_devices
 from ..errors import ConfigError
+from ..hostside.checks.devices import Devices, parse_devices
 from .join_fields import SETTINGS as JOIN_SETTINGS
-from .join_fields import JoinDefaults as JoinDefaults
-from .parse import DEFAULT_PORT as DEFAULT_PORT
-from .parse import is_login_name, is_valid_host, split_host_port, unicast_problem
+from .join_fields import JoinDefaults
+from .parse import DEFAULT_PORT, is_login_name, is_valid_host, split_host_port, unicast_problem
 from .source import Data, KeyPath, Origin, Origins, format_path
 
 START_MODES = ("auto", "manual", "hybrid")
@@ -35,8 +33,8 @@ T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------- model
-# Immutable records. NamedTuple rather than frozen dataclasses: building a
-# dataclass costs ~1 ms of exec() per class at import, and every fdl start pays it.
+# Immutable records. NamedTuple rather than frozen dataclasses: a dataclass is
+# built with exec() at import, and every fdl start would pay it for each class.
 
 
 class JoinPolicy(NamedTuple):
@@ -526,8 +524,8 @@ def check_publish(c: Checker, value: Any) -> PublishDefaults:
 
 def check_libtorch_block(c: Checker, value: Any) -> LibtorchDefaults:
     """The libtorch: block: mirror: a base URL, sha256: {variant: hex} pins (docs/config.md)."""
+    from ..hostside.libtorch.variants import DOWNLOADS
     from ..libtorch.source import is_sha256, mirror_problem
-    from ..libtorch.variants import DOWNLOADS
 
     path = ("libtorch",)
     block = c.mapping(value, path, LIBTORCH_KEYS)

@@ -5,27 +5,16 @@ key path: ``("cluster", "workers", 0, "host")``. The reader is defensive on
 purpose, because a config file is user input: it bounds the file size and
 rejects non-UTF-8 bytes here; fdl.config.yamldoc parses the text with the
 rest of the bounds (depth, alias expansion, duplicate keys, tags).
-
-A file that parsed is remembered in fdl's cache directory with its exact text
-(`config/<crc>.marshal`), so the next command that reads the same unchanged file
-skips PyYAML altogether: its import alone is about a tenth of a short command
-such as `fdl probe --json` in a project (see _cached_parse).
 """
 
 from __future__ import annotations
 
-import os
-import stat
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..envvars import FDL_CONFIG_CACHE, read
 from ..errors import ConfigError
-from ..paths import cache_dir
 
 MAX_BYTES = 4 * 1024 * 1024  # no hand-written config comes near this
-CACHE_FORMAT = 1  # bump when the parse of a text may change (the parser's rules, the cached shape)
 KeyPath = tuple[Any, ...]  # ("cluster", "workers", 0, "host"): YAML keys may be any scalar
 Data = dict[Any, Any]  # a parsed document or one of its mappings
 
@@ -100,111 +89,7 @@ def read_layer(path: Path) -> Layer:
         ) from None
     if text.startswith("\ufeff"):
         text = text[1:]
-    data, origins = _cached_parse(path, text, shown)
+    from .yamldoc import parse_text  # here: yamldoc builds on this module's types
+
+    data, origins = parse_text(text, shown, json_file=path.suffix == ".json")
     return Layer(path=path, data=data, origins=origins)
-
-
-def _cached_parse(path: Path, text: str, shown: str) -> tuple[Data, Origins]:
-    """parse_text(text), or what it returned for this very text, file and spelling before.
-
-    PyYAML's import is most of what reading an unchanged fdl.yml costs: its regular expressions
-    are compiled at import. Skipping it saved 13-48 ms of `fdl probe --json`'s CPU time in a project
-    (interleaved medians of 21-25 runs, loaded 2-core machine); with the collector pause of
-    fdl.cli.context, bench/probe.py --baseline measured 9.7x -> 8.0x a bare interpreter.
-
-    An entry is used only when its text, file, spelling, fdl version and parser sources all match,
-    so an edit, a move or an upgrade parses again; an entry that cannot be read or written (a
-    read-only home, a damaged file) costs only the parse. Entries are in marshal's format, the one
-    Python trusts for its own __pycache__ (json's import alone would cost `fdl config show` more than
-    the cache saves it). Documents with values that are not plain (dates, bytes, keys that are not
-    strings) or with a secret (a join token, key material:
-    what `fdl config show` masks) are not cached.
-    """
-    import marshal
-
-    from .. import __version__
-
-    json_file = path.suffix == ".json"
-    where = (str(path.resolve()), shown, json_file)
-    stamp = (CACHE_FORMAT, __version__, *_parser_stamp(), *where)
-    entry_path = _cache_file(where)
-    try:
-        entry = marshal.loads(_own_bytes(entry_path))
-        if isinstance(entry, dict) and entry["stamp"] == stamp and entry["text"] == text \
-                and isinstance(entry["data"], dict):
-            return entry["data"], {keypath: Origin(shown, line) for keypath, line in entry["origins"]}
-    except (OSError, EOFError, ValueError, KeyError, TypeError):
-        pass
-    from .yamldoc import parse_text
-
-    data, origins = parse_text(text, shown, json_file=json_file)
-    if _cacheable(data, origins, shown):
-        entry = {"stamp": stamp, "text": text, "data": data,
-                 "origins": [(keypath, origin.line) for keypath, origin in origins.items()]}
-        try:
-            from ..fsio import atomic_write
-
-            entry_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            atomic_write(entry_path, marshal.dumps(entry), mode=0o600)
-        except (OSError, ValueError):
-            pass
-    return data, origins
-
-
-def _own_bytes(entry_path: Path) -> bytes:
-    """The entry's bytes, when it and its directory belong to this user and nobody else may write them.
-
-    marshal is safe only for data its reader wrote: an entry someone else could have written (a cache
-    directory pointed at a shared place, a group-writable file) is ignored (OSError: parse instead)."""
-    me = os.geteuid()
-    for place in (entry_path.parent, entry_path):
-        info = os.lstat(place)
-        if info.st_uid != me or info.st_mode & 0o022 or not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
-            raise PermissionError(f"{place} is not this user's own")
-    with open(entry_path, "rb") as handle:
-        return handle.read()
-
-
-@lru_cache(maxsize=1)
-def _parser_stamp() -> tuple[Any, ...]:
-    """Size and mtime of the parser's sources (fdl.config.yamldoc, PyYAML): a changed parser parses again."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("yaml")
-    stamp: list[Any] = []
-    for source in (Path(__file__).with_name("yamldoc.py"), spec.origin if spec is not None else None):
-        try:
-            info = os.stat(source) if source is not None else None
-        except OSError:
-            info = None
-        stamp.append((info.st_size, info.st_mtime_ns) if info is not None else None)
-    return tuple(stamp)
-
-
-def _cache_file(where: tuple[Any, ...]) -> Path:
-    """Where the entry of one (file, spelling) lives: one each, replaced when its text or the parser changes.
-
-    The directory is $FDL_CONFIG_CACHE when set (the test suite points it at a directory of its own), else
-    config/ in fdl's cache directory ($XDG_CACHE_HOME/fdl, else ~/.cache/fdl)."""
-    import zlib
-
-    directory = read(FDL_CONFIG_CACHE) or str(cache_dir() / "config")
-    return Path(directory) / f"{zlib.crc32(repr(where).encode()):08x}.marshal"
-
-
-def _cacheable(data: Data, origins: Origins, shown: str) -> bool:
-    """The document is plain (text-keyed mappings, lists, text, numbers, booleans, null), so the cache gives
-    it back exactly, and it holds no secret: a value `fdl config show` masks (a token, key material) is never
-    copied into the cache."""
-    from .masking import find_masks
-
-    def plain(value: Any) -> bool:
-        if isinstance(value, dict):
-            return all(type(key) is str and plain(sub) for key, sub in value.items())
-        if isinstance(value, list):
-            return all(plain(sub) for sub in value)
-        return value is None or type(value) in (str, int, float, bool)
-
-    return plain(data) and not find_masks(data) and all(
-        origin.file == shown and all(type(part) in (str, int) for part in keypath)
-        for keypath, origin in origins.items())

@@ -46,7 +46,7 @@ def parse_text(text: str, shown: str, *, json_file: bool) -> tuple[Data, Origins
         node = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
         if json_file:
-            return _parse_json_fallback(text, shown, exc)
+            return _parse_json_fallback(text, shown)
         mark = exc.problem_mark or exc.context_mark
         where = f"{shown}:{mark.line + 1}:{mark.column + 1}" if mark else shown
         what = " ".join(p for p in (exc.context, exc.problem) if p)
@@ -76,7 +76,7 @@ def parse_text(text: str, shown: str, *, json_file: bool) -> tuple[Data, Origins
     return data, builder.origins
 
 
-def _parse_json_fallback(text: str, shown: str, yaml_exc: yaml.MarkedYAMLError) -> tuple[Data, Origins]:
+def _parse_json_fallback(text: str, shown: str) -> tuple[Data, Origins]:
     """A .json file YAML cannot read (tabs, say): parse it as JSON, origins at line level only."""
     import json
 

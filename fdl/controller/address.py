@@ -8,7 +8,7 @@ the convention default 127.0.0.1:1337, which the command notes on stderr.
 The token for an address, found without typing it: the env's
 `cluster.controller.join.token` for the env's addresses, and for a live run
 of this user (found by its record or at the address typed) the run's own
-token file, readable by this user alone (fdl.launch.live.run_token). A token
+token file, readable by this user alone (fdl.controller.live.run_token). A token
 the command is given (`--token-file`, `FDL_JOIN_TOKEN`) wins over both.
 """
 
@@ -17,17 +17,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
-from fdl.config.schema import DEFAULT_PORT, ClusterSpec
+from fdl.config.parse import DEFAULT_PORT
+from fdl.config.schema import ClusterSpec
 from fdl.controller.client import ControllerClient, ControllerError, NoRunListening, normalize_address
 from fdl.errors import UsageError
-from fdl.paths import RUNS_IN_HOME
+from fdl.hostside.paths import RUNS_IN_HOME
 
 DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 T = TypeVar("T")
 
 if TYPE_CHECKING:
-    from fdl.launch.live import LiveRun
+    from fdl.controller.live import LiveRun
 
 
 class Target(NamedTuple):
@@ -47,13 +48,13 @@ class Target(NamedTuple):
 
 
 def _live_runs() -> list[LiveRun]:
-    from fdl.launch.live import live_runs
+    from fdl.controller.live import live_runs
 
     return live_runs()
 
 
 def _run_token(run_id: str) -> str | None:
-    from fdl.launch.live import run_token
+    from fdl.controller.live import run_token
 
     return run_token(run_id)
 
@@ -63,7 +64,7 @@ def resolve(addr: str | None, cluster_loader: Callable[[], ClusterSpec | None],
             token_loader: Callable[[str], str | None] = _run_token) -> Target:
     """Pick the controller address; cluster_loader returns the active env's ClusterSpec (or None).
 
-    live_loader returns this user's live launcher runs (fdl.launch.live): a run that moved off its
+    live_loader returns this user's live launcher runs (fdl.controller.live): a run that moved off its
     configured port is asked first in its place, and with no configuration at all the live runs
     are asked before the convention default. token_loader reads a live run's own token file.
     """

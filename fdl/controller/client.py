@@ -36,8 +36,8 @@ from fdl.config.parse import split_host_port
 from fdl.controller import auth
 from fdl.controller.protocol import PROTOCOL, Hello, hello_body
 from fdl.controller.view import printable
-from fdl.envvars import FDL_JOIN_TOKEN
 from fdl.errors import FdlError, RemoteError, UsageError
+from fdl.hostside.envvars import FDL_JOIN_TOKEN
 
 MAX_ANSWER = 64 << 20  # bytes of an answer read at most (a 4096-host state.json is under 1 MiB)
 
@@ -150,7 +150,7 @@ class ControllerClient:
 
     def _send(self, method: str, path: str, data: bytes | None, headers: dict[str, str], wait: float) -> Answer:
         """One HTTP exchange; network failures as ControllerError. The answer's body is read, bounded."""
-        import requests  # lazy: ~100 ms, and only commands that talk to a controller pay it
+        import requests  # lazy: a heavy import, and only commands that talk to a controller pay it
 
         if self._session is None:
             self._session = requests.Session()

@@ -34,7 +34,6 @@ from fdl.controller.states import (
     FAILED,
     FORMING,
     OPEN,
-    PHASES,
     SNAPSHOT_S,
     STAGING,
     STATE_SCHEMA,
@@ -42,14 +41,12 @@ from fdl.controller.states import (
     TRAINING,
     WAITING,
     Member,
-    Phase,
     Refused,
     Switch,
 )
 from fdl.controller.world import World, build_world
 
-__all__ = ["DONE", "FAILED", "FORMING", "OPEN", "PHASES", "STAGING", "TERMINAL", "TRAINING", "WAITING", "Member",
-           "Phase", "Refused", "RunMachine", "Switch"]
+__all__ = ["RunMachine"]
 
 
 _JSON: dict[str, Any] = {"separators": (",", ":")}

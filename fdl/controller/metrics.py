@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
-from fdl.controller.machine import PHASES
+from fdl.controller.states import PHASES
 from fdl.controller.view import deadlines
 
 if TYPE_CHECKING:

@@ -11,15 +11,11 @@ import ipaddress
 import socket
 from dataclasses import dataclass, field
 
-from fdl.config.schema import (
-    DEFAULT_PORT,
-    MAX_WORKERS,
-    START_MODES,
-    ClusterSpec,
-    Devices,
-)
+from fdl.config.parse import DEFAULT_PORT
+from fdl.config.schema import MAX_WORKERS, START_MODES, ClusterSpec
 from fdl.errors import ConfigError
-from fdl.paths import DEFAULT_DATA_PATH
+from fdl.hostside.checks.devices import Devices
+from fdl.hostside.paths import DEFAULT_DATA_PATH
 
 #: Hard bounds, whatever a policy asks for: the roster and the world stay finite.
 MAX_HOSTS = MAX_WORKERS

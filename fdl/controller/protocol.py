@@ -14,8 +14,8 @@ import re
 from typing import Any, NamedTuple
 
 from fdl.config.parse import is_valid_host
-from fdl.config.schema import Devices, parse_devices
-from fdl.envvars import (
+from fdl.hostside.checks.devices import Devices, parse_devices
+from fdl.hostside.envvars import (
     FDL_BACKEND,
     FDL_CONTROLLER,
     FDL_DATA_PATH,

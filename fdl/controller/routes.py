@@ -25,8 +25,9 @@ from typing import Any, NamedTuple
 from aiohttp import web
 
 from fdl.controller import auth
-from fdl.controller.machine import OPEN, Refused, RunMachine
+from fdl.controller.machine import RunMachine
 from fdl.controller.protocol import PROTOCOL, BadRequest, decode, parse_hello, parse_start, parse_ticketed
+from fdl.controller.states import OPEN, Refused
 from fdl.controller.wire import Limits, error_response, json_response
 
 GZIP_FROM = 16 * 1024  # state.json bodies this large go gzipped to clients that accept it (a big roster)
@@ -237,7 +238,7 @@ class Endpoints:
 
     async def metrics(self, request: web.BaseRequest) -> web.Response:
         if self._registry is None:
-            # prometheus_client takes ~0.1 s to import: done off the loop, once, at the first scrape
+            # prometheus_client is slow to import: done off the loop, once, at the first scrape
             registry = await asyncio.to_thread(self._new_registry)
             self._registry = self._registry or registry
         from fdl.controller.metrics import render

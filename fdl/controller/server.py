@@ -40,13 +40,14 @@ from aiohttp import web
 
 from fdl.config.schema import ClusterSpec
 from fdl.controller.gate import ConnectionHandler, Gate, raise_fd_limit
-from fdl.controller.machine import TERMINAL, RunMachine
+from fdl.controller.machine import RunMachine
 from fdl.controller.policy import RunPolicy
-from fdl.controller.routes import Endpoints, status_page
-from fdl.controller.wire import Limits, is_loopback
+from fdl.controller.routes import Endpoints
+from fdl.controller.states import TERMINAL
+from fdl.controller.wire import Limits
 from fdl.errors import FdlError
 
-__all__ = ["ControllerServer", "Limits", "is_loopback", "new_event_loop", "status_page"]
+__all__ = ["ControllerServer", "new_event_loop"]
 
 GC_GEN0 = 50_000  # the cyclic GC's youngest-generation threshold while a controller serves (default 700)
 log = logging.getLogger("fdl.controller")
@@ -270,7 +271,7 @@ class ControllerServer:
         return self._gate.total if self._gate is not None else 0
 
     def _new_registry(self) -> Any:
-        """prometheus_client's CollectorRegistry over this server (imported at the first scrape: ~0.1 s)."""
+        """prometheus_client's CollectorRegistry over this server (imported at the first scrape, not at start)."""
         from fdl.controller.metrics import new_registry
 
         return new_registry(self)

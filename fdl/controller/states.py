@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from fdl.config.schema import Devices
+from fdl.hostside.checks.devices import Devices
 
 
 class Phase(StrEnum):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fdl.controller.client import ControllerClient, ControllerError, NoRunListening
-from fdl.envvars import FDL_JOIN_TOKEN
+from fdl.hostside.envvars import FDL_JOIN_TOKEN
 
 State = dict[str, Any]
 Draw = Callable[[State | None, str | None], None]
@@ -43,7 +43,7 @@ def outcome(end: WatchEnd, kept: Callable[[str | None], State | None] = lambda _
 
     The last state seen tells it when the watch saw the run finish in an answer that proved the run's
     token; otherwise `kept` may hold the final state the run's launcher kept on this machine
-    (fdl.launch.live.kept_state: this user's own file, local evidence).
+    (fdl.controller.live.kept_state: this user's own file, local evidence).
     """
     state = end.state or {}
     run = state.get("run_id")

@@ -17,7 +17,7 @@ ROLE_WORLD_SIZE = WORLD_SIZE), GROUP_WORLD_SIZE the number of hosts, and
 TORCHELASTIC_RUN_ID the run's id (the cohort's, else the launch's). The part
 of that contract only the host running the ranks can know (restart count and
 maximum, OMP_NUM_THREADS, TORCH_NCCL_ASYNC_ERROR_HANDLING) is set by the rank
-supervisor (fdl.agent.supervisor.worker_env).
+supervisor (fdl.hostside.supervisor.worker_env).
 
 Building the world is O(members); each member's own share is computed and
 serialized once, on first request, and is O(that member's ranks).
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fdl.envvars import (
+from fdl.hostside.envvars import (
     FDL_BACKEND,
     FDL_CONTROLLER,
     FDL_DATA_PATH,

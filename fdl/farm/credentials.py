@@ -24,8 +24,8 @@ from pathlib import Path
 
 from fdl.errors import FdlError
 from fdl.farm import minted
-from fdl.farm.authorized_keys import AuthorizedKeysError, KeyIdentity, parse_public_key
-from fdl.fsio import atomic_write, fsync_dir
+from fdl.hostside.farm.authorized_keys import AuthorizedKeysError, KeyIdentity, parse_public_key
+from fdl.hostside.fsio import atomic_write, fsync_dir
 
 KEY_NAME, PUB_NAME, TOKEN_NAME = "key", "key.pub", "token"
 TOKEN_BYTES = 32

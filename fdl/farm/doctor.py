@@ -19,9 +19,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, CheckResult
-from fdl.farm.doors import DOOR_A, DOOR_B
-from fdl.farm.sshd_config import SshdConfigScan, scan
+from fdl.hostside.checks.report import ERROR, OK, WARNING, CheckResult
+from fdl.hostside.farm.doors import DOOR_A, DOOR_B
+from fdl.hostside.farm.sshd_config import SshdConfigScan, scan
 
 DEFAULT_SSHD_CONFIG = "/etc/ssh/sshd_config"
 SFTP_SERVERS = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server", "/usr/libexec/sftp-server",
@@ -56,7 +56,6 @@ class HostFacts:
     firewall_active: bool | None = None
     firewall_port_open: bool | None = None
     remote_login: bool | None = None  # macOS Remote Login (sshd under launchd)
-    is_root: bool = False
     in_container: bool = False  # /.dockerenv or /run/.containerenv: its ~/.ssh is rarely the workers' sshd's
     existing_files: frozenset[str] = field(default_factory=frozenset)  # paths the doctor asked about
 
@@ -424,9 +423,9 @@ def gather_facts(*, door_port: int, served: str | None, sshd_config: str = DEFAU
         rrsync_doc_copy=os.path.exists(RRSYNC_DOC_COPY), served=served,
         served_is_dir=os.path.isdir(served) if served else False, selinux=selinux, selinux_ssh_ports=selinux_ports,
         semanage_path=semanage, firewall=firewall, firewall_active=fw_active, firewall_port_open=fw_open,
-        remote_login=remote_login, is_root=os.geteuid() == 0, existing_files=frozenset(existing),
+        remote_login=remote_login, existing_files=frozenset(existing),
         in_container=os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv"),
     )
 
 
-__all__ = ["ERROR", "OK", "SKIPPED", "WARNING", "HostFacts", "Spelling", "diagnose", "gather_facts", "probe_banner"]
+__all__ = ["HostFacts", "Spelling", "diagnose", "gather_facts", "probe_banner"]

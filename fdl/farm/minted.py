@@ -8,7 +8,7 @@ record matches both. The record holds no secret (the token is 256 bits of entrop
 
     $XDG_STATE_HOME/fdl/farms/<hash of the fingerprint>.json   (default ~/.local/state/fdl/farms/)
 
-The directories are 0700 and the records 0600, written atomically (fdl.fsio). A record is believed only
+The directories are 0700 and the records 0600, written atomically (fdl.hostside.fsio). A record is believed only
 when the file and the two directories fdl made (fdl/, fdl/farms/) belong to this user and nobody else can
 write them; anything else counts as no record.
 """
@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 from fdl.errors import FdlError
-from fdl.fsio import atomic_write
-from fdl.paths import state_dir
+from fdl.hostside.fsio import atomic_write
+from fdl.hostside.paths import state_dir
 
 FORMAT = 1
 

@@ -26,23 +26,19 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from fdl.envvars import FDL_GPU_FEATURE
-from fdl.errors import FdlError
+from fdl.errors import BuildError
+from fdl.hostside.envvars import FDL_GPU_FEATURE
 from fdl.launch.plan import SINGLE, LaunchHost, LaunchPlan
 
 if TYPE_CHECKING:
-    from fdl.cluster.runner import RunnerEvent
-    from fdl.libtorch.variants import Libtorch
+    from fdl.cluster.events import RunnerEvent
+    from fdl.hostside.libtorch.variants import Libtorch
 
 DEFAULT_RECIPE = "cargo build --release"
 TARGET = "target"
 NATIVE = "native"  # the target-dir key of a host without arch: (this machine's libtorch)
 LOG_NAME = "fdl-build.log"
 _ENV_KEYS = ("LIBTORCH_PATH", FDL_GPU_FEATURE, "LD_LIBRARY_PATH")
-
-
-class BuildError(FdlError):
-    """The pre-flight build failed (nothing was dispatched)."""
 
 
 @dataclass(frozen=True)
@@ -145,15 +141,14 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def prebuild(plan: LaunchPlan, jobs: list[BuildJob], *, progress: bool | None = None) -> None:
     """Run every job's recipe at once through playbooks/prebuild.yml; raise BuildError on the first failure."""
-    from fdl.cluster.inventory import WORKERS_GROUP, ClusterInventory, InventoryHost
-    from fdl.cluster.runner import OK, SKIPPED, run_playbook
+    from fdl.cluster.events import OK, SKIPPED
+    from fdl.cluster.inventory import WORKERS_GROUP, ClusterInventory, InventoryHost, local_vars
+    from fdl.cluster.runner import run_playbook
 
     todo = [job for job in jobs if job.recipe is not None]
     if todo:
         inventory = ClusterInventory(
-            hosts={job.host: InventoryHost(name=job.host, vars={"ansible_connection": "local",
-                                                                  "ansible_python_interpreter": sys.executable})
-                   for job in todo},
+            hosts={job.host: InventoryHost(name=job.host, vars=local_vars(sys.executable)) for job in todo},
             groups={WORKERS_GROUP: [job.host for job in todo]})
         for job in todo:
             job.log.parent.mkdir(parents=True, exist_ok=True)

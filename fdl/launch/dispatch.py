@@ -6,7 +6,7 @@ canceled play leaves its children behind), so dispatch has two halves:
 
 1. **Staging** is the flodl.fdl.dispatch playbook (role fdl_dispatch), run through fdl.cluster.runner, every
    host at once: the fdl_dispatch_stage module lays out `~/.flodl/launch/` on the host (the rank supervisor,
-   fdl/agent/supervisor.py shipped as it is in the module's payload, so a host needs no fdl install, and the
+   fdl/hostside/supervisor.py shipped as it is in the module's payload, so a host needs no fdl install, and the
    host's rank spec: world environment per rank, the worker's `env:`, the args), and the built binary goes
    over rsync only where the host's copy has another SHA-256.
 2. **Running** is one `ssh` per host (fdl.cluster.ssh: the inventory's connection settings for that host and
@@ -26,61 +26,25 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any
 
-from fdl.agent.supervisor import NOTE_PREFIX, RESULT_PREFIX, GroupResult, Supervisor
 from fdl.controller.protocol import without_secrets
-from fdl.envvars import FDL_RUN_ID
 from fdl.errors import RemoteError
+from fdl.hostside.envvars import FDL_RUN_ID
+from fdl.hostside.paths import LAUNCH_IN_HOME
+from fdl.hostside.supervisor import NOTE_PREFIX, RESULT_PREFIX, GroupResult, Supervisor
 from fdl.launch.build import BuildJob
 from fdl.launch.plan import LaunchHost, LaunchPlan
-from fdl.paths import LAUNCH_IN_HOME
+from fdl.launch.printer import Printer
 
 if TYPE_CHECKING:
+    from fdl.cluster.events import HostResult, TaskOutcome
     from fdl.cluster.inventory import ClusterInventory
-    from fdl.cluster.runner import HostResult, TaskOutcome
 
 GRACE_S = 10.0
-
-
-class TextSink(Protocol):
-    """Where a Printer writes: a text stream, or anything with its write and flush."""
-
-    def write(self, text: str, /) -> int: ...
-
-    def flush(self) -> None: ...
-
-
-class Printer:
-    """Rank lines to stdout, launcher notes to stderr; one lock, so lines never interleave."""
-
-    def __init__(self, out: TextSink | None = None, err: TextSink | None = None):
-        self.out = out or sys.stdout
-        self.err = err or sys.stderr
-        self._lock = threading.Lock()
-
-    def line(self, text: str) -> None:
-        with self._lock:
-            try:
-                self.out.write(text.rstrip("\n") + "\n")
-                self.out.flush()
-            except (BrokenPipeError, ValueError):
-                pass
-
-    def note(self, text: str) -> None:
-        from fdl.controller.view import printable
-
-        text = printable(text)  # host names and details from walk-ins are data, never terminal controls
-        with self._lock:
-            try:
-                self.err.write(f"fdl: launch: {text}\n")
-                self.err.flush()
-            except (BrokenPipeError, ValueError):
-                pass
 
 
 @dataclass
@@ -122,7 +86,8 @@ def stage_remote(plan: LaunchPlan, inventory: ClusterInventory, jobs: dict[str, 
     at the play's final stats, when every host's result is in: ansible-playbook's own exit and the runner's
     artifacts finish in the background while the rank sessions start.
     """
-    from fdl.cluster.runner import OK, run_playbook
+    from fdl.cluster.events import OK
+    from fdl.cluster.runner import run_playbook
     from fdl.cluster.ssh import login, rsync_rsh
 
     hosts = [h.name for h in plan.remote]
@@ -140,9 +105,10 @@ def stage_remote(plan: LaunchPlan, inventory: ClusterInventory, jobs: dict[str, 
             "rsh": rsync_rsh(inv_host), "login": login(inv_host),
             "command": list(plan.args) if plan.command.bin is not None else plan.rank_argv(None),
             "ranks": specs[name], "label": name, "grace_s": GRACE_S}
-    result = run_playbook("dispatch.yml", inventory, extravars={"fdl_dispatch_plan": dispatch_plan}, limit=hosts,
-                          progress=progress, title="dispatch", skip_validation=True,
-                          return_at_stats=True)
+    # fdl checked every value it sends: the role's argument validation (a task per host) is left out
+    result = run_playbook("dispatch.yml", inventory,
+                          extravars={"fdl_dispatch_plan": dispatch_plan, "fdl_dispatch_validate": False},
+                          limit=hosts, progress=progress, title="dispatch", return_at_stats=True)
     staged: dict[str, dict[str, Any]] = {}
     failures: list[str] = []
     for name in hosts:

@@ -25,15 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fdl.config.schema import (
-    DEFAULT_PORT,
-    ClusterSpec,
-    CommandSpec,
-    Devices,
-    WorkerSpec,
-)
-from fdl.envvars import FDL_PORT, read
+from fdl.config.parse import DEFAULT_PORT
+from fdl.config.schema import ClusterSpec, CommandSpec, WorkerSpec
 from fdl.errors import ConfigError, UsageError
+from fdl.hostside.checks.devices import Devices
+from fdl.hostside.envvars import FDL_PORT, read
 
 if TYPE_CHECKING:
     from fdl.controller.policy import RunPolicy
@@ -140,7 +136,7 @@ def concrete_gpus(devices: Devices, what: str, count: int | None) -> Devices:
 
 
 def _gpu_count() -> int | None:
-    from fdl.checks.nvml import device_count
+    from fdl.hostside.checks.nvml import device_count
 
     return device_count()
 

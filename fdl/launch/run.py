@@ -22,24 +22,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fdl import __version__
-from fdl.controller.machine import DONE, FAILED, FORMING, TERMINAL, TRAINING, Refused
+from fdl.controller import live
+from fdl.controller.states import DONE, FAILED, FORMING, TERMINAL, TRAINING, Refused
 from fdl.controller.wire import is_loopback
-from fdl.envvars import FDL_JOIN_TOKEN, FDL_RUN_ID
 from fdl.errors import ExitCode, FdlError
-from fdl.launch import live
+from fdl.hostside.envvars import FDL_JOIN_TOKEN, FDL_RUN_ID
+from fdl.hostside.paths import RUNS_IN_HOME
 from fdl.launch.build import BuildJob, build_jobs, check_artifacts, prebuild
 from fdl.launch.dispatch import (
     GRACE_S,
     HostOutcome,
     LocalSession,
-    Printer,
     RemoteSession,
     Session,
     rank_specs,
     stage_remote,
 )
 from fdl.launch.plan import SINGLE, LaunchPlan
-from fdl.paths import RUNS_IN_HOME
+from fdl.launch.printer import Printer
 from fdl.signals import Interrupts
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ class Launcher:
         plan = self.plan
         for text in plan.notes:
             self.printer.note(text)
-        from fdl.controller.server import Limits
+        from fdl.controller.wire import Limits
 
         limits = Limits(max_per_peer=plan.cluster.controller.peer_connections) if plan.cluster is not None else None
         self._server = ControllerServer(self._policy(), host=plan.bind, port=plan.port, limits=limits).start()
@@ -179,7 +179,7 @@ class Launcher:
 
     def _record_live(self) -> Path | None:
         """Say where this run's controller listens, for a plain `fdl status` and `fdl start` of this user on this
-        machine (fdl.launch.live; they find the run's token beside it). A cluster run's controller is recorded as
+        machine (fdl.controller.live; they find the run's token beside it). A cluster run's controller is recorded as
         this machine reaches it: on loopback when it listens there or on every address."""
         plan = self.plan
         address = plan.controller_addr
@@ -217,7 +217,7 @@ class Launcher:
         import os
         import secrets
 
-        from fdl.fsio import atomic_write
+        from fdl.hostside.fsio import atomic_write
 
         token = secrets.token_hex(32)
         path = live.token_path(self.plan.run_id)
@@ -239,7 +239,7 @@ class Launcher:
         """The final state.json outlives the controller (it goes with the launcher): kept in the run's directory."""
         import json
 
-        from fdl.fsio import atomic_write
+        from fdl.hostside.fsio import atomic_write
 
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,10 @@
 """libtorch: the one package for which libtorch a box has, which one ranks link, and getting one.
 
-Two of its modules run on managed hosts too: the probe imports them, and fdl/collection.py ships them
-beside the check library as the collection's module_utils/libtorch/. They are standard library only,
-Python 3.8 syntax, and import each other relatively; nothing else here may be imported by them.
+Its core runs on managed hosts too (the probe needs it), so it lives in the host-side package,
+fdl/hostside/libtorch/ (standard library only, Python 3.8, shipped as the collection's module_utils), and
+this package imports it from there; nothing there imports this package.
 
-Host-side (shipped):
+Host-side core (fdl/hostside/libtorch/):
 
     variants   what a variant is. DOWNLOADS (download name -> directory under a root: cu130 ->
                precompiled/cu130), CHOICES (those and auto), VARIANT_GROUPS, is_variant_name(),
@@ -17,7 +17,7 @@ Host-side (shipped):
                (.arch, build-version, the install record), describe_pytorch(), python_torch_dir(),
                resolve_libtorch() (the resolution order), resolution_order(), LibtorchNotFound.
 
-Controller and worker side (not shipped; fdl's own imports allowed):
+Here, on the controller box and workers (fdl's own imports allowed):
 
     source     where downloads come from: PyTorch's location for PYTORCH_RELEASE in its own naming, or a
                mirror in either naming; choose_source() (--mirror, FDL_LIBTORCH_MIRROR, libtorch.mirror,
@@ -28,5 +28,5 @@ Controller and worker side (not shipped; fdl's own imports allowed):
     gate       the libtorch a build links (resolve_active, resolve_variant) and the recipe's environment
                (build_env): the publish gate, the launcher's prebuilds and `fdl join --source`.
 
-The probe's judgement of the resolved libtorch against the GPUs is fdl/checks/libtorch.py.
+The probe's judgement of the resolved libtorch against the GPUs is fdl/hostside/checks/libtorch.py.
 """

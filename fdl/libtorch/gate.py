@@ -1,13 +1,13 @@
 """The libtorch a build compiles against, and the environment its recipe gets: the publish gate, the
 launcher's prebuilds and `fdl join --source` builds all use this.
 
-Resolution is the probe's (fdl.libtorch.resolve) without its last resort: LIBTORCH or LIBTORCH_PATH when
+Resolution is the probe's (fdl.hostside.libtorch.resolve) without its last resort: LIBTORCH or LIBTORCH_PATH when
 set, else the project's `libtorch/` root, else `~/.flodl/libtorch`. Nothing installed anywhere (an empty or
 half-made root included) is fine for a recipe that links nothing: the build then runs without
 LIBTORCH_PATH. A location that is set, or a root whose `.active` names something, but is broken is an error.
 
 The recipe gets `LIBTORCH_PATH`, `FDL_GPU_FEATURE` (`cuda`, `rocm`, or empty for CPU: the variant's vendor,
-fdl.libtorch.variants) and `LD_LIBRARY_PATH`; on AMD the system ROCm runtime is put ahead of libtorch's
+fdl.hostside.libtorch.variants) and `LD_LIBRARY_PATH`; on AMD the system ROCm runtime is put ahead of libtorch's
 bundled copy, because libtorch-rocm carries the whole user-space ROCm stack, and when that copy disagrees
 with the host's kernel driver the process dies at its first GPU operation.
 """
@@ -19,10 +19,10 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from fdl.envvars import FDL_GPU_FEATURE
 from fdl.errors import FdlError
-from fdl.libtorch.resolve import LibtorchNotFound, holds_libtorch, home_of, resolve_libtorch, roots
-from fdl.libtorch.variants import Libtorch
+from fdl.hostside.envvars import FDL_GPU_FEATURE
+from fdl.hostside.libtorch.resolve import LibtorchNotFound, holds_libtorch, home_of, resolve_libtorch, roots
+from fdl.hostside.libtorch.variants import Libtorch
 
 VARIANT_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
 ROCM_ENV = ("ROCM_PATH", "HIP_PATH", "HSA_PATH")

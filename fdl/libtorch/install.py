@@ -38,8 +38,10 @@ from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 from urllib.parse import urljoin
 
 from fdl.errors import FdlError, PermanentError
-from fdl.fsio import TEMP_SUFFIX, atomic_write, fsync_dir
-from fdl.libtorch.resolve import ACTIVE, RECORD, describe_variant, home_of, home_root, read_active
+from fdl.hostside.fsio import TEMP_SUFFIX, atomic_write, fsync_dir
+from fdl.hostside.libtorch.resolve import ACTIVE, RECORD, describe_variant, home_of, home_root, read_active
+from fdl.hostside.libtorch.variants import DOWNLOADS, VARIANT_GROUPS, Libtorch
+from fdl.hostside.paths import FLODL_IN_HOME
 from fdl.libtorch.source import (
     PYTORCH_RELEASE,
     Source,
@@ -49,8 +51,6 @@ from fdl.libtorch.source import (
     official_file,
     official_url,
 )
-from fdl.libtorch.variants import DOWNLOADS, VARIANT_GROUPS, Libtorch
-from fdl.paths import FLODL_IN_HOME
 
 if TYPE_CHECKING:
     import requests

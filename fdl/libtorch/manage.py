@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fdl.errors import FdlError, UsageError
-from fdl.libtorch.install import Installed, Progress, ensure_variant, write_active
-from fdl.libtorch.resolve import (
+from fdl.hostside.libtorch.resolve import (
     LibtorchNotFound,
     describe_pytorch,
     describe_variant,
@@ -22,11 +21,12 @@ from fdl.libtorch.resolve import (
     resolve_libtorch,
     roots,
 )
+from fdl.hostside.libtorch.variants import CHOICES, VARIANT_GROUPS, Libtorch, download_name, label_of
+from fdl.libtorch.install import Installed, Progress, ensure_variant, write_active
 from fdl.libtorch.source import OFFICIAL_VARIANTS, Source, route_auto
-from fdl.libtorch.variants import CHOICES, VARIANT_GROUPS, Libtorch, download_name, label_of
 
 if TYPE_CHECKING:
-    from fdl.agent.gpu import Offer
+    from fdl.offer import Offer
 
 Note = Callable[[str], None]
 
@@ -81,7 +81,7 @@ def list_variants(project_root: str | None, environ: Mapping[str, str]) -> list[
 
 
 def resolve(project_root: str | None, environ: Mapping[str, str], explicit: str | None = None) -> Resolution:
-    """The probe's resolution (fdl.libtorch.resolve), with the order it walked."""
+    """The probe's resolution (fdl.hostside.libtorch.resolve), with the order it walked."""
     home = home_of(environ)
     torch_dir = python_torch_dir(environ)
     order = resolution_order(explicit, environ, project_root, home, torch_dir)
@@ -106,8 +106,8 @@ def choose_variant(name: str, offer_fn: Callable[[], Offer] | None = None) -> st
 
 def this_box_offer() -> Offer:
     """What this box offers for `auto`: every GPU present, else CPU ranks."""
-    from fdl.agent.gpu import Offer, check_gpu_stack
-    from fdl.config.schema import Devices
+    from fdl.hostside.checks.devices import Devices
+    from fdl.offer import Offer, check_gpu_stack
 
     try:
         return check_gpu_stack(Devices())

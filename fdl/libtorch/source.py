@@ -24,9 +24,9 @@ import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from ..envvars import FDL_LIBTORCH_MIRROR
 from ..errors import ConfigError, FdlError, PermanentError, UsageError
-from .variants import DOWNLOADS
+from ..hostside.envvars import FDL_LIBTORCH_MIRROR
+from ..hostside.libtorch.variants import DOWNLOADS
 
 #: the PyTorch release fdl downloads by default (the project's torch pin), and the variants it publishes as
 #: libtorch archives for Linux

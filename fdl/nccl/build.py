@@ -21,8 +21,8 @@ from fdl.nccl.plan import BuildPlan
 from fdl.progress import StatusLine
 
 if TYPE_CHECKING:  # the dry run never loads the Ansible side
+    from fdl.cluster.events import RunnerEvent
     from fdl.cluster.inventory import ClusterInventory
-    from fdl.cluster.runner import RunnerEvent
 
 PLAYBOOK = "nccl_build.yml"
 _TAIL_LINES = 25
@@ -68,6 +68,12 @@ def preload_entry(host: str, library: str) -> str:
             f"      LD_PRELOAD: {library}\n")
 
 
+def _action(data: dict[str, Any]) -> str:
+    """A task's module without its collection: the role names fdl's own modules short (the clone's library/ or
+    the collection's own namespace resolves them) and Ansible's with or without ansible.builtin."""
+    return str(data.get("task_action") or "").rsplit(".", 1)[-1]
+
+
 class Progress:
     """Turns runner events into progress lines (on a terminal) and collects what the role reported."""
 
@@ -92,9 +98,9 @@ class Progress:
             if self.display is not None:
                 elapsed = int(time.monotonic() - self.build_started)
                 self.display.status(f"    still building: {elapsed // 60}m{elapsed % 60:02d}s elapsed")
-        elif kind == "on_ok" and data.get("task_action") == "flodl.fdl.fdl_nccl_install":
+        elif kind == "on_ok" and _action(data) == "fdl_nccl_install":
             self.installed = event.res or {}
-        elif kind == "on_ok" and data.get("task_action") in ("ansible.builtin.template", "template"):
+        elif kind == "on_ok" and _action(data) == "template":
             self.context_ready = True
         elif kind == "on_failed" and not data.get("ignore_errors"):
             self.failures.append(describe_failure(data))
@@ -111,7 +117,7 @@ def describe_failure(data: dict[str, Any]) -> str:
     """One failed task, in words: the role's own message, or the command's exit and last output lines."""
     res = data.get("res") or {}
     host = data.get("host", "?")
-    if data.get("task_action") in ("ansible.builtin.fail", "fail", "ansible.builtin.assert", "assert"):
+    if _action(data) in ("fail", "assert"):
         return f"{res.get('msg', 'failed')}"
     msg = str(res.get("msg", "")).strip()
     parts = [f"'{data.get('task', 'a task')}' failed on {host}"]

@@ -39,11 +39,11 @@ def bundled_nccl(root: Path) -> list[BundledNccl]:
     """The NCCL libraries the project's libtorch variants carry, oldest first.
 
     Variants are found and NCCL is dated the way `fdl probe` does it
-    (fdl.libtorch.resolve / fdl.checks.nccl): ncclGetVersion when the library
+    (fdl.hostside.libtorch.resolve / fdl.hostside.checks.nccl): ncclGetVersion when the library
     loads, else the versioned file name.
     """
-    from fdl.checks.nccl import SONAME, library_version
-    from fdl.libtorch.resolve import installed_variants
+    from fdl.hostside.checks.nccl import SONAME, library_version
+    from fdl.hostside.libtorch.resolve import installed_variants
 
     libtorch = root / "libtorch"
     found = []
@@ -99,7 +99,7 @@ def choose_tag(explicit: str | None, *, root: Path, fleet: list[HostNccl] | None
 
 def local_capabilities() -> list[tuple[int, int]] | None:
     """This host's GPUs through NVML (None when NVML is unavailable)."""
-    from fdl.checks.nvml import device_capabilities
+    from fdl.hostside.checks.nvml import device_capabilities
 
     return device_capabilities()
 

@@ -24,9 +24,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from fdl.envvars import FDL_GIT_PASSWORD, FDL_GIT_USERNAME
 from fdl.errors import FdlError, RemoteError
-from fdl.fsio import atomic_write
+from fdl.hostside.envvars import FDL_GIT_PASSWORD, FDL_GIT_USERNAME
+from fdl.hostside.fsio import atomic_write
 from fdl.publish.manifest import (
     MANIFEST_NAME,
     TEMP_PATTERNS,

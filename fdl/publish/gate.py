@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from fdl.errors import FdlError
+from fdl.hostside.libtorch.variants import Libtorch
 from fdl.libtorch.gate import build_env
-from fdl.libtorch.variants import Libtorch
 
 
 class GateError(FdlError):

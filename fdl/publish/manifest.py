@@ -33,13 +33,13 @@ from pathlib import Path
 import yaml
 
 from fdl.errors import FdlError
-from fdl.fsio import TEMP_SUFFIX, atomic_write, fsync_dir
+from fdl.hostside.fsio import TEMP_SUFFIX, atomic_write, fsync_dir
 
 MANIFEST_NAME = ".fdl-run.yml"
 DEFAULT_BUILD = "cargo build --release"
 FIELDS = ("cwd", "build", "bin", "args", "origin", "rustc", "published_epoch", "run", "built")
 MAX_MANIFEST_BYTES = 256 * 1024
-# The temp files an interrupted manifest write can leave: fdl.fsio's, and those of fdl before it.
+# The temp files an interrupted manifest write can leave: fdl.hostside.fsio's, and those of fdl before it.
 TEMP_PATTERNS = (f".{MANIFEST_NAME}.*{TEMP_SUFFIX}", f"{MANIFEST_NAME}.*.tmp")
 _RUN_RE = re.compile(r"[0-9a-f]{16,128}")
 _HEADER = (
@@ -111,7 +111,7 @@ def render(manifest: Manifest) -> str:
 
 
 def write_manifest(tree: Path, manifest: Manifest) -> Path:
-    """Write the manifest atomically (fdl.fsio: temp file, fsync, rename, fsync of the directory)."""
+    """Write the manifest atomically (fdl.hostside.fsio: temp file, fsync, rename, fsync of the directory)."""
     path = manifest_path(tree)
     atomic_write(path, render(manifest), mode=0o644)
     return path

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fdl.farm.doors import DoorError, rrsync_command
+from fdl.hostside.farm.doors import DoorError, rrsync_command
 from fdl.publish.run import TREE_NAME
 
 

@@ -37,11 +37,11 @@ from typing import IO, Any
 
 from fdl.config.schema import PublishDefaults
 from fdl.errors import FdlError
-from fdl.fsio import fsync_dir
+from fdl.hostside.fsio import fsync_dir
+from fdl.hostside.libtorch.variants import Libtorch
+from fdl.hostside.paths import FLODL_IN_HOME, SERVED_IN_HOME
+from fdl.hostside.paths import served as default_served
 from fdl.libtorch.gate import resolve_active, resolve_variant
-from fdl.libtorch.variants import Libtorch
-from fdl.paths import FLODL_IN_HOME, SERVED_IN_HOME
-from fdl.paths import served as default_served
 from fdl.publish import fetch as fetch_mod
 from fdl.publish.gate import GateResult, check_gate_headers, primary_gate, rustc_version, variant_gate
 from fdl.publish.manifest import (

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fdl.checks.nccl import find_nccl
+from fdl.hostside.checks.nccl import find_nccl
 from tests.conftest import fdl_env, run_fdl
 from tests.controller_util import free_port
 from tests.fakes import make_libtorch

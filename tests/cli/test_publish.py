@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fdl.farm.doors import rrsync_command
+from fdl.hostside.farm.doors import rrsync_command
 from fdl.publish.manifest import FIELDS, MANIFEST_NAME
 from tests.conftest import fdl_env, run_fdl
 from tests.integration.publish_support import publish_env

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from fdl.config.schema import parse_devices
 from fdl.controller.policy import RunPolicy
 from fdl.controller.protocol import Hello
+from fdl.hostside.checks.devices import parse_devices
 from tests.conftest import REPO, fdl_env, need_root_or_skip, run_fdl
 from tests.controller_util import TEST_TOKEN, PeerNamespace, free_port, serving
 

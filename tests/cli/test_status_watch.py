@@ -251,8 +251,8 @@ def test_watch_wait_waits_for_a_run_then_ends_with_its_outcome(tmp_path: Path) -
 
 
 def test_the_outcome_of_a_run_whose_end_was_not_seen_comes_from_its_kept_state(tmp_path: Path) -> None:
+    from fdl.controller.live import kept_state
     from fdl.controller.watch import WatchEnd, outcome
-    from fdl.launch.live import kept_state
 
     end = WatchEnd("ended", {"run_id": "abc123", "phase": "training"}, "run ended")
     assert outcome(end) == ("run abc123: outcome unknown: its controller went away while the run was training "

@@ -201,10 +201,10 @@ def test_a_new_user_installs_the_tarball_and_probes_a_host(testbed, short_tmp, c
     assert sorted(p.name for p in (collections / "ansible_collections").iterdir()) == ["flodl"]
     # self-contained: the check library, the supervisor and pynvml (with its licence) are real files in it
     utils = collections / "ansible_collections" / "flodl" / "fdl" / "plugins" / "module_utils"
-    assert (utils / "checks" / "probe.py").read_bytes() == (REPO / "fdl" / "checks" / "probe.py").read_bytes()
-    assert (utils / "supervisor.py").read_bytes() == (REPO / "fdl" / "agent" / "supervisor.py").read_bytes()
-    assert (utils / "hoststage.py").read_bytes() == (REPO / "fdl" / "launch" / "hoststage.py").read_bytes()
-    assert (utils / "fsio.py").read_bytes() == (REPO / "fdl" / "fsio.py").read_bytes()
+    host_side = REPO / "fdl" / "hostside"  # module_utils is fdl/hostside/, file for file
+    for name in ("checks/probe.py", "supervisor.py", "hoststage.py", "fsio.py", "farm/doors.py",
+                 "libtorch/resolve.py"):
+        assert (utils / name).read_bytes() == (host_side / name).read_bytes(), name
     packed: dict = {}
     exec((utils / "pynvml_packed.py").read_text(), packed)  # the packed pynvml is the environment's, unchanged
     assert zlib.decompress(base64.b64decode("".join(packed["_PACKED"]))) == pynvml_file().read_bytes()

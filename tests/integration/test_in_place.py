@@ -33,7 +33,7 @@ def clone(short_tmp) -> Path:
         if (REPO / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, dest / name)
-    verdict = dest / "fdl" / "checks" / "verdict.py"
+    verdict = dest / "fdl" / "hostside" / "checks" / "verdict.py"
     verdict.write_text(verdict.read_text() + f"\n\n_verdict = verdict\n\n\ndef verdict(report):\n"
                                              f"    return _verdict(report) + {MARK!r}\n")
     return dest

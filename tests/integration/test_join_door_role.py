@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from fdl import resources
-from fdl.farm.doors import dropin_vars
 from fdl.farm.render import render_dropin
+from fdl.hostside.farm.doors import dropin_vars
 from tests.conftest import need_root_or_skip
 from tests.integration.loopback_sshd import Listener, LoopbackSshd, free_ports
 

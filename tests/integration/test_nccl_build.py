@@ -183,7 +183,12 @@ def test_check_mode_run_changes_nothing(nccl_project, fake_nvml, docker, tmp_pat
     plan = json.loads(build(nccl_project, fake_nvml, docker, "--dry-run", "--json").stdout)
     (tmp_path / "vars.json").write_text(json.dumps(plan["role_vars"]))  # what fdl passes the role
     before = tree(nccl_project)
+    # This run's $HOME is not the account's home in the password database, and ansible-core's async_status
+    # looks for a job under the latter while the job writes under $HOME: an Ansible user in that position
+    # names the directory, as fdl's own inventory does for this machine (fdl.cluster.inventory.local_vars).
+    async_dir = Path(os.path.expanduser("~")) / ".ansible_async"
     result = ansible("--check", "-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}",
+                     "-e", f"ansible_async_dir={async_dir}",
                      "-e", f"@{tmp_path / 'vars.json'}", str(resources.playbook("nccl_build.yml")),
                      env=docker["env"])
     assert result.returncode == 0, result.stdout + result.stderr

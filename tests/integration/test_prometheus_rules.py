@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from fdl.checks.textfile import FAMILIES
+from fdl.hostside.checks.textfile import FAMILIES
 from tests.conftest import REPO
 from tests.prometheus import need_tool
 

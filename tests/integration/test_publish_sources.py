@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fdl.farm.doors import rrsync_command
+from fdl.hostside.farm.doors import rrsync_command
 from fdl.publish.fetch import pull_run
 from fdl.publish.manifest import MANIFEST_NAME, ManifestMissing, read_manifest
 from fdl.publish.spec import parse_source_spec
@@ -185,7 +185,7 @@ def test_credentials_in_a_git_url_leave_no_trace_in_the_tree_the_report_or_the_j
     assert (tree / "out" / "app").read_text() == "v2\n"
     failed = publish(home, f"{spec}#no-such-ref", "--bin", "out/app", "--build", GIT_BUILD, "--json", cwd=tmp_path,
                      PATH=path)
-    assert failed.returncode == 1 and json.loads(failed.stdout)["published"] is False
+    assert failed.returncode == 1 and json.loads(failed.stdout)["ok"] is False
     assert f"fetching {shown}#no-such-ref failed" in failed.stderr
     unparsed = publish(home, spec, "--bin", "out/app", "--json", cwd=tmp_path, PATH=path)  # no #ref
     assert unparsed.returncode == 1 and f"'{shown}' does not parse" in unparsed.stderr
@@ -229,7 +229,7 @@ def test_git_source_with_a_committed_link_out_of_the_tree_under_build_output_is_
     result = publish(home, f"git+file://{repo}#main", "--bin", "out/app", "--build", GIT_BUILD, "--json",
                      cwd=tmp_path)
     assert result.returncode == 1, result.stdout
-    assert json.loads(result.stdout)["published"] is False
+    assert json.loads(result.stdout)["ok"] is False
     assert f"{place} -> {target}  ({why}" in result.stderr, result.stderr
     assert "Nothing was published: nothing is served yet" in result.stderr
     assert not (home / ".flodl" / "run" / "tree").exists()

@@ -32,7 +32,8 @@ def test_wheel_carries_the_collection_and_the_shipped_files(tmp_path: Path) -> N
         assert tree + path in names, path
     # the module_utils are the package's own files, copied at build time (not links, not a second source)
     wheel_zip = zipfile.ZipFile(wheel)
-    assert wheel_zip.read(tree + "plugins/module_utils/checks/probe.py") == (REPO / "fdl/checks/probe.py").read_bytes()
+    assert wheel_zip.read(tree + "plugins/module_utils/checks/probe.py") == \
+        (REPO / "fdl/hostside/checks/probe.py").read_bytes()
     assert "fdl/controller/page.html" in names  # the controller's status page (GET /)
     target = tmp_path / "site"
     install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),

@@ -467,13 +467,17 @@ class Testbed:
         }}
 
     def home_env(self, home: Path) -> dict:
-        """Environment overrides giving a controller-side process (fdl, ansible) its own HOME and cache.
+        """Environment overrides giving a controller-side process (fdl, ansible) its own HOME, cache and runtime
+        directory.
 
-        fdl's cache (runner data, SSH control sockets) follows XDG_CACHE_HOME;
-        keep `home` short, since control socket paths must fit in 104 bytes.
+        fdl's cache (runner data) follows XDG_CACHE_HOME and its SSH control sockets XDG_RUNTIME_DIR: both
+        are the home's own, so no test rides a master another test opened (with another key, say). Keep
+        `home` short, since control socket paths must fit in 104 bytes.
         """
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
+        runtime = home / "run"
+        runtime.mkdir(exist_ok=True, mode=0o700)
+        return {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "XDG_RUNTIME_DIR": str(runtime)}
 
     def new_key(self, name: str) -> Path:
         """A fresh key pair under the testbed directory that no host trusts (yet)."""

@@ -1,4 +1,4 @@
-"""The registry of FDL_* variables (fdl/envvars.py) is the one place their names are spelled in fdl's code, it
+"""The registry of FDL_* variables (fdl/hostside/envvars.py) is the one place their names are spelled in fdl's code, it
 holds every FDL_ name the repository mentions, each entry names exactly the modules that use it, and
 docs/cli.md's table is generated from it."""
 
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from fdl import envvars
+from fdl.hostside import envvars
 from tests.conftest import REPO
 
 PACKAGE = REPO / "fdl"
-REGISTRY_FILE = PACKAGE / "envvars.py"
+REGISTRY_FILE = PACKAGE / "hostside" / "envvars.py"
 # Rank scripts fdl ships as single files, run where fdl is not installed (they import nothing of fdl): they read
 # their variables by name, like any training script would. Their names are checked against the registry.
 STANDALONE = {PACKAGE / "collective" / "allreduce.py"}
@@ -54,7 +54,7 @@ def test_no_fdl_variable_is_spelled_as_a_string_outside_the_registry():
     spelled = [f"{_rel(path)}:{line}: {text[:60]!r}" for path in _modules()
                if path != REGISTRY_FILE and path not in STANDALONE
                for line, text in _strings(path) if NAME.search(text)]
-    assert spelled == [], "take the name from fdl.envvars (an f-string for a message):\n" + "\n".join(spelled)
+    assert spelled == [], "take the name from fdl.hostside.envvars (an f-string for a message):\n" + "\n".join(spelled)
 
 
 def test_a_name_spelled_in_a_string_is_caught(tmp_path):
@@ -91,7 +91,7 @@ def test_every_fdl_variable_the_repository_names_is_registered():
         for token in set(TOKEN.findall(text)):
             if token != "FDL_" and not _allowed(token):
                 unknown.setdefault(token, []).append(rel)
-    assert unknown == {}, "register these in fdl/envvars.py (with their meaning and readers):\n" + "\n".join(
+    assert unknown == {}, "register these in fdl/hostside/envvars.py (with their meaning and readers):\n" + "\n".join(
         f"{token}: {', '.join(sorted(where))}" for token, where in sorted(unknown.items()))
 
 
@@ -118,7 +118,7 @@ def test_each_variable_names_exactly_the_modules_of_fdl_that_use_it():
                 used[name].add(_rel(path))
     wrong = {name: (sorted(envvars.REGISTRY[name].modules), sorted(found)) for name, found in used.items()
              if set(envvars.REGISTRY[name].modules) != found}
-    assert wrong == {}, "fdl/envvars.py's modules (listed, used):\n" + "\n".join(
+    assert wrong == {}, "fdl/hostside/envvars.py's modules (listed, used):\n" + "\n".join(
         f"{name}: {listed} != {found}" for name, (listed, found) in sorted(wrong.items()))
 
 

@@ -1,4 +1,5 @@
-"""One durable-write helper: fdl.fsio's atomic_write/fsync_dir; nothing else in fdl/ fsyncs and renames on its own."""
+"""One durable-write helper: fdl.hostside.fsio's atomic_write/fsync_dir; nothing else in fdl/ fsyncs and renames
+on its own."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import fdl
 
 PACKAGE = Path(fdl.__file__).parent
 
-# Where os.fsync/os.replace may appear outside fdl/fsio.py, and why.
+# Where os.fsync/os.replace may appear outside fdl/hostside/fsio.py, and why.
 ALLOWED = {
-    "fsio.py": "the helper itself",
+    "hostside/fsio.py": "the helper itself",
     "agent/data.py": "a writability probe: writes, fsyncs and removes a file, renames nothing",
     "publish/run.py": "swaps a whole served tree (a directory) into place",
     "farm/credentials.py": "moves ssh-keygen's own output files into place",

@@ -9,13 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import TEST_CONTROLS, fdl_env, real_home, run_fdl
+from tests.conftest import TEST_CONTROLS, fdl_env, real_home
 
 WHERE = """
 import json
 from pathlib import Path
-from fdl.paths import cache_dir
-from fdl.launch.live import state_dir
+from fdl.hostside.paths import cache_dir
+from fdl.controller.live import state_dir
 print(json.dumps({"cache": str(cache_dir()), "live": str(state_dir()), "home": str(Path.home())}))
 """
 
@@ -31,8 +31,5 @@ def test_fdl_keeps_nothing_in_the_real_home(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     paths = {key: Path(value) for key, value in json.loads(done.stdout).items()}
     assert paths["home"] == home and paths["cache"].is_relative_to(home) and paths["live"].is_relative_to(runtime)
-    (tmp_path / "fdl.yml").write_text("commands:\n  hello: {run: echo hi}\n")
-    assert run_fdl("config", "show", cwd=tmp_path).returncode == 0
-    assert list((Path(os.environ["XDG_CACHE_HOME"]) / "fdl" / "config").iterdir())  # the parsed file, remembered
     leftovers = [name for name in os.environ if name.startswith("FDL_") and not name.startswith(TEST_CONTROLS)]
     assert leftovers == []  # the caller's FDL_PORT, FDL_ENV, ... reach no test

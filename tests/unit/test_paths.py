@@ -1,5 +1,5 @@
-"""fdl's directories are named once (fdl/paths.py): no module of fdl spells them, the Ansible content's defaults
-are kept equal to them, and the XDG directories are taken only where the specification says they may be."""
+"""fdl's directories are named once (fdl/hostside/paths.py): no module of fdl spells them, the Ansible content's
+defaults are kept equal to them, and the XDG directories are taken only where the specification says they may be."""
 
 from __future__ import annotations
 
@@ -11,18 +11,18 @@ from pathlib import Path
 
 import yaml
 
-from fdl import paths
+from fdl.hostside import paths
 from tests.conftest import REPO
 from tests.unit.test_envvars import _modules, _rel, _strings
 
-PATHS_FILE = REPO / "fdl" / "paths.py"
+PATHS_FILE = REPO / "fdl" / "hostside" / "paths.py"
 SPELLED = re.compile(r"~/\.flodl|/\.flodl\b|^\.flodl$|/flodl/data|^XDG_[A-Z_]+$")
 
 
 def test_no_module_of_fdl_spells_one_of_its_directories():
     spelled = [f"{_rel(path)}:{line}: {text[:60]!r}" for path in _modules() if path != PATHS_FILE
                for line, text in _strings(path) if SPELLED.search(text)]
-    assert spelled == [], "take the path from fdl.paths:\n" + "\n".join(spelled)
+    assert spelled == [], "take the path from fdl.hostside.paths:\n" + "\n".join(spelled)
 
 
 def test_a_spelled_directory_is_caught(tmp_path):
@@ -82,7 +82,7 @@ def test_every_directory_under_flodl_the_repository_names_is_one_the_paths_modul
         for part in re.findall(r"\.flodl/([A-Za-z0-9_.-]+)", text):
             if part.rstrip(".") not in named:
                 strays.add(f"{rel}: .flodl/{part}")
-    assert strays == set(), "name the directory in fdl/paths.py first:\n" + "\n".join(sorted(strays))
+    assert strays == set(), "name the directory in fdl/hostside/paths.py first:\n" + "\n".join(sorted(strays))
 
 
 def test_the_directories_under_a_home():

@@ -2,8 +2,9 @@
 on): the role modules and every module_utils file, the check library and the rank supervisor included.
 
 The file list comes from where fdl ships them from (the complete collection tree Ansible runs: its
-plugins/modules/ and plugins/module_utils/), not from a copy of it here. vermin checks the syntax and
-standard-library use against 3.8; the check library and the supervisor then run under a real 3.8.
+plugins/modules/ and plugins/module_utils/, which is fdl/hostside/ file for file), not from a list
+here. vermin checks the syntax and standard-library use against 3.8; the check library and the supervisor
+then run under a real 3.8.
 """
 
 from __future__ import annotations

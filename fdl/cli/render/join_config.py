@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fdl.checks.report import CheckResult
-    from fdl.farm.wizard import FarmReport, Plan
-    from fdl.farm.wizard.report import AuthorizedKeysReport
+    from fdl.farm.wizard.plan import Plan
+    from fdl.farm.wizard.report import AuthorizedKeysReport, FarmReport
+    from fdl.hostside.checks.report import CheckResult
 
 
 def render_json(report: FarmReport) -> str:
@@ -19,7 +19,7 @@ def render_json(report: FarmReport) -> str:
 
 
 def render_header(plan: Plan) -> str:
-    from fdl.farm.doors import TITLES
+    from fdl.hostside.farm.doors import TITLES
 
     shape = plan.shape
     lines = [f"farm {plan.label}: door {shape.door} ({TITLES[shape.door]})",
@@ -47,7 +47,7 @@ def render_doctor(findings: Sequence[CheckResult]) -> str:
 
 
 def _render_files(report: FarmReport, cwd: Path) -> list[str]:
-    from fdl.farm.wizard import spell_path
+    from fdl.farm.wizard.report import spell_path
 
     cred = report.credentials
     lines = ["", f"credentials: {cred.action} (key {cred.fingerprint}; the token is in {spell_path(cred.token, cwd)})",

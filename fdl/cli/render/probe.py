@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from fdl.checks.probe import CORE_CHECKS
-from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, HostReport
-from fdl.checks.verdict import headline, summary_line
+from fdl.hostside.checks.probe import CORE_CHECKS
+from fdl.hostside.checks.report import ERROR, OK, SKIPPED, WARNING, HostReport
+from fdl.hostside.checks.verdict import headline, summary_line
 
 if TYPE_CHECKING:
     from fdl.cluster.probe import ClusterReport

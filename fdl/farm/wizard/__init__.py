@@ -17,26 +17,5 @@ host doctor has spoken:
 - report.py: what was done, as typed records (`FarmReport`), with their JSON twin.
 
 The library never prints: questions go through a `Prompter` the caller supplies, results come back as
-records the CLI renders (fdl/cli/join_config.py).
+records the CLI renders (fdl/cli/join_config.py). Each name is imported from the module that defines it.
 """
-
-from fdl.farm.wizard.apply import apply
-from fdl.farm.wizard.decide import Decisions, decide
-from fdl.farm.wizard.plan import Observe, Plan, prepare
-from fdl.farm.wizard.report import FarmReport, spell_path
-from fdl.farm.wizard.shape import Prompter, Request, Shape, refusal
-
-__all__ = [
-    "Decisions",
-    "FarmReport",
-    "Observe",
-    "Plan",
-    "Prompter",
-    "Request",
-    "Shape",
-    "apply",
-    "decide",
-    "prepare",
-    "refusal",
-    "spell_path",
-]

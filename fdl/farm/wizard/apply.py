@@ -2,7 +2,7 @@
 
 The farm's own files (the farm directory, credentials, worker.yml, the review copies of the drop-in and the
 key line, the self-test, cloud-init, the overlay, the privileged part's variables) are the project's: each
-is written to a temp file, fsynced and renamed into place (fdl.fsio.atomic_write); files that hold the key
+is written to a temp file, fsynced and renamed into place (fdl.hostside.fsio.atomic_write); files that hold the key
 or the token are 0600. Outside the project only the key file is changed, only its farm lines, with the
 consent decide() recorded, and not by this code: the fdl_join_door role does it (role.py), the same task an
 Ansible user runs. The privileged part (drop-in, reload, door a's jail) is left to the operator's one
@@ -18,7 +18,6 @@ from typing import Any
 
 from fdl.farm import credentials as creds_mod
 from fdl.farm.doctor import probe_banner
-from fdl.farm.doors import DOOR_A, DOOR_B, DOOR_TUNNEL, JAIL_DATA, TITLES, jail
 from fdl.farm.overlay import OverlayEditError, current_token, has_token, read_crate, rewrite_token
 from fdl.farm.render import render, render_unit
 from fdl.farm.wizard import role
@@ -38,7 +37,8 @@ from fdl.farm.wizard.report import (
     spell_path,
 )
 from fdl.farm.wizard.steps import CLOUD_INIT, KEY_LINE, SELFTEST, WORKER_DIR, setup_steps, worker_steps
-from fdl.fsio import atomic_write
+from fdl.hostside.farm.doors import DOOR_A, DOOR_B, DOOR_TUNNEL, JAIL_DATA, TITLES, jail
+from fdl.hostside.fsio import atomic_write
 
 SNIPPET, INSTALLED = "overlay-snippet.yml", "installed-at"
 # cloud-init's unit: templates/fdl-join.service.j2 under the name the fdl_join_worker role gives it, running the

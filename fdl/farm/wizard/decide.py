@@ -12,10 +12,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from fdl.farm.authorized_keys import PermissionIssue, check_permissions
-from fdl.farm.doors import DOOR_A, JAIL_DATA, jail
 from fdl.farm.wizard.plan import Plan
 from fdl.farm.wizard.shape import Prompter, Request, refusal
+from fdl.hostside.farm.authorized_keys import PermissionIssue, check_permissions
+from fdl.hostside.farm.doors import DOOR_A, JAIL_DATA, jail
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,6 @@ class Decisions:
     install: bool = False  # install (or replace) the door's key line in plan.key_file
     fix_perms: bool = False
     perm_issues: tuple[PermissionIssue, ...] = ()
-    old_line_at: int | None = None  # where the key being rotated out sits in the key file
     unconfined_at: int | None = None  # door a: the key file's line where the farm key logs in unjailed
     notes: tuple[str, ...] = ()
 
@@ -59,8 +58,8 @@ def _line_is_current(plan: Plan) -> bool:
 
 
 def _decide_install(plan: Plan, req: Request, prompter: Prompter | None,
-                    notes: list[str]) -> tuple[bool, int | None]:
-    """(install the key line?, where the rotated-out key sits)."""
+                    notes: list[str]) -> bool:
+    """Whether to install the key line (the notes say where a rotated-out key stays)."""
     path = plan.key_file.path
     old_at = plan.key_file.find(plan.existing.identity) if plan.rotate and plan.existing is not None else None
     person = req.asks(prompter)
@@ -68,9 +67,9 @@ def _decide_install(plan: Plan, req: Request, prompter: Prompter | None,
         if old_at is not None and req.install_key is False:
             notes.append(f"--no-install-key: the old farm key stays in {path} (line {old_at}) and keeps letting "
                          f"workers that hold it in until you remove that line.")
-        return req.install_key, old_at
+        return req.install_key
     if _line_is_current(plan):
-        return False, old_at  # the exact line is already in place: nothing to ask
+        return False  # the exact line is already in place: nothing to ask
     if old_at is not None:
         if person is None:
             raise refusal(
@@ -81,13 +80,13 @@ def _decide_install(plan: Plan, req: Request, prompter: Prompter | None,
         if not install:
             notes.append(f"the old farm key stays in {path} (line {old_at}): workers holding it are still "
                          f"let in until you remove that line.")
-        return install, old_at
+        return install
     if person is not None:
         return person.confirm(f"Install the door's key line into {path}? (only fdl's own line is touched)",
-                              False), old_at
+                              False)
     notes.append(f"the key line was not installed into {path} (installing needs --install-key or a yes "
                  f"at the prompt; --yes does not count).")
-    return False, old_at
+    return False
 
 
 def _key_file_owner(plan: Plan) -> int:
@@ -144,7 +143,7 @@ def decide(plan: Plan, req: Request, prompter: Prompter | None = None) -> Decisi
     if plan.shape.door == DOOR_A:
         return Decisions(unconfined_at=_decide_unconfined(plan, req))
     notes: list[str] = []
-    install, old_at = _decide_install(plan, req, prompter, notes)
+    install = _decide_install(plan, req, prompter, notes)
     issues: tuple[PermissionIssue, ...] = ()
     fix_perms = False
     if install:
@@ -153,5 +152,4 @@ def decide(plan: Plan, req: Request, prompter: Prompter | None = None) -> Decisi
             notes.append(f"this looks like a container: the key line goes into {plan.key_file.path} here, which "
                          f"only matters if the sshd workers dial reads it. Install it where that sshd lives (or name "
                          f"its key file with --authorized-keys, e.g. a bind-mounted directory).")
-    return Decisions(install=install, fix_perms=fix_perms, perm_issues=issues,
-                     old_line_at=old_at, notes=tuple(notes))
+    return Decisions(install=install, fix_perms=fix_perms, perm_issues=issues, notes=tuple(notes))

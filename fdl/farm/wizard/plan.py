@@ -14,15 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from fdl.checks.report import ERROR, OK, SKIPPED, WARNING, CheckResult
 from fdl.config.discover import find_base, overlay_file
 from fdl.errors import FdlError
 from fdl.farm import credentials as creds_mod
-from fdl.farm.authorized_keys import KeyIdentity, find_key, under_forbidden_root
 from fdl.farm.doctor import HostFacts, diagnose, gather_facts
-from fdl.farm.doors import DOOR_A, DoorError, check_label, dropin_name, dropin_vars, key_line
 from fdl.farm.render import render_dropin
-from fdl.farm.sshd_config import scan
 from fdl.farm.wizard.shape import (
     Origins,
     Prompter,
@@ -33,6 +29,10 @@ from fdl.farm.wizard.shape import (
     settle_label,
     settle_shape,
 )
+from fdl.hostside.checks.report import ERROR, OK, SKIPPED, WARNING, CheckResult
+from fdl.hostside.farm.authorized_keys import KeyIdentity, find_key, under_forbidden_root
+from fdl.hostside.farm.doors import DOOR_A, DoorError, check_label, dropin_name, dropin_vars, key_line
+from fdl.hostside.farm.sshd_config import scan
 
 FARM_ROOT = ".fdl"
 WORKER_YML, DROPIN = "worker.yml", "sshd-door.conf"

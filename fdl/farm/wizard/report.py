@@ -8,10 +8,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from fdl.checks.report import CheckResult
-from fdl.farm.authorized_keys import PermissionIssue
-from fdl.farm.doors import TITLES
 from fdl.farm.wizard.shape import Origins, Shape
+from fdl.hostside.checks.report import CheckResult
+from fdl.hostside.farm.authorized_keys import PermissionIssue
+from fdl.hostside.farm.doors import TITLES
 
 
 def spell_path(path: Path | str, cwd: Path) -> str:

@@ -14,7 +14,7 @@ an Ansible user runs:
   /etc/ssh changes until the operator does.
 
 The farm's own files (key pair, token, worker.yml, the overlay, the review copies of the drop-in and the key
-line) are the project's files, not changes to the host: apply.py writes them natively with fdl.fsio.
+line) are the project's files, not changes to the host: apply.py writes them natively with fdl.hostside.fsio.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from typing import Any
 
 import yaml
 
-from fdl.farm.authorized_keys import AuthorizedKeysError, parse_public_key
 from fdl.farm.doctor import Spelling
-from fdl.farm.doors import DOOR_TUNNEL
 from fdl.farm.render import DROPIN_MANAGED
 from fdl.farm.wizard.plan import Plan
 from fdl.farm.wizard.report import spell_path
 from fdl.farm.wizard.shape import refusal
-from fdl.fsio import atomic_write
+from fdl.hostside.farm.authorized_keys import AuthorizedKeysError, parse_public_key
+from fdl.hostside.farm.doors import DOOR_TUNNEL
+from fdl.hostside.fsio import atomic_write
 
 VARS_FILE = "join-door.yml"
 PLAYBOOK = "join_door.yml"
@@ -85,8 +85,9 @@ def install_key(plan: Plan, public_key: str, retired: tuple[str, ...], *, fix_pe
 
 
 def _run(variables: dict[str, Any], path: str) -> dict[str, Any]:
+    from fdl.cluster.events import OK, RunnerEvent
     from fdl.cluster.inventory import local_inventory
-    from fdl.cluster.runner import OK, RunnerEvent, run_playbook
+    from fdl.cluster.runner import run_playbook
 
     answers: list[dict[str, Any]] = []
 
@@ -169,7 +170,7 @@ def write_privileged_vars(plan: Plan, public_key: str, rotated_out: str | None, 
 
 def privileged_command(plan: Plan, cwd: Path) -> str:
     """The one line that applies the privileged part: fdl's own ansible-playbook and collection, this box."""
-    from fdl.cluster.runner import ansible_bin_dir
+    from fdl.cluster.connection import ansible_bin_dir
     from fdl.resources import collections_path
 
     playbook = ansible_bin_dir() / "ansible-playbook"

@@ -22,7 +22,7 @@ import yaml
 from fdl.config.parse import split_host_port
 from fdl.errors import FdlError
 from fdl.farm.doctor import DEFAULT_SSHD_CONFIG
-from fdl.farm.doors import (
+from fdl.hostside.farm.doors import (
     DEFAULT_CONTROLLER_PORT,
     DEFAULT_DOOR_PORT,
     DOOR_A,
@@ -35,8 +35,8 @@ from fdl.farm.doors import (
     check_served,
     jail,
 )
-from fdl.paths import DEFAULT_DATA_PATH
-from fdl.paths import served as served_dir
+from fdl.hostside.paths import DEFAULT_DATA_PATH
+from fdl.hostside.paths import served as served_dir
 
 _USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}")
 _SHAPE_RE = re.compile(r"^# fdl-farm-shape: (.*)$", re.M)

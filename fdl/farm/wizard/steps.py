@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from fdl.checks.report import ERROR, OK
-from fdl.farm.doors import DOOR_A, jail
 from fdl.farm.wizard.plan import DROPIN, WORKER_YML, Plan
 from fdl.farm.wizard.report import AuthorizedKeysReport, KeyAction, Step, spell_path
 from fdl.farm.wizard.role import VARS_FILE, privileged_command
+from fdl.hostside.checks.report import ERROR, OK
+from fdl.hostside.farm.doors import DOOR_A, jail
 
 KEY_LINE, CLOUD_INIT, SELFTEST = "authorized_keys.line", "cloud-init.yml", "door-selftest.sh"
 WORKER_DIR = "/etc/fdl/{label}"  # where the setup steps and cloud-init put a worker's copy

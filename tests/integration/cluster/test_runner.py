@@ -66,19 +66,34 @@ def test_each_host_gets_its_own_outcome(testbed, home):
     assert not list((result.artifact_dir.parent.parent / "tmp").glob("*.json"))  # the vars file is gone
 
 
-def test_skip_validation_leaves_one_task_per_host(testbed, home):
-    """The probe as fdl runs it: the role's argument validation (a task of its own on every host) left out."""
+def test_fdl_probe_validate_false_leaves_one_task_per_host(testbed, home):
+    """The probe as fdl runs it: fdl_probe_validate and fdl_probe_verdict false leave the role's argument
+    validation and its verdict (a task each on every host) out of the play, while by default the role checks
+    its variables first and ends with the host's verdict."""
     from fdl.cluster.runner import run_playbook
 
     inventory = inventory_for(testbed)
     tasks = {}
-    for skip in (False, True):
+    for case, switches in (("default", {}), ("fdl", {"fdl_probe_validate": False, "fdl_probe_verdict": False})):
         events = []
-        run_playbook("probe.yml", inventory, extravars={"fdl_probe_skip_mount": True}, on_event=events.append,
-                     progress=False, skip_validation=skip)
-        tasks[skip] = [e.task for e in events if e.kind in ("on_ok", "on_failed") and e.host == "h1"]
-    assert len(tasks[False]) == 2 and tasks[False][0].startswith("Validating arguments against arg spec")
-    assert tasks[True] == tasks[False][1:]  # the probe itself, and nothing else
+        run_playbook("probe.yml", inventory, extravars={"fdl_probe_skip_mount": True, **switches},
+                     on_event=events.append, progress=False)
+        tasks[case] = [e.task for e in events if e.kind in ("on_ok", "on_failed", "on_skipped") and e.host == "h1"]
+    assert len(tasks["default"]) == 3, tasks["default"]
+    assert tasks["default"][0].startswith("Validating arguments against arg spec")
+    assert tasks["default"][2] == "Say whether the host is ready"
+    assert tasks["fdl"] == tasks["default"][1:2]  # the probe itself, and nothing else (not even a skipped task)
+
+
+def test_the_probe_playbook_validates_by_default_and_names_the_wrong_variable(testbed, home):
+    from fdl.cluster.runner import run_playbook
+
+    events = []
+    result = run_playbook("probe.yml", inventory_for(testbed).subset(["h1"]),
+                          extravars={"fdl_probe_skip_mount": "not a boolean"}, on_event=events.append, progress=False)
+    failed = [e for e in events if e.kind == "on_failed" and e.host == "h1"]
+    assert not result.ok and failed and failed[0].task.startswith("Validating arguments against arg spec")
+    assert "fdl_probe_skip_mount" in str(failed[0].res)
 
 
 def test_a_run_can_return_at_its_final_stats_and_settle_later(testbed, home):
@@ -99,7 +114,8 @@ def test_a_run_can_return_at_its_final_stats_and_settle_later(testbed, home):
 
 
 def test_a_second_run_reuses_the_ssh_masters(testbed, home):
-    from fdl.cluster.runner import control_path_dir, run_playbook
+    from fdl.cluster.connection import control_path_dir
+    from fdl.cluster.runner import run_playbook
 
     inventory = inventory_for(testbed)
     result = run_playbook(PLAYBOOKS / "mixed.yml", inventory.subset(["h1"]), extravars={"secret": "x"},

@@ -26,9 +26,9 @@ import pytest
 import requests
 
 from fdl.controller.client import ControllerClient, ControllerRefused
-from fdl.controller.machine import SNAPSHOT_S
 from fdl.controller.policy import RunPolicy
-from fdl.controller.server import status_page
+from fdl.controller.routes import status_page
+from fdl.controller.states import SNAPSHOT_S
 from tests.controller_util import free_port, serving
 from tests.prometheus import need_tool, promtool_accepts, samples
 

@@ -12,7 +12,8 @@ import pytest
 
 from fdl.controller.client import ControllerClient, ControllerRefused, NoRunListening
 from fdl.controller.policy import RunPolicy
-from fdl.controller.server import ControllerServer, Limits
+from fdl.controller.server import ControllerServer
+from fdl.controller.wire import Limits
 from fdl.errors import FdlError
 from tests.controller_util import TEST_TOKEN, free_port, serving
 from tests.integration.controller.forge import send_all
@@ -288,8 +289,8 @@ def test_ten_thousand_forged_requests_admit_nobody() -> None:
     """Forgeries from loopback, which proves nothing: hosts outside the roster, wrong run ids, forged tickets, an
     early start, garbage, none with the token's proof. Token forgeries come from a real non-loopback peer in
     test_netns.py."""
-    from fdl.config.schema import parse_devices
     from fdl.controller.policy import RosterHost
+    from fdl.hostside.checks.devices import parse_devices
 
     policy = RunPolicy(discovery=False, start="manual", run_id="pinned", window_s=600,
                        roster=(RosterHost("node-a", parse_devices("cpu:1"), "127.0.0.1"),
@@ -331,7 +332,7 @@ def test_thread_api_bind_errors_and_restart() -> None:
 
 
 def test_from_cluster_reads_the_cluster_block(tmp_path) -> None:
-    from fdl.config import load_config
+    from fdl.config.project import load_config
 
     (tmp_path / "fdl.yml").write_text(
         "cluster:\n  controller:\n    host: 10.0.0.1\n    port: 2000\n    join: {discovery: true, start: hybrid,"
@@ -345,7 +346,7 @@ def test_from_cluster_reads_the_cluster_block(tmp_path) -> None:
 
 
 def test_for_cluster_binds_loopback_when_tunnel_only(tmp_path) -> None:
-    from fdl.config import load_config
+    from fdl.config.project import load_config
 
     port = free_port()
     (tmp_path / "fdl.yml").write_text(

@@ -325,13 +325,19 @@ def booted(site: Site, image: list[Path], *, mode: str = "ok", token: str | None
             lib = machine.path(f"{FAKE_NVML_DIR}/libnvidia-ml.so.1")
             lib.parent.mkdir(parents=True)
             shutil.copy(probe_nvml / "libnvidia-ml.so.1", lib)
+            # The bake is a CPU worker (cpu:1), so its timer judges the host as a CPU host; here the host is
+            # given a GPU, and its probe runs as a GPU worker's would: the baked command without that one flag.
+            (baked,) = [line for line in machine.path(f"/etc/systemd/system/{PROBE_SERVICE}").read_text()
+                        .splitlines() if line.startswith("ExecStart=")]
+            assert " probe --devices cpu:1 " in baked, baked
             machine.write(f"/etc/systemd/system/{PROBE_SERVICE}.d/50-boot-test.conf", "\n".join([
                 "# The boot test: a scripted GPU for NVML, and proof that the unit's hardening leaves a GPU's",
                 "# device node open for reading and writing (here a real character device that is not one of",
                 "# the pseudo-devices every device policy allows).",
                 "[Service]",
                 f'Environment=LD_LIBRARY_PATH={FAKE_NVML_DIR} "FDL_FAKE_NVML={PROBE_GPUS}"',
-                "ExecStartPre=/bin/sh -c ': <>/dev/nvidia0'", ""]))
+                "ExecStartPre=/bin/sh -c ': <>/dev/nvidia0'",
+                "ExecStart=", baked.replace(" probe --devices cpu:1 ", " probe "), ""]))
             binds = [f"{fuse}:/dev/fuse", f"{fuse}:/dev/nvidia0", "/dev/null:/dev/nvidiactl",
                      "/dev/null:/dev/nvidia-uvm"]
         bed.verify()

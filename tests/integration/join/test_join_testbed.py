@@ -236,7 +236,8 @@ def test_another_account_on_a_tunnel_worker_cannot_reach_the_controller(bed, doo
 
 
 # Run by another account on the worker: every TCP port listening on its loopback (as /proc/net/tcp shows them)
-# and every fdl tunnel socket it can see, each asked to admit 64 ranks and to fire the switch.
+# and every fdl tunnel socket it can find (/proc/net/unix lists them wherever they are), each asked to admit
+# 64 ranks and to fire the switch.
 INTRUDER = r'''
 import glob, json, socket, urllib.error, urllib.request
 ports = []
@@ -257,8 +258,11 @@ for port in ports:
         except OSError as err:
             answers.append([0, str(err)])
 sockets = {}
-for path in glob.glob("/tmp/fdl-tunnel-*/controller.sock") + [d + "/controller.sock" for d in
-                                                              glob.glob("/tmp/fdl-tunnel-*")]:
+# every bound unix socket on the box shows in /proc/net/unix (the agent's is in its runtime directory)
+listed = [line.split()[-1] for line in open("/proc/net/unix").readlines()[1:] if len(line.split()) > 7]
+for path in sorted({p for p in listed if p.endswith("/controller.sock")}
+                   | set(glob.glob("/tmp/fdl-tunnel-*/controller.sock"))
+                   | {d + "/controller.sock" for d in glob.glob("/tmp/fdl-tunnel-*")}):
     s = socket.socket(socket.AF_UNIX)
     try:
         s.connect(path)

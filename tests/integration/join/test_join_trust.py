@@ -402,8 +402,8 @@ def test_a_recorded_hello_or_start_is_refused_by_every_other_controller_with_the
     farm's token is shared by every run of the farm: a hello sniffed on the path and replayed within 60 s to
     another controller (the next run, a restarted launcher) was admitted under the victim's name with the
     attacker's address, and a replayed /start fired another run's switch. Two live controllers, one token."""
-    from fdl.config.schema import parse_devices
     from fdl.controller.protocol import Hello
+    from fdl.hostside.checks.devices import parse_devices
     from tests.conftest import run_fdl
 
     binary = write_program(tmp_path / "bin" / "hold", HOLD)

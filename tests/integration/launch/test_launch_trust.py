@@ -147,8 +147,7 @@ def test_start_on_the_controller_box_arms_for_the_launchers_user_only(tmp_path):
             shutil.chown(other_home, OTHER)
             theirs = []
             for args in (["@cluster", "start"], ["start", "--addr", f"127.0.0.1:{port}"]):
-                line = " ".join([f"HOME={other_home}", "FDL_CONFIG_CACHE=" + str(other_home / "cache"),
-                                 str(python), "-m", "fdl", *args])
+                line = " ".join([f"HOME={other_home}", str(python), "-m", "fdl", *args])
                 theirs.append(subprocess.run(["su", OTHER, "-s", "/bin/sh", "-c", f"cd {project} && {line}"],
                                              capture_output=True, text=True, timeout=120))
             mine = subprocess.run([sys.executable, "-m", "fdl", "start"], cwd=project, env=env, capture_output=True,

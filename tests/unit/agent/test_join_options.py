@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from fdl.agent.options import SshHop, parse_ssh_hop, parse_sshfs_source, resolve_options
-from fdl.config.schema import Devices, JoinDefaults, LibtorchDefaults
+from fdl.config.join_fields import JoinDefaults
+from fdl.config.schema import LibtorchDefaults
 from fdl.errors import ExitCode, UsageError
+from fdl.hostside.checks.devices import Devices
 from fdl.libtorch.source import Source
 
 

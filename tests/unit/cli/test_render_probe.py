@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fdl.checks.probe import ProbeOptions, run_probe
-from fdl.checks.report import CheckResult, HostReport
-from fdl.cli.render.probe import render_cluster, summary_line
+from fdl.cli.render.probe import render_cluster
 from fdl.cluster.consistency import consistency_checks
 from fdl.cluster.probe import ClusterReport, cross_host_checks
+from fdl.hostside.checks.probe import ProbeOptions, run_probe
+from fdl.hostside.checks.report import CheckResult, HostReport
+from fdl.hostside.checks.verdict import summary_line
 from tests.fakes import make_libtorch
 
 GREEN = [

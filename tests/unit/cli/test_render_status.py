@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from fdl.cli.render.status import duration, live_view, render_state, start_line, status_line
-from fdl.config.schema import parse_devices
 from fdl.controller.machine import RunMachine
 from fdl.controller.policy import RunPolicy
 from fdl.controller.protocol import Hello
 from fdl.controller.view import deadlines
+from fdl.hostside.checks.devices import parse_devices
 from tests.controller_util import FakeClock
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from fdl.checks.report import CheckResult, HostReport
 from fdl.cluster.consistency import (
     ClockSample,
     clock_samples,
@@ -13,6 +12,7 @@ from fdl.cluster.consistency import (
     driver_match,
     gpu_models,
 )
+from fdl.hostside.checks.report import CheckResult, HostReport
 
 
 def host(name: str, driver: str | None = "570.133.20", gpus=("H100:sm_90",), *, time: float | None = 1000.0,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from fdl.checks.report import CheckResult, HostReport
 from fdl.cluster.inventory import InventoryHost, is_this_machine
 from fdl.cluster.probe import (
     ClusterProbeOptions,
@@ -13,7 +12,9 @@ from fdl.cluster.probe import (
     host_options,
     unreachable_check,
 )
-from fdl.config.schema import Devices, WorkerSpec
+from fdl.config.schema import WorkerSpec
+from fdl.hostside.checks.devices import Devices
+from fdl.hostside.checks.report import CheckResult, HostReport
 
 
 def host(name: str, nccl: str | None = "2.27.5", torch: str | None = "2.10.0", data: str = "ok",
@@ -130,7 +131,7 @@ def test_flags_win_over_worker_settings_and_gpus_apply_to_this_machine_only():
 # ---- CPU hosts: real reports of the check library for hosts declared cpu:N ----
 
 def cpu_host(name: str, root) -> HostReport:
-    from fdl.checks.probe import ProbeOptions, run_probe
+    from fdl.hostside.checks.probe import ProbeOptions, run_probe
     from tests.fakes import make_libtorch
 
     libtorch = make_libtorch(root / name, "", cuda="none", archs="cpu")

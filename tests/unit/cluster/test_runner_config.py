@@ -13,13 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fdl.cluster.runner import (
-    RUN_ID_VAR,
-    ansible_bin_dir,
-    ansible_environment,
-    control_path_dir,
-    ready_control_path_dir,
-)
+from fdl.cluster.connection import ansible_bin_dir, ansible_environment, control_path_dir, ready_control_path_dir
+from fdl.cluster.runner import RUN_ID_VAR
 from fdl.cluster.ssh import ssh_options
 from fdl.errors import FdlError
 from fdl.resources import collection_root, share_dir
@@ -120,9 +115,8 @@ def test_a_clone_runs_the_collection_built_into_the_cache_once_per_content(monke
     assert first.name.startswith(collection.version() + "-")
     # real files, the very bytes of the package: no links, nothing assembled on the hosts' side
     assert not (utils / "checks" / "probe.py").is_symlink()
-    assert (utils / "checks" / "probe.py").read_bytes() == (REPO / "fdl" / "checks" / "probe.py").read_bytes()
-    assert (utils / "supervisor.py").read_bytes() == (REPO / "fdl" / "agent" / "supervisor.py").read_bytes()
-    assert (utils / "farm" / "doors.py").read_bytes() == (REPO / "fdl" / "farm" / "doors.py").read_bytes()
+    for name in ("checks/probe.py", "supervisor.py", "farm/doors.py"):  # module_utils is fdl/hostside/
+        assert (utils / name).read_bytes() == (REPO / "fdl" / "hostside" / name).read_bytes(), name
     assert "Redistribution and use" in (utils / "pynvml.LICENSE.txt").read_text()
     assert collection.built_in_cache(source) == first  # made once, then reused
     (source / "playbooks" / "probe.yml").write_text((source / "playbooks" / "probe.yml").read_text() + "# edit\n")
@@ -181,7 +175,7 @@ def test_a_local_probe_never_loads_ansible(tmp_path):
 def test_progress_table_shows_each_hosts_state_and_task():
     from rich.console import Console
 
-    from fdl.cluster.runner import HostResult
+    from fdl.cluster.events import HostResult
     from fdl.progress import HostsProgress
 
     progress = HostsProgress("probe", ["node-a", "node-b", "node-c"])

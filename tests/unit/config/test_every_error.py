@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fdl.config import EnvSelection, load_config
+from fdl.config.project import EnvSelection, load_config
 from fdl.errors import ConfigError
 
 

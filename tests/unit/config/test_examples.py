@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from fdl.config import EnvSelection, load_config
-from fdl.config.schema import Devices
+from fdl.config.project import EnvSelection, load_config
+from fdl.hostside.checks.devices import Devices
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 

@@ -20,11 +20,12 @@ import pytest
 import yaml
 
 from fdl.agent.options import JoinOptions, resolve_options
-from fdl.checks.devices import Devices
-from fdl.config import load_config, schema
+from fdl.config import schema
 from fdl.config.join_fields import CLI_FIELDS, JOIN_KEYS, SETTINGS, JoinDefaults, Setting, flag_of
+from fdl.config.project import load_config
 from fdl.errors import ConfigError
-from fdl.libtorch.variants import CHOICES as LIBTORCH_CHOICES
+from fdl.hostside.checks.devices import Devices
+from fdl.hostside.libtorch.variants import CHOICES as LIBTORCH_CHOICES
 
 REPO = Path(__file__).resolve().parents[3]
 ROLE = REPO / "roles" / "fdl_join_worker"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fdl.config import EnvSelection, load_config
+from fdl.config.project import EnvSelection, load_config
 from fdl.config.source import Origin
 from fdl.errors import ConfigError, UsageError
 

@@ -9,7 +9,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fdl.config import EnvSelection, load_config
+from fdl.config.project import EnvSelection, load_config
 from fdl.errors import FdlError
 
 KEYS = ["cluster", "controller", "host", "port", "bind", "join", "discovery", "start", "token", "quorum",

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fdl.config import EnvSelection, load_config
-from fdl.config.schema import is_valid_host, parse_devices, split_host_port
+from fdl.config.parse import is_valid_host, split_host_port
+from fdl.config.project import EnvSelection, load_config
 from fdl.errors import ConfigError, UsageError
+from fdl.hostside.checks.devices import parse_devices
 
 
 def project(tmp_path: Path, body: str) -> Path:
@@ -136,7 +137,7 @@ def test_host_port_takes_ascii_port_digits_only() -> None:
 
 
 def test_publish_and_farm_patterns_full_match() -> None:
-    from fdl.farm.doors import DoorError, check_label, check_served
+    from fdl.hostside.farm.doors import DoorError, check_label, check_served
     from fdl.publish.manifest import ManifestError, parse_manifest
     from fdl.publish.spec import SourceSpecError, parse_source_spec
 

@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from fdl.config.schema import parse_devices
-from fdl.controller.machine import Refused, RunMachine
+from fdl.controller.machine import RunMachine
 from fdl.controller.policy import RosterHost, RunPolicy
 from fdl.controller.protocol import Hello
+from fdl.controller.states import Refused
 from fdl.errors import ConfigError
+from fdl.hostside.checks.devices import parse_devices
 from tests.controller_util import FakeClock
 
 PEER = "10.213.5.2"

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fdl.config.schema import parse_devices
 from fdl.controller.protocol import (
     BadRequest,
     Hello,
@@ -18,6 +17,7 @@ from fdl.controller.protocol import (
     parse_start,
     parse_ticketed,
 )
+from fdl.hostside.checks.devices import parse_devices
 
 
 def test_hello_round_trip() -> None:

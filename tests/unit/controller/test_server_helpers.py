@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fdl.controller.server import is_loopback
+from fdl.controller.wire import is_loopback
 
 
 @pytest.mark.parametrize("remote, expected", [
@@ -56,10 +56,10 @@ def test_loopback_is_a_stranger_and_networks_share_one_share() -> None:
 
 
 def test_a_member_whose_address_was_shed_for_load_is_not_silent() -> None:
-    from fdl.config.schema import parse_devices
     from fdl.controller.machine import RunMachine
     from fdl.controller.policy import RunPolicy
     from fdl.controller.protocol import Hello
+    from fdl.hostside.checks.devices import parse_devices
     from tests.controller_util import FakeClock
 
     clock = FakeClock()
@@ -86,7 +86,7 @@ def test_the_server_uses_aiohttps_public_api_and_enums() -> None:
     from pathlib import Path
 
     import fdl.controller
-    from fdl.controller.machine import PHASES, Phase, Switch
+    from fdl.controller.states import PHASES, Phase, Switch
 
     sources = sorted(Path(fdl.controller.__file__).parent.glob("*.py"))
     assert {"server.py", "gate.py", "routes.py"} <= {path.name for path in sources}

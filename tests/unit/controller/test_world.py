@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from fdl.config.schema import parse_devices
 from fdl.controller.world import TORCHRUN_ENV, build_world
+from fdl.hostside.checks.devices import parse_devices
 
 
 def member(host: str, devices: str, address: str, data_path: str = "/flodl/data", share: float | None = None):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fdl.farm.doctor import HostFacts, diagnose, gather_facts
-from fdl.farm.sshd_config import scan
+from fdl.hostside.farm.sshd_config import scan
 
 DEBIAN = HostFacts(system="Linux", distro="debian", package_manager="apt", init="systemd",
                    ssh_units=("ssh.service", "ssh.socket"), ssh_socket_active=False, sshd_path="/usr/sbin/sshd",

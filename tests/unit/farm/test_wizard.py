@@ -19,11 +19,13 @@ import yaml
 
 from fdl.cli.render.join_config import render_json
 from fdl.errors import FdlError
-from fdl.farm import wizard
-from fdl.farm.authorized_keys import find_key
 from fdl.farm.doctor import HostFacts
-from fdl.farm.wizard.report import CredentialAction, KeyAction, OverlayAction
-from fdl.farm.wizard.shape import Origin
+from fdl.farm.wizard.apply import apply
+from fdl.farm.wizard.decide import decide
+from fdl.farm.wizard.plan import Plan, prepare
+from fdl.farm.wizard.report import CredentialAction, FarmReport, KeyAction, OverlayAction
+from fdl.farm.wizard.shape import Origin, Request, Shape
+from fdl.hostside.farm.authorized_keys import find_key
 
 DEBIAN = HostFacts(system="Linux", distro="debian", package_manager="apt", init="systemd",
                    ssh_units=("ssh.service",), ssh_socket_active=False, sshd_path=None,
@@ -83,17 +85,17 @@ class Box:
         self.observed.append(seen)
         return replace(self.facts, served=seen["served"])
 
-    def request(self, **flags: object) -> wizard.Request:
+    def request(self, **flags: object) -> Request:
         base: dict[str, object] = dict(label="lab", sshd_config=str(self.sshd_config), cwd=self.root)
-        return wizard.Request(**{**base, **flags})
+        return Request(**{**base, **flags})
 
-    def prepare(self, prompter: Scripted | None = None, **flags: object) -> tuple[wizard.Request, wizard.Plan]:
+    def prepare(self, prompter: Scripted | None = None, **flags: object) -> tuple[Request, Plan]:
         req = self.request(**flags)
-        return req, wizard.prepare(req, prompter, observe=self.observe)
+        return req, prepare(req, prompter, observe=self.observe)
 
-    def run(self, prompter: Scripted | None = None, **flags: object) -> wizard.FarmReport:
+    def run(self, prompter: Scripted | None = None, **flags: object) -> FarmReport:
         req, plan = self.prepare(prompter, **flags)
-        return wizard.apply(plan, wizard.decide(plan, req, prompter), self.root)
+        return apply(plan, decide(plan, req, prompter), self.root)
 
     @property
     def farm(self) -> Path:
@@ -123,7 +125,7 @@ def refused(excinfo: pytest.ExceptionInfo[FdlError]) -> FdlError:
 
 def test_a_fresh_scripted_farm_plans_from_flags_and_defaults_and_asks_nothing(box):
     req, plan = box.prepare(controller=box.controller, assume_yes=True)
-    assert plan.shape == wizard.Shape("b", "op", "127.0.0.1", box.door_port, 1337, str(box.home / ".flodl" / "run"))
+    assert plan.shape == Shape("b", "op", "127.0.0.1", box.door_port, 1337, str(box.home / ".flodl" / "run"))
     assert plan.shape_from.to_dict() == {"door": "default", "controller": "flag", "port": "default",
                                          "served": "default"}
     assert plan.existing is None and plan.rotate is False and plan.key_file.data is None
@@ -139,7 +141,7 @@ def test_a_fresh_scripted_farm_plans_from_flags_and_defaults_and_asks_nothing(bo
     with pytest.raises(FrozenInstanceError):
         plan.rotate = True
 
-    decisions = wizard.decide(plan, req)
+    decisions = decide(plan, req)
     assert decisions.install is False and decisions.perm_issues == ()
     assert any("--yes does not count" in note for note in decisions.notes)
 
@@ -205,9 +207,9 @@ def test_a_rerun_recovers_the_shape_reuses_everything_and_changes_nothing(box, m
     assert plan.shape_from.door == Origin.RECOVERED and plan.shape_from.controller == Origin.RECOVERED
     assert plan.shape.controller == box.controller and plan.existing is not None and not plan.rotate
     assert any("farm shape recovered" in note for note in plan.notes)
-    decisions = wizard.decide(plan, req)
+    decisions = decide(plan, req)
     assert decisions.install is False and decisions.notes == ()  # the exact line is there: nothing to say
-    report = wizard.apply(plan, decisions, box.root)
+    report = apply(plan, decisions, box.root)
     # regression: the key file was read once for the whole run (it was read twice for one check)
     assert len(reads) == 1
 
@@ -249,7 +251,7 @@ def test_rotation_without_consent_and_without_a_terminal_is_refused(box):
     box.run(controller=box.controller, assume_yes=True, install_key=True)
     req, plan = box.prepare(regen=True, assume_yes=True)
     with pytest.raises(FdlError, match="rotating the farm's credentials leaves the old key installed") as excinfo:
-        wizard.decide(plan, req)
+        decide(plan, req)
     assert "--install-key" in (refused(excinfo).hint or "")
 
 
@@ -298,7 +300,7 @@ def test_door_a_removes_an_unconfined_farm_line_only_with_consent(box):
                  jail_base=str(box.root / "jails"), assume_yes=True)
     req, plan = box.prepare(**flags)
     with pytest.raises(FdlError, match="line 3 lets the farm key of lab log in as this account"):
-        wizard.decide(plan, req)
+        decide(plan, req)
     report = box.run(**flags, install_key=True)
     gone = report.authorized_keys.removed_unconfined
     assert gone is not None and (gone.line, gone.removed) == (3, 1)

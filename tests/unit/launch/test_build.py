@@ -6,15 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from fdl.config.schema import (
-    ClusterSpec,
-    CommandSpec,
-    ControllerSpec,
-    Devices,
-    SshDefaults,
-    WorkerSpec,
-)
-from fdl.launch.build import BuildError, artifact_path, build_jobs, check_artifacts
+from fdl.config.schema import ClusterSpec, CommandSpec, ControllerSpec, SshDefaults, WorkerSpec
+from fdl.errors import BuildError
+from fdl.hostside.checks.devices import Devices
+from fdl.launch.build import artifact_path, build_jobs, check_artifacts
 from fdl.launch.plan import plan_launch
 from fdl.libtorch.gate import LibtorchError
 from tests.fakes import make_libtorch

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fdl.cluster.connection import control_path_dir
 from fdl.cluster.inventory import build_inventory
-from fdl.cluster.runner import control_path_dir
 from fdl.cluster.ssh import login, rsync_rsh, ssh_argv
 from fdl.config import schema
+from fdl.hostside.checks.devices import Devices
 from fdl.launch.dispatch import rank_specs
 from fdl.launch.plan import plan_launch
 
-CPU2 = schema.Devices(kind="cpu", count=2)
+CPU2 = Devices(kind="cpu", count=2)
 
 
 def spec(discovery: bool = False) -> schema.ClusterSpec:
@@ -68,7 +69,7 @@ def staged_run(tmp_path: Path, argv: list[str], ranks: int = 2) -> dict:
     import json
     import shutil
 
-    from fdl.agent import supervisor
+    from fdl.hostside import supervisor
 
     run_dir = tmp_path / "runs" / "r1"
     (run_dir / "logs").mkdir(parents=True)
@@ -149,13 +150,12 @@ def test_a_session_that_cannot_start_is_a_failed_host(tmp_path):
 
 
 # ------------------------------------------------------------------- staging: the layout and the playbook's answer
-# The layout is fdl.launch.hoststage, the module_utils the fdl_dispatch_stage module runs on each host (the
+# The layout is fdl.hostside.hoststage, the module_utils the fdl_dispatch_stage module runs on each host (the
 # playbook itself runs on the testbed: tests/integration/launch/test_launch_testbed.py).
 
 def stage_here(tmp_path: Path, sha: str = "", program: str = "") -> tuple[bool, dict, Path]:
-    from fdl.agent import supervisor
-    from fdl.fsio import atomic_write
-    from fdl.launch import hoststage
+    from fdl.hostside import hoststage, supervisor
+    from fdl.hostside.fsio import atomic_write
 
     root = tmp_path / "launch"
     params = {"run_id": "r1", "bin_dir": "train" if program else "", "program": program, "program_sha256": sha,
@@ -169,7 +169,7 @@ def test_staging_lays_out_the_run_with_the_spec_private(tmp_path):
     import json
     import stat
 
-    from fdl.agent import supervisor
+    from fdl.hostside import supervisor
 
     changed, staged, root = stage_here(tmp_path)
     assert changed
@@ -198,14 +198,14 @@ def test_staging_says_whether_the_hosts_binary_is_current(tmp_path):
 def test_staging_refuses_a_run_id_that_is_a_path():
     import pytest
 
-    from fdl.launch import hoststage
+    from fdl.hostside import hoststage
 
     with pytest.raises(hoststage.StageError, match="run_id must be a plain name"):
         hoststage.plan({"run_id": "../x", "label": "hx", "ranks": [], "command": ["a"]})
 
 
 def test_the_playbooks_answer_is_read_from_the_modules_fact_and_a_failure_names_its_task():
-    from fdl.cluster.runner import FAILED, OK, SKIPPED, HostResult, TaskOutcome
+    from fdl.cluster.events import FAILED, OK, SKIPPED, HostResult, TaskOutcome
     from fdl.launch.dispatch import _why, staged_paths
 
     paths = {"run_dir": "/h/r", "supervisor": "/h/s.py", "spec": "/h/r/spec.json"}

@@ -14,11 +14,12 @@ from fdl.config import schema
 from fdl.controller.policy import RunPolicy
 from fdl.controller.server import ControllerServer
 from fdl.errors import FdlError
+from fdl.hostside.checks.devices import Devices
 from fdl.launch.plan import plan_launch
 from fdl.launch.run import Launcher
 from tests.controller_util import free_port
 
-CPU1 = schema.Devices(kind="cpu", count=1)
+CPU1 = Devices(kind="cpu", count=1)
 
 
 def plan(bind: str = "0.0.0.0", token: str | None = None, insecure: bool = False, discovery: bool = False):

@@ -6,17 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from fdl.config.schema import (
-    ClusterSpec,
-    CommandSpec,
-    ControllerSpec,
-    Devices,
-    JoinPolicy,
-    SshDefaults,
-    WorkerSpec,
-)
+from fdl.config.schema import ClusterSpec, CommandSpec, ControllerSpec, JoinPolicy, SshDefaults, WorkerSpec
 from fdl.errors import ConfigError
 from fdl.gpus import GpuSelection
+from fdl.hostside.checks.devices import Devices
 from fdl.launch.plan import CLUSTER, SINGLE, plan_launch
 
 ROOT = Path("/proj")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from fdl.hostside.libtorch.resolve import describe_variant
+from fdl.hostside.libtorch.variants import Libtorch, kind_of
 from fdl.libtorch.gate import LibtorchError, build_env, resolve_active, resolve_variant, rocm_runtime_lib_dirs
-from fdl.libtorch.resolve import describe_variant
-from fdl.libtorch.variants import Libtorch, kind_of
 
 
 def variant(root: Path, label: str) -> Path:

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from fdl.agent.gpu import Offer
-from fdl.config.schema import Devices
 from fdl.errors import PermanentError
+from fdl.hostside.checks.devices import Devices
+from fdl.hostside.libtorch.resolve import describe_variant, read_key_values
 from fdl.libtorch.install import LibtorchFetchError, ensure_variant
-from fdl.libtorch.resolve import describe_variant, read_key_values
 from fdl.libtorch.source import Source, choose_source, official_url, route_auto
+from fdl.offer import Offer
 from tests.fakes.libtorch_server import (
     LibtorchServer,
     PyTorchOverTls,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fdl.libtorch.variants import Libtorch
+from fdl.hostside.libtorch.variants import Libtorch
 from fdl.publish.gate import (
     GateError,
     check_gate_headers,

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from fdl.errors import ExitCode
-from fdl.fsio import TEMP_SUFFIX
+from fdl.hostside.fsio import TEMP_SUFFIX
 from fdl.publish.manifest import (
     FIELDS,
     MANIFEST_NAME,
@@ -61,8 +61,8 @@ def test_missing_manifest_is_none_or_transient(tmp_path: Path) -> None:
 
 def test_remove_takes_the_manifest_and_stale_temp_files(tmp_path: Path) -> None:
     write_manifest(tmp_path, sample())
-    (tmp_path / f"{MANIFEST_NAME}.abc123.tmp").write_text("half")  # left by fdl before fdl.fsio
-    (tmp_path / f".{MANIFEST_NAME}.k2j4h1{TEMP_SUFFIX}").write_text("half")  # left by fdl.fsio.atomic_write
+    (tmp_path / f"{MANIFEST_NAME}.abc123.tmp").write_text("half")  # left by fdl before fdl.hostside.fsio
+    (tmp_path / f".{MANIFEST_NAME}.k2j4h1{TEMP_SUFFIX}").write_text("half")  # left by fdl.hostside.fsio.atomic_write
     (tmp_path / "keep.txt").write_text("x")
     assert remove_manifest(tmp_path) is True
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]

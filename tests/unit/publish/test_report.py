@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fdl.farm.doors import key_line, rrsync_command
+from fdl.hostside.farm.doors import key_line, rrsync_command
 from fdl.publish.report import worker_sources
 
 
