@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -104,7 +105,8 @@ def test_local_inventory_is_this_machine_alone_without_ssh():
     inv = local_inventory()
     assert list(inv.hosts) == ["localhost"] and inv.workers == []
     assert inv.to_ansible()["all"]["hosts"] == {
-        "localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}
+        "localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                      "ansible_async_dir": os.path.join(os.path.expanduser("~"), ".ansible_async")}}
     named = local_inventory("pascal-box", python="/opt/py/bin/python3")
     assert named.subset(["pascal-box"]).hosts["pascal-box"].vars["ansible_python_interpreter"] == "/opt/py/bin/python3"
 
