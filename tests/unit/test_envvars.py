@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fdl.hostside import envvars
-from tests.conftest import REPO
+from tests.conftest import REPO, docstring_ids
 
 PACKAGE = REPO / "fdl"
 REGISTRY_FILE = PACKAGE / "hostside" / "envvars.py"
@@ -24,20 +24,10 @@ NAME = re.compile(r"FDL_[A-Z0-9]")
 TOKEN = re.compile(r"\bFDL_[A-Z0-9_]*")
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
-    ids = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                ids.add(id(first.value))
-    return ids
-
-
 def _strings(path: Path) -> list[tuple[int, str]]:
     """(line, text) of every string constant of a module that is not a docstring (f-string parts included)."""
     tree = ast.parse(path.read_text(), str(path))
-    skip = _docstrings(tree)
+    skip = docstring_ids(tree)
     return [(node.lineno, node.value) for node in ast.walk(tree)
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip]
 
