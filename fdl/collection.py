@@ -34,8 +34,8 @@ too, so that `ansible-galaxy collection install` is the whole install (the fdl p
 Three callers, one tree: `scripts/build-collection` (then `ansible-galaxy collection build` makes the
 tarball), the wheel build (hatch_build.py puts the tree inside the wheel), and fdl run from a clone
 (`built_in_cache()` builds it once into the cache, under a key of fdl's version and a hash of every input,
-so an edit in the clone gets a fresh tree and a finished one is never rewritten). Standard library and
-fdl.errors only: the wheel build imports this file.
+so an edit in the clone gets a fresh tree and a finished one is never rewritten). Standard library,
+fdl.errors and fdl.hostside.paths only: the wheel build imports this file.
 """
 
 from __future__ import annotations
@@ -53,8 +53,16 @@ from functools import lru_cache
 from pathlib import Path
 
 from fdl.errors import FdlError
+from fdl.hostside.paths import cache_dir
 
 NAMESPACE, NAME = "flodl", "fdl"
+#: The ansible-core lines supported, stated once. The collection (roles, modules, inventory plugin) runs under
+#: every one of them: meta/runtime.yml's requires_ansible and each role's min_ansible_version say so. The fdl
+#: command installs the newer ones only (pyproject.toml's ansible-core bound: its controller matrix starts at
+#: 2.19, the newest line Python 3.11 gets). tests/unit/test_ansible_versions.py holds those files, the docs and
+#: the lines the tests run to these two tuples.
+ANSIBLE_CORE_LINES = ("2.17", "2.18", "2.19", "2.20", "2.21")
+COMMAND_ANSIBLE_CORE_LINES = ANSIBLE_CORE_LINES[2:]
 FQCN = f"{NAMESPACE}.{NAME}"
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent  # a clone (or an sdist): the collection's parts sit beside fdl/
@@ -232,12 +240,6 @@ def content_key(source: Path | None = None) -> str:
     for rel, origin in _inputs(source or REPO_ROOT):
         digest.update(rel.encode() + b"\0" + origin.read_bytes() + b"\0")
     return f"{version()}-{digest.hexdigest()[:16]}"
-
-
-def cache_dir() -> Path:
-    """fdl's cache directory: $XDG_CACHE_HOME/fdl, else ~/.cache/fdl."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "fdl"
 
 
 @lru_cache(maxsize=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import atexit
 import fcntl
 import os
@@ -20,6 +21,18 @@ IN_CI = os.environ.get("CI") == "true"
 
 # The variables that steer the tests themselves; every other FDL_* variable is fdl's, and is cleared below.
 TEST_CONTROLS = ("FDL_TEST", "FDL_TESTBED_", "FDL_MATRIX", "FDL_CRASH_SEED")
+
+
+def docstring_ids(tree: ast.AST) -> set[int]:
+    """ids of a parsed module's string constants that are docstrings (of the module, its classes and functions):
+    the source scans (variable names, directories, deployments) let prose name what code may not spell."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
 
 
 def real_home() -> Path:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from fdl.collection import COMMAND_ANSIBLE_CORE_LINES
 from tests.conftest import IN_CI, REPO
 
 
@@ -39,7 +40,7 @@ class Combo:
 # The newest ansible-core line each controller Python gets from `pip install fdl` (ansible-core 2.20+
 # requires Python 3.12 on the controller; pyproject.toml caps the lines at <2.22).
 NEWEST = {"3.11": "2.19", "3.12": "2.21", "3.13": "2.21"}
-LINES = ("2.19", "2.20", "2.21")
+LINES = COMMAND_ANSIBLE_CORE_LINES  # fdl/collection.py states them
 MATRIX = [Combo(py, line) for py in NEWEST for line in LINES
           if tuple(map(int, line.split("."))) <= tuple(map(int, NEWEST[py].split(".")))]
 # What the default test run covers: the oldest and the newest combination.

@@ -40,6 +40,7 @@ from fdl.agent.options import JoinOptions
 from fdl.agent.prepare import Prepared, prepare
 from fdl.agent.tunnel import Tunnel, local_address_toward
 from fdl.errors import ExitCode, FdlError
+from fdl.hostside.envvars import FDL_JOIN_TOKEN
 from fdl.hostside.supervisor import GroupResult, Supervisor
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ class Unreachable(FdlError):
 
 
 _REFUSAL_HINTS = {
-    "bad_token": "Present the run's controller.join.token (FDL_JOIN_TOKEN, or join.token in the join: block); "
+    "bad_token": f"Present the run's controller.join.token ({FDL_JOIN_TOKEN}, or join.token in the join: block); "
                  "through an ssh door too.",
     "window_closed": "The next run's window admits this box; with --persist it re-dials on its own.",
     "run_id_differs": "This box holds a different publish than the cohort: the next dial fetches the current run.",
@@ -130,7 +131,7 @@ def likely_causes(address: str, failures: int, skew: float | None) -> str:
     else:
         clock = f"this box's clock is more than {CLOCK_WINDOW_S:g} s off the controller's"
     return (f"WARNING: {failures} dials in a row reached no controller that proves the run's token at {address}. "
-            f"Likely causes: (1) this box's token is not the run's (FDL_JOIN_TOKEN, join.token or the token file "
+            f"Likely causes: (1) this box's token is not the run's ({FDL_JOIN_TOKEN}, join.token or the token file "
             f"against the run's controller.join.token); (2) {clock}: sync it with NTP (timedatectl set-ntp true, "
             f"or chrony); (3) something else answers at that address (another program on the port between runs, "
             f"a reused address); (4) through --ssh: the door does not take this box's key, or drops connections "

@@ -13,9 +13,10 @@ FDL_JOIN_BACKOFF_BASE_S (default 2) and FDL_JOIN_BACKOFF_MAX_S (default 60).
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Mapping
+
+from fdl.hostside.envvars import FDL_JOIN_BACKOFF_BASE_S, FDL_JOIN_BACKOFF_MAX_S, read
 
 DEFAULT_BASE_S = 2.0
 DEFAULT_MAX_S = 60.0
@@ -35,10 +36,8 @@ class Backoff:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Backoff:
-        environ = os.environ if environ is None else environ
-
         def number(name: str, default: float) -> float:
-            text = (environ.get(name) or "").strip()
+            text = read(name, environ).strip()
             if not text:
                 return default
             try:
@@ -47,8 +46,8 @@ class Backoff:
                 return default
             return value if value > 0 else default
 
-        base = number("FDL_JOIN_BACKOFF_BASE_S", DEFAULT_BASE_S)
-        return cls(base, max(base, number("FDL_JOIN_BACKOFF_MAX_S", DEFAULT_MAX_S)))
+        base = number(FDL_JOIN_BACKOFF_BASE_S, DEFAULT_BASE_S)
+        return cls(base, max(base, number(FDL_JOIN_BACKOFF_MAX_S, DEFAULT_MAX_S)))
 
     def ceiling(self) -> float:
         """The upper bound of the next wait after a failure (without drawing it)."""

@@ -15,10 +15,11 @@ from typing import Any, NamedTuple
 
 from fdl.config.join_fields import CLI_FIELDS, SETTINGS, JoinDefaults, flag_of
 from fdl.config.parse import DEFAULT_PORT, is_login_name, is_valid_host, split_host_port
-from fdl.config.schema import DEFAULT_DATA_PATH, LibtorchDefaults
+from fdl.config.schema import LibtorchDefaults
 from fdl.errors import FdlError, UsageError
 from fdl.hostside.checks.devices import Devices, parse_devices
 from fdl.hostside.libtorch.variants import CHOICES
+from fdl.hostside.paths import DEFAULT_DATA_PATH
 from fdl.libtorch.source import Source, choose_source
 
 TUNNEL_DEFAULT_CONTROLLER = ("127.0.0.1", DEFAULT_PORT)
@@ -125,7 +126,7 @@ def parse_ssh_hop(text: str) -> SshHop:
 
 def parse_sshfs_source(text: str) -> SshfsSource:
     """`sshfs://[user@]host[:port]:/abs/path`; raises UsageError naming what was wrong."""
-    form = "sshfs://[user@]host[:port]:/abs/path, e.g. sshfs://op@10.0.0.1:/flodl/data"
+    form = f"sshfs://[user@]host[:port]:/abs/path, e.g. sshfs://op@10.0.0.1:{DEFAULT_DATA_PATH}"
     raw = text.strip()
     scheme, sep, rest = raw.partition("://")
     if not sep or scheme.lower() != "sshfs":

@@ -28,6 +28,8 @@ from fdl.agent.data import prepare_data, prove_writable
 from fdl.agent.options import JoinOptions
 from fdl.agent.signature import probe_signature, probe_timeout
 from fdl.errors import PermanentError
+from fdl.hostside.envvars import FDL_DATA_PATH, FDL_GPU_FEATURE, FDL_GPU_RAM_SHARE, FDL_JOIN_STAGE, read
+from fdl.hostside.paths import join_stage
 from fdl.offer import Offer, check_gpu_stack
 
 if TYPE_CHECKING:
@@ -57,23 +59,19 @@ class Prepared(NamedTuple):
         env = without_secrets(dict(base))  # the join token never reaches a rank (nor the signature probe)
         if self.libtorch is not None:
             built = build_env(self.libtorch, env)
-            for key in ("LIBTORCH_PATH", "LD_LIBRARY_PATH", "FDL_GPU_FEATURE"):
+            for key in ("LIBTORCH_PATH", "LD_LIBRARY_PATH", FDL_GPU_FEATURE):
                 env[key] = built[key]
         if self.data_root is not None:
-            env["FDL_DATA_PATH"] = self.data_root
+            env[FDL_DATA_PATH] = self.data_root
         if options.gpu_ram_share is not None:
-            env["FDL_GPU_RAM_SHARE"] = repr(options.gpu_ram_share)
+            env[FDL_GPU_RAM_SHARE] = repr(options.gpu_ram_share)
         return env
 
 
 def stage_root(environ: Mapping[str, str] | None = None) -> Path:
     """Where `fdl join` keeps its source tree and rank logs: $FDL_JOIN_STAGE or ~/.flodl/join."""
-    environ = os.environ if environ is None else environ
-    given = (environ.get("FDL_JOIN_STAGE") or "").strip()
-    if given:
-        return Path(given).expanduser()
-    home = environ.get("HOME") or str(Path.home())
-    return Path(home) / ".flodl" / "join"
+    given = read(FDL_JOIN_STAGE, environ).strip()
+    return Path(given).expanduser() if given else join_stage(environ)
 
 
 def _resolve_libtorch(options: JoinOptions, offer: Offer, environ: Mapping[str, str], note: Note) -> Libtorch | None:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from fdl.errors import PermanentError
+from fdl.hostside.envvars import FDL_SIGNATURE_PROBE, FDL_SIGNATURE_TIMEOUT_S, read
 from fdl.hostside.supervisor import die_with_parent, stop_process_group
 
 PREFIX = "fdl-signature:"
@@ -34,9 +35,8 @@ _MAX_LINE = 4096
 
 
 def probe_timeout(environ: Mapping[str, str] | None = None) -> float:
-    environ = os.environ if environ is None else environ
     try:
-        value = float((environ.get("FDL_SIGNATURE_TIMEOUT_S") or "").strip() or DEFAULT_TIMEOUT_S)
+        value = float(read(FDL_SIGNATURE_TIMEOUT_S, environ).strip() or DEFAULT_TIMEOUT_S)
     except ValueError:
         return DEFAULT_TIMEOUT_S
     return value if value > 0 else DEFAULT_TIMEOUT_S
@@ -47,7 +47,7 @@ def probe_signature(argv: Sequence[str], *, cwd: str | None, env: Mapping[str, s
     """Run the probe; the signature (lower-case hex), or None when the binary printed none."""
     probe_env = dict(env)
     probe_env["CUDA_VISIBLE_DEVICES"] = ""
-    probe_env["FDL_SIGNATURE_PROBE"] = "1"
+    probe_env[FDL_SIGNATURE_PROBE] = "1"
     try:
         proc = subprocess.Popen(list(argv), cwd=cwd, env=probe_env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,

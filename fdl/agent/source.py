@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, NamedTuple, TypeVar
 
 from fdl.errors import BuildError, ExitCode, PermanentError
+from fdl.hostside.envvars import FDL_GPU_FEATURE
 
 Note = Callable[[str], None]
 _T = TypeVar("_T")
@@ -129,7 +130,7 @@ def build(spec_text: str, tree: Path, *, cwd: str | None, recipe: str | None, so
     env = build_env(libtorch)
     env.pop("CARGO_TARGET_DIR", None)  # bin is relative to the project's own target/
     note(f"build: `{recipe}` in {directory}"
-         + (f" against {libtorch.path} (FDL_GPU_FEATURE={libtorch.feature or 'none'})" if libtorch else ""))
+         + (f" against {libtorch.path} ({FDL_GPU_FEATURE}={libtorch.feature or 'none'})" if libtorch else ""))
     code = run_recipe(recipe, directory, env, output)
     if code in (126, 127):
         raise PermanentError(

@@ -61,6 +61,8 @@ from collections.abc import Callable, Mapping
 
 from fdl.agent.options import SshHop
 from fdl.errors import ExitCode, FdlError, PermanentError
+from fdl.hostside.envvars import FDL_SSH_COMMAND, read
+from fdl.hostside.paths import runtime_dir
 from fdl.hostside.supervisor import die_with_parent, stop_process_group
 
 CONNECT_TIMEOUT_S = 15
@@ -79,8 +81,7 @@ class TunnelError(FdlError):
 
 def ssh_words(environ: Mapping[str, str] | None = None) -> list[str]:
     """The ssh command to run: $FDL_SSH_COMMAND split like a shell would, else plain ssh."""
-    environ = os.environ if environ is None else environ
-    text = (environ.get("FDL_SSH_COMMAND") or "").strip()
+    text = read(FDL_SSH_COMMAND, environ).strip()
     return shlex.split(text) if text else ["ssh"]
 
 
@@ -103,16 +104,10 @@ def local_address_toward(host: str, port: int = 22) -> str | None:
 
 
 def _runtime_dir(environ: Mapping[str, str]) -> str | None:
-    """Where the tunnel's private directory goes: $XDG_RUNTIME_DIR when it is this user's, else the temp dir
-    (a unix socket's path must stay short: 108 bytes on Linux)."""
-    runtime = (environ.get("XDG_RUNTIME_DIR") or "").strip()
-    if runtime and os.path.isdir(runtime) and len(runtime) < 60:
-        try:
-            if os.stat(runtime).st_uid == os.getuid():
-                return runtime
-        except OSError:
-            pass
-    return None
+    """Where the tunnel's private directory goes: $XDG_RUNTIME_DIR when it is private (fdl.hostside.paths.runtime_dir)
+    and short, else the temp dir (a unix socket's path must stay short: 108 bytes on Linux)."""
+    runtime = runtime_dir(environ)
+    return str(runtime) if runtime is not None and len(str(runtime)) < 60 else None
 
 
 class Tunnel:

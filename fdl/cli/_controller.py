@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TextIO
 import typer
 
 from fdl.cli.context import Globals
+from fdl.hostside.envvars import FDL_JOIN_TOKEN, read
 
 if TYPE_CHECKING:
     from fdl.controller.address import Target
@@ -28,21 +29,19 @@ def token_file_option() -> Any:
     """The --token-file option (the token's safe spelling: a file, not the command line)."""
     return typer.Option("--token-file", metavar="FILE",
                         help="A file holding the run's join token (e.g. the run's own 0600 token file). Default: "
-                             "FDL_JOIN_TOKEN, else the token found for the address (the env's "
+                             f"{FDL_JOIN_TOKEN}, else the token found for the address (the env's "
                              "cluster.controller.join.token, or this user's live launcher run's token file).")
 
 
 def given_token(token_file: str | None, token: str | None = None) -> str | None:
     """The token the user gave: --token-file, else --token, else FDL_JOIN_TOKEN; None when none was given."""
-    import os
-
     from fdl.controller.address import read_token_file
 
     if token_file is not None:
         return read_token_file(token_file)
     if token:
         return token
-    return (os.environ.get("FDL_JOIN_TOKEN") or "").strip() or None
+    return read(FDL_JOIN_TOKEN).strip() or None
 
 
 def resolve_target(g: Globals, addr: str | None) -> Target:

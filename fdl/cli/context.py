@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fdl.gpus import GpuSelection, parse_gpus
+from fdl.hostside.envvars import FDL_ENV, read
 
 if TYPE_CHECKING:
     import click
@@ -71,7 +72,7 @@ class Globals:
         """commands: from fdl.yml, or {} when there is no project here."""
         from fdl.config.discover import find_base
 
-        no_env = self.invocation.sigil is None and self.env_flag is None and not os.environ.get("FDL_ENV")
+        no_env = self.invocation.sigil is None and self.env_flag is None and not read(FDL_ENV)
         if no_env and find_base(Path.cwd()) is None:
             return {}
         return self.config().commands

@@ -11,6 +11,7 @@ import typer
 
 from fdl.cli.context import Globals
 from fdl.cli.options import json_option
+from fdl.hostside.paths import DEFAULT_DATA_PATH, SERVED_IN_HOME
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
@@ -55,8 +56,8 @@ def join_config(
         show_default=False)] = None,
     served: Annotated[str | None, typer.Option(
         "--served", metavar="DIR",
-        help="Door a: the directory served read-only over sftp (default /flodl/data). Door b: the served "
-             "directory of fdl publish --to, which rrsync scopes the key to (default ~/.flodl/run).",
+        help=f"Door a: the directory served read-only over sftp (default {DEFAULT_DATA_PATH}). Door b: the served "
+             f"directory of fdl publish --to, which rrsync scopes the key to (default {SERVED_IN_HOME}).",
         show_default=False)] = None,
     inherit_from: Annotated[str | None, typer.Option(
         "--inherit-from", metavar="ENV", help="Start the new overlay from another env overlay (farms sharing a base).",

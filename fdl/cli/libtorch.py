@@ -11,6 +11,8 @@ import typer
 
 from fdl.cli.context import globals_of
 from fdl.cli.options import json_option
+from fdl.hostside.envvars import FDL_LIBTORCH_MIRROR
+from fdl.hostside.paths import LIBTORCH_IN_HOME
 
 app = typer.Typer(help="List, download and activate libtorch variants.", rich_markup_mode=None, add_completion=False,
                   no_args_is_help=True)
@@ -57,7 +59,7 @@ def list_(
                                "in_use": resolved.to_data()["libtorch"]}, indent=2))
         return
     if not variants:
-        typer.echo("No libtorch variant is installed (looked in the project's libtorch/, ~/.flodl/libtorch and "
+        typer.echo(f"No libtorch variant is installed (looked in the project's libtorch/, {LIBTORCH_IN_HOME} and "
                    "this Python environment).")
         typer.echo("Get one: fdl libtorch download auto   (or --cpu)")
         return
@@ -111,7 +113,7 @@ def download(
     cpu: Annotated[bool, typer.Option("--cpu", help="Shorthand for the cpu variant.")] = False,
     mirror: Annotated[str | None, typer.Option("--mirror", metavar="URL",
                                                help="Download from this mirror instead of PyTorch's own location "
-                                                    "(default: FDL_LIBTORCH_MIRROR, then libtorch.mirror, then "
+                                                    f"(default: {FDL_LIBTORCH_MIRROR}, then libtorch.mirror, then "
                                                     "join.libtorch_mirror in fdl.yml).")] = None,
     as_json: Annotated[bool, json_option()] = False,
 ) -> None:

@@ -22,6 +22,7 @@ from fdl import __version__
 from fdl.cli.context import Globals, Invocation
 from fdl.cli.options import JSON_FLAG
 from fdl.errors import ExitCode, FdlError
+from fdl.hostside.envvars import FDL_DEBUG, FDL_ENV, read
 
 if TYPE_CHECKING:
     from fdl.config.schema import CommandSpec
@@ -185,7 +186,7 @@ app = typer.Typer(
     cls=FdlGroup,
     name="fdl",
     help="Cluster and hardware command line of flodl: probe hosts, run and watch cluster training.\n\n"
-         "Select an env overlay with @NAME as the first word (fdl @cluster probe), --env NAME, or FDL_ENV.",
+         f"Select an env overlay with @NAME as the first word (fdl @cluster probe), --env NAME, or {FDL_ENV}.",
     rich_markup_mode=None,
     add_completion=False,
     no_args_is_help=True,
@@ -319,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     args, sigil = split_sigil(args)
     head = args[: args.index("--")] if "--" in args else args
-    debug = "--debug" in head or os.environ.get("FDL_DEBUG") == "1"
+    debug = "--debug" in head or read(FDL_DEBUG) == "1"
     invocation = Invocation(sigil=sigil, debug=debug)
     if not wants_json(args):
         return _run(args, invocation, debug)[0]

@@ -10,6 +10,7 @@ import typer
 
 from fdl.cli.context import globals_of
 from fdl.cli.options import json_option
+from fdl.hostside.paths import FLODL_IN_HOME
 
 app = typer.Typer(help="Build NVIDIA's NCCL from source for heterogeneous rigs.", rich_markup_mode=None,
                   no_args_is_help=True, add_completion=False)
@@ -36,7 +37,7 @@ def build(
                                              help="Build on this cluster worker instead of here.")] = None,
     root: Annotated[str | None, typer.Option("--root", metavar="DIR",
                                              help="Root of libtorch/ on the build host (default: the project "
-                                                  "directory; ~/.flodl on a worker).")] = None,
+                                                  f"directory; {FLODL_IN_HOME} on a worker).")] = None,
     base_image: Annotated[str | None, typer.Option("--base-image", metavar="IMAGE",
                                                    help="CUDA devel image that compiles NCCL.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the build plan and change nothing.")] = False,

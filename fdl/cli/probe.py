@@ -18,9 +18,10 @@ from fdl.cli.context import Globals, globals_of
 from fdl.cli.options import json_option
 from fdl.cli.render.probe import echo_human, render_human, render_json
 from fdl.config.discover import find_base
-from fdl.hostside.checks.data import DEFAULT_DATA_PATH
 from fdl.hostside.checks.probe import ProbeOptions, run_probe
 from fdl.hostside.checks.report import HostReport
+from fdl.hostside.envvars import FDL_ENV, read
+from fdl.hostside.paths import DEFAULT_DATA_PATH, FLODL_IN_HOME
 
 if TYPE_CHECKING:
     from fdl.collective.results import CollectiveResult
@@ -44,11 +45,12 @@ def probe(
     skip_mount: Annotated[bool, typer.Option("--skip-mount", help="Skip the shared-data check (single-host "
                                                                   "setups without shared storage).")] = False,
     data_path: Annotated[str | None, typer.Option("--data-path", metavar="DIR",
-                                                  help="Shared dataset root to check (default /flodl/data; under "
-                                                       "a cluster env, each worker's data_path).")] = None,
+                                                  help=f"Shared dataset root to check (default "
+                                                       f"{DEFAULT_DATA_PATH}; under a cluster env, each worker's "
+                                                       "data_path).")] = None,
     libtorch_path: Annotated[str | None, typer.Option("--libtorch-path", metavar="DIR",
                                                       help="libtorch to check instead of the one fdl would "
-                                                           "find (LIBTORCH, project libtorch/, ~/.flodl).")
+                                                           f"find (LIBTORCH, project libtorch/, {FLODL_IN_HOME}).")
                              ] = None,
     docker: Annotated[str | None, typer.Option("--docker", metavar="SERVICE",
                                                help="NCCL comes from this docker compose service's image: "
@@ -238,7 +240,7 @@ def run_collective(plan: CollectivePlan, report: HostReport) -> CollectiveResult
 
 def project_context(g: Globals) -> tuple[str, int]:
     """(project root, number of cluster workers in the selected env). Config is read only when there is one."""
-    env_selected = g.invocation.sigil is not None or g.env_flag is not None or bool(os.environ.get("FDL_ENV"))
+    env_selected = g.invocation.sigil is not None or g.env_flag is not None or bool(read(FDL_ENV))
     base = find_base(Path.cwd())
     if base is None and not env_selected:
         return str(Path.cwd()), 0

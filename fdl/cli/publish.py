@@ -14,6 +14,7 @@ import typer
 from fdl.cli.context import globals_of
 from fdl.cli.options import json_option
 from fdl.cli.tail import TailCommand, tail
+from fdl.hostside.paths import SERVED_IN_HOME
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
@@ -44,7 +45,7 @@ def publish(
     build: Annotated[str | None, typer.Option("--build", help="Build recipe, a shell line "
                                                               "(default: cargo build --release).",
                                               metavar="SHELL")] = None,
-    to: Annotated[str | None, typer.Option("--to", help="Served directory (default ~/.flodl/run); an rrsync -ro "
+    to: Annotated[str | None, typer.Option("--to", help=f"Served directory (default {SERVED_IN_HOME}); an rrsync -ro "
                                                         "key is scoped to exactly this.", metavar="DIR")] = None,
     identity: Annotated[str | None, typer.Option("--identity", help="ssh key for an rsync:// (or git+ssh://) "
                                                                     "source the controller pulls.",

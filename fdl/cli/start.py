@@ -9,6 +9,7 @@ import typer
 from fdl.cli._controller import Timeout, addr_option, given_token, print_json, resolve_target, token_file_option
 from fdl.cli.context import globals_of
 from fdl.cli.options import json_option
+from fdl.hostside.envvars import FDL_JOIN_TOKEN
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
 
@@ -20,7 +21,7 @@ def start(
     token_file: Annotated[str | None, token_file_option()] = None,
     token: Annotated[str | None, typer.Option("--token", metavar="HEX",
                                               help="The run's join token on the command line, where every user of "
-                                                   "this box can read it: prefer FDL_JOIN_TOKEN or "
+                                                   f"this box can read it: prefer {FDL_JOIN_TOKEN} or "
                                                    "--token-file.")] = None,
     as_json: Annotated[bool, json_option("Print the controller's answer as JSON on stdout.")] = False,
     timeout: Timeout = 5.0,
@@ -50,7 +51,7 @@ def start(
         hint = None
         if exc.reason == "bad_token" and presented is None and target.token_for(exc.address) is None:
             hint = ("No token was found for that address: give the run's token with --token-file FILE or "
-                    "FDL_JOIN_TOKEN (the launcher's user finds its own run's token without either).")
+                    f"{FDL_JOIN_TOKEN} (the launcher's user finds its own run's token without either).")
         raise Outcome(f"start refused by {exc.address}: {exc.message} [{exc.reason}]", hint=hint) from None
     # An answer that does not prove the run's token (UnverifiedController) is no answer: exit 1, as raised.
     if as_json:

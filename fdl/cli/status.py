@@ -11,6 +11,7 @@ import typer
 from fdl.cli._controller import Timeout, addr_option, given_token, print_json, resolve_target, token_file_option
 from fdl.cli.context import Globals, globals_of
 from fdl.cli.options import json_option
+from fdl.hostside.envvars import FDL_JOIN_TOKEN
 
 if TYPE_CHECKING:
     from fdl.controller.address import Target
@@ -97,7 +98,7 @@ def _watch(address: str, fire: str, *, interval: float, timeout: float, as_json:
     from fdl.controller.watch import Watcher
 
     if token is None:
-        typer.echo(f"fdl: note: no token for {address} (--token-file, FDL_JOIN_TOKEN): the states shown are "
+        typer.echo(f"fdl: note: no token for {address} (--token-file, {FDL_JOIN_TOKEN}): the states shown are "
                    f"unverified, so the watch cannot end in a verdict of success", err=True)
     with ControllerClient(address, timeout=min(timeout, max(interval, 2.0)), token=token) as client:
         watcher = Watcher(client, interval=interval)

@@ -9,6 +9,7 @@ import typer
 
 from fdl.cli.context import globals_of
 from fdl.config.schema import CommandSpec
+from fdl.hostside.envvars import FDL_PORT
 
 
 def make_command(spec: CommandSpec) -> Any:
@@ -44,7 +45,7 @@ def make_command(spec: CommandSpec) -> Any:
                                              "built.")] = False,
                    port: Annotated[int | None, typer.Option(
                        "--port", min=1, max=65535, metavar="N",
-                       help="The controller's port for this run (default: FDL_PORT, else "
+                       help=f"The controller's port for this run (default: {FDL_PORT}, else "
                             "cluster.controller.port, else 1337).")] = None) -> int:
             return body(ctx, args, no_prebuild, port)
     else:

@@ -25,8 +25,9 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from fdl.collection import RELATIVE, cache_dir
+from fdl.collection import RELATIVE
 from fdl.errors import FdlError
+from fdl.hostside.paths import cache_dir, runtime_dir
 from fdl.resources import ansible_cfg, collections_path
 
 _MAX_SOCKET_PATH = 104  # sun_path is 108 bytes; ssh appends ".XXXXXXXXXXXXXXXX" while it binds
@@ -62,20 +63,6 @@ def _fits(directory: Path) -> bool:
     return len(str(directory)) + 1 + 40 + 17 <= _MAX_SOCKET_PATH
 
 
-def _private_runtime_dir() -> Path | None:
-    """$XDG_RUNTIME_DIR when it is what the spec promises: absolute, a directory, ours, mode 0700."""
-    value = os.environ.get("XDG_RUNTIME_DIR", "")
-    if not value or not os.path.isabs(value):
-        return None
-    try:
-        st = os.lstat(value)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        return None
-    return Path(value)
-
-
 def control_path_dir() -> Path:
     """Where persistent SSH masters live: private, short and stable, so later runs find them.
 
@@ -83,7 +70,7 @@ def control_path_dir() -> Path:
     then ~/.cache/fdl/cp, then /tmp/fdl-cp-<uid> when both paths are too long
     for a socket. `ready_control_path_dir` checks it before use.
     """
-    runtime = _private_runtime_dir()
+    runtime = runtime_dir()
     if runtime is not None and _fits(runtime / "fdl-cp"):
         return runtime / "fdl-cp"
     preferred = cache_dir() / "cp"

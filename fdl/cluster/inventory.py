@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config.schema import DEFAULT_DATA_PATH, ClusterSpec, SshDefaults, WorkerSpec
+from ..config.schema import ClusterSpec, SshDefaults, WorkerSpec
+from ..hostside.paths import DEFAULT_DATA_PATH
 
 if TYPE_CHECKING:
     from ..config.project import Config

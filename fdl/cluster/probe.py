@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from fdl.cluster.consistency import consistency_checks, host_groups
 from fdl.cluster.inventory import ClusterInventory, InventoryHost, build_inventory
-from fdl.config.schema import DEFAULT_DATA_PATH, WorkerSpec
+from fdl.config.schema import WorkerSpec
 from fdl.errors import ConfigError
 from fdl.hostside.checks.report import ERROR, OK, SCHEMA_VERSION, SKIPPED, WARNING, CheckResult, HostReport
+from fdl.hostside.paths import DEFAULT_DATA_PATH
 
 if TYPE_CHECKING:
     from fdl.config.project import Config

@@ -47,9 +47,9 @@ from typing import Any
 from fdl.cluster.connection import ansible_environment
 from fdl.cluster.events import MISSING, OK, PENDING, RUNNING, SKIPPED, Collector, HostResult, RunnerEvent, keep_event
 from fdl.cluster.inventory import ClusterInventory
-from fdl.collection import cache_dir
 from fdl.errors import FdlError, RemoteError
 from fdl.hostside.fsio import atomic_write
+from fdl.hostside.paths import cache_dir
 from fdl.progress import HostsProgress
 from fdl.resources import playbook as shipped_playbook
 from fdl.signals import Interrupts

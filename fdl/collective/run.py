@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fdl.collective.results import CollectiveResult, aggregate, parse_line
+from fdl.hostside.envvars import FDL_BACKEND, FDL_HOST
 from fdl.hostside.supervisor import Supervisor
 
 SCRIPT = Path(__file__).with_name("allreduce.py")
@@ -64,8 +65,8 @@ def local_ranks(gpus: list[int] | None, cpu_ranks: int, *, host: str, port: int)
     ranks = []
     for rank in range(count):
         env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(count), "RANK": str(rank),
-               "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(count), "FDL_HOST": host,
-               "FDL_BACKEND": "nccl" if gpus else "gloo",
+               "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(count), FDL_HOST: host,
+               FDL_BACKEND: "nccl" if gpus else "gloo",
                "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)) if gpus else "",
                "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
         ranks.append({"rank": rank, "env": env})

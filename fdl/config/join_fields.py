@@ -17,7 +17,9 @@ a real object in `JoinDefaults.__annotations__`, read without evaluating text.
 from typing import Annotated, NamedTuple
 
 from ..hostside.checks.devices import Devices
+from ..hostside.envvars import FDL_GPU_FEATURE, FDL_JOIN_TOKEN, FDL_LIBTORCH_MIRROR
 from ..hostside.libtorch.variants import CHOICES as LIBTORCH_CHOICES
+from ..hostside.paths import DEFAULT_DATA_PATH, LIBTORCH_IN_HOME
 
 
 class Setting(NamedTuple):
@@ -44,8 +46,8 @@ class JoinDefaults(NamedTuple):
     identity: Annotated[str | None, Setting(
         "Private key for the tunnel (ssh -i); also used by sshfs and rsync.", "KEY")] = None
     token: Annotated[str | None, Setting(
-        "The run's pre-shared token (controller.join.token). Prefer FDL_JOIN_TOKEN: argv is public.", "HEX",
-        envvar="FDL_JOIN_TOKEN", secret=True)] = None
+        f"The run's pre-shared token (controller.join.token). Prefer {FDL_JOIN_TOKEN}: argv is public.", "HEX",
+        envvar=FDL_JOIN_TOKEN, secret=True)] = None
     bin: Annotated[str | None, Setting(
         "Training binary on this box (exclusive with --source).", "PATH")] = None
     source: Annotated[str | None, Setting(
@@ -54,12 +56,12 @@ class JoinDefaults(NamedTuple):
     source_cwd: Annotated[str | None, Setting(
         "Project directory inside the fetched tree (default: its root).", "DIR")] = None
     source_build: Annotated[str | None, Setting(
-        "Build recipe, a shell line (default: cargo build --release); gets LIBTORCH_PATH, FDL_GPU_FEATURE, "
+        f"Build recipe, a shell line (default: cargo build --release); gets LIBTORCH_PATH, {FDL_GPU_FEATURE}, "
         "LD_LIBRARY_PATH.", "RECIPE")] = None
     source_bin: Annotated[str | None, Setting(
         "Built artifact relative to the project dir, e.g. target/release/train.", "PATH")] = None
     libtorch: Annotated[str | None, Setting(
-        f"Acquire libtorch into ~/.flodl/libtorch first: {', '.join(LIBTORCH_CHOICES)} "
+        f"Acquire libtorch into {LIBTORCH_IN_HOME} first: {', '.join(LIBTORCH_CHOICES)} "
         "(default: whatever is active here).", "VARIANT")] = None
     host: Annotated[str | None, Setting(
         "Name in the roster (default: this machine's hostname).", "NAME", check="host")] = None
@@ -69,7 +71,7 @@ class JoinDefaults(NamedTuple):
         "Keep re-dialing across runs with backoff; stop only on exit 2.", check="bool",
         off="--no-persist")] = False
     data_path: Annotated[str | None, Setting(
-        "Dataset root on this box, shipped to the ranks (default /flodl/data when --data-source is set).",
+        f"Dataset root on this box, shipped to the ranks (default {DEFAULT_DATA_PATH} when --data-source is set).",
         "DIR")] = None
     data_source: Annotated[str | None, Setting(
         "Mount the dataset root read-only from there when it is not already in place.",
@@ -83,7 +85,7 @@ class JoinDefaults(NamedTuple):
         "Arguments for the training binary (a -- tail on the command line wins).", check="args",
         cli=False)] = None
     libtorch_mirror: Annotated[str | None, Setting(
-        "Base URL of a libtorch mirror (FDL_LIBTORCH_MIRROR and the libtorch: block's mirror: win).",
+        f"Base URL of a libtorch mirror ({FDL_LIBTORCH_MIRROR} and the libtorch: block's mirror: win).",
         cli=False)] = None
 
 

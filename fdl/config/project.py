@@ -8,13 +8,13 @@ start from another overlay with `inherit-from: OTHER`.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import ConfigError, UsageError
+from ..hostside.envvars import FDL_ENV, read
 from .discover import available_envs, find_base, overlay_file
 from .join_fields import JoinDefaults
 from .merge import merge_layers
@@ -46,8 +46,7 @@ class EnvSelection(NamedTuple):
     @staticmethod
     def choose(flag: str | None, sigil: str | None, environ: Mapping[str, str] | None = None) -> EnvSelection:
         """Precedence: --env flag, then the @NAME sigil, then FDL_ENV."""
-        environ = os.environ if environ is None else environ
-        for name, source in ((flag, "--env"), (sigil, "@sigil"), (environ.get("FDL_ENV") or None, "FDL_ENV")):
+        for name, source in ((flag, "--env"), (sigil, "@sigil"), (read(FDL_ENV, environ) or None, FDL_ENV)):
             if name:
                 return EnvSelection.named(name, source)
         return EnvSelection()

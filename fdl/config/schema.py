@@ -23,7 +23,6 @@ from .join_fields import JoinDefaults
 from .parse import DEFAULT_PORT, is_login_name, is_valid_host, split_host_port, unicast_problem
 from .source import Data, KeyPath, Origin, Origins, format_path
 
-DEFAULT_DATA_PATH = "/flodl/data"  # fdl.hostside.checks.data's too: importing it here would cost start-up time
 START_MODES = ("auto", "manual", "hybrid")
 # Every pattern here is used with fullmatch: `$` also matches before a trailing
 # newline, so "node\n" would pass a `^...$` match.

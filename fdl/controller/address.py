@@ -21,6 +21,7 @@ from fdl.config.parse import DEFAULT_PORT
 from fdl.config.schema import ClusterSpec
 from fdl.controller.client import ControllerClient, ControllerError, NoRunListening, normalize_address
 from fdl.errors import UsageError
+from fdl.hostside.paths import RUNS_IN_HOME
 
 DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -143,8 +144,8 @@ def read_token_file(path: str) -> str:
             text = handle.read(4097)
     except OSError as exc:
         raise UsageError(f"--token-file {path}: cannot read it ({exc.strerror or exc}).",
-                         hint="Name the file that holds the run's token (a launcher keeps its run's in "
-                              "~/.flodl/launch/runs/RUN/token; fdl join-config writes a farm's).") from None
+                         hint=f"Name the file that holds the run's token (a launcher keeps its run's in "
+                              f"{RUNS_IN_HOME}/RUN/token; fdl join-config writes a farm's).") from None
     except UnicodeDecodeError:
         raise UsageError(f"--token-file {path} does not hold text.") from None
     token = text.strip()

@@ -54,34 +54,13 @@ _PROOF_RE = re.compile(r"[0-9a-f]{64}")
 _TIME_RE = re.compile(r"[0-9]{1,12}")
 
 
-class Mac:
-    """HMAC-SHA256 (RFC 2104) under one key, with the key's inner and outer hash states computed once: each
-    MAC is then two SHA-256 passes, without OpenSSL's per-call HMAC setup (about 4x cheaper here)."""
-
-    __slots__ = ("_inner", "_outer")
-
-    def __init__(self, key: bytes):
-        if len(key) > 64:
-            key = hashlib.sha256(key).digest()
-        key = key.ljust(64, b"\x00")
-        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in key))
-        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in key))
-
-    def hexdigest(self, *parts: bytes) -> str:
-        inner = self._inner.copy()
-        for part in parts:
-            inner.update(part)
-        outer = self._outer.copy()
-        outer.update(inner.digest())
-        return outer.hexdigest()
-
-
 class Keys(NamedTuple):
     """The two keys one token gives at one controller instance: workers sign requests with one, the controller
-    answers with the other."""
+    answers with the other. Each is an HMAC-SHA256 object keyed once; a proof is made on a copy of it, so the
+    key's hash states are not set up again for every message."""
 
-    request: Mac
-    answer: Mac
+    request: hmac.HMAC
+    answer: hmac.HMAC
 
 
 CONTROLLER_ID_RE = re.compile(r"[0-9a-f]{32}")
@@ -103,7 +82,7 @@ def expand(prk: bytes, controller_id: str) -> Keys:
     ident = controller_id.encode()
     request = hmac.new(prk, b"fdl request " + ident + b"\x01", hashlib.sha256).digest()
     answer = hmac.new(prk, b"fdl answer " + ident + b"\x01", hashlib.sha256).digest()
-    return Keys(Mac(request), Mac(answer))
+    return Keys(hmac.new(request, digestmod=hashlib.sha256), hmac.new(answer, digestmod=hashlib.sha256))
 
 
 def derive(token: str, controller_id: str) -> Keys:
@@ -111,12 +90,19 @@ def derive(token: str, controller_id: str) -> Keys:
     return expand(extract(token), controller_id)
 
 
-def request_proof(key: Mac, method: str, path: str, stamp: str, nonce: str, body: bytes) -> str:
-    return key.hexdigest(f"FDL2-REQUEST\n{method.upper()}\n{path}\n{stamp}\n{nonce}\n".encode(), body)
+def _mac(key: hmac.HMAC, head: bytes, body: bytes) -> str:
+    mac = key.copy()
+    mac.update(head)
+    mac.update(body)
+    return mac.hexdigest()
 
 
-def answer_proof(key: Mac, nonce: str, status: int, body: bytes) -> str:
-    return key.hexdigest(f"FDL2-ANSWER\n{nonce}\n{int(status)}\n".encode(), body)
+def request_proof(key: hmac.HMAC, method: str, path: str, stamp: str, nonce: str, body: bytes) -> str:
+    return _mac(key, f"FDL2-REQUEST\n{method.upper()}\n{path}\n{stamp}\n{nonce}\n".encode(), body)
+
+
+def answer_proof(key: hmac.HMAC, nonce: str, status: int, body: bytes) -> str:
+    return _mac(key, f"FDL2-ANSWER\n{nonce}\n{int(status)}\n".encode(), body)
 
 
 def sign_request(keys: Keys, method: str, path: str, body: bytes, *,

@@ -37,6 +37,7 @@ from fdl.controller import auth
 from fdl.controller.protocol import PROTOCOL, Hello, hello_body
 from fdl.controller.view import printable
 from fdl.errors import FdlError, RemoteError, UsageError
+from fdl.hostside.envvars import FDL_JOIN_TOKEN
 
 MAX_ANSWER = 64 << 20  # bytes of an answer read at most (a 4096-host state.json is under 1 MiB)
 
@@ -232,7 +233,7 @@ class ControllerClient:
                 + (f" (unverified, it says {claimed})" if claimed else ""),
                 address=self.address, status=resp.status, claimed=_claimed_reason(resp),
                 hint="Either something else answers at that address, or the run's token differs from this box's "
-                     "(check FDL_JOIN_TOKEN / --token-file / join.token against the run's "
+                     f"(check {FDL_JOIN_TOKEN} / --token-file / join.token against the run's "
                      "controller.join.token), or the answer was changed on the way.")
         try:
             payload = resp.json()

@@ -7,8 +7,9 @@ controller had to move off its configured port is still found without flags.
 A record whose launcher process is gone (killed, crashed) is stale: ignored,
 and removed when it is seen.
 
-The state dir is `$XDG_RUNTIME_DIR/fdl` when that directory exists (the
-per-login runtime directory, cleared at logout), else `~/.flodl/launch/live`.
+The state dir is `$XDG_RUNTIME_DIR/fdl` when that directory is private (the
+per-login runtime directory, cleared at logout), else `~/.flodl/launch/live`
+(fdl.hostside.paths names both).
 A record holds only the address, the configured address it stands in for,
 the run id and the launcher's pid: nothing secret. The run's token (the
 configured one, or one the launcher made for the run) is in its own file,
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from fdl.hostside.fsio import atomic_write
+from fdl.hostside.paths import launch_live, launch_runs
 
 MAX_RECORD_BYTES = 4096
 
@@ -50,12 +52,7 @@ class LiveRun:
 
 
 def state_dir(environ: Mapping[str, str] | None = None) -> Path:
-    environ = os.environ if environ is None else environ
-    runtime = (environ.get("XDG_RUNTIME_DIR") or "").strip()
-    if runtime and os.path.isdir(runtime):
-        return Path(runtime) / "fdl"
-    home = environ.get("HOME") or str(Path.home())
-    return Path(home) / ".flodl" / "launch" / "live"
+    return launch_live(environ)
 
 
 def write_record(address: str, configured: str, run_id: str, environ: Mapping[str, str] | None = None) -> Path:
@@ -117,9 +114,7 @@ def kept_state(run_id: str | None, environ: Mapping[str, str] | None = None) -> 
     """The final state.json a launcher on this machine kept for run_id (~/.flodl/launch/runs/ID/), or None."""
     if not run_id or not _RUN_ID.match(run_id):  # the id came over the wire: never a path
         return None
-    environ = os.environ if environ is None else environ
-    home = environ.get("HOME") or str(Path.home())
-    path = Path(home) / ".flodl" / "launch" / "runs" / run_id / "state.json"
+    path = launch_runs(environ) / run_id / "state.json"
     try:
         if path.stat().st_size > 16 << 20:
             return None
@@ -131,9 +126,7 @@ def kept_state(run_id: str | None, environ: Mapping[str, str] | None = None) -> 
 
 def run_dir(run_id: str, environ: Mapping[str, str] | None = None) -> Path:
     """This machine's record of a launcher run: its token, local rank logs and final state.json."""
-    environ = os.environ if environ is None else environ
-    home = environ.get("HOME") or str(Path.home())
-    return Path(home) / ".flodl" / "launch" / "runs" / run_id
+    return launch_runs(environ) / run_id
 
 
 def token_path(run_id: str, environ: Mapping[str, str] | None = None) -> Path:

@@ -12,9 +12,10 @@ import socket
 from dataclasses import dataclass, field
 
 from fdl.config.parse import DEFAULT_PORT
-from fdl.config.schema import DEFAULT_DATA_PATH, MAX_WORKERS, START_MODES, ClusterSpec
+from fdl.config.schema import MAX_WORKERS, START_MODES, ClusterSpec
 from fdl.errors import ConfigError
 from fdl.hostside.checks.devices import Devices
+from fdl.hostside.paths import DEFAULT_DATA_PATH
 
 #: Hard bounds, whatever a policy asks for: the roster and the world stay finite.
 MAX_HOSTS = MAX_WORKERS

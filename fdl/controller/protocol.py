@@ -15,6 +15,18 @@ from typing import Any, NamedTuple
 
 from fdl.config.parse import is_valid_host
 from fdl.hostside.checks.devices import Devices, parse_devices
+from fdl.hostside.envvars import (
+    FDL_BACKEND,
+    FDL_CONTROLLER,
+    FDL_DATA_PATH,
+    FDL_DEVICE,
+    FDL_GPU_RAM_SHARE,
+    FDL_HOST,
+    FDL_JOIN_TOKEN,
+    FDL_NODE_RANK,
+    FDL_NUM_NODES,
+    FDL_RUN_ID,
+)
 
 PROTOCOL = 3  # 2: the token is proved by signing, never sent; 3: proofs name the controller instance (auth.py)
 MAX_BODY = 16 * 1024  # bytes; a hello is a few hundred
@@ -217,11 +229,11 @@ RANK_ENV_NAMES = frozenset({
     "GROUP_WORLD_SIZE", "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
     # fdl's own
-    "FDL_RUN_ID", "FDL_CONTROLLER", "FDL_DATA_PATH", "FDL_HOST", "FDL_NODE_RANK", "FDL_NUM_NODES",
-    "FDL_BACKEND", "FDL_DEVICE", "FDL_GPU_RAM_SHARE",
+    FDL_RUN_ID, FDL_CONTROLLER, FDL_DATA_PATH, FDL_HOST, FDL_NODE_RANK, FDL_NUM_NODES, FDL_BACKEND, FDL_DEVICE,
+    FDL_GPU_RAM_SHARE,
 })
 #: Secrets a rank never inherits from the process that starts it (the agent, the launcher).
-SECRET_ENV_NAMES = ("FDL_JOIN_TOKEN",)
+SECRET_ENV_NAMES = (FDL_JOIN_TOKEN,)
 MAX_ENV_VALUE = 4096
 
 

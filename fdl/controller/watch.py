@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fdl.controller.client import ControllerClient, ControllerError, NoRunListening
+from fdl.hostside.envvars import FDL_JOIN_TOKEN
 
 State = dict[str, Any]
 Draw = Callable[[State | None, str | None], None]
@@ -56,7 +57,7 @@ def outcome(end: WatchEnd, kept: Callable[[str | None], State | None] = lambda _
         if proven:
             return f"{label} succeeded: every rank exited 0.", 0
         return (f"{label} says it succeeded, but no answer proved the run's token, so that is unverified "
-                f"(give the token with --token-file or FDL_JOIN_TOKEN for a verdict).", 1)
+                f"(give the token with --token-file or {FDL_JOIN_TOKEN} for a verdict).", 1)
     if phase == "failed":
         return (f"{label} failed: {final.get('reason') or 'see its launcher for why'}."
                 + ("" if proven else " (unverified: no answer proved the run's token)"), 1)

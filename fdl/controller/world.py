@@ -31,6 +31,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fdl.hostside.envvars import (
+    FDL_BACKEND,
+    FDL_CONTROLLER,
+    FDL_DATA_PATH,
+    FDL_DEVICE,
+    FDL_GPU_RAM_SHARE,
+    FDL_HOST,
+    FDL_NODE_RANK,
+    FDL_NUM_NODES,
+    FDL_RUN_ID,
+)
+
 if TYPE_CHECKING:
     from fdl.controller.states import Member
 
@@ -92,17 +104,17 @@ class World:
             "ROLE_WORLD_SIZE": str(self.size),
             "TORCHELASTIC_RUN_ID": self.rdzv_id or self.run_id or "",
             "CUDA_VISIBLE_DEVICES": "" if seat.devices is None else ",".join(map(str, seat.devices)),
-            "FDL_RUN_ID": self.run_id or "",
-            "FDL_CONTROLLER": self.controller,
-            "FDL_DATA_PATH": seat.data_path,
-            "FDL_HOST": seat.host,
-            "FDL_NODE_RANK": str(seat.node_rank),
-            "FDL_NUM_NODES": str(self.nodes),
-            "FDL_BACKEND": self.backend,
-            "FDL_DEVICE": "cpu" if seat.devices is None else f"cuda:{seat.devices[local_rank]}",
+            FDL_RUN_ID: self.run_id or "",
+            FDL_CONTROLLER: self.controller,
+            FDL_DATA_PATH: seat.data_path,
+            FDL_HOST: seat.host,
+            FDL_NODE_RANK: str(seat.node_rank),
+            FDL_NUM_NODES: str(self.nodes),
+            FDL_BACKEND: self.backend,
+            FDL_DEVICE: "cpu" if seat.devices is None else f"cuda:{seat.devices[local_rank]}",
         }
         if seat.gpu_ram_share is not None:
-            env["FDL_GPU_RAM_SHARE"] = repr(seat.gpu_ram_share)
+            env[FDL_GPU_RAM_SHARE] = repr(seat.gpu_ram_share)
         return env
 
     def assignment(self, host: str) -> dict[str, Any]:

@@ -26,18 +26,13 @@ from pathlib import Path
 
 from fdl.errors import FdlError
 from fdl.hostside.fsio import atomic_write
+from fdl.hostside.paths import state_dir
 
 FORMAT = 1
 
 
-def state_root() -> Path:
-    """$XDG_STATE_HOME (when absolute, as the XDG spec demands), else ~/.local/state."""
-    value = os.environ.get("XDG_STATE_HOME", "")
-    return Path(value) if os.path.isabs(value) else Path.home() / ".local" / "state"
-
-
 def farms_dir() -> Path:
-    return state_root() / "fdl" / "farms"
+    return state_dir() / "farms"
 
 
 def key_fingerprint(public_key: str) -> str:

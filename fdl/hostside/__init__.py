@@ -26,4 +26,8 @@ test_imports.py holds both rules; fdl/collection.py ships every file of this pac
     farm/           a farm door's pieces that touch a host: authorized_keys editing, the doors' sshd drop-in,
                     reading sshd's configuration (`fdl join-config` and the fdl_join_door role)
     fsio.py         the one atomic write (temp file, fsync, rename), for fdl and for the code above
+    paths.py        every directory fdl keeps something in (~/.flodl/*, the cache, the dataset root), named
+                    once: the rest of fdl takes them from here too, and the probe and libtorch's core need them
+    envvars.py      the registry of every FDL_* variable (name, meaning, kind, readers), through which all of
+                    fdl reads them; here because the probe and libtorch's core read two of them on hosts
 """

@@ -5,9 +5,10 @@ The Ansible module flodl.fdl.fdl_dispatch_stage calls `stage()` for the flodl.fd
 way `fdl @cluster CMD` stages every remote host (fdl/launch/dispatch.py) and the way an Ansible user
 stages one.
 
-The layout, under `root` (default ~/.flodl/launch): `supervisor.py` (rewritten only when its content
-differs), `bin/BIN_DIR/` (kept between runs: rsync then sends only what changed) and `runs/RUN_ID/` with the
-host's rank spec `spec.json` (0600) and `logs/`. It starts nothing: the run's live session is ssh.
+The layout, under `root` (always given: the module's default is fdl.hostside.paths.LAUNCH_IN_HOME, ~/.flodl/launch):
+`supervisor.py` (rewritten only when its content differs), `bin/BIN_DIR/` (kept between runs: rsync then
+sends only what changed) and `runs/RUN_ID/` with the host's rank spec `spec.json` (0600) and `logs/`. It
+starts nothing: the run's live session is ssh.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ def plan(params: dict[str, Any]) -> dict[str, Any]:
         value = params.get(name) or ""
         if "/" in value or value in (".", ".."):
             raise StageError(f"{name} must be a plain name, got {value!r}")
-    root = os.path.abspath(os.path.expanduser(params.get("root") or "~/.flodl/launch"))
+    if not params.get("root"):
+        raise StageError("root is required: the directory to lay the run out under")
+    root = os.path.abspath(os.path.expanduser(params["root"]))
     run_dir = os.path.join(root, "runs", params["run_id"])
     bin_dir = os.path.join(root, "bin", params["bin_dir"]) if params.get("bin_dir") else ""
     program = params.get("program") or ""

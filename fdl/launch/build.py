@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from fdl.errors import BuildError
+from fdl.hostside.envvars import FDL_GPU_FEATURE
 from fdl.launch.plan import SINGLE, LaunchHost, LaunchPlan
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ DEFAULT_RECIPE = "cargo build --release"
 TARGET = "target"
 NATIVE = "native"  # the target-dir key of a host without arch: (this machine's libtorch)
 LOG_NAME = "fdl-build.log"
-_ENV_KEYS = ("LIBTORCH_PATH", "FDL_GPU_FEATURE", "LD_LIBRARY_PATH")
+_ENV_KEYS = ("LIBTORCH_PATH", FDL_GPU_FEATURE, "LD_LIBRARY_PATH")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 from fdl.controller.protocol import without_secrets
 from fdl.errors import RemoteError
+from fdl.hostside.envvars import FDL_RUN_ID
+from fdl.hostside.paths import LAUNCH_IN_HOME
 from fdl.hostside.supervisor import NOTE_PREFIX, RESULT_PREFIX, GroupResult, Supervisor
 from fdl.launch.build import BuildJob
 from fdl.launch.plan import LaunchHost, LaunchPlan
@@ -43,7 +45,6 @@ if TYPE_CHECKING:
     from fdl.cluster.inventory import ClusterInventory
 
 GRACE_S = 10.0
-STAGE_ROOT = "~/.flodl/launch"
 
 
 @dataclass
@@ -68,8 +69,8 @@ def rank_specs(plan: LaunchPlan, host: LaunchHost, assignment: dict[str, Any]) -
     for rank in assignment.get("ranks") or []:
         world = {str(k): str(v) for k, v in (rank.get("env") or {}).items()}
         env = {**plan.command.env_dict, **host.env, **world}
-        if not env.get("FDL_RUN_ID"):
-            env["FDL_RUN_ID"] = plan.run_id
+        if not env.get(FDL_RUN_ID):
+            env[FDL_RUN_ID] = plan.run_id
         out.append({"rank": int(rank["rank"]), "env": env})
     return out
 
@@ -99,7 +100,7 @@ def stage_remote(plan: LaunchPlan, inventory: ClusterInventory, jobs: dict[str, 
             digests[artifact] = _sha256(artifact)
         inv_host = inventory.hosts[name]
         dispatch_plan[name] = {
-            "run_id": plan.run_id, "root": STAGE_ROOT, "artifact": artifact,
+            "run_id": plan.run_id, "root": LAUNCH_IN_HOME, "artifact": artifact,
             "artifact_sha256": digests.get(artifact, ""), "bin_dir": plan.command.name,
             "rsh": rsync_rsh(inv_host), "login": login(inv_host),
             "command": list(plan.args) if plan.command.bin is not None else plan.rank_argv(None),
@@ -256,7 +257,7 @@ class RemoteSession(Session):
     def __init__(self, host: LaunchHost, ssh_argv: list[str], staged: dict[str, Any], printer: Printer, run_id: str):
         self.host = host.name
         self.printer = printer
-        remote = (f"cd {shlex.quote(staged['run_dir'])} && exec env FDL_RUN_ID={shlex.quote(run_id)} "
+        remote = (f"cd {shlex.quote(staged['run_dir'])} && exec env {FDL_RUN_ID}={shlex.quote(run_id)} "
                   f"{shlex.quote(host.python)} -u {shlex.quote(staged['supervisor'])} {shlex.quote(staged['spec'])}")
         self.argv = [*ssh_argv, remote]
         self.log_dir = f"{staged['run_dir']}/logs"

@@ -29,6 +29,7 @@ from fdl.config.parse import DEFAULT_PORT
 from fdl.config.schema import ClusterSpec, CommandSpec, WorkerSpec
 from fdl.errors import ConfigError, UsageError
 from fdl.hostside.checks.devices import Devices
+from fdl.hostside.envvars import FDL_PORT, read
 
 if TYPE_CHECKING:
     from fdl.controller.policy import RunPolicy
@@ -167,12 +168,12 @@ def chosen_port(flag: int | None, environ: Mapping[str, str], configured: int) -
     """(port, where it came from): --port, else FDL_PORT, else the configuration (or 1337)."""
     if flag is not None:
         return flag, "--port"
-    text = (environ.get("FDL_PORT") or "").strip()
+    text = read(FDL_PORT, environ).strip()
     if text:
         if not text.isdigit() or not 1 <= int(text) <= 65535:
-            raise UsageError(f"FDL_PORT={text!r} is not a port number from 1 to 65535.",
-                             hint="Set FDL_PORT to a free port, or unset it to use the configured one.")
-        return int(text), "FDL_PORT"
+            raise UsageError(f"{FDL_PORT}={text!r} is not a port number from 1 to 65535.",
+                             hint=f"Set {FDL_PORT} to a free port, or unset it to use the configured one.")
+        return int(text), FDL_PORT
     return configured, "config"
 
 
@@ -228,12 +229,12 @@ def plan_launch(spec: CommandSpec, args: list[str] | tuple[str, ...], cluster: C
         if source != "config":
             raise UsageError(f"port {port} ({source}) on 127.0.0.1 is taken (or {port + 1}, the ranks' "
                              f"rendezvous port, is), so this run's controller cannot listen there.",
-                             hint="Pick another with --port N or FDL_PORT=N, or stop what listens there.")
+                             hint=f"Pick another with --port N or {FDL_PORT}=N, or stop what listens there.")
         moved = free_port_pair()
         which = "the default controller port" if port == DEFAULT_PORT else "the configured controller port"
         notes.append(f"127.0.0.1:{port} ({which}) is taken, so this run's controller "
                      f"listens on 127.0.0.1:{moved} instead; plain `fdl status` still finds it (--port or "
-                     f"FDL_PORT picks one)")
+                     f"{FDL_PORT} picks one)")
         port = moved
     host = LaunchHost(name=this_host_name(), address="127.0.0.1", devices=devices, local=True)
     return LaunchPlan(mode=SINGLE, command=spec, args=all_args, hosts=(host,), root=root, run_id=run_id,

@@ -26,6 +26,8 @@ from fdl.controller import live
 from fdl.controller.states import DONE, FAILED, FORMING, TERMINAL, TRAINING, Refused
 from fdl.controller.wire import is_loopback
 from fdl.errors import ExitCode, FdlError
+from fdl.hostside.envvars import FDL_JOIN_TOKEN, FDL_RUN_ID
+from fdl.hostside.paths import RUNS_IN_HOME
 from fdl.launch.build import BuildJob, build_jobs, check_artifacts, prebuild
 from fdl.launch.dispatch import (
     GRACE_S,
@@ -225,7 +227,7 @@ class Launcher:
         shown = f"~/{path.relative_to(Path.home())}" if path.is_relative_to(Path.home()) else str(path)
         self.printer.note(f"no join token is configured, so this run made its own (0600, in {shown}): this "
                           f"account's fdl status and fdl start find it; a walk-in joins with "
-                          f"FDL_JOIN_TOKEN=\"$(cat {shown})\" fdl join ...")
+                          f"{FDL_JOIN_TOKEN}=\"$(cat {shown})\" fdl join ...")
         return token
 
     @property
@@ -399,7 +401,7 @@ class Launcher:
             return ExitCode.INTERRUPTED
         if state["phase"] == DONE:
             self.printer.note(f"run done: {state['world']['size']} rank(s) on {state['world']['nodes']} host(s) "
-                              f"exited 0 in {elapsed:.1f}s; rank logs under ~/.flodl/launch/runs/{self.plan.run_id}/ "
+                              f"exited 0 in {elapsed:.1f}s; rank logs under {RUNS_IN_HOME}/{self.plan.run_id}/ "
                               + ("on this machine" if self.plan.mode == SINGLE else "on each host"))
             return ExitCode.OK
         raise self._failure(first, sessions, state)
@@ -449,7 +451,7 @@ class Launcher:
                          limit=remote, progress=False, timeout=SWEEP_TIMEOUT_S, title="sweep")
         except (FdlError, KeyboardInterrupt) as exc:
             self.printer.note(f"the sweep did not finish ({exc}); check the hosts for processes with "
-                              f"FDL_RUN_ID={self.plan.run_id}")
+                              f"{FDL_RUN_ID}={self.plan.run_id}")
 
 
 def open_files_for(hosts: int) -> str | None:

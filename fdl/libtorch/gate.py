@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fdl.errors import FdlError
+from fdl.hostside.envvars import FDL_GPU_FEATURE
 from fdl.hostside.libtorch.resolve import LibtorchNotFound, holds_libtorch, home_of, resolve_libtorch, roots
 from fdl.hostside.libtorch.variants import Libtorch
 
@@ -110,10 +111,10 @@ def build_env(libtorch: Libtorch | None, base: Mapping[str, str] | None = None) 
     env = dict(os.environ if base is None else base)
     if libtorch is None:
         env.pop("LIBTORCH_PATH", None)
-        env["FDL_GPU_FEATURE"] = ""
+        env[FDL_GPU_FEATURE] = ""
         return env
     env["LIBTORCH_PATH"] = libtorch.path
-    env["FDL_GPU_FEATURE"] = libtorch.feature
+    env[FDL_GPU_FEATURE] = libtorch.feature
     parts = [str(Path(libtorch.path) / "lib")]
     if libtorch.vendor == "amd":
         parts = rocm_runtime_lib_dirs(env) + parts

@@ -41,6 +41,7 @@ from fdl.errors import FdlError, PermanentError
 from fdl.hostside.fsio import TEMP_SUFFIX, atomic_write, fsync_dir
 from fdl.hostside.libtorch.resolve import ACTIVE, RECORD, describe_variant, home_of, home_root, read_active
 from fdl.hostside.libtorch.variants import DOWNLOADS, VARIANT_GROUPS, Libtorch
+from fdl.hostside.paths import FLODL_IN_HOME
 from fdl.libtorch.source import (
     PYTORCH_RELEASE,
     Source,
@@ -195,7 +196,7 @@ def _lock(root: Path) -> int:
             continue  # another install removed the empty root between the two calls: make it again
         except OSError as exc:
             raise PermanentError(f"the libtorch root {root} is not writable: {exc.strerror}.",
-                                 hint="Give this user a writable home (~/.flodl).") from None
+                                 hint=f"Give this user a writable home ({FLODL_IN_HOME}).") from None
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             same = os.path.samestat(os.fstat(fd), os.stat(path))

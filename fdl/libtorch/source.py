@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from ..errors import ConfigError, FdlError, PermanentError, UsageError
+from ..hostside.envvars import FDL_LIBTORCH_MIRROR
 from ..hostside.libtorch.variants import DOWNLOADS
 
 #: the PyTorch release fdl downloads by default (the project's torch pin), and the variants it publishes as
@@ -32,7 +33,6 @@ from ..hostside.libtorch.variants import DOWNLOADS
 PYTORCH_RELEASE = "2.13.0"
 OFFICIAL_BASE = "https://download.pytorch.org/libtorch"
 OFFICIAL_VARIANTS = ("cpu", "cu126", "cu130", "rocm7.2")
-MIRROR_VARIABLE = "FDL_LIBTORCH_MIRROR"
 _URL_RE = re.compile(r"https?://[^\s/?#@]+(/[^\s?#]*)?")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -100,7 +100,7 @@ def choose_source(flag: str | None = None, environ: Mapping[str, str] | None = N
     environ = os.environ if environ is None else environ
     candidates: list[tuple[str, str | None, type[FdlError]]] = [
         ("--mirror", flag, UsageError),
-        (MIRROR_VARIABLE, environ.get(MIRROR_VARIABLE), ConfigError),
+        (FDL_LIBTORCH_MIRROR, environ.get(FDL_LIBTORCH_MIRROR), ConfigError),
         (configured_by, configured, ConfigError),
         ("join.libtorch_mirror", join_mirror, ConfigError),
     ]
@@ -126,7 +126,7 @@ def check_served(variant: str, source: Source) -> None:
         raise PermanentError(
             f"PyTorch {PYTORCH_RELEASE} publishes no {variant} libtorch (it publishes "
             f"{', '.join(OFFICIAL_VARIANTS)}).",
-            hint=f"Pick one of those, or serve {variant} from a mirror (--mirror URL, {MIRROR_VARIABLE}, or "
+            hint=f"Pick one of those, or serve {variant} from a mirror (--mirror URL, {FDL_LIBTORCH_MIRROR}, or "
                  f"mirror: in the libtorch: block of fdl.yml; docs/cli.md shows the layout).")
 
 

@@ -6,12 +6,13 @@ import re
 from pathlib import Path
 
 from fdl.config.schema import ClusterSpec
+from fdl.hostside.paths import FLODL_IN_HOME
 from fdl.nccl import fleet
 from fdl.nccl.build import find_worker, this_host_name
 from fdl.nccl.detect import choose_archs, choose_tag
 from fdl.nccl.plan import DEFAULT_BASE_IMAGE, DEFAULT_JOBS, BuildPlan, PlanError, parse_jobs
 
-REMOTE_ROOT = "~/.flodl"  # where `fdl join --libtorch` keeps a worker's libtorch variants
+REMOTE_ROOT = FLODL_IN_HOME  # holds libtorch/, where `fdl join --libtorch` keeps a worker's libtorch variants
 _IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")
 
 

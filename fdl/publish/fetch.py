@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fdl.errors import FdlError, RemoteError
+from fdl.hostside.envvars import FDL_GIT_PASSWORD, FDL_GIT_USERNAME
 from fdl.hostside.fsio import atomic_write
 from fdl.publish.manifest import (
     MANIFEST_NAME,
@@ -194,8 +195,8 @@ def _rsync_hint(source: SourceSpec, result: subprocess.CompletedProcess[str]) ->
 # file). It answers "get" only; git's "store" and "erase" reach nothing. An empty credential.helper first
 # clears the helpers of the user's own configuration, so none of them stores what the URL carried.
 _URL_CREDENTIAL_HELPER = (
-    '!f() { test "$1" = get || exit 0; printf "username=%s\\n" "$FDL_GIT_USERNAME"; '
-    'if [ -n "${FDL_GIT_PASSWORD+set}" ]; then printf "password=%s\\n" "$FDL_GIT_PASSWORD"; fi; }; f')
+    f'!f() {{ test "$1" = get || exit 0; printf "username=%s\\n" "${FDL_GIT_USERNAME}"; '
+    f'if [ -n "${{{FDL_GIT_PASSWORD}+set}}" ]; then printf "password=%s\\n" "${FDL_GIT_PASSWORD}"; fi; }}; f')
 
 
 def _git_config_env(out: dict[str, str], pairs: list[tuple[str, str]]) -> None:
@@ -215,12 +216,12 @@ def _git_env(source: GitSource, identity: str | None, env: Mapping[str, str] | N
     out = dict(os.environ if env is None else env)
     out["GIT_TERMINAL_PROMPT"] = "0"  # never wait on a credential prompt
     out.setdefault("GIT_ASKPASS", "true")
-    for name in ("FDL_GIT_USERNAME", "FDL_GIT_PASSWORD"):
+    for name in (FDL_GIT_USERNAME, FDL_GIT_PASSWORD):
         out.pop(name, None)
     if source.credentials is not None:
-        out["FDL_GIT_USERNAME"] = source.credentials.username
+        out[FDL_GIT_USERNAME] = source.credentials.username
         if source.credentials.password is not None:
-            out["FDL_GIT_PASSWORD"] = source.credentials.password
+            out[FDL_GIT_PASSWORD] = source.credentials.password
         _git_config_env(out, [("credential.helper", ""), ("credential.helper", _URL_CREDENTIAL_HELPER)])
     if source.url.startswith("ssh://"):
         words = shlex.split(out.get("GIT_SSH_COMMAND", "").strip() or "ssh")

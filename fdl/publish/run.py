@@ -39,6 +39,8 @@ from fdl.config.schema import PublishDefaults
 from fdl.errors import FdlError
 from fdl.hostside.fsio import fsync_dir
 from fdl.hostside.libtorch.variants import Libtorch
+from fdl.hostside.paths import FLODL_IN_HOME, SERVED_IN_HOME
+from fdl.hostside.paths import served as default_served
 from fdl.libtorch.gate import resolve_active, resolve_variant
 from fdl.publish import fetch as fetch_mod
 from fdl.publish.gate import GateResult, check_gate_headers, primary_gate, rustc_version, variant_gate
@@ -58,7 +60,6 @@ TREE_NAME = "tree"
 RELEASES_NAME = "releases"
 SLOTS = ("a", "b")
 LOCK_NAME = ".publish.lock"
-DEFAULT_SERVED = "~/.flodl/run"
 Note = Callable[[str], None]
 
 
@@ -181,7 +182,7 @@ def resolve_request(flags: PublishFlags, block: PublishDefaults | None, *, cwd: 
     elif block.to is not None:
         served, origins["to"] = _path(block.to, block_root), where("to")
     else:
-        served, origins["to"] = Path(os.path.expanduser(DEFAULT_SERVED)), "default"
+        served, origins["to"] = default_served(), "default"
     identity = None
     if flags.identity is not None:
         identity, origins["identity"] = str(_path(flags.identity, cwd)), "flag"
@@ -229,7 +230,7 @@ def preflight(request: PublishRequest, project_root: Path | None, note: Note) ->
             raise PublishError(
                 f"source {source.path} and the served directory {request.served} overlap; a publish would copy "
                 f"the served tree into itself.",
-                hint="Serve from a directory outside the source tree (--to DIR, default ~/.flodl/run).")
+                hint=f"Serve from a directory outside the source tree (--to DIR, default {SERVED_IN_HOME}).")
     if request.identity is not None:
         if not isinstance(source, RsyncSource) and not (isinstance(source, GitSource)
                                                           and source.url.startswith("ssh://")):
@@ -555,8 +556,8 @@ def publish(request: PublishRequest, *, project_root: Path | None = None, note: 
                 "built: false. The first worker to build it is where a broken build will show.")
         else:
             if libtorch is None:
-                say("no libtorch found (LIBTORCH and LIBTORCH_PATH unset, no libtorch/ in the project or "
-                    "~/.flodl): the gate builds without LIBTORCH_PATH (a crate linking flodl needs one; "
+                say(f"no libtorch found (LIBTORCH and LIBTORCH_PATH unset, no libtorch/ in the project or "
+                    f"{FLODL_IN_HOME}): the gate builds without LIBTORCH_PATH (a crate linking flodl needs one; "
                     "a CPU libtorch is enough for a gate)")
             else:
                 say(f"gate: building `{request.build}` in {request.cwd} against libtorch {libtorch.label} "

@@ -14,7 +14,7 @@ from tests.conftest import TEST_CONTROLS, fdl_env, real_home
 WHERE = """
 import json
 from pathlib import Path
-from fdl.collection import cache_dir
+from fdl.hostside.paths import cache_dir
 from fdl.controller.live import state_dir
 print(json.dumps({"cache": str(cache_dir()), "live": str(state_dir()), "home": str(Path.home())}))
 """

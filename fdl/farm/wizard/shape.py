@@ -35,8 +35,9 @@ from fdl.hostside.farm.doors import (
     check_served,
     jail,
 )
+from fdl.hostside.paths import DEFAULT_DATA_PATH
+from fdl.hostside.paths import served as served_dir
 
-DEFAULT_DATA_DIR = "/flodl/data"
 _USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}")
 _SHAPE_RE = re.compile(r"^# fdl-farm-shape: (.*)$", re.M)
 T = TypeVar("T")
@@ -302,7 +303,7 @@ def _settle_served(req: Request, recovered: Recovered, door: str) -> tuple[str |
     elif recovered.served and recovered.door == door:
         served, origin = recovered.served, Origin.RECOVERED
     else:
-        served = DEFAULT_DATA_DIR if door == DOOR_A else str(Path.home() / ".flodl" / "run")
+        served = DEFAULT_DATA_PATH if door == DOOR_A else str(served_dir())
         origin = Origin.DEFAULT
     try:
         return check_served(served), origin

@@ -16,10 +16,10 @@ import os
 import time
 from typing import Any
 
+from ..paths import DEFAULT_DATA_PATH
 from .report import ERROR, OK, SKIPPED, WARNING, CheckResult
 
 NAME = "data"
-DEFAULT_DATA_PATH = "/flodl/data"
 SKIP_HINT = "on a single host without shared storage, --skip-mount skips this check"
 
 

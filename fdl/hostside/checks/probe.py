@@ -27,8 +27,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, TypeVar
 
+from ..envvars import FDL_PROBE_ROOT, read
 from ..libtorch.variants import Libtorch
-from .data import DEFAULT_DATA_PATH, check_data_path
+from ..paths import DEFAULT_DATA_PATH
+from .data import check_data_path
 from .devices import parse_devices
 from .gpu import check_gpu
 from .health import (
@@ -50,7 +52,6 @@ from .stack import STACK_CHECKS, check_cuda_driver, check_device_nodes, check_no
 
 CORE_CHECKS = ("gpu", "libtorch", "nccl", "data")
 CHECK_NAMES = CORE_CHECKS + GPU_CHECKS + STACK_CHECKS
-ROOT_VARIABLE = "FDL_PROBE_ROOT"  # the file system root the stack checks read (/proc, /dev); tests script it
 
 
 @dataclass
@@ -112,7 +113,7 @@ def run_probe(options: ProbeOptions | None = None, host: str | None = None,
     """
     options = options or ProbeOptions()
     environ = os.environ if environ is None else environ
-    root = environ.get(ROOT_VARIABLE) or "/"
+    root = read(FDL_PROBE_ROOT, environ) or "/"
     report = HostReport(host=host or socket.gethostname(), time=time.time())
 
     cpu = cpu_ranks(options.local_devices)

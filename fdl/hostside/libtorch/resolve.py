@@ -32,11 +32,11 @@ import os
 from pathlib import Path
 from typing import Mapping, NamedTuple
 
+from ..envvars import FDL_LIBTORCH_FROM_PYTORCH, read
+from ..paths import LIBTORCH_IN_HOME, libtorch_root
+from ..paths import home as home_dir
 from .variants import VARIANT_GROUPS, Libtorch, is_variant_name, parse_archs
 
-#: the user's libtorch root, under the home directory, as its parts and as messages spell it
-HOME_ROOT = (".flodl", "libtorch")
-HOME_ROOT_SHOWN = "~/.flodl/libtorch"
 #: the file in a root naming its active variant (precompiled/cu128); pointer files start with it too
 ACTIVE = ".active"
 #: fdl's install record in a variant it downloaded: url=, sha256=, bytes=, build=, pin= lines
@@ -64,13 +64,12 @@ class Root(NamedTuple):
 
 def home_root(home: str | os.PathLike[str]) -> Path:
     """The user's libtorch root under a home directory."""
-    return Path(home).joinpath(*HOME_ROOT)
+    return libtorch_root(home)
 
 
 def home_of(environ: Mapping[str, str] | None = None) -> str:
     """This user's home directory: $HOME, else the password database's."""
-    environ = os.environ if environ is None else environ
-    return environ.get("HOME") or os.path.expanduser("~")
+    return home_dir(environ)
 
 
 def roots(project_root: str | os.PathLike[str] | None, home: str | os.PathLike[str] | None) -> list[Root]:
@@ -182,8 +181,7 @@ def python_torch_dir(environ: Mapping[str, str] | None = None) -> str | None:
 
     None when there is no torch, or when FDL_LIBTORCH_FROM_PYTORCH=0.
     """
-    environ = os.environ if environ is None else environ
-    if (environ.get("FDL_LIBTORCH_FROM_PYTORCH") or "").strip() == "0":
+    if read(FDL_LIBTORCH_FROM_PYTORCH, environ).strip() == "0":
         return None
     try:
         spec = importlib.util.find_spec("torch")  # locates the package; runs none of its code
@@ -249,7 +247,7 @@ def resolution_order(explicit: str | None, environ: Mapping[str, str], project_r
         steps.append(f"{what}: {root.path}{state}")
     if not project_root:
         steps.insert(3, "the project's libtorch/: no project")
-    steps.append(f"this Python environment's PyTorch: {pytorch or 'none (or FDL_LIBTORCH_FROM_PYTORCH=0)'}")
+    steps.append(f"this Python environment's PyTorch: {pytorch or f'none (or {FDL_LIBTORCH_FROM_PYTORCH}=0)'}")
     return steps
 
 
@@ -282,7 +280,7 @@ def _at(path: Path, source: str) -> Libtorch:
     label = f"{source} {path}" if source.startswith("--") else f"{source}={path}" if source.isupper() else str(path)
     if not path.exists():
         raise LibtorchNotFound(f"libtorch not found: {label} does not exist.",
-                               f"correct the path, or unset it to let fdl search the project and {HOME_ROOT_SHOWN}")
+                               f"correct the path, or unset it to let fdl search the project and {LIBTORCH_IN_HOME}")
     if path.is_file():
         if path.name.startswith(ACTIVE):
             return _from_pointer(path, path.parent, source)

@@ -13,23 +13,12 @@ import tomllib
 from pathlib import Path
 
 from fdl import collection
-from tests.conftest import REPO
+from tests.conftest import REPO, docstring_ids
 
 HOST_SIDE = REPO / "fdl" / "hostside"
 PYNVML = "pynvml"  # the one third-party module: installed, or the packed sibling below
 PACKED_SIBLING = Path(collection.PYNVML_PACKED).stem  # shipped beside the package by the collection, not in it
 DEPLOYMENTS = ("ansible_collections", "ansible.module_utils", "plugins.module_utils")
-
-
-def _docstrings(tree: ast.AST) -> set[int]:
-    """ids of the string constants that are docstrings (they may describe deployments; code may not)."""
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                out.add(id(first.value))
-    return out
 
 
 def foreign_imports(root: Path) -> list[str]:
@@ -41,7 +30,7 @@ def foreign_imports(root: Path) -> list[str]:
         rel = path.relative_to(root)
         package = rel.parent.parts  # the importing module's package, under root
         tree = ast.parse(path.read_text(), str(path))
-        docstrings = _docstrings(tree)
+        docstrings = docstring_ids(tree)
         for node in ast.walk(tree):
             where = f"{rel.as_posix()}:{getattr(node, 'lineno', 0)}"
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
