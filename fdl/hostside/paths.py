@@ -17,9 +17,9 @@ In a user's home (a worker's, the launching machine's, the publishing machine's)
 
 Per user, after the XDG base directory specification (a relative value is ignored, as the spec says):
 
-    $XDG_CACHE_HOME/fdl/               (~/.cache/fdl) collections/ (the built collection tree), config/ (parsed
-                                       configuration files), cp/ (ssh ControlPath sockets, when
-                                       $XDG_RUNTIME_DIR is not private or too long), runner/ (ansible-runner)
+    $XDG_CACHE_HOME/fdl/               (~/.cache/fdl) collections/ (the built collection tree), cp/ (ssh
+                                       ControlPath sockets, when $XDG_RUNTIME_DIR is not private or too
+                                       long), runner/ (ansible-runner)
     $XDG_STATE_HOME/fdl/               (~/.local/state/fdl) farms/: the farm credentials this user minted
     $XDG_RUNTIME_DIR/                  used only when private (absolute, a directory, this user's, mode 0700):
                                        fdl/ (live-run records), fdl-cp/ (ControlPath sockets), fdl-tunnel-*/
