@@ -35,6 +35,25 @@ def docstring_ids(tree: ast.AST) -> set[int]:
     return out
 
 
+def code_strings(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every string constant of a module that is not a docstring (f-string parts included): what
+    the source scans hold to the one place a name or a directory is spelled."""
+    tree = ast.parse(path.read_text(), str(path))
+    skip = docstring_ids(tree)
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip]
+
+
+def repo_relative(path: Path) -> str:
+    """A repository file's path as the repository names it (fdl/hostside/paths.py)."""
+    return path.relative_to(REPO).as_posix()
+
+
+def fdl_modules() -> list[Path]:
+    """Every Python module of the fdl package (the shipped data under _share excluded)."""
+    return sorted(p for p in (REPO / "fdl").rglob("*.py") if "_share" not in p.parts)
+
+
 def real_home() -> Path:
     """The home of whoever runs the suite (tests run with HOME set to a home of the run's own)."""
     return Path(os.environ.get("FDL_TEST_REAL_HOME") or os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.schema import ClusterSpec, SshDefaults, WorkerSpec
-from ..hostside.paths import DEFAULT_DATA_PATH
+from ..hostside.paths import DEFAULT_DATA_PATH, home
 
 if TYPE_CHECKING:
     from ..config.project import Config
@@ -169,7 +169,7 @@ def local_vars(python: str = DEFAULT_PYTHON) -> dict[str, Any]:
     NCCL image build) reported "could not find job" whenever $HOME was set elsewhere. This machine's $HOME
     is known here, so both sides get the same absolute directory."""
     return {"ansible_connection": "local", "ansible_python_interpreter": python,
-            "ansible_async_dir": os.path.join(os.path.expanduser("~"), ".ansible_async")}
+            "ansible_async_dir": os.path.join(home(), ".ansible_async")}
 
 
 def local_inventory(name: str = "localhost", python: str | None = None) -> ClusterInventory:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fdl.hostside import envvars
-from tests.conftest import REPO, docstring_ids
+from tests.conftest import REPO, code_strings, fdl_modules, repo_relative
 
 PACKAGE = REPO / "fdl"
 REGISTRY_FILE = PACKAGE / "hostside" / "envvars.py"
@@ -24,26 +24,10 @@ NAME = re.compile(r"FDL_[A-Z0-9]")
 TOKEN = re.compile(r"\bFDL_[A-Z0-9_]*")
 
 
-def _strings(path: Path) -> list[tuple[int, str]]:
-    """(line, text) of every string constant of a module that is not a docstring (f-string parts included)."""
-    tree = ast.parse(path.read_text(), str(path))
-    skip = docstring_ids(tree)
-    return [(node.lineno, node.value) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip]
-
-
-def _modules() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if "_share" not in p.parts)
-
-
-def _rel(path: Path) -> str:
-    return path.relative_to(REPO).as_posix()
-
-
 def test_no_fdl_variable_is_spelled_as_a_string_outside_the_registry():
-    spelled = [f"{_rel(path)}:{line}: {text[:60]!r}" for path in _modules()
+    spelled = [f"{repo_relative(path)}:{line}: {text[:60]!r}" for path in fdl_modules()
                if path != REGISTRY_FILE and path not in STANDALONE
-               for line, text in _strings(path) if NAME.search(text)]
+               for line, text in code_strings(path) if NAME.search(text)]
     assert spelled == [], "take the name from fdl.hostside.envvars (an f-string for a message):\n" + "\n".join(spelled)
 
 
@@ -52,7 +36,7 @@ def test_a_name_spelled_in_a_string_is_caught(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text('"""Docstrings may name FDL_PORT."""\nimport os\n\nHINT = f"set FDL_PORT={1}"\n'
                       'PORT = os.environ.get("FDL_PORT")\n')
-    assert sorted(line for line, text in _strings(sample) if NAME.search(text)) == [4, 5]
+    assert sorted(line for line, text in code_strings(sample) if NAME.search(text)) == [4, 5]
 
 
 def _allowed(token: str) -> bool:
@@ -102,10 +86,10 @@ def _users(path: Path, names: set[str]) -> set[str]:
 def test_each_variable_names_exactly_the_modules_of_fdl_that_use_it():
     names = {name for name, var in envvars.REGISTRY.items() if var.kind != envvars.SUITE}
     used: dict[str, set[str]] = {name: set() for name in names}
-    for path in _modules():
+    for path in fdl_modules():
         if path != REGISTRY_FILE:
             for name in _users(path, names):
-                used[name].add(_rel(path))
+                used[name].add(repo_relative(path))
     wrong = {name: (sorted(envvars.REGISTRY[name].modules), sorted(found)) for name, found in used.items()
              if set(envvars.REGISTRY[name].modules) != found}
     assert wrong == {}, "fdl/hostside/envvars.py's modules (listed, used):\n" + "\n".join(

@@ -12,16 +12,15 @@ from pathlib import Path
 import yaml
 
 from fdl.hostside import paths
-from tests.conftest import REPO
-from tests.unit.test_envvars import _modules, _rel, _strings
+from tests.conftest import REPO, code_strings, fdl_modules, repo_relative
 
 PATHS_FILE = REPO / "fdl" / "hostside" / "paths.py"
 SPELLED = re.compile(r"~/\.flodl|/\.flodl\b|^\.flodl$|/flodl/data|^XDG_[A-Z_]+$")
 
 
 def test_no_module_of_fdl_spells_one_of_its_directories():
-    spelled = [f"{_rel(path)}:{line}: {text[:60]!r}" for path in _modules() if path != PATHS_FILE
-               for line, text in _strings(path) if SPELLED.search(text)]
+    spelled = [f"{repo_relative(path)}:{line}: {text[:60]!r}" for path in fdl_modules() if path != PATHS_FILE
+               for line, text in code_strings(path) if SPELLED.search(text)]
     assert spelled == [], "take the path from fdl.hostside.paths:\n" + "\n".join(spelled)
 
 
@@ -29,7 +28,7 @@ def test_a_spelled_directory_is_caught(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text('"""Lives in ~/.flodl/run."""\nfrom pathlib import Path\n\nA = Path.home() / ".flodl"\n'
                       'B = f"default /flodl/data{1}"\nC = "~/.flodl/join"\n')
-    assert sorted(line for line, text in _strings(sample) if SPELLED.search(text)) == [4, 5, 6]
+    assert sorted(line for line, text in code_strings(sample) if SPELLED.search(text)) == [4, 5, 6]
 
 
 def _yaml(rel: str) -> dict:
