@@ -11,6 +11,7 @@ import typer
 from fdl.cli.context import globals_of
 from fdl.cli.options import json_option
 from fdl.hostside.paths import FLODL_IN_HOME
+from fdl.nccl.plan import DEFAULT_JOBS
 
 app = typer.Typer(help="Build NVIDIA's NCCL from source for heterogeneous rigs.", rich_markup_mode=None,
                   no_args_is_help=True, add_completion=False)
@@ -31,8 +32,8 @@ def build(
                                               help="Compute capabilities to build for (default: this host's "
                                                    "GPUs).")] = None,
     jobs: Annotated[int | None, typer.Option("--jobs", metavar="N",
-                                             help="Parallel compile jobs (default: this machine's CPU "
-                                                  "count).")] = None,
+                                             help=f"Parallel compile jobs (default {DEFAULT_JOBS}: each "
+                                                  "nvcc job takes gigabytes of memory).")] = None,
     host: Annotated[str | None, typer.Option("--host", metavar="NAME",
                                              help="Build on this cluster worker instead of here.")] = None,
     root: Annotated[str | None, typer.Option("--root", metavar="DIR",
@@ -54,8 +55,6 @@ def build(
 
     g = globals_of(ctx)
     cfg = g.config(required=host is not None)
-    from fdl.nccl.plan import DEFAULT_JOBS
-
     plan = make_plan(project_root=cfg.root, cluster=cfg.cluster, tag=tag, archs=archs,
                      jobs=DEFAULT_JOBS if jobs is None else jobs, host=host,
                      root=root, base_image=base_image or DEFAULT_BASE_IMAGE)

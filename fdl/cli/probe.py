@@ -16,7 +16,7 @@ import typer
 
 from fdl.cli.context import Globals, globals_of
 from fdl.cli.options import json_option
-from fdl.cli.render.probe import echo_human, render_human, render_json
+from fdl.cli.render.probe import echo_human, gate_passed, render_human, render_json, say_strict
 from fdl.config.discover import find_base
 from fdl.hostside.checks.probe import ProbeOptions, run_probe
 from fdl.hostside.checks.report import HostReport
@@ -75,6 +75,10 @@ def probe(
                                                                 "else one per selected GPU, else cpu:2.")] = None,
     collective_max_size: Annotated[str, typer.Option("--collective-max-size", metavar="SIZE",
                                                      help="Largest all-reduce message (8K to 1G).")] = "64M",
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when any check warns too, not only when one "
+                                                          "fails: every component green, or the gate fails. "
+                                                          "Without it warnings inform and do not block.")
+                      ] = False,
     textfile: Annotated[str | None, typer.Option("--textfile", metavar="FILE",
                                                  help="Also write the report as Prometheus metrics to FILE, a "
                                                       "*.prom file in node_exporter's textfile collector "
@@ -84,7 +88,7 @@ def probe(
     """Audit this host's readiness for a training run: GPU, libtorch, NCCL and shared data.
 
     Exit 0 when no check found an error (warnings inform), 1 otherwise: usable
-    as a CI gate before a long run.
+    as a CI gate before a long run. With --strict a warning fails the gate too.
     """
     g = globals_of(ctx)
     project_root, workers = project_context(g)
@@ -111,7 +115,7 @@ def probe(
 
         return probe_cluster_command(g, as_json=as_json, quiet=quiet, skip_mount=skip_mount, data_path=data_path,
                                      libtorch_path=libtorch_path, docker=docker, gpus=gpus,
-                                     collective=plan[1] if plan is not None else None)
+                                     collective=plan[1] if plan is not None else None, strict=strict)
     local_devices: list[int] | str | None = None
     if declared is not None and (declared.is_cpu or declared.ids is not None):
         local_devices = str(declared) if declared.is_cpu else list(declared.ids or ())
@@ -129,14 +133,17 @@ def probe(
         result = run_collective(plan, reports[0])
         tables = format_rows(result)
     unwritten = write_metrics(textfile, reports[0]) if textfile is not None else None
+    warnings = sum(len(r.warnings) for r in reports)
+    passed = gate_passed(all(r.ok for r in reports), warnings, strict)
     if as_json:
-        typer.echo(render_json(reports))
+        typer.echo(render_json(reports, strict=strict))
     else:
         echo_human(*render_human(reports, quiet=quiet), tables, quiet=quiet)
+    say_strict(strict, warnings, passed, all(r.ok for r in reports))
     if unwritten is not None:  # after the report, which stands either way (one JSON document on stdout)
         typer.echo(unwritten, err=True)
         return 1
-    return 0 if all(r.ok for r in reports) else 1
+    return 0 if passed else 1
 
 
 def declared_devices(devices: str | None, cpu: bool, *, gpus_given: bool) -> Devices | None:

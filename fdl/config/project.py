@@ -52,6 +52,19 @@ class EnvSelection(NamedTuple):
         return EnvSelection()
 
     @staticmethod
+    def conflict(flag: str | None, sigil: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+        """The warning when the ways of naming an env name different ones (None when they agree or only one is
+        used): the strongest wins, as choose() says, and the user hears which."""
+        given = [(name, how) for name, how in ((flag, f"--env {flag}"), (sigil, f"@{sigil}"),
+                                               (read(FDL_ENV, environ) or None, f"{FDL_ENV}={read(FDL_ENV, environ)}"))
+                 if name]
+        if len({name for name, _how in given}) < 2:
+            return None
+        ignored = " and ".join(how for name, how in given[1:] if name != given[0][0])
+        return (f"{given[0][1]} overrides {ignored}: using env '{given[0][0]}' (strongest first: --env NAME, then "
+                f"@NAME, then {FDL_ENV}).")
+
+    @staticmethod
     def named(name: str, source: str) -> EnvSelection:
         """The env `name`, selected the way `source` says; a name that cannot be a file name is refused."""
         selection = EnvSelection(name, source)
