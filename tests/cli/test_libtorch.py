@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, run_fdl
+from tests.conftest import REPO, fdl_env, need_root_or_skip, run_fdl
 from tests.fakes.libtorch_server import (
     LibtorchServer,
     PyTorchOverTls,
@@ -246,6 +246,30 @@ def test_an_unreachable_mirror_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert f"cannot download {url}/libtorch-cpu.zip.sha256" in result.stderr and "Traceback" not in result.stderr
     assert f"the mirror {url} (from --mirror)" in result.stderr and list(home.iterdir()) == []
+
+
+def test_an_offline_box_is_told_about_the_mirror_in_whole_words(tmp_path: Path) -> None:
+    """Regression (issue 38 item 11): offline (a network namespace with no network: the name does not even
+    resolve), `fdl libtorch download` printed urllib3's wrappers cut at 200 characters mid-word
+    ("NameResolutionError("HTTPSConnection(h....") and a hint that named neither --mirror nor
+    FDL_LIBTORCH_MIRROR."""
+    import subprocess
+
+    need_root_or_skip("a network namespace without a network (unshare --net) needs root")
+    home = tmp_path / "home"
+    home.mkdir()
+    done = subprocess.run(["unshare", "--net", sys.executable, "-m", "fdl", "libtorch", "download", "cpu"],
+                          cwd=tmp_path, env=fdl_env(env_for(home)), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("fdl: error:")]
+    assert error.startswith("fdl: error: cannot download https://download.pytorch.org/libtorch/cpu/")
+    reason = error.split(".zip: ", 1)[1]
+    assert "download.pytorch.org" in reason and reason.endswith(")."), reason  # urllib3's cause, whole
+    assert "..." not in reason and "Max retries" not in reason and "Connection(" not in reason
+    hint = done.stderr.split("hint: ", 1)[1]
+    assert "cannot reach download.pytorch.org" in hint
+    assert "--mirror URL" in hint and "FDL_LIBTORCH_MIRROR=URL" in hint and "libtorch: mirror:" in hint
+    assert list(home.iterdir()) == []
 
 
 def test_the_environments_pytorch_is_the_last_resort(tmp_path: Path) -> None:

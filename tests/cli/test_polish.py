@@ -1,6 +1,7 @@
 """The small dead ends a new user meets, each closed: `config show` output that is valid YAML, the nccl plan's
-paste-able docker lines, --jobs defaulting to 6 (not the CPU count), "did you mean" for a mistyped command, a broken fdl.yml
-named under `fdl --help`, skipped probe checks counted, and help text on every positional argument."""
+paste-able docker lines, --jobs defaulting to 6 (not the CPU count), "did you mean" for a mistyped command, a
+broken fdl.yml named under `fdl --help`, skipped probe checks counted, and help text on every positional
+argument."""
 
 from __future__ import annotations
 
