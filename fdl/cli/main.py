@@ -41,7 +41,7 @@ BUILTINS: dict[str, tuple[str, str]] = {
     "publish": ("fdl.cli.publish", "Publish a build-gated training run for a fleet to pull."),
     "join-config": ("fdl.cli.join_config", "Set up a farm: key, token, overlay, sshd door and the steps to open it."),
     "nccl": ("fdl.cli.nccl", "Build NCCL from source to match the fleet (heterogeneous rigs)."),
-    "libtorch": ("fdl.cli.libtorch", "List, download and activate libtorch variants."),
+    "libtorch": ("fdl.cli.libtorch", "List, download, activate and remove libtorch variants."),
 }
 
 GLOBAL_VALUE_OPTIONS = ("--env", "--gpus")
