@@ -105,9 +105,15 @@ verdict:
 from ansible.module_utils.basic import AnsibleModule
 
 try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
+    from ansible_collections.flodl.fdl.plugins.module_utils.checks.devices import (
+        DEVICE_FORMS,
+        parse_declared,
+        probe_declaration,
+    )
     from ansible_collections.flodl.fdl.plugins.module_utils.checks.probe import ProbeOptions, run_probe
     from ansible_collections.flodl.fdl.plugins.module_utils.checks.verdict import verdict
 except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
+    from ansible.module_utils.fdl.hostside.checks.devices import DEVICE_FORMS, parse_declared, probe_declaration
     from ansible.module_utils.fdl.hostside.checks.probe import ProbeOptions, run_probe
     from ansible.module_utils.fdl.hostside.checks.verdict import verdict
 
@@ -133,8 +139,13 @@ def main():
     if gpus is not None and (gpus.startswith("cpu:") or not gpus.strip()):
         gpus = None  # a CPU-rank worker offers no GPU ids: probe what is there
     declared = params["local_devices"]
-    if declared is not None and declared.strip() in ("", "all"):
-        declared = None  # "every GPU there is" declares no particular one
+    if declared is not None and not declared.strip():
+        declared = None  # nothing declared: every GPU there is
+    elif declared is not None:
+        try:  # read exactly as `fdl probe --devices` reads it: a declaration it refuses fails the task
+            declared = probe_declaration(parse_declared(declared, "local_devices (fdl_probe_devices)"))
+        except ValueError as exc:
+            module.fail_json(msg=f"{exc}. Name {DEVICE_FORMS}.")
     options = ProbeOptions(data_path=params["data_path"], skip_mount=params["skip_mount"],
                            libtorch_path=params["libtorch_path"], docker=params["docker"],
                            project_root=params["project_root"], gpus=gpus, local_devices=declared,

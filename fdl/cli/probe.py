@@ -116,9 +116,9 @@ def probe(
         return probe_cluster_command(g, as_json=as_json, quiet=quiet, skip_mount=skip_mount, data_path=data_path,
                                      libtorch_path=libtorch_path, docker=docker, gpus=gpus,
                                      collective=plan[1] if plan is not None else None, strict=strict)
-    local_devices: list[int] | str | None = None
-    if declared is not None and (declared.is_cpu or declared.ids is not None):
-        local_devices = str(declared) if declared.is_cpu else list(declared.ids or ())
+    from fdl.hostside.checks.devices import probe_declaration
+
+    local_devices = probe_declaration(declared)
     options = ProbeOptions(data_path=data_path or DEFAULT_DATA_PATH, skip_mount=skip_mount,
                            libtorch_path=libtorch_path, docker=docker, project_root=project_root, gpus=gpus,
                            local_devices=local_devices)
@@ -149,7 +149,7 @@ def probe(
 def declared_devices(devices: str | None, cpu: bool, *, gpus_given: bool) -> Devices | None:
     """What --devices or --cpu declare this host offers (None: nothing declared); contradictions exit 2."""
     from fdl.errors import UsageError
-    from fdl.hostside.checks.devices import parse_devices
+    from fdl.hostside.checks.devices import DEVICE_FORMS, Devices, parse_declared
 
     if cpu and devices is not None:
         raise UsageError(f"--cpu and --devices {devices} both say what this host offers; give one of them.")
@@ -157,11 +157,10 @@ def declared_devices(devices: str | None, cpu: bool, *, gpus_given: bool) -> Dev
         devices = CPU_FLAG_DEVICES
     if devices is None:
         return None
-    try:
-        parsed = parse_devices(devices)
+    try:  # the parser the fdl_probe module reads fdl_probe_devices with (fdl.hostside.checks.devices)
+        parsed = parse_declared(devices, "--devices") or Devices()
     except ValueError as exc:
-        raise UsageError(f"--devices {devices!r}: {exc}.",
-                         hint="Name GPU ids (0,1), all, or cpu:N for N CPU ranks.") from None
+        raise UsageError(f"{exc}.", hint=f"Name {DEVICE_FORMS}.") from None
     if parsed.is_cpu and gpus_given:
         raise UsageError(f"{'--cpu' if cpu else '--devices ' + devices} judges this host as a CPU host, and --gpus "
                          f"selects GPUs to judge; give one of them.")
