@@ -149,7 +149,9 @@ def main():
     options = ProbeOptions(data_path=params["data_path"], skip_mount=params["skip_mount"],
                            libtorch_path=params["libtorch_path"], docker=params["docker"],
                            project_root=params["project_root"], gpus=gpus, local_devices=declared,
-                           whole_gpus=params["whole_gpus"])
+                           whole_gpus=params["whole_gpus"],
+                           interpreter_setting="this worker's python: (in fdl.cluster.yml; ansible_python_interpreter "
+                                               "in an inventory of your own)")
     report = run_probe(options, host=params["host"])
     result = dict(changed=False, report=report.to_dict(), ok=report.ok, verdict=verdict(report))
     if params["fail_on_error"] and not report.ok:

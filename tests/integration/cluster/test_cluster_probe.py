@@ -149,6 +149,23 @@ def test_a_link_taken_down_mid_run(kit, short_tmp, testbed_home):
     assert all(hosts[h]["gpu"]["status"] == "ok" for h in ("h1", "h2", "h4"))
 
 
+def test_an_ssh_worker_without_pytorch_is_told_about_its_python_key(kit, short_tmp, testbed_home):
+    """Regression (issue 38 item 11): a worker probed over SSH whose interpreter has no PyTorch, and no libtorch
+    anywhere else, got a hint naming downloads and LIBTORCH only; what decides which PyTorch it sees is its
+    `python:` key, and the hint names it."""
+    no_libtorch = kit.nvml.env("H100:9.0:80G")  # its fake GPU, but no LIBTORCH
+    project = kit.project(short_tmp / "proj", kit.workers(h2={"env": no_libtorch}))
+    done, doc = probe(project, testbed_home, "--json")
+    assert done.returncode == 1, done.stderr
+    libtorch = by_host(doc)["h2"]["libtorch"]
+    assert libtorch["status"] == "error" and "(The Python this probe ran under: /usr/bin/python3.)" in \
+        libtorch["message"]
+    assert "fdl libtorch download" in libtorch["hint"]
+    assert "set this worker's python: (in fdl.cluster.yml" in libtorch["hint"]
+    assert "e.g. python: /path/to/venv/bin/python" in libtorch["hint"]
+    assert by_host(doc)["h1"]["libtorch"]["status"] == "ok"
+
+
 def test_nccl_skew_is_an_error_until_the_older_host_preloads_a_match(kit, short_tmp, testbed_home):
     skewed = kit.workers(h3={"env": kit.worker_env(libtorch=kit.libtorch_old_nccl)})
     done, doc = probe(kit.project(short_tmp / "skew", skewed), testbed_home, "--json")
