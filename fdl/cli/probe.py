@@ -143,6 +143,8 @@ def probe(
     if unwritten is not None:  # after the report, which stands either way (one JSON document on stdout)
         typer.echo(unwritten, err=True)
         return 1
+    if textfile is not None:
+        warn_other_textfiles(textfile)
     return 0 if passed else 1
 
 
@@ -205,6 +207,18 @@ def write_metrics(path: str, report: HostReport) -> str | None:
         }.get(exc.errno or 0, "check the directory and the disk, then run the probe again")
         return f"fdl: error: could not write the metrics file {path}: {exc.strerror or exc}.\n  hint: {hint}"
     return None
+
+
+def warn_other_textfiles(path: str) -> None:
+    """A warning per other fdl *.prom file in the same directory: node_exporter would export every series twice
+    and say so only in its own log."""
+    from fdl.hostside.checks.textfile import other_fdl_files
+
+    for other in other_fdl_files(path):
+        typer.echo(f"fdl: warning: {other} in the same textfile directory holds fdl's probe metrics too: "
+                   f"node_exporter reads every *.prom file there, so it sees each fdl series twice and reports that "
+                   f"only in its own log. Keep one fdl metrics file per directory: remove {other}, or write to it "
+                   f"with --textfile.", err=True)
 
 
 def collective_plan(devices: str | None, max_size: str, timeout: float) -> CollectivePlan:
