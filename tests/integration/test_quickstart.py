@@ -52,6 +52,6 @@ def test_the_quickstart_summary_says_the_probe_skipped_the_data_path(clone: Path
     assert "== fdl probe --cpu --skip-mount" in out
     lines = out.strip().splitlines()
     assert lines[-1].startswith("quickstart: OK: both ranks agree on checksum")
-    summary = "\n".join(lines[lines.index(next(l for l in lines if l.startswith("fdl is installed in"))):])
+    summary = "\n".join(lines[lines.index(next(line for line in lines if line.startswith("fdl is installed in"))):])
     assert "skipped the shared data path (--skip-mount)" in summary
     assert f"fdl probe checks {DEFAULT_DATA_PATH}" in summary and "--data-path /path/to/your/data" in summary
