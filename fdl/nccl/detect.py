@@ -103,11 +103,10 @@ def choose_target(reports: list[HostNccl], *, host: str | None, me: str) -> Targ
     behind = [r for r in reports if major_minor(r.version) < major_minor(newest)]
     if host is not None:
         own = next((r for r in reports if r.host == host), None)
-        notes = ()
-        if own is not None and major_minor(own.version) == major_minor(newest):
-            notes = (f"{host} already runs NCCL {own.version.version}, the cluster's newest major.minor "
-                     f"({listing}): nothing to match there; building as asked",)
-        return Target(newest, source, None, notes)
+        current = own is not None and major_minor(own.version) == major_minor(newest)
+        said = (f"{host} already runs NCCL {own.version.version}, the cluster's newest major.minor ({listing}): "
+                f"nothing to match there; building as asked") if own is not None and current else None
+        return Target(newest, source, None, (said,) if said else ())
     if not behind:
         return Target(newest, source, None, (
             f"every cluster host runs NCCL {newest.major}.{newest.minor}.x ({listing}): none is behind, so this "
@@ -115,8 +114,8 @@ def choose_target(reports: list[HostNccl], *, host: str | None, me: str) -> Targ
     order = {r.host: i for i, r in enumerate(reports)}
     mine = [r for r in behind if r.host == me]
     chosen = mine[0] if mine else min(behind, key=lambda r: (r.version, order[r.host]))
-    notes = [f"cluster NCCL versions: {listing}; {chosen.host} has the older NCCL ({chosen.version.version}), so "
-             f"this builds NCCL {newest.version} for {chosen.host}"]
+    notes: list[str] = [f"cluster NCCL versions: {listing}; {chosen.host} has the older NCCL "
+                        f"({chosen.version.version}), so this builds NCCL {newest.version} for {chosen.host}"]
     others = [r for r in behind if r is not chosen]
     if others:
         names = ", ".join(f"{r.host} ({r.version.version})" for r in others)
