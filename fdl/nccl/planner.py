@@ -65,7 +65,13 @@ def make_plan(*, project_root: Path | None, cluster: ClusterSpec | None, tag: st
         if tag is None and fleet is not None:
             notes.append("no cluster host reported an NCCL version, so the version comes from this project's "
                          "libtorch (use --tag to name it)")
-        nccl, tag_source = choose_tag(tag, root=local_root)
+        try:
+            nccl, tag_source = choose_tag(tag, root=local_root)
+        except PlanError as exc:
+            if tag is not None or fleet is None:
+                raise
+            why = "; ".join(f"{name}: {reason.rstrip('.')}" for name, reason in fleet.unreported.items())
+            raise PlanError(f"{exc.message} No cluster host reports one either ({why}).", hint=exc.hint) from None
     if fleet is not None and fleet.unreported and tag is None:
         notes.append("not compared (no NCCL version reported): "
                      + "; ".join(f"{name}: {why.rstrip('.')}" for name, why in fleet.unreported.items()))

@@ -175,6 +175,16 @@ def test_worker_plan_targets_the_worker(nccl_project, fake_nvml, tmp_path):
     assert json.loads(tagged.stdout)["notes"] == []  # --tag and --archs: nothing to ask the hosts
 
 
+def test_no_version_anywhere_says_the_cluster_reported_none_either(tmp_path, fake_nvml):
+    (tmp_path / "fdl.yml").write_text("commands: {}\n")
+    (tmp_path / "fdl.cluster.yml").write_text(CLUSTER)
+    result = run_fdl("@cluster", "nccl", "build", "--dry-run", "--archs", "6.1", cwd=tmp_path,
+                     env={**fake_nvml.env(MIXED), "HOME": str(tmp_path)}, timeout=180)
+    assert result.returncode == 1
+    assert "cannot tell which NCCL version to build" in result.stderr
+    assert "No cluster host reports one either (node-b: node-b (" in result.stderr
+
+
 def test_help_lists_the_command():
     result = run_fdl("--help")
     assert result.returncode == 0 and "nccl" in result.stdout
