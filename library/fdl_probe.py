@@ -48,6 +48,7 @@ options:
         the health checks judge.
       - C(cpu:N) makes the host a CPU host - the GPU, NCCL, GPU health and GPU stack checks are skipped with
         the reason, and libtorch and the data path decide the verdict.
+      - Read as C(fdl probe --devices) reads it; a value it refuses (C(cpu:two)) fails the task, naming it.
     type: str
   whole_gpus:
     description: Whether ranks get whole GPUs, so MIG mode on a selected GPU is an error; default yes, unless
