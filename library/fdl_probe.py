@@ -48,6 +48,7 @@ options:
         the health checks judge.
       - C(cpu:N) makes the host a CPU host - the GPU, NCCL, GPU health and GPU stack checks are skipped with
         the reason, and libtorch and the data path decide the verdict.
+      - Read as C(fdl probe --devices) reads it; a value it refuses (C(cpu:two)) fails the task, naming it.
     type: str
   whole_gpus:
     description: Whether ranks get whole GPUs, so MIG mode on a selected GPU is an error; default yes, unless
@@ -105,9 +106,15 @@ verdict:
 from ansible.module_utils.basic import AnsibleModule
 
 try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
+    from ansible_collections.flodl.fdl.plugins.module_utils.checks.devices import (
+        DEVICE_FORMS,
+        parse_declared,
+        probe_declaration,
+    )
     from ansible_collections.flodl.fdl.plugins.module_utils.checks.probe import ProbeOptions, run_probe
     from ansible_collections.flodl.fdl.plugins.module_utils.checks.verdict import verdict
 except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
+    from ansible.module_utils.fdl.hostside.checks.devices import DEVICE_FORMS, parse_declared, probe_declaration
     from ansible.module_utils.fdl.hostside.checks.probe import ProbeOptions, run_probe
     from ansible.module_utils.fdl.hostside.checks.verdict import verdict
 
@@ -133,12 +140,19 @@ def main():
     if gpus is not None and (gpus.startswith("cpu:") or not gpus.strip()):
         gpus = None  # a CPU-rank worker offers no GPU ids: probe what is there
     declared = params["local_devices"]
-    if declared is not None and declared.strip() in ("", "all"):
-        declared = None  # "every GPU there is" declares no particular one
+    if declared is not None and not declared.strip():
+        declared = None  # nothing declared: every GPU there is
+    elif declared is not None:
+        try:  # read exactly as `fdl probe --devices` reads it: a declaration it refuses fails the task
+            declared = probe_declaration(parse_declared(declared, "local_devices (fdl_probe_devices)"))
+        except ValueError as exc:
+            module.fail_json(msg=f"{exc}. Name {DEVICE_FORMS}.")
     options = ProbeOptions(data_path=params["data_path"], skip_mount=params["skip_mount"],
                            libtorch_path=params["libtorch_path"], docker=params["docker"],
                            project_root=params["project_root"], gpus=gpus, local_devices=declared,
-                           whole_gpus=params["whole_gpus"])
+                           whole_gpus=params["whole_gpus"],
+                           interpreter_setting="this worker's python: (in fdl.cluster.yml; ansible_python_interpreter "
+                                               "in an inventory of your own)")
     report = run_probe(options, host=params["host"])
     result = dict(changed=False, report=report.to_dict(), ok=report.ok, verdict=verdict(report))
     if params["fail_on_error"] and not report.ok:

@@ -6,7 +6,8 @@
 #
 # `fdl probe` exits 1 on a machine without an NVIDIA GPU (or without libtorch/NCCL): that is its verdict on
 # this box as a GPU training host, not a failure of the quickstart, so it is reported, the box is probed again
-# as a CPU host (`fdl probe --cpu`: what the demo's CPU ranks need), and the demo goes on.
+# as a CPU host (`fdl probe --cpu`: what the demo's CPU ranks need), and the demo goes on. That probe skips
+# the shared data path (the demo reads no dataset); the summary says so and how to check it.
 # If the demo's port (1337) is taken, the run moves to a free port and says so; `fdl status` still finds it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,12 +19,14 @@ if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
 fi
 export PATH="$here/.venv/bin:$PATH"   # fdl, and the python3 the demo's ranks run
 
+skipped_data=""   # set when a probe left out the shared data path: the summary says so
 echo "== fdl probe"
 if fdl probe; then
     echo "== probe: this machine is ready for GPU training"
 else
     echo "== probe exited $? (expected on a machine without a GPU, libtorch or NCCL); as a CPU host:"
     echo "== fdl probe --cpu --skip-mount"
+    skipped_data=yes
     if fdl probe --cpu --skip-mount; then
         echo "== probe: this machine is ready for training on CPU ranks"
     else
@@ -55,6 +58,11 @@ echo
 echo "fdl is installed in $here/.venv/bin/fdl. To use it from any directory:"
 echo "    export PATH=\"$here/.venv/bin:\$PATH\"    (or: source $here/.venv/bin/activate)"
 echo "To see the same demo run as a cluster over SSH on this machine: examples/cluster/try-local"
+if [ -n "$skipped_data" ]; then
+    echo "The CPU-host probe skipped the shared data path (--skip-mount). Training that reads a dataset needs it"
+    echo "on every host: fdl probe checks /flodl/data, or the directory you name:"
+    echo "    fdl probe --cpu --data-path /path/to/your/data"
+fi
 sums=$(grep -o 'weights checksum [0-9a-f]*' "$log" | awk '{print $3}' | sort -u || true)
 ranks=$(grep -c 'weights checksum' "$log" || true)
 if [ "$code" -eq 0 ] && [ "$ranks" -eq 2 ] && [ "$(wc -w <<<"$sums")" -eq 1 ]; then

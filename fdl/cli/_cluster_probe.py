@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 import typer
 
 from fdl.cli.context import Globals
-from fdl.cli.render.probe import echo_human, render_cluster
+from fdl.cli.render.probe import echo_human, gate_passed, render_cluster, say_strict, strict_document
+from fdl.hostside.checks.report import WARNING
 
 if TYPE_CHECKING:
     from fdl.collective.run import CollectiveOptions
@@ -21,11 +22,11 @@ if TYPE_CHECKING:
 
 def probe_cluster_command(g: Globals, *, as_json: bool, quiet: bool, skip_mount: bool, data_path: str | None,
                           libtorch_path: str | None, docker: str | None, gpus: list[int] | None,
-                          collective: CollectiveOptions | None = None) -> int:
+                          collective: CollectiveOptions | None = None, strict: bool = False) -> int:
     """Probe every worker of the selected env; print the report; return the exit code (0 only if all green).
 
     collective: CollectiveOptions to also run the all-reduce smoke test across the workers (the cluster
-    check `collective`, fdl.collective.cluster).
+    check `collective`, fdl.collective.cluster). strict: a warning (a host's or a cross-host one) fails too.
     """
     from fdl.cluster.probe import ClusterProbeOptions, probe_cluster
 
@@ -45,8 +46,11 @@ def probe_cluster_command(g: Globals, *, as_json: bool, quiet: bool, skip_mount:
                              notes=not quiet and not as_json, progress=None if not quiet else False)
         report.cluster.append(to_check(result))
         tables = format_rows(result)
+    warnings = sum(len(h.warnings) for h in report.hosts) + sum(c.status == WARNING for c in report.cluster)
+    passed = gate_passed(report.ok, warnings, strict)
     if as_json:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
+        typer.echo(json.dumps(strict_document(report.to_dict(), warnings, strict), indent=2))
     else:
         echo_human(*render_cluster(report, quiet=quiet), tables, quiet=quiet)
-    return 0 if report.ok else 1
+    say_strict(strict, warnings, passed, report.ok)
+    return 0 if passed else 1

@@ -29,8 +29,9 @@ class Globals:
     """The root options, plus the configuration they select (loaded once, on demand)."""
 
     def __init__(self, invocation: Invocation, env_flag: str | None = None, gpus_spec: str | None = None,
-                 debug: bool = False, verbose: bool = False):
+                 debug: bool = False, verbose: bool = False, gpus_given: tuple[str, ...] = ()):
         self.invocation = invocation
+        self.gpus_given = gpus_given  # every --gpus value on the command line, in order
         self.env_flag = env_flag
         self.gpus_spec = gpus_spec
         self.debug = debug
@@ -38,15 +39,28 @@ class Globals:
         self.gpus: GpuSelection | None = None
         self._configs: dict[bool, Config] = {}
         self._warned = False
+        self._env_checked = False
 
     @property
     def env(self) -> EnvSelection:
         from fdl.config.project import EnvSelection
 
+        if not self._env_checked:  # a conflict is said once, on stderr, whichever command asks first
+            self._env_checked = True
+            conflict = EnvSelection.conflict(self.env_flag, self.invocation.sigil)
+            if conflict is not None:
+                print(f"fdl: warning: {conflict}", file=sys.stderr)
         return EnvSelection.choose(self.env_flag, self.invocation.sigil)
 
     def apply_gpus(self) -> None:
-        """Parse --gpus and scope every process this command starts to that selection."""
+        """Parse --gpus and scope every process this command starts to that selection; --gpus given more than
+        once is refused (exit 2), never "the last one wins"."""
+        if len(self.gpus_given) > 1:
+            from fdl.errors import UsageError
+
+            given = " and ".join(f"--gpus {spec}" for spec in self.gpus_given)
+            raise UsageError(f"--gpus is given {len(self.gpus_given)} times ({given}); give it once, with every GPU "
+                             f"the command may use: 'all' or ids like 0,1.")
         if self.gpus_spec is None:
             return
         self.gpus = parse_gpus(self.gpus_spec)

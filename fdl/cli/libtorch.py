@@ -1,4 +1,4 @@
-"""`fdl libtorch list|download|activate|info`: the libtorch variants on this box."""
+"""`fdl libtorch list|download|activate|remove|info`: the libtorch variants on this box."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from fdl.cli.options import json_option
 from fdl.hostside.envvars import FDL_LIBTORCH_MIRROR
 from fdl.hostside.paths import LIBTORCH_IN_HOME
 
-app = typer.Typer(help="List, download and activate libtorch variants.", rich_markup_mode=None, add_completion=False,
-                  no_args_is_help=True)
+app = typer.Typer(help="List, download, activate and remove libtorch variants.", rich_markup_mode=None,
+                  add_completion=False, no_args_is_help=True)
 
 
 @app.callback()
 def libtorch() -> None:
-    """List, download and activate libtorch variants (~/.flodl/libtorch and the project's libtorch/)."""
+    """List, download, activate and remove libtorch variants (~/.flodl/libtorch and the project's libtorch/)."""
 
 
 def _project_root(ctx: typer.Context) -> str:
@@ -53,11 +53,17 @@ def list_(
     root = _project_root(ctx)
     variants = manage.list_variants(root, os.environ)
     resolved = manage.resolve(root, os.environ)
+    dangling = manage.dangling_active(root, os.environ)
     in_use = resolved.libtorch.path if resolved.libtorch else None
     if as_json:
         typer.echo(json.dumps({"variants": [dict(v.to_data(), in_use=v.libtorch.path == in_use) for v in variants],
-                               "in_use": resolved.to_data()["libtorch"]}, indent=2))
+                               "in_use": resolved.to_data()["libtorch"],
+                               "dangling_active": [{"root": r, "variant": v} for r, v in dangling]}, indent=2))
         return
+    for where, label in dangling:
+        typer.echo(f"fdl: warning: {where}/.active names {label}, which is not installed there: "
+                   f"`fdl libtorch remove {label}` clears it, `fdl libtorch activate VARIANT` picks another.",
+                   err=True)
     if not variants:
         typer.echo(f"No libtorch variant is installed (looked in the project's libtorch/, {LIBTORCH_IN_HOME} and "
                    "this Python environment).")
@@ -137,22 +143,24 @@ def download(
         typer.echo(f"fdl: auto picked {chosen} for this box", err=True)
     bar = _ProgressBar(chosen) if sys.stderr.isatty() and not as_json else None
     try:
-        installed, activated = manage.download(chosen, source=source, environ=os.environ, progress=bar,
-                                               note=lambda text: typer.echo(f"fdl: {text}", err=True))
+        installed, activated, active = manage.download(chosen, source=source, environ=os.environ, progress=bar,
+                                                       note=lambda text: typer.echo(f"fdl: {text}", err=True))
     finally:
         if bar is not None:
             bar.finish()
     lt = installed.libtorch
     if as_json:
         typer.echo(json.dumps({"variant": installed.variant, "label": lt.label, "path": lt.path,
-                               "downloaded": installed.acquired, "activated": activated, "sha256": lt.sha256,
-                               "source": source.base}, indent=2))
+                               "downloaded": installed.acquired, "activated": activated, "active": active,
+                               "sha256": lt.sha256, "source": source.base}, indent=2))
         return
     typer.echo(f"libtorch {lt.label} is installed in {lt.path}.")
     if lt.sha256:
         typer.echo(f"Archive sha256: {lt.sha256}")
     if activated:
         typer.echo("It is now the active variant (nothing was active before).")
+    elif active:
+        typer.echo("It is the active variant.")
     else:
         typer.echo(f"To use it: fdl libtorch activate {installed.variant}")
 
@@ -170,6 +178,39 @@ def activate(
     chosen = manage.activate(variant, _project_root(ctx), os.environ)
     data = chosen.to_data()
     typer.echo(f"Active libtorch in {chosen.root}: {data['label']} ({_describe(data)}).")
+
+
+@app.command("remove")
+def remove(
+    ctx: typer.Context,
+    variant: Annotated[str, typer.Argument(metavar="VARIANT",
+                                           help="An installed variant: precompiled/cu128, builds/NAME, or a "
+                                                "download name such as cpu.")],
+    force: Annotated[bool, typer.Option("--force", help="Remove it even when it is the active variant (its "
+                                                        ".active goes with it).")] = False,
+    as_json: Annotated[bool, json_option()] = False,
+) -> None:
+    """Remove an installed variant in one step; clears a .active that names a variant no longer there."""
+    from fdl.libtorch import manage
+
+    done = manage.remove(variant, _project_root(ctx), os.environ, force=force)
+    if as_json:
+        typer.echo(json.dumps(done.to_data(), indent=2))
+        return
+    where = f"{done.root}/{done.label}"
+    if done.removed:
+        typer.echo(f"Removed libtorch {done.label} ({where}).")
+    else:
+        typer.echo(f"libtorch {done.label} was not installed in {done.root}, but its .active named it: cleared.")
+    if done.active_cleared:
+        if len(done.remaining) == 1:
+            typer.echo(f"No variant is marked active in {done.root} now; its only variant, {done.remaining[0]}, "
+                       f"is what fdl probe resolves there.")
+        elif done.remaining:
+            typer.echo(f"No variant is active in {done.root} now: fdl libtorch activate {done.remaining[0]} "
+                       f"(installed: {', '.join(done.remaining)})")
+        else:
+            typer.echo(f"No variant is left in {done.root}.")
 
 
 class _ProgressBar:

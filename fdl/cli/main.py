@@ -41,7 +41,7 @@ BUILTINS: dict[str, tuple[str, str]] = {
     "publish": ("fdl.cli.publish", "Publish a build-gated training run for a fleet to pull."),
     "join-config": ("fdl.cli.join_config", "Set up a farm: key, token, overlay, sshd door and the steps to open it."),
     "nccl": ("fdl.cli.nccl", "Build NCCL from source to match the fleet (heterogeneous rigs)."),
-    "libtorch": ("fdl.cli.libtorch", "List, download and activate libtorch variants."),
+    "libtorch": ("fdl.cli.libtorch", "List, download, activate and remove libtorch variants."),
 }
 
 GLOBAL_VALUE_OPTIONS = ("--env", "--gpus")
@@ -78,7 +78,75 @@ def wants_json(argv: list[str]) -> bool:
     """
     words = argv[_first_word(argv):]
     words = words[: words.index("--")] if "--" in words else words
-    return bool(words) and words[0] in BUILTINS and JSON_FLAG in words[1:]
+    before = words[:1] == [JSON_FLAG]  # `fdl --json probe`: refused (misplaced), and answered in JSON all the same
+    words = words[1:] if before else words
+    return bool(words) and words[0] in BUILTINS and (before or JSON_FLAG in words[1:])
+
+
+GLOBAL_OPTIONS = (*GLOBAL_VALUE_OPTIONS, "--debug", "--verbose", "-v", "--version")
+
+
+def misplaced_option(exc: click.exceptions.NoSuchOption, args: list[str], sigil: str | None) -> str | None:
+    """The error for an option on the wrong side of the command, with the command line put right: a global
+    option after the command (`fdl probe --gpus 0`), or a command's option before it (`fdl --json probe`).
+    None when the option belongs nowhere (click's own error stands)."""
+    import shlex
+
+    flag = exc.option_name.split("=", 1)[0]
+    at_root = exc.ctx is None or exc.ctx.parent is None
+    end = args.index("--") if "--" in args else len(args)
+    found = [i for i in range(end) if args[i] == flag or args[i].startswith(flag + "=")]
+    if not found:
+        return None
+
+    def line(words: list[str]) -> str:
+        if sigil is not None:  # the @NAME word goes back where main() took it from
+            head = _first_word(words)
+            words = [*words[:head], f"@{sigil}", *words[head:]]
+        return shlex.join(["fdl", *words])
+
+    if not at_root and flag in GLOBAL_OPTIONS:
+        i = found[-1]
+        take = 2 if flag in GLOBAL_VALUE_OPTIONS and args[i] == flag and i + 1 < end else 1
+        rest = args[:i] + args[i + take:]
+        return (f"{flag} is a global option of fdl, not an option of this command: it goes before the command "
+                f"name. Write: {line(args[i:i + take] + rest)}")
+    if not at_root:
+        return None
+    i = found[0]
+    for take in (2, 1) if args[i] == flag and i + 1 < end else (1,):
+        rest = args[:i] + args[i + take:]
+        path, option = _command_option(exc.ctx, rest, flag)
+        if option is None or (take == 2) == option.is_flag:
+            continue
+        at = _first_word(rest) + len(path)
+        fixed = rest[:at] + args[i:i + take] + rest[at:]
+        return (f"{flag} is an option of `fdl {' '.join(path)}`, not a global option of fdl: it goes after the "
+                f"command name. Write: {line(fixed)}")
+    return None
+
+
+def _command_option(ctx: Any, words: list[str], flag: str) -> tuple[list[str], Any]:
+    """(the command path `words` names, e.g. ["libtorch", "list"], and its option `flag`, or None)."""
+    if ctx is None:
+        return [], None
+    command: Any = ctx.command
+    path: list[str] = []
+    for word in words[_first_word(words):]:
+        if not isinstance(command, click.Group) or word.startswith("-"):
+            break
+        try:
+            sub = command.get_command(ctx, word)
+        except FdlError:  # a project command list that does not load: nothing to say about it here
+            sub = None
+        if sub is None:
+            break
+        command, path = sub, [*path, word]
+    if not path:
+        return [], None
+    option = next((p for p in command.params if isinstance(p, click.Option) and flag in (*p.opts, *p.secondary_opts)),
+                  None)
+    return path, option
 
 
 def argument_help(command: Any) -> Any:
@@ -186,7 +254,8 @@ app = typer.Typer(
     cls=FdlGroup,
     name="fdl",
     help="Cluster and hardware command line of flodl: probe hosts, run and watch cluster training.\n\n"
-         f"Select an env overlay with @NAME as the first word (fdl @cluster probe), --env NAME, or {FDL_ENV}.",
+         f"Select an env overlay, strongest first, with --env NAME, @NAME as the first word (fdl @cluster "
+         f"probe), or {FDL_ENV}.",
     rich_markup_mode=None,
     add_completion=False,
     no_args_is_help=True,
@@ -205,8 +274,8 @@ def root(
     ctx: typer.Context,
     env: Annotated[str | None, typer.Option("--env", help="Env overlay to apply: fdl.NAME.yml over fdl.yml.",
                                             metavar="NAME")] = None,
-    gpus: Annotated[str | None, typer.Option("--gpus", help="GPUs for this command: 'all' or ids like 0,1.",
-                                             metavar="all|IDS")] = None,
+    gpus: Annotated[list[str] | None, typer.Option("--gpus", help="GPUs for this command, given once: 'all' or ids "
+                                                   "like 0,1.", metavar="all|IDS")] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug notes.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Say more on stderr.")] = False,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
@@ -227,9 +296,10 @@ def ensure_globals(ctx: Any) -> Globals:
         return root_ctx.obj
     invocation: Invocation = root_ctx.obj if isinstance(root_ctx.obj, Invocation) else Invocation()
     params = root_ctx.params
-    root_ctx.obj = Globals(invocation=invocation, env_flag=params.get("env"), gpus_spec=params.get("gpus"),
+    gpus = tuple(params.get("gpus") or ())  # --gpus is declared repeatable so that a second one is seen, and refused
+    root_ctx.obj = Globals(invocation=invocation, env_flag=params.get("env"), gpus_spec=gpus[-1] if gpus else None,
                            debug=bool(params.get("debug")) or invocation.debug,
-                           verbose=bool(params.get("verbose")))
+                           verbose=bool(params.get("verbose")), gpus_given=gpus)
     made: Globals = root_ctx.obj
     return made
 
@@ -353,6 +423,11 @@ def _run(args: list[str], invocation: Invocation, debug: bool) -> tuple[int, dic
         return int(exc.exit_code), failure_document(exc, exc.exit_code)
     except typer.Exit as exc:
         return int(getattr(exc, "exit_code", 0) or 0), None
+    except click.exceptions.NoSuchOption as exc:
+        moved = misplaced_option(exc, args, invocation.sigil)
+        shown = click.UsageError(moved, exc.ctx) if moved is not None else exc
+        shown.show()
+        return ExitCode.PERMANENT, failure_document(shown, ExitCode.PERMANENT, shown.format_message())
     except click.exceptions.ClickException as exc:
         exc.show()
         return ExitCode.PERMANENT, failure_document(exc, ExitCode.PERMANENT, exc.format_message())

@@ -11,6 +11,7 @@ import typer
 from fdl.cli.context import globals_of
 from fdl.cli.options import json_option
 from fdl.hostside.paths import FLODL_IN_HOME
+from fdl.nccl.plan import DEFAULT_JOBS
 
 app = typer.Typer(help="Build NVIDIA's NCCL from source for heterogeneous rigs.", rich_markup_mode=None,
                   no_args_is_help=True, add_completion=False)
@@ -25,14 +26,15 @@ def nccl() -> None:
 def build(
     ctx: typer.Context,
     tag: Annotated[str | None, typer.Option("--tag", metavar="vX.Y.Z",
-                                            help="NCCL release to build (default: the version the fleet "
-                                                 "runs).")] = None,
+                                            help="NCCL release to build (default: the newest the "
+                                                 "cluster's hosts run, built for the host with the older one; "
+                                                 "without a cluster, the project's libtorch's).")] = None,
     archs: Annotated[str | None, typer.Option("--archs", metavar="'6.1;12.0'",
-                                              help="Compute capabilities to build for (default: this host's "
+                                              help="Compute capabilities to build for (default: the build host's "
                                                    "GPUs).")] = None,
     jobs: Annotated[int | None, typer.Option("--jobs", metavar="N",
-                                             help="Parallel compile jobs (default: this machine's CPU "
-                                                  "count).")] = None,
+                                             help=f"Parallel compile jobs (default {DEFAULT_JOBS}: each "
+                                                  "nvcc job takes gigabytes of memory).")] = None,
     host: Annotated[str | None, typer.Option("--host", metavar="NAME",
                                              help="Build on this cluster worker instead of here.")] = None,
     root: Annotated[str | None, typer.Option("--root", metavar="DIR",
@@ -50,15 +52,22 @@ def build(
     from fdl.cli.render import nccl as render
     from fdl.nccl.build import run_build, this_host_name
     from fdl.nccl.plan import DEFAULT_BASE_IMAGE
-    from fdl.nccl.planner import make_plan
+    from fdl.nccl.planner import make_plan, named_worker, needs_fleet
 
     g = globals_of(ctx)
     cfg = g.config(required=host is not None)
-    from fdl.nccl.plan import DEFAULT_JOBS
+    named_worker(cfg.cluster, host)  # a --host that names no worker is refused before anything is probed
+    fleet = None
+    if needs_fleet(cfg.cluster, tag=tag, host=host, archs=archs):  # what the hosts run: the cluster probe's reports
+        from fdl.nccl.fleet import collect
 
+        if not as_json:
+            typer.echo("fdl: note: probing the cluster's hosts for their NCCL versions and GPUs (--tag and "
+                       "--archs skip this)...", err=True)
+        fleet = collect(cfg, progress=False if as_json else None)
     plan = make_plan(project_root=cfg.root, cluster=cfg.cluster, tag=tag, archs=archs,
                      jobs=DEFAULT_JOBS if jobs is None else jobs, host=host,
-                     root=root, base_image=base_image or DEFAULT_BASE_IMAGE)
+                     root=root, base_image=base_image or DEFAULT_BASE_IMAGE, fleet=fleet)
     for note in plan.notes:
         typer.echo(f"fdl: note: {note}", err=True)
     if dry_run:

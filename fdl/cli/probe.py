@@ -16,7 +16,7 @@ import typer
 
 from fdl.cli.context import Globals, globals_of
 from fdl.cli.options import json_option
-from fdl.cli.render.probe import echo_human, render_human, render_json
+from fdl.cli.render.probe import echo_human, gate_passed, render_human, render_json, say_strict
 from fdl.config.discover import find_base
 from fdl.hostside.checks.probe import ProbeOptions, run_probe
 from fdl.hostside.checks.report import HostReport
@@ -75,6 +75,10 @@ def probe(
                                                                 "else one per selected GPU, else cpu:2.")] = None,
     collective_max_size: Annotated[str, typer.Option("--collective-max-size", metavar="SIZE",
                                                      help="Largest all-reduce message (8K to 1G).")] = "64M",
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when any check warns too, not only when one "
+                                                          "fails: every component green, or the gate fails. "
+                                                          "Without it warnings inform and do not block.")
+                      ] = False,
     textfile: Annotated[str | None, typer.Option("--textfile", metavar="FILE",
                                                  help="Also write the report as Prometheus metrics to FILE, a "
                                                       "*.prom file in node_exporter's textfile collector "
@@ -84,7 +88,7 @@ def probe(
     """Audit this host's readiness for a training run: GPU, libtorch, NCCL and shared data.
 
     Exit 0 when no check found an error (warnings inform), 1 otherwise: usable
-    as a CI gate before a long run.
+    as a CI gate before a long run. With --strict a warning fails the gate too.
     """
     g = globals_of(ctx)
     project_root, workers = project_context(g)
@@ -111,10 +115,10 @@ def probe(
 
         return probe_cluster_command(g, as_json=as_json, quiet=quiet, skip_mount=skip_mount, data_path=data_path,
                                      libtorch_path=libtorch_path, docker=docker, gpus=gpus,
-                                     collective=plan[1] if plan is not None else None)
-    local_devices: list[int] | str | None = None
-    if declared is not None and (declared.is_cpu or declared.ids is not None):
-        local_devices = str(declared) if declared.is_cpu else list(declared.ids or ())
+                                     collective=plan[1] if plan is not None else None, strict=strict)
+    from fdl.hostside.checks.devices import probe_declaration
+
+    local_devices = probe_declaration(declared)
     options = ProbeOptions(data_path=data_path or DEFAULT_DATA_PATH, skip_mount=skip_mount,
                            libtorch_path=libtorch_path, docker=docker, project_root=project_root, gpus=gpus,
                            local_devices=local_devices)
@@ -129,20 +133,25 @@ def probe(
         result = run_collective(plan, reports[0])
         tables = format_rows(result)
     unwritten = write_metrics(textfile, reports[0]) if textfile is not None else None
+    warnings = sum(len(r.warnings) for r in reports)
+    passed = gate_passed(all(r.ok for r in reports), warnings, strict)
     if as_json:
-        typer.echo(render_json(reports))
+        typer.echo(render_json(reports, strict=strict))
     else:
         echo_human(*render_human(reports, quiet=quiet), tables, quiet=quiet)
+    say_strict(strict, warnings, passed, all(r.ok for r in reports))
     if unwritten is not None:  # after the report, which stands either way (one JSON document on stdout)
         typer.echo(unwritten, err=True)
         return 1
-    return 0 if all(r.ok for r in reports) else 1
+    if textfile is not None:
+        warn_other_textfiles(textfile)
+    return 0 if passed else 1
 
 
 def declared_devices(devices: str | None, cpu: bool, *, gpus_given: bool) -> Devices | None:
     """What --devices or --cpu declare this host offers (None: nothing declared); contradictions exit 2."""
     from fdl.errors import UsageError
-    from fdl.hostside.checks.devices import parse_devices
+    from fdl.hostside.checks.devices import DEVICE_FORMS, Devices, parse_declared
 
     if cpu and devices is not None:
         raise UsageError(f"--cpu and --devices {devices} both say what this host offers; give one of them.")
@@ -150,11 +159,10 @@ def declared_devices(devices: str | None, cpu: bool, *, gpus_given: bool) -> Dev
         devices = CPU_FLAG_DEVICES
     if devices is None:
         return None
-    try:
-        parsed = parse_devices(devices)
+    try:  # the parser the fdl_probe module reads fdl_probe_devices with (fdl.hostside.checks.devices)
+        parsed = parse_declared(devices, "--devices") or Devices()
     except ValueError as exc:
-        raise UsageError(f"--devices {devices!r}: {exc}.",
-                         hint="Name GPU ids (0,1), all, or cpu:N for N CPU ranks.") from None
+        raise UsageError(f"{exc}.", hint=f"Name {DEVICE_FORMS}.") from None
     if parsed.is_cpu and gpus_given:
         raise UsageError(f"{'--cpu' if cpu else '--devices ' + devices} judges this host as a CPU host, and --gpus "
                          f"selects GPUs to judge; give one of them.")
@@ -199,6 +207,18 @@ def write_metrics(path: str, report: HostReport) -> str | None:
         }.get(exc.errno or 0, "check the directory and the disk, then run the probe again")
         return f"fdl: error: could not write the metrics file {path}: {exc.strerror or exc}.\n  hint: {hint}"
     return None
+
+
+def warn_other_textfiles(path: str) -> None:
+    """A warning per other fdl *.prom file in the same directory: node_exporter would export every series twice
+    and say so only in its own log."""
+    from fdl.hostside.checks.textfile import other_fdl_files
+
+    for other in other_fdl_files(path):
+        typer.echo(f"fdl: warning: {other} in the same textfile directory holds fdl's probe metrics too: "
+                   f"node_exporter reads every *.prom file there, so it sees each fdl series twice and reports that "
+                   f"only in its own log. Keep one fdl metrics file per directory: remove {other}, or write to it "
+                   f"with --textfile.", err=True)
 
 
 def collective_plan(devices: str | None, max_size: str, timeout: float) -> CollectivePlan:

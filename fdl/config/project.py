@@ -52,6 +52,19 @@ class EnvSelection(NamedTuple):
         return EnvSelection()
 
     @staticmethod
+    def conflict(flag: str | None, sigil: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+        """The warning when the ways of naming an env name different ones (None when they agree or only one is
+        used): the strongest wins, as choose() says, and the user hears which."""
+        given = [(name, how) for name, how in ((flag, f"--env {flag}"), (sigil, f"@{sigil}"),
+                                               (read(FDL_ENV, environ) or None, f"{FDL_ENV}={read(FDL_ENV, environ)}"))
+                 if name]
+        if len({name for name, _how in given}) < 2:
+            return None
+        ignored = " and ".join(how for name, how in given[1:] if name != given[0][0])
+        return (f"{given[0][1]} overrides {ignored}: using env '{given[0][0]}' (strongest first: --env NAME, then "
+                f"@NAME, then {FDL_ENV}).")
+
+    @staticmethod
     def named(name: str, source: str) -> EnvSelection:
         """The env `name`, selected the way `source` says; a name that cannot be a file name is refused."""
         selection = EnvSelection(name, source)
@@ -86,6 +99,8 @@ class Config:
         self.libtorch: LibtorchDefaults | None = None
         self.warnings: list[str] = []
         self.ignored: list[KeyPath] = []  # unknown keys: warned about and not in force
+        # validation errors, kept (not raised) only for load_config(keep_errors=True): (key path or None, message)
+        self.errors: list[tuple[KeyPath | None, str]] = []
 
     @property
     def is_discovery_window(self) -> bool:
@@ -134,11 +149,14 @@ def _overlay_chain(root: Path, env: EnvSelection) -> list[Layer]:
     return list(reversed(chain))
 
 
-def load_config(cwd: Path | None = None, env: EnvSelection | None = None, *, required: bool = True) -> Config:
+def load_config(cwd: Path | None = None, env: EnvSelection | None = None, *, required: bool = True,
+                keep_errors: bool = False) -> Config:
     """Find, read, merge and validate the project's configuration.
 
     With required=False and no fdl.yml anywhere up the tree (and no env asked
     for), an empty Config is returned: commands like `fdl probe` work without one.
+    keep_errors=True returns a document that reads but does not validate, its errors in `config.errors`
+    (`fdl config show` prints it with them marked); a file that does not parse still raises.
     """
     env = env or EnvSelection()
     base = find_base(cwd or Path.cwd())
@@ -162,10 +180,10 @@ def load_config(cwd: Path | None = None, env: EnvSelection | None = None, *, req
         layers += _overlay_chain(root, env)
     data, origins = merge_layers(layers)
     return validate(Config(root=root, env=env, files=[layer.path for layer in layers], data=data,
-                           origins=origins))
+                           origins=origins), keep_errors=keep_errors)
 
 
-def validate(config: Config) -> Config:
+def validate(config: Config, *, keep_errors: bool = False) -> Config:
     """Check the merged document and fill the typed blocks; warnings go to config.warnings.
 
     Every block is checked even after an error, and every error found is raised at once (with the
@@ -185,6 +203,8 @@ def validate(config: Config) -> Config:
         config.libtorch = checker.soft(None, check_libtorch_block, checker, data["libtorch"])
     config.warnings.extend(checker.warnings)
     config.ignored.extend(checker.ignored)
-    if checker.errors:
+    if checker.errors and keep_errors:
+        config.errors = [(checker.error_paths.get(error), error) for error in checker.errors]
+    elif checker.errors:
         raise ConfigError.collected(checker.errors, config.warnings)
     return config

@@ -29,6 +29,7 @@ START_MODES = ("auto", "manual", "hybrid")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _ASCII_DIGITS_RE = re.compile(r"0|[1-9][0-9]{0,8}")  # a plain decimal: no sign, no leading zero
+_PYTHON_RE = re.compile(r"/[A-Za-z0-9._+@%,=/-]*[A-Za-z0-9._+@%,=-]")  # an absolute path, not a directory
 T = TypeVar("T")
 
 
@@ -138,6 +139,7 @@ class Checker:
         self.warnings: list[str] = []
         self.errors: list[str] = []
         self.ignored: list[KeyPath] = []  # unknown keys: warned about, not in force
+        self.error_paths: dict[str, KeyPath] = {}  # an error's message -> the key path it is about (fail())
 
     def soft(self, default: T, check: Callable[..., T], *args: Any) -> T:
         """check(*args); when it fails, its error is recorded and default stands in, so validation goes on
@@ -162,7 +164,9 @@ class Checker:
     def fail(self, path: KeyPath, expected: str, found: Any, fix: str = "") -> ConfigError:
         shown = _show(found)
         msg = f"{self.where(path)}: {format_path(path)}: expected {expected}, found {shown}."
-        return ConfigError(msg + (f" {fix}" if fix else ""))
+        msg += f" {fix}" if fix else ""
+        self.error_paths[msg] = path
+        return ConfigError(msg)
 
     def mapping(self, value: Any, path: KeyPath, known: tuple[str, ...]) -> Data:
         if not isinstance(value, dict):
@@ -423,9 +427,22 @@ def _worker(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults) -> WorkerSp
         local_devices=Devices() if devices is None else devices,
         env=c.soft((), c.env_map, block["env"], path + ("env",)) if block.get("env") is not None else (),
         data_path=c.opt_string(block, "data_path", path),
-        python=c.opt_string(block, "python", path) or "/usr/bin/python3",
+        python=(c.soft("/usr/bin/python3", _python, c, block["python"], path + ("python",))
+                if block.get("python") is not None else "/usr/bin/python3"),
     )
     return spec if host is not None and address is not None and problem is None else None
+
+
+def _python(c: Checker, value: Any, path: KeyPath) -> str:
+    """A worker's python: the absolute path of an interpreter on that host, checked when the file is read (a
+    bare name or a word with spaces would only fail over ssh, mid-probe or mid-launch)."""
+    text = c.string(value, path)
+    if not _PYTHON_RE.fullmatch(text):
+        raise c.fail(path, "the absolute path of a Python interpreter on that host, like /usr/bin/python3 or "
+                           "/opt/venv/bin/python (no spaces or shell characters)", value,
+                     "Ansible runs the probe module with it and the launcher the rank supervisor, over ssh; "
+                     "`command -v python3` on the host prints the path.")
+    return text
 
 
 def check_commands(c: Checker, value: Any) -> dict[str, CommandSpec]:

@@ -53,11 +53,14 @@ def annotated_yaml(config: Config, header: list[str] | None = None, *, show_secr
     masks = {} if show_secrets else find_masks(config.data)
 
     ignored = set(config.ignored)
+    marks, unplaced = error_marks(config)
 
     def origin(path: KeyPath) -> str:
         found = config.origins.get(path)
         where = str(found) if found else ""
-        return f"{where} (ignored: unknown key)".lstrip() if path in ignored else where
+        if path in ignored:
+            where = f"{where} (ignored: unknown key)".lstrip()
+        return " ".join([where, *(f"(error: {text})" for text in marks.get(path, ()))]).strip()
 
     def shown(path: KeyPath, value: Any) -> str:
         mask = masks.get(path)
@@ -86,12 +89,52 @@ def annotated_yaml(config: Config, header: list[str] | None = None, *, show_secr
     walk(config.data, (), 0)
     width = min(max((len(row[0]) for row in rows), default=0), 58)
     lines = [f"# {line}" for line in header or []]
+    if config.errors:
+        count = len(config.errors)
+        lines.append(f"# {count} error{'s' if count != 1 else ''} in this configuration: marked (error: ...) below "
+                     f"and listed on stderr; no command runs on it until {'they are' if count != 1 else 'it is'} "
+                     f"fixed")
+        lines += [f"# error: {text}" for text in unplaced]
     for text, where in rows:
         # At least two spaces before '#': in YAML a '#' right after a value is part of the value.
         lines.append(f"{text.ljust(width)}  # {where}" if where else text)
     if not rows:
         lines.append("{}  # empty")
     return "\n".join(lines) + "\n"
+
+
+def error_marks(config: Config) -> tuple[dict[KeyPath, list[str]], list[str]]:
+    """Where each validation error shows in the document: ({shown key path: [what is wrong]}, [errors about no
+    key the document shows]). An error about a key that is not there (a missing host:) marks the nearest key
+    above it that is."""
+    present: set[KeyPath] = set()
+
+    def collect(value: Any, path: KeyPath) -> None:
+        present.add(path)
+        if isinstance(value, dict):
+            for key, sub in value.items():
+                collect(sub, path + (key,))
+        elif isinstance(value, list):
+            for index, sub in enumerate(value):
+                collect(sub, path + (index,))
+
+    collect(config.data, ())
+    marks: dict[KeyPath, list[str]] = {}
+    unplaced: list[str] = []
+    for about, message in config.errors:
+        if about is None:
+            unplaced.append(message)
+            continue
+        named = f"{format_path(about)}: "
+        text = message.split(named, 1)[1] if named in message else message
+        shown = about
+        while shown and shown not in present:
+            shown = shown[:-1]
+        if shown:
+            marks.setdefault(shown, []).append(text)
+        else:
+            unplaced.append(message)
+    return marks, unplaced
 
 
 def as_json(config: Config, extra: dict[str, Any] | None = None, *, show_secrets: bool = False) -> str:
@@ -112,5 +155,8 @@ def as_json(config: Config, extra: dict[str, Any] | None = None, *, show_secrets
         "warnings": config.warnings,
         "ignored": [format_path(path) for path in config.ignored],
     }
+    if config.errors:  # a configuration that does not validate, shown all the same (config show)
+        doc["errors"] = [message for _path, message in config.errors]
+        doc["error_paths"] = [format_path(path) if path is not None else None for path, _message in config.errors]
     doc.update(extra or {})
     return json.dumps(doc, indent=2, default=str, sort_keys=False)

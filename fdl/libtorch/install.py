@@ -35,14 +35,16 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO, NamedTuple
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 from fdl.errors import FdlError, PermanentError
+from fdl.hostside.envvars import FDL_LIBTORCH_MIRROR
 from fdl.hostside.fsio import TEMP_SUFFIX, atomic_write, fsync_dir
 from fdl.hostside.libtorch.resolve import ACTIVE, RECORD, describe_variant, home_of, home_root, read_active
 from fdl.hostside.libtorch.variants import DOWNLOADS, VARIANT_GROUPS, Libtorch
 from fdl.hostside.paths import FLODL_IN_HOME
 from fdl.libtorch.source import (
+    OFFICIAL_BASE,
     PYTORCH_RELEASE,
     Source,
     check_served,
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
 CONNECT_TIMEOUT_S = 15
 READ_TIMEOUT_S = 60
 MAX_CHECKSUM_BYTES = 4096
+OFFICIAL_HOST = urlsplit(OFFICIAL_BASE).hostname or OFFICIAL_BASE
 MAX_REDIRECTS = 10
 MAX_BUILD_VERSION_BYTES = 256
 CHUNK = 1 << 20
@@ -267,7 +270,7 @@ def _checksum(session: requests.Session, url: str, source: Source) -> str | None
     try:
         text = resp.raw.read(MAX_CHECKSUM_BYTES, decode_content=True).decode("ascii", "replace").strip()
     except Exception as exc:  # urllib3's read errors are not requests' own exceptions
-        raise LibtorchFetchError(f"cannot read {url}: {_short(exc)}.") from None
+        raise LibtorchFetchError(f"cannot read {url}: {_reason(exc)}.") from None
     finally:
         resp.close()
     value = text.split()[0].lower() if text else ""
@@ -289,9 +292,8 @@ def _get(session: requests.Session, url: str, source: Source, *, absent_ok: bool
             resp = session.get(current, stream=True, allow_redirects=False,
                                timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S))
         except requests.exceptions.RequestException as exc:
-            raise LibtorchFetchError(f"cannot download {current}: {_short(exc)}.",
-                                     hint=f"Check this box's network and {source.describe()}, then try again (a "
-                                          f"joining worker retries on its next dial).") from None
+            raise LibtorchFetchError(f"cannot download {current}: {_reason(exc)}.",
+                                     hint=_unreachable_hint(exc, source)) from None
         if not resp.is_redirect:
             break
         following = urljoin(current, resp.headers.get("Location", ""))
@@ -337,7 +339,7 @@ def _stream(session: requests.Session, url: str, variant: str, source: Source, h
             if progress is not None:
                 progress(size, total)
     except requests.exceptions.RequestException as exc:
-        raise LibtorchFetchError(f"the download of {url} broke off after {size} bytes: {_short(exc)}. Nothing "
+        raise LibtorchFetchError(f"the download of {url} broke off after {size} bytes: {_reason(exc)}. Nothing "
                                  f"was installed.", hint="Try again.") from None
     finally:
         resp.close()
@@ -347,9 +349,43 @@ def _stream(session: requests.Session, url: str, variant: str, source: Source, h
     return digest.hexdigest(), size
 
 
-def _short(exc: BaseException) -> str:
-    text = str(exc)
-    return text if len(text) <= 200 else text[:197] + "..."
+def _reason(exc: BaseException, limit: int = 200) -> str:
+    """What went wrong, in the words of the innermost cause: requests wraps urllib3's retry error, which wraps
+    the failure itself (a name that does not resolve, a refused connection), each adding its own preamble. The
+    cause's text is kept whole, or cut at a word with "..." when it is still longer than `limit`."""
+    import requests
+    import urllib3.exceptions
+
+    inner: BaseException = exc
+    for _depth in range(4):
+        if isinstance(inner, urllib3.exceptions.MaxRetryError) and inner.reason is not None:
+            inner = inner.reason
+        elif isinstance(inner, requests.exceptions.RequestException) and inner.args and \
+                isinstance(inner.args[0], BaseException):
+            inner = inner.args[0]
+        else:
+            break
+    text = " ".join(str(inner).split()) or type(inner).__name__
+    conn = getattr(inner, "conn", None)  # NewConnectionError and its kin start with the connection object
+    if conn is not None:
+        text = text.removeprefix(f"{conn}: ")
+    if len(text) > limit:
+        text = text[:limit].rsplit(" ", 1)[0] + " ..."
+    return text
+
+
+def _unreachable_hint(exc: BaseException, source: Source) -> str:
+    """The fix for a download that could not reach its source: on PyTorch's own location, name the mirror
+    settings (a box that cannot reach download.pytorch.org can often reach a mirror)."""
+    import requests
+
+    retry = "then try again (a joining worker retries on its next dial)"
+    if source.official and isinstance(exc, (requests.exceptions.ConnectionError, requests.exceptions.Timeout)):
+        return (f"This box cannot reach {OFFICIAL_HOST} (offline, or behind a firewall or proxy). Fetch from a "
+                f"mirror it can reach: `fdl libtorch download VARIANT --mirror URL`, or {FDL_LIBTORCH_MIRROR}=URL, "
+                f"or `libtorch: mirror: URL` in fdl.yml (docs/cli.md shows a mirror's layout); or fix the "
+                f"network, {retry}.")
+    return f"Check this box's network and {source.describe()}, {retry}."
 
 
 # ---- checking and unpacking ----
@@ -379,13 +415,13 @@ def _install(archive: Path, target: Path, located: Located, variant: str, fetche
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-        raise LibtorchFetchError(f"{url} is not a readable zip archive ({_short(exc)}); nothing was installed.") \
+        raise LibtorchFetchError(f"{url} is not a readable zip archive ({_reason(exc)}); nothing was installed.") \
             from None
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise LibtorchFetchError(f"no space left to unpack {url} into {target.parent}; nothing was "
                                      f"installed.", hint="Free some space and try again.") from None
-        raise LibtorchFetchError(f"cannot unpack {url} into {target.parent}: {_short(exc)}; nothing was "
+        raise LibtorchFetchError(f"cannot unpack {url} into {target.parent}: {_reason(exc)}; nothing was "
                                  f"installed.") from None
     return build
 

@@ -1,15 +1,22 @@
-"""What `fdl libtorch list|info|download|activate` do: list the roots, explain the resolution, fetch and
-activate a variant. The command module (fdl/cli/libtorch.py) only parses and renders."""
+"""What `fdl libtorch list|info|download|activate|remove` do: list the roots, explain the resolution, fetch,
+activate and remove a variant. The command module (fdl/cli/libtorch.py) only parses and renders."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
+import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fdl.errors import FdlError, UsageError
+from fdl.hostside.fsio import fsync_dir
 from fdl.hostside.libtorch.resolve import (
+    ACTIVE,
     LibtorchNotFound,
+    Root,
     describe_pytorch,
     describe_variant,
     home_of,
@@ -22,7 +29,7 @@ from fdl.hostside.libtorch.resolve import (
     roots,
 )
 from fdl.hostside.libtorch.variants import CHOICES, VARIANT_GROUPS, Libtorch, download_name, label_of
-from fdl.libtorch.install import Installed, Progress, ensure_variant, write_active
+from fdl.libtorch.install import Installed, Progress, ensure_variant, root_lock, write_active
 from fdl.libtorch.source import OFFICIAL_VARIANTS, Source, route_auto
 
 if TYPE_CHECKING:
@@ -80,6 +87,16 @@ def list_variants(project_root: str | None, environ: Mapping[str, str]) -> list[
     return found
 
 
+def dangling_active(project_root: str | None, environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(root, variant) for every root whose `.active` names a variant that is not there (deleted by hand)."""
+    found = []
+    for root in roots(project_root, home_of(environ)):
+        active = read_active(root.path)
+        if active is not None and not (root.path / active / "lib").is_dir():
+            found.append((str(root.path), active))
+    return found
+
+
 def resolve(project_root: str | None, environ: Mapping[str, str], explicit: str | None = None) -> Resolution:
     """The probe's resolution (fdl.hostside.libtorch.resolve), with the order it walked."""
     home = home_of(environ)
@@ -116,16 +133,109 @@ def this_box_offer() -> Offer:
 
 
 def download(variant: str, *, source: Source, environ: Mapping[str, str], note: Note = lambda _: None,
-             progress: Progress | None = None) -> tuple[Installed, bool]:
-    """Install `variant` under the user's root; returns (installed, activated).
+             progress: Progress | None = None) -> tuple[Installed, bool, bool]:
+    """Install `variant` under the user's root; returns (installed, activated, active).
 
     It is activated when the root had no active variant yet (a first install is the one to use); otherwise
-    `.active` is left alone and the caller says how to switch.
+    `.active` is left alone and the caller says how to switch, unless `active` says it already is the one.
     """
-    first = read_active(home_root(home_of(environ))) is None
+    root = home_root(home_of(environ))
+    first = read_active(root) is None
     installed = ensure_variant(variant, source=source, environ=environ, note=note, progress=progress,
                                activate=first)
-    return installed, first
+    return installed, first, first or read_active(root) == installed.libtorch.active
+
+
+class Removed(NamedTuple):
+    """What `fdl libtorch remove` did in one root."""
+
+    label: str  # the variant named (precompiled/cu128)
+    root: str
+    removed: bool  # its directory was removed (False: only a dangling .active naming it was cleared)
+    active_cleared: bool  # the root's .active named it and is gone
+    remaining: list[str]  # the variants the root still holds
+
+    def to_data(self) -> dict[str, Any]:
+        return {"variant": self.label, "root": self.root, "path": str(Path(self.root) / self.label),
+                "removed": self.removed, "active_cleared": self.active_cleared, "remaining": self.remaining}
+
+
+def _label(name: str, found: list[Root]) -> str:
+    """A variant name as the label of its directory (cpu -> precompiled/cpu); bad names are refused (exit 2)."""
+    label = label_of(name)
+    if not label or ".." in label.split("/") or label.startswith(".") or "/." in label:
+        raise LibtorchUsageError(f"{name!r} is not a libtorch variant name.",
+                                 hint="Use a name `fdl libtorch list` shows (e.g. precompiled/cpu or cpu).")
+    if "/" not in label:
+        label = next((f"{group}/{label}" for root in found for group in VARIANT_GROUPS
+                      if (root.path / group / label / "lib").is_dir()), label)
+    return label
+
+
+def remove(name: str, project_root: str | None, environ: Mapping[str, str], *, force: bool = False) -> Removed:
+    """Remove an installed variant from the root holding it (the project's first), in one step.
+
+    Under the root's install lock its directory is renamed to a hidden temporary name (the variant is gone
+    at once, for every reader) and then deleted; a removal killed half-way leaves only that hidden
+    directory, which the next install or removal sweeps. The active variant is refused unless `force`: then
+    the root's `.active` goes first, so it never names a missing variant. A `.active` that already names a
+    missing variant (dangling: its directory was deleted by hand) is cleared by removing that variant.
+    """
+    found = roots(project_root, home_of(environ))
+    label = _label(name, found)
+    for root in found:
+        vdir = root.path / label
+        if not (vdir / "lib").is_dir():
+            continue
+        active = read_active(root.path) == label
+        if active and not force:
+            others = [v for v in installed_variants(root.path) if v != label]
+            raise FdlError(
+                f"libtorch {label} is the active variant in {root.path}; fdl leaves the active one in place "
+                f"unless told to remove it.",
+                hint=(f"Activate another first (fdl libtorch activate {others[0]}), or " if others else "")
+                + f"remove it anyway with `fdl libtorch remove {name} --force` (its .active goes with it).")
+        with root_lock(root.path):
+            if active:
+                (root.path / ACTIVE).unlink()
+                fsync_dir(root.path)
+            _remove_tree(vdir)
+            remaining = installed_variants(root.path)
+        return Removed(label, str(root.path), True, active, remaining)
+    for root in found:
+        if read_active(root.path) == label:  # dangling: it names this variant, which is not there
+            with root_lock(root.path):
+                with contextlib.suppress(FileNotFoundError):
+                    (root.path / ACTIVE).unlink()
+                fsync_dir(root.path)
+                remaining = installed_variants(root.path)
+            return Removed(label, str(root.path), False, True, remaining)
+    have = [f"{row.libtorch.active} ({row.libtorch.source})" for row in list_variants(project_root, environ)
+            if row.root is not None]
+    raise LibtorchMissing(
+        f"libtorch variant {label} is not installed in {' or '.join(str(r.path) for r in found)}"
+        + (f"; installed: {', '.join(have)}." if have else "; no variant is installed."),
+        hint="Name one `fdl libtorch list` shows.")
+
+
+def _remove_tree(vdir: Path) -> None:
+    """vdir gone in one rename, then deleted (a link is removed, never what it points at)."""
+    # a hidden name ending in .tmp: what the install lock's sweep removes (fdl.libtorch.install._sweep)
+    hidden = vdir.parent / f".{vdir.name}.removing-{secrets.token_hex(4)}.tmp"
+    try:
+        os.rename(vdir, hidden)
+    except OSError as exc:
+        raise FdlError(f"cannot remove {vdir}: {exc.strerror or exc}; it is still installed.",
+                       hint=f"Fix the permissions of {vdir.parent}, then try again.") from None
+    fsync_dir(vdir.parent)
+    if hidden.is_symlink() or not hidden.is_dir():
+        hidden.unlink()
+        return
+    try:
+        shutil.rmtree(hidden)
+    except OSError as exc:  # the variant is gone already; what is left is swept by the next install
+        raise FdlError(f"{vdir} is removed, but deleting its files stopped half-way: {exc.strerror or exc} "
+                       f"({hidden} is left; the next `fdl libtorch download` or remove sweeps it).") from None
 
 
 def activate(name: str, project_root: str | None, environ: Mapping[str, str]) -> Listed:
@@ -133,14 +243,8 @@ def activate(name: str, project_root: str | None, environ: Mapping[str, str]) ->
 
     `name` is a label (precompiled/cu128, builds/sm86) or a download name (cu128 = precompiled/cu128).
     """
-    label = label_of(name)
-    if not label or ".." in label.split("/") or label.startswith("."):
-        raise LibtorchUsageError(f"{name!r} is not a libtorch variant name.",
-                                 hint="Use a name `fdl libtorch list` shows (e.g. precompiled/cpu or cpu).")
     found = roots(project_root, home_of(environ))
-    if "/" not in label:
-        label = next((f"{group}/{label}" for root in found for group in VARIANT_GROUPS
-                      if (root.path / group / label / "lib").is_dir()), label)
+    label = _label(name, found)
     for root in found:
         if (root.path / label / "lib").is_dir():
             write_active(root.path, label)

@@ -1,8 +1,9 @@
 """Where the plan's inputs come from when the user does not name them.
 
-- The NCCL tag: the fleet's version. Under a cluster env that is what the
-  other hosts report through the probe; otherwise the newest NCCL bundled with
-  this project's libtorch variants (libtorch/{precompiled,builds}/<name>/lib/).
+- The NCCL tag: under a cluster env, the newest NCCL the cluster's hosts report
+  through the cluster probe (fdl.nccl.fleet), built for the host with the older
+  one (choose_target); otherwise, or when no host reports one, the newest NCCL
+  bundled with this project's libtorch variants (libtorch/{precompiled,builds}/<name>/lib/).
 - The archs: the compute capabilities of this host's GPUs, through NVML.
 """
 
@@ -75,25 +76,58 @@ def tag_from_bundled(bundled: list[BundledNccl], root: Path) -> tuple[NcclVersio
     return newest.version, source
 
 
-def tag_from_fleet(reports: list[HostNccl]) -> tuple[NcclVersion, str]:
-    """The one NCCL version the other hosts run; refuses when they disagree."""
-    versions = sorted({r.version for r in reports})
-    if len(versions) > 1:
-        listing = "; ".join(f"{r.host} {r.version}" for r in sorted(reports, key=lambda r: r.host))
-        raise PlanError(
-            f"the other hosts do not agree on an NCCL version ({listing}), so there is no single version "
-            f"to match. Pick the one the fleet should run and pass it as --tag."
-        )
-    hosts = ", ".join(sorted(r.host for r in reports))
-    return versions[0], f"the NCCL the other hosts of the cluster run ({hosts})"
+@dataclass(frozen=True)
+class Target:
+    """What the cluster's NCCL versions decide: the version to build, why, and for which host."""
+
+    version: NcclVersion
+    source: str  # the plan's tag_source sentence
+    host: str | None  # the host with the older NCCL (None: no host is behind, or --host named the host)
+    notes: tuple[str, ...] = ()
 
 
-def choose_tag(explicit: str | None, *, root: Path, fleet: list[HostNccl] | None) -> tuple[NcclVersion, str]:
-    """--tag wins; then the fleet's version (under a cluster env); then the project's libtorch."""
+def choose_target(reports: list[HostNccl], *, host: str | None, me: str) -> Target:
+    """Seed 000's rig flow: build, on the host with the older NCCL, the newest NCCL the cluster runs.
+
+    NCCL refuses a handshake across a major.minor skew, so the hosts behind the newest major.minor are the ones
+    to build for. With several behind, this machine goes first when it is one of them (no ssh), else the one
+    with the oldest NCCL; the rest are named. `host` (--host) keeps its build host and only takes the version.
+    """
+    def major_minor(version: NcclVersion) -> tuple[int, int]:
+        return version.major, version.minor
+
+    newest = max(r.version for r in reports)
+    at_newest = [r.host for r in reports if r.version == newest]
+    listing = ", ".join(f"{r.host} {r.version.version}" for r in reports)
+    source = f"the newest NCCL the cluster runs ({newest.version} on {', '.join(at_newest)})"
+    behind = [r for r in reports if major_minor(r.version) < major_minor(newest)]
+    if host is not None:
+        own = next((r for r in reports if r.host == host), None)
+        current = own is not None and major_minor(own.version) == major_minor(newest)
+        said = (f"{host} already runs NCCL {own.version.version}, the cluster's newest major.minor ({listing}): "
+                f"nothing to match there; building as asked") if own is not None and current else None
+        return Target(newest, source, None, (said,) if said else ())
+    if not behind:
+        return Target(newest, source, None, (
+            f"every cluster host runs NCCL {newest.major}.{newest.minor}.x ({listing}): none is behind, so this "
+            f"builds for this machine at that version",))
+    order = {r.host: i for i, r in enumerate(reports)}
+    mine = [r for r in behind if r.host == me]
+    chosen = mine[0] if mine else min(behind, key=lambda r: (r.version, order[r.host]))
+    notes: list[str] = [f"cluster NCCL versions: {listing}; {chosen.host} has the older NCCL "
+                        f"({chosen.version.version}), so this builds NCCL {newest.version} for {chosen.host}"]
+    others = [r for r in behind if r is not chosen]
+    if others:
+        names = ", ".join(f"{r.host} ({r.version.version})" for r in others)
+        notes.append(f"also behind: {names}; build for each with `fdl @cluster nccl build --host NAME`")
+    return Target(newest, f"{source}, for {chosen.host}, whose NCCL {chosen.version.version} is older",
+                  chosen.host, tuple(notes))
+
+
+def choose_tag(explicit: str | None, *, root: Path) -> tuple[NcclVersion, str]:
+    """--tag wins; then the project's libtorch (the cluster's versions are choose_target's)."""
     if explicit is not None:
         return NcclVersion.parse(explicit), "--tag"
-    if fleet:
-        return tag_from_fleet(fleet)
     return tag_from_bundled(bundled_nccl(root), root)
 
 

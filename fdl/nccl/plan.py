@@ -8,7 +8,6 @@ role `fdl_nccl` receives the result as variables and acts on it.
 
 from __future__ import annotations
 
-import os
 import posixpath
 import re
 import shlex
@@ -17,7 +16,9 @@ from typing import Any
 
 from fdl.errors import FdlError
 
-DEFAULT_JOBS = max(1, min(os.cpu_count() or 1, 64))  # parallel compile jobs: this box's CPUs
+# Parallel compile jobs (seed 000, docs/nccl.md): each of NCCL's nvcc jobs takes gigabytes of memory, so the
+# default is a number a workstation survives, not the CPU count; --jobs raises it on a big build host.
+DEFAULT_JOBS = 6
 MAX_JOBS = 256
 # CUDA 12.9 compiles for every arch from 5.0 (Maxwell) to 12.1; CUDA 13 dropped
 # offline compilation below 7.5, and heterogeneous rigs are often exactly a Pascal

@@ -50,3 +50,51 @@ def test_config_show_marks_what_is_ignored(tmp_path: Path) -> None:
     assert "did you mean 'cluster'" in result.stderr
     doc = json.loads(run_fdl("config", "show", "--json", cwd=tmp_path).stdout)
     assert doc["ignored"] == ["clustr", "commands.t.descripton"]
+
+
+BROKEN = """\
+cluster:
+  controller: {host: 127.0.0.1, port: 99999}
+  workers:
+    - host: node-b
+      python: python3
+    - address: 10.0.0.3
+commands:
+  test: {run: echo}
+"""
+
+
+def test_config_show_prints_the_document_with_its_errors_marked(tmp_path: Path) -> None:
+    """Regression (issue 38 item 13): with an error in the configuration `fdl config show` printed nothing on
+    stdout, so the document the errors are about was not in front of the person fixing them. It is printed
+    (still YAML), each error beside its key (an absent key's error beside the entry that lacks it), the
+    errors are on stderr as for any command, and the exit code is still 1."""
+    (tmp_path / "fdl.yml").write_text(BROKEN)
+    result = run_fdl("config", "show", cwd=tmp_path)
+    assert result.returncode == 1
+    assert "# 3 errors in this configuration" in result.stdout
+    marked = {line.split("  # ")[0].strip(): line.split("  # ", 1)[1] for line in result.stdout.splitlines()
+              if "(error: " in line and not line.startswith("#")}
+    assert marked == {
+        "port: 99999": "fdl.yml:2 (error: expected a TCP port from 1 to 65535, found 99999.)",
+        "python: python3": marked["python: python3"],
+        "-": "fdl.yml:6 (error: expected the worker's logical host name, found nothing (null). Every worker needs "
+             "host:.)"}
+    assert marked["python: python3"].startswith("fdl.yml:5 (error: expected the absolute path of a Python")
+    assert yaml.safe_load(result.stdout)["cluster"]["workers"][0]["python"] == "python3"  # still YAML
+    assert "test:" in result.stdout  # the parts that are fine are shown too
+    errors = [line for line in result.stderr.splitlines() if line.startswith("fdl: error: ")]
+    assert [line.split(": ", 4)[2:4] for line in errors] == [
+        ["fdl.yml:2", "cluster.controller.port"], ["fdl.yml:5", "cluster.workers[0].python"],
+        ["fdl.yml:6", "cluster.workers[1].host"]]
+
+    twin = run_fdl("config", "show", "--json", cwd=tmp_path)
+    assert twin.returncode == 1
+    doc = json.loads(twin.stdout)  # one document: the configuration, in the failure's envelope
+    assert (doc["ok"], doc["reason"], doc["exit_code"]) == (False, "config_error", 1)
+    assert doc["config"]["commands"]["test"] == {"run": "echo"}
+    assert len(doc["errors"]) == 3 and doc["error_paths"] == ["cluster.controller.port",
+                                                             "cluster.workers[0].python", "cluster.workers[1].host"]
+    (tmp_path / "fdl.yml").write_text("commands: {test: [}\n")  # does not parse: nothing to show
+    unreadable = run_fdl("config", "show", cwd=tmp_path)
+    assert unreadable.returncode == 1 and unreadable.stdout == "" and "fdl.yml:1" in unreadable.stderr

@@ -47,6 +47,10 @@ CASES = {
 }
 
 
+# documents that read as YAML but do not validate: the rest do not even read
+READS_BUT_INVALID = {"wrong_type", "shell_host", "space_host", "port_range", "negative_port"}
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_hostile_input_is_a_clear_error(tmp_path: Path, case: str) -> None:
     content, pattern = CASES[case]
@@ -54,7 +58,10 @@ def test_hostile_input_is_a_clear_error(tmp_path: Path, case: str) -> None:
     result = run_fdl("config", "show", cwd=tmp_path)
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
-    assert result.stdout == ""
+    if case in READS_BUT_INVALID:  # config show prints such a document, its error marked (issue 38 item 13)
+        assert "(error: " in result.stdout
+    else:
+        assert result.stdout == ""
     assert result.stderr.startswith("fdl: error: ")
     import re
 

@@ -17,7 +17,7 @@ from tests.conftest import fdl_env, run_fdl
 from tests.controller_util import free_port, serving
 
 # Positional arguments a command needs to get as far as reading the configuration.
-NEEDS = {("libtorch", "download"): ["cpu"], ("join-config",): ["lab"]}
+NEEDS = {("libtorch", "download"): ["cpu"], ("libtorch", "remove"): ["cpu"], ("join-config",): ["lab"]}
 # join-config reads no fdl.yml before it asks its first question, which --json (no terminal) cannot answer
 OWN_FAILURE = {("join-config",): "fdl_error"}
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, run_fdl
+from tests.conftest import REPO, fdl_env, need_root_or_skip, run_fdl
+from tests.fakes import make_libtorch
 from tests.fakes.libtorch_server import (
     LibtorchServer,
     PyTorchOverTls,
@@ -86,8 +87,8 @@ def test_list_download_activate_then_probe_finds_it(tmp_path: Path, mirror) -> N
     # A second download of an installed variant fetches nothing and leaves .active alone.
     again = run_fdl("libtorch", "download", "cpu", "--json", cwd=project, env=env)
     assert json.loads(again.stdout) == {"variant": "cpu", "label": "precompiled/cpu", "path": str(variant),
-                                        "downloaded": False, "activated": False, "sha256": row["sha256"],
-                                        "source": mirror.url}
+                                        "downloaded": False, "activated": False, "active": True,
+                                        "sha256": row["sha256"], "source": mirror.url}
 
 
 def test_with_no_configuration_the_download_comes_from_pytorch_over_https(tmp_path: Path) -> None:
@@ -246,6 +247,128 @@ def test_an_unreachable_mirror_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert f"cannot download {url}/libtorch-cpu.zip.sha256" in result.stderr and "Traceback" not in result.stderr
     assert f"the mirror {url} (from --mirror)" in result.stderr and list(home.iterdir()) == []
+
+
+def test_an_offline_box_is_told_about_the_mirror_in_whole_words(tmp_path: Path) -> None:
+    """Regression (issue 38 item 11): offline (a network namespace with no network: the name does not even
+    resolve), `fdl libtorch download` printed urllib3's wrappers cut at 200 characters mid-word
+    ("NameResolutionError("HTTPSConnection(h....") and a hint that named neither --mirror nor
+    FDL_LIBTORCH_MIRROR."""
+    import subprocess
+
+    need_root_or_skip("a network namespace without a network (unshare --net) needs root")
+    home = tmp_path / "home"
+    home.mkdir()
+    done = subprocess.run(["unshare", "--net", sys.executable, "-m", "fdl", "libtorch", "download", "cpu"],
+                          cwd=tmp_path, env=fdl_env(env_for(home)), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("fdl: error:")]
+    assert error.startswith("fdl: error: cannot download https://download.pytorch.org/libtorch/cpu/")
+    reason = error.split(".zip: ", 1)[1]
+    assert "download.pytorch.org" in reason and reason.endswith(")."), reason  # urllib3's cause, whole
+    assert "..." not in reason and "Max retries" not in reason and "Connection(" not in reason
+    hint = done.stderr.split("hint: ", 1)[1]
+    assert "cannot reach download.pytorch.org" in hint
+    assert "--mirror URL" in hint and "FDL_LIBTORCH_MIRROR=URL" in hint and "libtorch: mirror:" in hint
+    assert list(home.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- housekeeping (issue 38 item 12)
+
+def test_remove_takes_a_variant_away_in_one_step_and_keeps_the_active_one_unless_told(tmp_path: Path) -> None:
+    """Regression: there was no way to remove a variant but rm -rf, which left `.active` dangling and the probe
+    failing. `fdl libtorch remove` refuses the active one (exit 1, nothing touched) unless --force, which takes
+    `.active` with it; a variant removed leaves no trace, not even a hidden directory."""
+    home = tmp_path / "home"
+    root = home / ".flodl" / "libtorch"
+    make_libtorch(root, "precompiled/cpu", cuda=None, archs=None, torch="2.13.0")
+    make_libtorch(root, "precompiled/cu130", cuda="13.0", torch="2.13.0", activate=False)
+    (root / ".active").write_text("precompiled/cpu\n")
+    env = env_for(home)
+
+    refused = run_fdl("libtorch", "remove", "cpu", cwd=tmp_path, env=env)
+    assert refused.returncode == 1
+    assert "precompiled/cpu is the active variant" in refused.stderr
+    assert "fdl libtorch activate precompiled/cu130" in refused.stderr and "--force" in refused.stderr
+    assert (root / "precompiled/cpu/lib").is_dir() and (root / ".active").read_text().strip() == "precompiled/cpu"
+
+    other = run_fdl("libtorch", "remove", "cu130", "--json", cwd=tmp_path, env=env)
+    assert other.returncode == 0, other.stderr
+    assert json.loads(other.stdout) == {"variant": "precompiled/cu130", "root": str(root),
+                                        "path": str(root / "precompiled/cu130"), "removed": True,
+                                        "active_cleared": False, "remaining": ["precompiled/cpu"]}
+    assert sorted(p.name for p in (root / "precompiled").iterdir()) == ["cpu"]  # no hidden leftover
+
+    forced = run_fdl("libtorch", "remove", "precompiled/cpu", "--force", cwd=tmp_path, env=env)
+    assert forced.returncode == 0, forced.stderr
+    assert f"Removed libtorch precompiled/cpu ({root}/precompiled/cpu)." in forced.stdout
+    assert not (root / ".active").exists() and not (root / "precompiled").exists()
+    gone = run_fdl("libtorch", "remove", "cpu", cwd=tmp_path, env=env)
+    assert gone.returncode == 1 and "precompiled/cpu is not installed" in gone.stderr
+    assert run_fdl("libtorch", "remove", "../etc", cwd=tmp_path, env=env).returncode == 2
+
+
+def test_a_dangling_active_is_named_and_repaired(tmp_path: Path) -> None:
+    """A variant deleted by hand leaves `.active` naming it: the probe fails there. `fdl libtorch list` warns,
+    the probe's hint names the repair, and `fdl libtorch remove` of that variant clears the pointer."""
+    home = tmp_path / "home"
+    root = home / ".flodl" / "libtorch"
+    make_libtorch(root, "precompiled/cpu", cuda=None, archs=None, torch="2.13.0")
+    (root / ".active").write_text("precompiled/cu130\n")  # its directory was rm -rf'ed
+    env = env_for(home)
+    listed = run_fdl("libtorch", "list", cwd=tmp_path, env=env)
+    assert f"{root}/.active names precompiled/cu130, which is not installed there" in listed.stderr
+    assert "fdl libtorch remove precompiled/cu130" in listed.stderr
+    assert json.loads(run_fdl("libtorch", "list", "--json", cwd=tmp_path, env=env).stdout)["dangling_active"] == [
+        {"root": str(root), "variant": "precompiled/cu130"}]
+    probe = json.loads(run_fdl("probe", "--json", "--skip-mount", "--cpu", cwd=tmp_path, env=env).stdout)
+    libtorch = next(c for c in probe["checks"] if c["name"] == "libtorch")
+    assert libtorch["status"] == "error" and "fdl libtorch remove precompiled/cu130" in libtorch["hint"]
+
+    repaired = run_fdl("libtorch", "remove", "cu130", cwd=tmp_path, env=env)
+    assert repaired.returncode == 0, repaired.stderr
+    assert "its .active named it: cleared" in repaired.stdout
+    assert not (root / ".active").exists() and (root / "precompiled/cpu/lib").is_dir()
+    probe = json.loads(run_fdl("probe", "--json", "--skip-mount", "--cpu", cwd=tmp_path, env=env).stdout)
+    assert next(c for c in probe["checks"] if c["name"] == "libtorch")["status"] == "ok"
+    assert "warning" not in run_fdl("libtorch", "list", cwd=tmp_path, env=env).stderr
+
+
+def test_downloading_the_active_variant_again_does_not_say_activate_it(tmp_path: Path, mirror) -> None:
+    """Regression: a second `fdl libtorch download cpu` of the active variant said "To use it: fdl libtorch
+    activate cpu"."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = env_for(home, FDL_LIBTORCH_MIRROR=mirror.url)
+    first = run_fdl("libtorch", "download", "cpu", cwd=tmp_path, env=env)
+    assert first.returncode == 0 and "now the active variant" in first.stdout, first.stderr
+    again = run_fdl("libtorch", "download", "cpu", cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr
+    assert "It is the active variant." in again.stdout and "To use it" not in again.stdout
+    assert json.loads(run_fdl("libtorch", "download", "cpu", "--json", cwd=tmp_path, env=env).stdout)["active"]
+    (home / ".flodl/libtorch/.active").write_text("precompiled/cu130\n")
+    other = run_fdl("libtorch", "download", "cpu", cwd=tmp_path, env=env)
+    assert "To use it: fdl libtorch activate cpu" in other.stdout
+
+
+def test_libtorch_naming_a_wheels_torch_directory_reads_its_version(tmp_path: Path) -> None:
+    """Regression: LIBTORCH=.../site-packages/torch (a wheel's package: lib/, version.py, no .arch or
+    build-version) resolved with no version and no variant."""
+    torch_dir = tmp_path / "site-packages" / "torch"
+    (torch_dir / "lib").mkdir(parents=True)
+    (torch_dir / "lib" / "libtorch.so").write_bytes(b"")
+    (torch_dir / "__init__.py").write_text("")
+    (torch_dir / "version.py").write_text("__version__ = '2.13.0+cu130'\ncuda: Optional[str] = '13.0'\n"
+                                          "hip: Optional[str] = None\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = env_for(home, LIBTORCH=str(torch_dir))
+    info = json.loads(run_fdl("libtorch", "info", "--json", cwd=tmp_path, env=env).stdout)["libtorch"]
+    assert (info["version"], info["variant"], info["cuda"], info["source"], info["path"]) == (
+        "2.13.0", "cu130", "13.0", "LIBTORCH", str(torch_dir))
+    probe = json.loads(run_fdl("probe", "--json", "--skip-mount", "--cpu", cwd=tmp_path, env=env).stdout)
+    check = next(c for c in probe["checks"] if c["name"] == "libtorch")
+    assert check["data"]["version"] == "2.13.0" and check["data"]["source"] == "LIBTORCH"
 
 
 def test_the_environments_pytorch_is_the_last_resort(tmp_path: Path) -> None:

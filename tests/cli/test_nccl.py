@@ -109,13 +109,24 @@ def test_no_bundled_nccl_and_no_tag(tmp_path, fake_nvml):
     assert "--tag v2.27.5" in result.stderr
 
 
-CLUSTER = """\
+def closed_port() -> int:
+    """A loopback port nothing listens on: a worker there is unreachable at once (refused), and no traffic
+    leaves this machine."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+CLUSTER = f"""\
 cluster:
-  controller: 10.0.0.1:1337
-  ssh: {user: op}
+  controller: 127.0.0.1:1337
+  ssh: {{user: op, known_hosts: /dev/null}}
   workers:
     - host: node-b
-      address: 10.0.0.12
+      address: 127.0.0.1
+      port: {closed_port()}
       local_devices: [0]
 """
 
@@ -135,23 +146,43 @@ def test_host_must_be_a_worker(nccl_project, fake_nvml):
     assert "--host node-x: no worker of that name" in result.stderr and "node-b" in result.stderr
 
 
-def test_worker_plan_without_archs_asks_for_them(nccl_project, fake_nvml):
+def test_worker_plan_without_archs_asks_for_them_when_its_probe_reports_no_gpu(nccl_project, fake_nvml, tmp_path):
+    """The worker's GPUs come from the cluster probe; node-b cannot be reached, so they are unknown: the error
+    names it and why, and asks for --archs."""
     (nccl_project / "fdl.cluster.yml").write_text(CLUSTER)
-    result = run_fdl("@cluster", "nccl", "build", "--dry-run", "--host", "node-b",
-                     cwd=nccl_project, env=fake_nvml.env(MIXED))
+    result = run_fdl("@cluster", "nccl", "build", "--dry-run", "--host", "node-b", "--tag", "v2.27.5",
+                     cwd=nccl_project, env={**fake_nvml.env(MIXED), "HOME": str(tmp_path)}, timeout=180)
     assert result.returncode == 1
-    assert "cannot read the GPUs of node-b" in result.stderr and "--archs" in result.stderr
+    assert "fdl cannot tell the GPU architectures of node-b: its probe reported no GPU (node-b " in result.stderr
+    assert "is unreachable" in result.stderr and "--archs" in result.stderr
 
 
-def test_worker_plan_targets_the_worker(nccl_project, fake_nvml):
+def test_worker_plan_targets_the_worker(nccl_project, fake_nvml, tmp_path):
+    """Without --tag the version comes from the cluster's hosts; none reports one (node-b is unreachable), so
+    the project's libtorch decides, and the notes say why."""
     (nccl_project / "fdl.cluster.yml").write_text(CLUSTER)
     result = run_fdl("@cluster", "nccl", "build", "--dry-run", "--json", "--host", "node-b", "--archs", "6.1",
-                     cwd=nccl_project, env=fake_nvml.env(MIXED))
+                     cwd=nccl_project, env={**fake_nvml.env(MIXED), "HOME": str(tmp_path)}, timeout=180)
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["host"] == "node-b" and plan["remote"] is True
     assert plan["library"] == "~/.flodl/libtorch/nccl/builds/v2.27.5-sm61/lib/libnccl.so.2"
-    assert "not collected by this fdl yet" in result.stderr  # the fleet seam, said out loud
+    assert "no cluster host reported an NCCL version" in plan["notes"][0]
+    assert plan["notes"][1].startswith("not compared (no NCCL version reported): node-b: node-b (")
+    assert "not collected by this fdl yet" not in result.stderr
+    tagged = run_fdl("@cluster", "nccl", "build", "--dry-run", "--json", "--host", "node-b", "--archs", "6.1",
+                     "--tag", "v2.26.2", cwd=nccl_project, env=fake_nvml.env(MIXED))
+    assert json.loads(tagged.stdout)["notes"] == []  # --tag and --archs: nothing to ask the hosts
+
+
+def test_no_version_anywhere_says_the_cluster_reported_none_either(tmp_path, fake_nvml):
+    (tmp_path / "fdl.yml").write_text("commands: {}\n")
+    (tmp_path / "fdl.cluster.yml").write_text(CLUSTER)
+    result = run_fdl("@cluster", "nccl", "build", "--dry-run", "--archs", "6.1", cwd=tmp_path,
+                     env={**fake_nvml.env(MIXED), "HOME": str(tmp_path)}, timeout=180)
+    assert result.returncode == 1
+    assert "cannot tell which NCCL version to build" in result.stderr
+    assert "No cluster host reports one either (node-b: node-b (" in result.stderr
 
 
 def test_help_lists_the_command():

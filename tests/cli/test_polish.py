@@ -1,17 +1,17 @@
 """The small dead ends a new user meets, each closed: `config show` output that is valid YAML, the nccl plan's
-paste-able docker lines, --jobs from the CPU count, "did you mean" for a mistyped command, a broken fdl.yml
-named under `fdl --help`, skipped probe checks counted, and help text on every positional argument."""
+paste-able docker lines, --jobs defaulting to 6 (not the CPU count), "did you mean" for a mistyped command, a
+broken fdl.yml named under `fdl --help`, skipped probe checks counted, and help text on every positional
+argument."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
 import yaml
 
-from tests.conftest import run_fdl
+from tests.conftest import REPO, run_fdl
 from tests.fakes.nccl_fixtures import nccl_project  # noqa: F401 - pytest fixture
 
 MIXED = "GTX1080:6.1:8G,RTXPRO6000:12.0:96G"
@@ -37,11 +37,16 @@ def test_the_nccl_plan_prints_docker_lines_without_stray_quotes(nccl_project, fa
     assert "<container>''" not in result.stdout
 
 
-def test_nccl_jobs_default_to_this_machines_cpus(nccl_project, fake_nvml) -> None:
+def test_nccl_jobs_default_to_six_as_the_seed_and_the_docs_say(nccl_project, fake_nvml) -> None:
+    """Regression (issue 38 item 3): the default was the CPU count (up to 64 nvcc jobs of gigabytes each); seed
+    000 and docs/nccl.md say 6. The plan, --help, the docs' line and the role's own default agree."""
     plan = json.loads(run_fdl("nccl", "build", "--dry-run", "--json", cwd=nccl_project,
                               env=fake_nvml.env(MIXED)).stdout)
-    assert plan["jobs"] == max(1, min(os.cpu_count() or 1, 64))
-    assert "this machine's CPU count" in " ".join(run_fdl("nccl", "build", "--help").stdout.split())
+    documented = re.search(r"fdl nccl build --jobs \d+ .*\(default (\d+)\)", (REPO / "docs/nccl.md").read_text())
+    assert documented is not None
+    role_default = yaml.safe_load((REPO / "roles/fdl_nccl/defaults/main.yml").read_text())["fdl_nccl_jobs"]
+    assert plan["jobs"] == int(documented.group(1)) == role_default == plan["role_vars"]["fdl_nccl_jobs"] == 6
+    assert f"(default {plan['jobs']}:" in " ".join(run_fdl("nccl", "build", "--help").stdout.split())
 
 
 def test_a_mistyped_command_gets_a_suggestion(tmp_path: Path) -> None:

@@ -272,6 +272,34 @@ def test_visible_devices_hiding_every_gpu_warns(ready) -> None:
     assert "ready (1 warning)" in result.stdout and "hides every GPU" in result.stdout
 
 
+def test_strict_fails_the_gate_on_a_warning_and_says_so(ready) -> None:
+    """Regression (issue 38 item 8): "ready (1 warning)" exits 0, and seed 000's gate reads "0 when every
+    component is green". Warnings stay non-blocking by default; --strict makes them fail the gate, in the human
+    report, with --json (whose `ok` then matches the exit code) and with --quiet."""
+    project, env = ready
+    env = {**env, "CUDA_VISIBLE_DEVICES": ""}  # hides every GPU: one warning, no error
+    lenient = run_fdl("probe", "--skip-mount", cwd=project, env=env)
+    assert lenient.returncode == 0 and "ready (1 warning)" in lenient.stdout
+    strict = run_fdl("probe", "--skip-mount", "--strict", cwd=project, env=env)
+    assert strict.returncode == 1
+    assert "ready (1 warning)" in strict.stdout
+    assert "fdl: --strict: 1 warning fails the gate (exit 1)" in strict.stderr
+    doc = _json(run_fdl("probe", "--skip-mount", "--strict", "--json", cwd=project, env=env))
+    assert (doc["ok"], doc["strict"]) == (False, True)
+    assert [c["name"] for c in doc["checks"] if c["status"] == "warning"] == ["gpu"]
+    assert "strict" not in _json(run_fdl("probe", "--skip-mount", "--json", cwd=project, env=env))
+    json_run = run_fdl("probe", "--skip-mount", "--strict", "--json", cwd=project, env=env)
+    assert json_run.returncode == 1
+    quiet = run_fdl("probe", "--skip-mount", "--strict", "--quiet", cwd=project, env=env)
+    assert (quiet.returncode, quiet.stdout) == (1, "")
+    green = run_fdl("probe", "--skip-mount", "--strict", "--json", cwd=project, env=_env_without_visible(env))
+    assert green.returncode == 0 and json.loads(green.stdout)["ok"] is True
+
+
+def _env_without_visible(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
+
+
 # ---- libtorch resolution through the command line ----
 
 def test_libtorch_path_flag_and_env(tmp_path: Path, fake_nvml) -> None:

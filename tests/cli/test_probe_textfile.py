@@ -174,6 +174,34 @@ def test_an_unwritable_textfile_keeps_the_report_and_exits_1(project: Path, fake
     assert not target.parent.exists()
 
 
+def test_a_second_fdl_metrics_file_in_the_directory_is_named_when_writing(project: Path, fake_nvml,
+                                                                             tmp_path) -> None:
+    """Regression (issue 38 item 15): two fdl *.prom files in one textfile directory (a timer and a cron job,
+    a renamed --textfile) export every series twice, which only node_exporter's log shows; the probe says so
+    when it writes, naming the other file. Another exporter's file, and rewriting the same file, are quiet."""
+    directory = tmp_path / "textfile"
+    directory.mkdir()
+    (directory / "node_custom.prom").write_text("# HELP site_up Up.\n# TYPE site_up gauge\nsite_up 1\n")
+    (directory / "broken-link.prom").symlink_to(directory / "nowhere")
+    first = run_fdl("probe", "--skip-mount", "--textfile", str(directory / "fdl-probe.prom"), cwd=project,
+                    env=fake_nvml.env(HEALTHY))
+    assert first.returncode == 0 and "warning" not in first.stderr, first.stderr
+    again = run_fdl("probe", "--skip-mount", "--textfile", str(directory / "fdl-probe.prom"), cwd=project,
+                    env=fake_nvml.env(HEALTHY))
+    assert again.returncode == 0 and "warning" not in again.stderr, again.stderr
+
+    second = run_fdl("probe", "--json", "--skip-mount", "--textfile", str(directory / "fdl-gpu.prom"), cwd=project,
+                     env=fake_nvml.env(HEALTHY))
+    assert second.returncode == 0, second.stderr  # a warning: the probe's verdict is unchanged
+    assert json.loads(second.stdout)["ok"] is True
+    warnings = [line for line in second.stderr.splitlines() if line.startswith("fdl: warning:")]
+    assert warnings == [f"fdl: warning: {directory / 'fdl-probe.prom'} in the same textfile directory holds fdl's "
+                        f"probe metrics too: node_exporter reads every *.prom file there, so it sees each fdl series "
+                        f"twice and reports that only in its own log. Keep one fdl metrics file per directory: "
+                        f"remove {directory / 'fdl-probe.prom'}, or write to it with --textfile."]
+    assert (directory / "fdl-gpu.prom").is_file()  # written all the same
+
+
 def test_textfile_refusals(project: Path, fake_nvml, tmp_path) -> None:
     env = fake_nvml.env(HEALTHY)
     result = run_fdl("probe", "--textfile", str(tmp_path / "fdl-probe.txt"), cwd=project, env=env)

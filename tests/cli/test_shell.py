@@ -122,6 +122,67 @@ def test_gpus_missing_value(project: Path) -> None:
     assert "requires an argument" in result.stderr or "--gpus" in result.stderr
 
 
+@pytest.mark.parametrize("given", [["--gpus", "0", "--gpus", "1"], ["--gpus=all", "--gpus", "all"],
+                                   ["--gpus", "0", "--gpus=0"]])
+def test_gpus_given_twice_is_a_loud_error_not_last_wins(project: Path, given: list[str]) -> None:
+    """Regression (issue 38 item 1): `fdl --gpus 0 --gpus 1 CMD` ran with GPU 1; seed 000 says a loud error on a
+    duplicate. Nothing runs: the project command would have printed."""
+    (project / "fdl.yml").write_text("commands:\n  cvd: {run: 'printf ran'}\n")
+    result = run_fdl(*given, "cvd", cwd=project)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    assert "--gpus is given 2 times" in result.stderr and "give it once" in result.stderr
+    json_twin = run_fdl(*given, "config", "show", "--json", cwd=project)
+    assert json_twin.returncode == 2 and json.loads(json_twin.stdout)["reason"] == "usage_error"
+
+
+def test_conflicting_env_selectors_warn_once_and_the_strongest_wins(project: Path) -> None:
+    """Regression (issue 38 item 7): --env, @NAME and FDL_ENV naming different envs gave no word of it. The
+    order is DESIGN.md's (--env, then @NAME, then FDL_ENV); one warning line on stderr names the winner."""
+    (project / "fdl.other.yml").write_text("commands:\n  test: {run: printf other}\n")
+    both = run_fdl("--env", "farm", "@other", "test", cwd=project, env={"FDL_ENV": "other"})
+    assert both.stdout == "farm|"
+    warnings = [line for line in both.stderr.splitlines() if "overrides" in line]
+    assert warnings == ["fdl: warning: --env farm overrides @other and FDL_ENV=other: using env 'farm' (strongest "
+                        "first: --env NAME, then @NAME, then FDL_ENV)."]
+    sigil = run_fdl("@other", "test", cwd=project, env={"FDL_ENV": "farm"})
+    assert sigil.stdout == "other"
+    assert "fdl: warning: @other overrides FDL_ENV=farm: using env 'other'" in sigil.stderr
+    agreeing = run_fdl("--env", "other", "@other", "test", cwd=project, env={"FDL_ENV": "other"})
+    assert agreeing.stdout == "other" and "overrides" not in agreeing.stderr
+    assert "overrides" not in run_fdl("@other", "test", cwd=project).stderr
+
+
+@pytest.mark.parametrize("argv, fixed", [
+    (["probe", "--gpus", "0"], "fdl --gpus 0 probe"),
+    (["probe", "--cpu", "--gpus=all"], "fdl --gpus=all probe --cpu"),
+    (["@farm", "probe", "--env", "farm"], "fdl --env farm @farm probe"),
+    (["config", "show", "--debug"], "fdl --debug config show"),
+    (["--json", "probe"], "fdl probe --json"),
+    (["--data-path", "/srv/data", "probe", "--cpu"], "fdl probe --data-path /srv/data --cpu"),
+    (["--json", "libtorch", "list"], "fdl libtorch list --json"),
+])
+def test_an_option_on_the_wrong_side_of_the_command_says_where_it_goes(project: Path, argv: list[str],
+                                                                       fixed: str) -> None:
+    """Regression (issue 38 item 11): `fdl probe --gpus 0` answered "No such option '--gpus'. Did you mean
+    '--cpu'?" and `fdl --json probe` "Did you mean '--version'?". The error now names where the option goes
+    and gives the command line put right, which then parses."""
+    result = run_fdl(*argv, cwd=project)
+    assert result.returncode == 2
+    assert "Did you mean" not in result.stderr
+    assert f"Write: {fixed}" in " ".join(result.stderr.split())
+    kind = "a global option of fdl" if argv[0] != "--json" and argv[0] != "--data-path" else "not a global option"
+    assert kind in result.stderr
+    if "--json" in argv:  # asked for JSON: one JSON document on stdout, as for any failure
+        assert json.loads(result.stdout)["reason"] == "usage_error"
+    assert "No such option" not in run_fdl(*fixed.split()[1:], "--help", cwd=project).stderr
+
+
+def test_an_option_that_belongs_nowhere_keeps_clicks_own_error(project: Path) -> None:
+    result = run_fdl("probe", "--gpu", "0", cwd=project)
+    assert result.returncode == 2 and "No such option '--gpu'" in result.stderr
+
+
 def test_gpus_selection_shows_in_config_and_scopes_processes(project: Path) -> None:
     shown = run_fdl("--gpus", "1,0", "config", "show", cwd=project, env={"LD_LIBRARY_PATH": "/nonexistent"})
     assert shown.returncode == 0, shown.stderr

@@ -73,3 +73,25 @@ def test_node_exporter_serves_the_probe_metrics_as_fdl_probe_json_reports_them(e
         assert {d["index"]: int(d["persistence"]) for d in persistence} == \
             {int(dict(lab)["gpu"]): v for (n, lab), v in scraped.items() if n == "fdl_gpu_persistence_mode"}
     assert scraped[("fdl_gpu_ecc_uncorrected_errors_total", (("gpu", "0"), ("scope", "volatile")))] == 0
+
+
+def test_two_fdl_files_are_a_duplicate_only_node_exporters_log_shows_and_fdl_names_it(exporter, fake_nvml, tmp_path,
+                                                                                      monkeypatch) -> None:
+    """Issue 38 item 15, the premise and the fix: with two fdl *.prom files in its directory, a real
+    node_exporter still answers the scrape and says nothing of the duplicate outside its own log; the probe
+    that writes the second file says so on stderr, naming the first."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for var in ("CUDA_VISIBLE_DEVICES", "LIBTORCH", "LIBTORCH_PATH", "LD_PRELOAD", "LD_LIBRARY_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    project = tmp_path / "proj"
+    make_libtorch(project / "libtorch", "precompiled/cu128", archs="9.0", nccl="2.27.5")
+    first, second = exporter.directory / "fdl-probe.prom", exporter.directory / "fdl-probe-timer.prom"
+    assert run_fdl("probe", "--skip-mount", "--textfile", str(first), cwd=project,
+                   env=fake_nvml.env(HEALTHY)).returncode == 0
+    logged = len(exporter.log.read_text())
+    result = run_fdl("probe", "--skip-mount", "--textfile", str(second), cwd=project, env=fake_nvml.env(HEALTHY))
+    assert result.returncode == 0
+    assert f"fdl: warning: {first} in the same textfile directory holds fdl's probe metrics too" in result.stderr
+    scraped = exporter.scrape_text()  # the scrape itself answers: nothing in it to alert on
+    assert "fdl_probe_ready" in scraped
+    assert "fdl_probe_ready" in exporter.log.read_text()[logged:]  # the duplicate: in node_exporter's log only

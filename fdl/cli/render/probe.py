@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fdl.hostside.checks.probe import CORE_CHECKS
 from fdl.hostside.checks.report import ERROR, OK, SKIPPED, WARNING, HostReport
@@ -13,12 +13,37 @@ if TYPE_CHECKING:
     from fdl.cluster.probe import ClusterReport
 
 
-def render_json(reports: list[HostReport]) -> str:
+def gate_passed(ok: bool, warnings: int, strict: bool) -> bool:
+    """The probe's answer as a gate: no error; under --strict, no warning either."""
+    return ok and not (strict and warnings)
+
+
+def strict_document(doc: dict[str, Any], warnings: int, strict: bool) -> dict[str, Any]:
+    """Under --strict the document's top-level `ok` is the gate's answer (it matches the exit code), and
+    `strict: true` says so; without it the document is unchanged."""
+    if strict:
+        doc["ok"] = gate_passed(bool(doc.get("ok")), warnings, strict)
+        doc["strict"] = True
+    return doc
+
+
+def say_strict(strict: bool, warnings: int, passed: bool, ok: bool) -> None:
+    """On stderr: that --strict failed a report whose only problems are warnings."""
+    if strict and ok and not passed:
+        import typer
+
+        typer.echo(f"fdl: --strict: {warnings} warning{'s fail' if warnings != 1 else ' fails'} the gate (exit 1); "
+                   f"without --strict warnings inform and do not block.", err=True)
+
+
+def render_json(reports: list[HostReport], *, strict: bool = False) -> str:
     """One host: its report object. (Several hosts will get an aggregate object; docs/probe.md.)"""
+    warnings = sum(len(r.warnings) for r in reports)
     if len(reports) == 1:
-        return json.dumps(reports[0].to_dict(), indent=2)
-    return json.dumps({"schema_version": reports[0].schema_version if reports else 1,
-                       "ok": all(r.ok for r in reports), "hosts": [r.to_dict() for r in reports]}, indent=2)
+        return json.dumps(strict_document(reports[0].to_dict(), warnings, strict), indent=2)
+    return json.dumps(strict_document({"schema_version": reports[0].schema_version if reports else 1,
+                                       "ok": all(r.ok for r in reports), "hosts": [r.to_dict() for r in reports]},
+                                      warnings, strict), indent=2)
 
 
 def render_human(reports: list[HostReport], *, quiet: bool = False) -> tuple[str, str]:

@@ -80,6 +80,27 @@ def _gpu_index(item: Any) -> int:
     return int(item)
 
 
+DEVICE_FORMS = "GPU ids (0,1), all, or cpu:N for N CPU ranks"  # what a declaration may say, in a hint's words
+
+
+def parse_declared(value: Any, what: str) -> Devices | None:
+    """What a host declares it offers (`fdl probe --devices`, the fdl_probe role's `fdl_probe_devices`), read
+    by parse_devices; None for no particular device (`all`). Raises ValueError naming `what` and the value
+    (`--devices 'cpu:two': cpu:N needs N from 1 to 256`), the one refusal both callers print."""
+    try:
+        devices = parse_devices(value)
+    except ValueError as exc:
+        raise ValueError(f"{what} {value!r}: {exc}") from None
+    return None if not devices.is_cpu and devices.ids is None else devices
+
+
+def probe_declaration(devices: Devices | None) -> list[int] | str | None:
+    """A declaration as the probe's `local_devices` option takes it: "cpu:N", GPU ids, or None (every GPU)."""
+    if devices is None or (not devices.is_cpu and devices.ids is None):
+        return None
+    return str(devices) if devices.is_cpu else list(devices.ids or ())
+
+
 def parse_devices(value: Any) -> Devices:
     """`[0, 1]`, `"0,1"`, `all`, `cpu:N` -> Devices; raises ValueError with the reason (no trailing period)."""
     if isinstance(value, Devices):

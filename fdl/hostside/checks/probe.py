@@ -73,6 +73,9 @@ class ProbeOptions:
     whole_gpus    whether ranks get whole GPUs, so MIG mode on a selected GPU is an error;
                   None: yes, unless the ranks are CPU ranks or CUDA_VISIBLE_DEVICES names MIG
                   instances
+    interpreter_setting  where the Python this probe runs under is configured, named in the hint
+                  when libtorch is found nowhere (the fdl_probe module: a worker's `python:`);
+                  None: nothing to name (fdl probe runs under fdl's own Python)
     """
 
     data_path: str = DEFAULT_DATA_PATH
@@ -83,6 +86,7 @@ class ProbeOptions:
     gpus: list[int] | str | None = None
     local_devices: list[int] | str | None = None
     whole_gpus: bool | None = None
+    interpreter_setting: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,7 +130,7 @@ def run_probe(options: ProbeOptions | None = None, host: str | None = None,
     def libtorch_check() -> tuple[CheckResult, Libtorch | None, None]:
         result, info = check_libtorch(options.libtorch_path, environ, options.project_root,
                                       inventory=inventory, selection=selection)
-        return with_interpreter(result), info, None
+        return with_interpreter(result, options.interpreter_setting), info, None
 
     libtorch, info, _unused = _guarded("libtorch", libtorch_check)
     report.checks.append(libtorch)
@@ -156,16 +160,22 @@ def run_probe(options: ProbeOptions | None = None, host: str | None = None,
     return report
 
 
-def with_interpreter(result: CheckResult) -> CheckResult:
+def with_interpreter(result: CheckResult, setting: str | None = None) -> CheckResult:
     """Name the Python the probe ran under: the last place libtorch is looked for is that Python's PyTorch.
 
     A cluster worker is probed under its `python:` over SSH, and under fdl's own
     Python when it is this machine, so on one machine the two can see different
-    PyTorch installs; the report says which interpreter each verdict is about.
+    PyTorch installs; the report says which interpreter each verdict is about,
+    and, where `setting` says how that interpreter is chosen (a worker's
+    `python:`), the hint names it.
     """
     result.data.setdefault("python", sys.executable)
     if result.status == ERROR and "tried" in result.data:  # nothing found anywhere, that Python's PyTorch included
         result.message += f" (The Python this probe ran under: {sys.executable}.)"
+        if setting:
+            named = (f"set {setting} to the interpreter of an environment that has PyTorch (its torch/lib is a "
+                     f"libtorch), e.g. python: /path/to/venv/bin/python")
+            result.hint = f"{result.hint}; or {named}" if result.hint else named
     return result
 
 
@@ -186,7 +196,7 @@ def _cpu_host(report: HostReport, options: ProbeOptions, cpu: str, environ: Mapp
     report.checks.append(CheckResult("gpu", SKIPPED, f"Not checked: this host runs CPU ranks ({cpu}), which "
                                                      f"need no GPU or NVIDIA driver.", data=dict(data)))
     report.checks.append(_single("libtorch", lambda: with_interpreter(
-        check_libtorch(options.libtorch_path, environ, options.project_root)[0])))
+        check_libtorch(options.libtorch_path, environ, options.project_root)[0], options.interpreter_setting)))
     report.checks.append(CheckResult("nccl", SKIPPED, "Not checked: CPU ranks talk over gloo; NCCL is not used.",
                                      data=dict(data)))
     report.checks.append(_single("data", lambda: check_data_path(options.data_path, options.skip_mount)))

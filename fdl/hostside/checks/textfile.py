@@ -228,6 +228,41 @@ def _versions(metrics: _Metrics, checks: dict[str, dict[str, Any]]) -> None:
         metrics.add("fdl_nccl_info", 1, version=nccl["version"], origin=nccl.get("origin") or "")
 
 
+MARKER = b"# HELP fdl_probe_"  # render()'s first line (fdl_probe_ready): a file holding it holds fdl's series
+MAX_SCANNED = 1000  # *.prom files looked into per write (a textfile directory holds a handful)
+
+
+def other_fdl_files(path: str) -> list[str]:
+    """The other *.prom files in path's directory that hold fdl's probe metrics.
+
+    node_exporter's textfile collector reads every *.prom file of its directory into one set of series, so a
+    second fdl file (a timer and a cron job, two roles, a renamed --textfile) exports every fdl series twice;
+    node_exporter says so only in its own log. Only the head of each regular file is read; a file that cannot
+    be read is passed over."""
+    import os
+    import stat
+
+    directory = os.path.dirname(os.path.abspath(path))
+    own = os.path.basename(path)
+    found: list[str] = []
+    try:
+        names = sorted(name for name in os.listdir(directory) if name.endswith(SUFFIX) and name != own)
+    except OSError:
+        return found
+    for name in names[:MAX_SCANNED]:
+        other = os.path.join(directory, name)
+        try:
+            if not stat.S_ISREG(os.lstat(other).st_mode):
+                continue
+            with open(other, "rb") as handle:
+                head = handle.read(4096)
+        except OSError:
+            continue
+        if head.startswith(MARKER) or b"\n" + MARKER in head:
+            found.append(other)
+    return found
+
+
 def write_textfile(path: str, doc: dict[str, Any], now: float | None = None) -> str:
     """Render `doc` and replace `path` with it atomically (a temporary file in the same directory that the
     collector's *.prom glob does not match, then a rename), mode 0644. Returns the text; raises OSError."""

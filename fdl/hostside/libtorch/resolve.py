@@ -19,7 +19,9 @@ and the search goes on. Each location may be a variant directory (it holds `lib/
 What a variant is comes from its `.arch` file (`torch=`, `cuda=`, `archs=`, `variant=`, `rocm=` lines,
 written by flodl when it builds a variant), else PyTorch's own `build-version` ("2.13.0+cu130"), else its
 directory name; fdl's install record (`.fdl-download`, written by `fdl libtorch download`) adds the SHA-256
-of the archive it came from. docs/probe.md has the details.
+of the archive it came from. A torch wheel's package directory (`.../site-packages/torch`, named by
+--libtorch-path or LIBTORCH) is described from its `version.py`, as step 5 describes it. docs/probe.md has
+the details.
 
 Host-side (fdl/hostside/): the probe runs it on every host; the rest of fdl/libtorch/ builds on it.
 """
@@ -211,9 +213,16 @@ def read_torch_version(torch_dir: Path) -> dict[str, str | None]:
     return found
 
 
-def describe_pytorch(torch_dir: Path) -> Libtorch:
+def is_torch_package(path: Path) -> bool:
+    """Whether path is a torch wheel's package directory (torch/, with __init__.py and version.py beside lib/):
+    its libtorch records itself in version.py, not in `.arch` or `build-version`."""
+    return (path / "__init__.py").is_file() and (path / "version.py").is_file() and \
+        not (path / ".arch").exists() and not (path / "build-version").exists()
+
+
+def describe_pytorch(torch_dir: Path, source: str = "pytorch") -> Libtorch:
     """The libtorch a torch package directory carries, described from its version.py."""
-    info = Libtorch(path=str(torch_dir), source="pytorch", active=None)
+    info = Libtorch(path=str(torch_dir), source=source, active=None)
     values = read_torch_version(torch_dir)
     if values:
         info.metadata.append("torch/version.py")
@@ -287,6 +296,8 @@ def _at(path: Path, source: str) -> Libtorch:
         raise LibtorchNotFound(f"libtorch not found: {label} is a file, not a libtorch directory.",
                                "point it at the directory holding lib/ (or at a libtorch root with .active)")
     if (path / "lib").is_dir():
+        if is_torch_package(path):  # LIBTORCH=.../site-packages/torch: a wheel's libtorch
+            return describe_pytorch(path, source)
         return describe_variant(path, source, None)
     if (path / ACTIVE).exists() or any((path / group).is_dir() for group in VARIANT_GROUPS):
         return _from_root(path, source)
@@ -309,7 +320,8 @@ def _from_pointer(pointer: Path, root: Path, source: str) -> Libtorch:
         raise LibtorchNotFound(
             f"{pointer} names variant {active!r}, but {vdir} holds no lib/ directory.",
             f"install it, or point {pointer.name} at an installed variant"
-            + (f" ({', '.join(installed)})" if installed else ""))
+            + (f" ({', '.join(installed)})" if installed else "")
+            + f"; `fdl libtorch remove {active}` clears a pointer to a variant deleted by hand")
     return describe_variant(vdir, source, active)
 
 

@@ -149,6 +149,64 @@ def test_a_link_taken_down_mid_run(kit, short_tmp, testbed_home):
     assert all(hosts[h]["gpu"]["status"] == "ok" for h in ("h1", "h2", "h4"))
 
 
+def test_an_ssh_worker_without_pytorch_is_told_about_its_python_key(kit, short_tmp, testbed_home):
+    """Regression (issue 38 item 11): a worker probed over SSH whose interpreter has no PyTorch, and no libtorch
+    anywhere else, got a hint naming downloads and LIBTORCH only; what decides which PyTorch it sees is its
+    `python:` key, and the hint names it."""
+    no_libtorch = kit.nvml.env("H100:9.0:80G")  # its fake GPU, but no LIBTORCH
+    project = kit.project(short_tmp / "proj", kit.workers(h2={"env": no_libtorch}))
+    done, doc = probe(project, testbed_home, "--json")
+    assert done.returncode == 1, done.stderr
+    libtorch = by_host(doc)["h2"]["libtorch"]
+    assert libtorch["status"] == "error" and "(The Python this probe ran under: /usr/bin/python3.)" in \
+        libtorch["message"]
+    assert "fdl libtorch download" in libtorch["hint"]
+    assert "set this worker's python: (in fdl.cluster.yml" in libtorch["hint"]
+    assert "e.g. python: /path/to/venv/bin/python" in libtorch["hint"]
+    assert by_host(doc)["h1"]["libtorch"]["status"] == "ok"
+
+
+def test_nccl_build_under_the_cluster_env_builds_the_newest_nccl_for_the_host_with_the_older(kit, short_tmp,
+                                                                                           testbed_home):
+    """Regression (issue 38 item 2): `fdl @cluster nccl build` took the project's libtorch NCCL and said "the
+    cluster hosts' NCCL versions are not collected by this fdl yet". It now reads them from the cluster probe
+    (the same reports `fdl @cluster probe` prints) and, as seed 000's rig flow says, builds on the host with the
+    older NCCL (h3: 2.21.5, a Pascal GPU) the newest NCCL the cluster runs (2.27.5), for that host's GPUs; the
+    other host behind (h2: 2.26.2) is named. The project itself has no libtorch at all."""
+    from tests.fakes import make_libtorch
+
+    nccl_2_26 = make_libtorch(kit.bed.shared / "lt-2.10-nccl2.26", nccl="2.26.2")
+    subprocess.run(["chmod", "-R", "a+rX", str(nccl_2_26)], check=True)
+    workers = kit.workers(h2={"env": kit.worker_env(libtorch=nccl_2_26)},
+                          h3={"env": kit.worker_env("GTX1080:6.1:8G", libtorch=kit.libtorch_old_nccl)})
+    project = kit.project(short_tmp / "proj", workers)
+    done = run_fdl("@cluster", "nccl", "build", "--dry-run", "--json", cwd=project, env=testbed_home, timeout=240)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert (plan["host"], plan["remote"], plan["tag"], plan["archs"]) == ("h3", True, "v2.27.5", ["6.1"])
+    assert plan["library"] == "~/.flodl/libtorch/nccl/builds/v2.27.5-sm61/lib/libnccl.so.2"
+    assert plan["tag_source"] == ("the newest NCCL the cluster runs (2.27.5 on h1, h4), for h3, whose NCCL 2.21.5 "
+                                  "is older")
+    assert plan["archs_source"] == "detected on h3 by the cluster probe (NVML there) (GPU0 6.1)"
+    assert plan["notes"][0] == ("cluster NCCL versions: h1 2.27.5, h2 2.26.2, h3 2.21.5, h4 2.27.5; h3 has the "
+                                "older NCCL (2.21.5), so this builds NCCL 2.27.5 for h3")
+    assert plan["notes"][1].startswith("also behind: h2 (2.26.2)")
+    assert "not collected" not in done.stderr
+
+    named = run_fdl("@cluster", "nccl", "build", "--dry-run", "--json", "--host", "h2", cwd=project,
+                    env=testbed_home, timeout=240)
+    assert named.returncode == 0, named.stderr
+    assert {k: json.loads(named.stdout)[k] for k in ("host", "tag", "archs")} == {
+        "host": "h2", "tag": "v2.27.5", "archs": ["9.0"]}
+
+    agreeing = kit.project(short_tmp / "agree")  # every host on NCCL 2.27.5: nobody to build for but here
+    human = run_fdl("@cluster", "nccl", "build", "--dry-run", "--archs", "9.0", cwd=agreeing, env=testbed_home,
+                    timeout=240)
+    assert human.returncode == 0, human.stderr
+    assert "every cluster host runs NCCL 2.27.x" in human.stderr and "builds for this machine" in human.stderr
+    assert "(this machine)" in human.stdout and "v2.27.5" in human.stdout
+
+
 def test_nccl_skew_is_an_error_until_the_older_host_preloads_a_match(kit, short_tmp, testbed_home):
     skewed = kit.workers(h3={"env": kit.worker_env(libtorch=kit.libtorch_old_nccl)})
     done, doc = probe(kit.project(short_tmp / "skew", skewed), testbed_home, "--json")

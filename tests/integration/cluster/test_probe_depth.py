@@ -63,6 +63,25 @@ def test_gpu_faults_surface_with_their_severity_on_each_host(kit, short_tmp, tes
     assert "gpu_ecc" not in human.stdout.split("h3:")[1].split("h4:")[0]  # green checks stay hidden
 
 
+def test_strict_makes_a_warning_fail_the_cluster_gate(kit, short_tmp, testbed_home):
+    """Regression (issue 38 item 8), `fdl @cluster probe`: one host's warning (persistence mode off) leaves the
+    cluster ready and the exit 0; --strict fails the gate on it, in the human report and in --json (whose
+    top-level `ok` then matches the exit code)."""
+    project = kit.project(short_tmp / "proj", kit.workers(h2={"env": kit.worker_env("H100:9.0:80G:persist=0")}))
+    done, doc = probe(project, testbed_home, "--json")
+    assert done.returncode == 0, done.stderr
+    assert doc["ok"] is True and "strict" not in doc
+    assert statuses(doc)["h2"]["gpu_persistence"] == "warning"
+    done, doc = probe(project, testbed_home, "--json", "--strict")
+    assert done.returncode == 1, done.stderr
+    assert (doc["ok"], doc["strict"]) == (False, True)
+    assert [h["ok"] for h in doc["hosts"]] == [True, True, True, True]  # each host's own verdict is unchanged
+    human = run_fdl("@cluster", "probe", "--strict", cwd=project, env=testbed_home, timeout=240)
+    assert human.returncode == 1
+    assert "h2: ready (1 warning)" in human.stdout
+    assert "fdl: --strict: 1 warning fails the gate (exit 1)" in human.stderr
+
+
 def test_stack_faults_on_real_unprivileged_hosts(kit, short_tmp, testbed_home):
     """A host root per fault: nouveau loaded; a GPU node owned by root with mode 0600, which the host's
     own user (not root) cannot open; a missing nvidia-uvm node."""

@@ -62,6 +62,29 @@ def test_every_block_and_every_field_is_checked_before_validation_stops(tmp_path
         "here: run, cluster, build, bin, args, description, local_devices, env."]
 
 
+@pytest.mark.parametrize("python", ["python3", "/usr/bin/python3 -u", "~/venv/bin/python", "/opt/py;rm -rf x",
+                                    "/usr/bin/", ""])
+def test_a_workers_python_is_checked_when_the_file_is_read(tmp_path: Path, python: str) -> None:
+    """Regression (issue 38 item 13): a worker's python: was taken as any text and failed only over ssh, in the
+    probe module or the launcher; it must be the absolute path of an interpreter, refused with file and line."""
+    error = errors_of(tmp_path, f"""
+        cluster:
+          workers:
+            - host: node-b
+              python: {python!r}
+        """)
+    [message] = error.errors
+    assert message.startswith("fdl.yml:4: cluster.workers[0].python: expected ")
+    assert "absolute path of a Python interpreter" in message or "non-empty text" in message
+
+
+def test_an_absolute_python_path_is_taken_as_it_is(tmp_path: Path) -> None:
+    (tmp_path / "fdl.yml").write_text("cluster:\n  workers:\n    - {host: b, python: /opt/venv-3.12/bin/python3.12}\n"
+                                      "    - {host: c}\n")
+    workers = load_config(tmp_path, EnvSelection()).cluster.workers
+    assert [w.python for w in workers] == ["/opt/venv-3.12/bin/python3.12", "/usr/bin/python3"]
+
+
 def test_an_error_does_not_breed_errors_about_what_it_left_unknown(tmp_path: Path) -> None:
     error = errors_of(tmp_path, """
         cluster:

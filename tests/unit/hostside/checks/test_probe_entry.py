@@ -16,7 +16,7 @@ def test_options_are_plain_json_with_the_documented_defaults() -> None:
     options = ProbeOptions()
     assert json.loads(json.dumps(options.to_dict())) == {
         "data_path": "/flodl/data", "skip_mount": False, "libtorch_path": None, "docker": None,
-        "project_root": None, "gpus": None, "local_devices": None, "whole_gpus": None}
+        "project_root": None, "gpus": None, "local_devices": None, "whole_gpus": None, "interpreter_setting": None}
 
 
 def test_report_round_trips_through_json(tmp_path: Path) -> None:
