@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import random
+import signal
 import socket
 import stat
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 PORTS = range(23000, 24000)  # the range the join tests may listen on
@@ -93,10 +96,15 @@ class LoopbackSshd:
             f"Subsystem sftp {SFTP_SERVER}", "LogLevel VERBOSE", *self.extra, ""]))
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd -t needs its privilege separation directory
         subprocess.run([SSHD, "-t", "-f", str(conf)], check=True, capture_output=True)
-        self.proc = subprocess.Popen([SSHD, "-D", "-f", str(conf), "-E", str(self.dir / "sshd.log")],
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
         kind, blob = host_key.with_suffix(".pub").read_text().split()[:2]
         self.known_hosts.write_text(f"[{self.listen}]:{self.port} {kind} {blob}\n")
+        self.start()
+        return self
+
+    def start(self) -> None:
+        """Start (or, after stop(), restart) the daemon with its configuration, key and port."""
+        self.proc = subprocess.Popen([SSHD, "-D", "-f", str(self.dir / "sshd_config"), "-E", str(self.dir / "sshd.log")],
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 10
         while True:
             with contextlib.suppress(OSError), socket.create_connection((self.listen, self.port), 0.5):
@@ -105,7 +113,17 @@ class LoopbackSshd:
                 self.__exit__()
                 raise RuntimeError(f"test sshd did not come up: {(self.dir / 'sshd.log').read_text()}")
             time.sleep(0.05)
-        return self
+
+    def stop(self) -> None:
+        """Kill the daemon and every session it serves (each session's sshd sets up a session of its own, so its
+        process group is not the daemon's): what a crash or a restart of the door does to its clients."""
+        if self.proc is None:
+            return
+        for pid in [*descendants(self.proc.pid), self.proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(10)
+        self.proc = None
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -118,7 +136,48 @@ class LoopbackSshd:
         self.proc = None
 
 
-def user_name() -> str:
-    import pwd
+def descendants(pid: int) -> list[int]:
+    """Every process below pid (children first found, then theirs), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat_line = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat_line.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
 
+
+@contextlib.contextmanager
+def local_account(tag: str) -> Iterator[pwd.struct_passwd]:
+    """A real, locked-password account of this machine for the test's length (useradd, no home), named after the
+    testbed prefix so that parallel runs do not collide; removed with its group afterwards."""
+    name = f"{os.environ.get('FDL_TESTBED_PREFIX') or 'fdlj'}{tag}"[:32]
+    subprocess.run(["userdel", name], capture_output=True)  # a crashed run's leftover
+    subprocess.run(["groupdel", name], capture_output=True)
+    for attempt in range(50):  # /etc/passwd is locked while other useradd runs finish
+        made = subprocess.run(["useradd", "-M", "-d", "/nonexistent", "-s", "/bin/sh", "-U", name],
+                              capture_output=True, text=True)
+        if made.returncode == 0:
+            break
+        if attempt == 49:
+            raise RuntimeError(f"useradd {name}: {made.stderr.strip()}")
+        time.sleep(0.1)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+        subprocess.run(["groupdel", name], capture_output=True)
+
+
+def user_name() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
