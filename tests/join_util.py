@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pwd
 import random
@@ -103,8 +104,8 @@ class LoopbackSshd:
 
     def start(self) -> None:
         """Start (or, after stop(), restart) the daemon with its configuration, key and port."""
-        self.proc = subprocess.Popen([SSHD, "-D", "-f", str(self.dir / "sshd_config"), "-E", str(self.dir / "sshd.log")],
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        argv = [SSHD, "-D", "-f", str(self.dir / "sshd_config"), "-E", str(self.dir / "sshd.log")]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 10
         while True:
             with contextlib.suppress(OSError), socket.create_connection((self.listen, self.port), 0.5):
@@ -181,3 +182,50 @@ def local_account(tag: str) -> Iterator[pwd.struct_passwd]:
 
 def user_name() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
+
+
+class SmallDisk:
+    """A small tmpfs of its own (root mounts it, mode 1777), which another real account can fill to the last block
+    and, with `inodes`, to the last inode: a full file system that nobody on the worker's side filled."""
+
+    def __init__(self, where: Path, *, size_kb: int = 1024, inodes: int | None = None, read_only: bool = False):
+        self.path = Path(where)
+        self.options = f"size={size_kb}k,mode=1777" + (f",nr_inodes={inodes}" if inodes else "") + \
+            (",ro" if read_only else "")
+        self.inodes = inodes
+
+    def __enter__(self) -> SmallDisk:
+        self.path.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", self.options, "fdl-test-small", str(self.path)], check=True,
+                       capture_output=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
+
+    def fill(self, account: pwd.struct_passwd) -> None:
+        """As `account` (setpriv: its uid, gid and groups only), write until the disk refuses (ENOSPC), then make
+        empty files until it refuses those too when the disk has an inode limit."""
+        script = "dd if=/dev/zero of=filler/blocks bs=16k 2>/dev/null; "
+        if self.inodes:
+            script += "i=0; while touch filler/inode-$i 2>/dev/null; do i=$((i+1)); done; "
+        setpriv = ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups"]
+        subprocess.run([*setpriv, "sh", "-c", f"mkdir -p filler; {script}exit 0"], cwd=self.path, check=True,
+                       capture_output=True, timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": str(self.path)})
+        assert os.stat(self.path / "filler").st_uid == account.pw_uid
+        try:  # full for everyone: root too (tmpfs keeps no reserve)
+            with open(self.path / "probe", "wb") as handle:
+                handle.write(b"x" * 4096)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+        else:
+            raise AssertionError(f"{self.path} is not full after {account.pw_name} filled it")
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path / "probe")
+
+    def free(self) -> None:
+        """What its owner (or an operator) does once someone notices: the filler's files go."""
+        subprocess.run(["rm", "-rf", str(self.path / "filler")], check=True)

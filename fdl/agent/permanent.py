@@ -160,10 +160,10 @@ def _tools(options: JoinOptions, env: Mapping[str, str]) -> None:
     if options.ssh is not None:
         from fdl.agent.tunnel import ssh_words
 
-        if shutil.which(ssh_words(env)[0]) is None:
+        if shutil.which(ssh_words(env)[0], path=env.get("PATH")) is None:
             raise PermanentError("--ssh needs the OpenSSH client (ssh), which is not installed on this box.",
                                  hint="Install it (Debian/Ubuntu: apt-get install openssh-client).")
-    if options.data_source is not None and shutil.which("sshfs") is None:
+    if options.data_source is not None and shutil.which("sshfs", path=env.get("PATH")) is None:
         raise PermanentError("--data-source sshfs:// needs sshfs, which is not installed on this box.",
                              hint="Install it (Debian/Ubuntu: apt-get install sshfs), or provision the data another "
                                   "way and name it with --data-path alone.")
