@@ -166,7 +166,8 @@ class JoinAgent:
             try:
                 return self.attempt()
             except FdlError as exc:
-                raise transient(exc)  # noqa: B904 - the same exception, re-raised with its class's code
+                transient(exc)  # the same exception, its code now transient
+                raise
             except OSError as exc:
                 raise transient(exc) from exc
         backoff = Backoff.from_env(self.environ)

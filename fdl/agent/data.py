@@ -10,10 +10,11 @@ a `--persist` box finds it there.
 A mount that lost its server (the data host's sshd restarted, the host went
 down, the sshfs process died) answers with an errno, never a message to
 read: ENOTCONN once the FUSE daemon is gone, EIO or ECONNABORTED while it
-reconnects in vain (`STALE`). Every dial checks a mount it finds (statvfs
-and a listing); a stale FUSE mount is unmounted lazily (`fusermount3 -uz`,
-`fusermount -uz`, or `umount -l` as root) and mounted again. A data host
-that is down makes that mount fail: transient, like everything here.
+reconnects in vain (`STALE`). Every dial checks a mount it finds (by
+statvfs, which reaches the server); a stale FUSE mount is unmounted
+lazily (`fusermount3 -uz`, `fusermount -uz`, or `umount -l` as root) and
+mounted again. A data host that is down makes that mount fail: transient,
+like everything here.
 
 Writable directories are proven by writing, fsyncing and removing a file in
 each: a permission bit can lie (read-only file systems, full disks, root
@@ -141,11 +142,10 @@ def mount_type(path: str, mountinfo: str = MOUNTINFO) -> str | None:
 
 
 def mount_problem(path: str) -> OSError | None:
-    """Whether a mounted path answers: statvfs and a listing (statvfs reaches the server; a listing may be
-    cached). The OSError it gave, or None."""
+    """Whether a mounted path answers, by statvfs: it reaches the server (sshfs asks it), where a stat or a listing
+    may come from a cache, and it costs the same on a directory of a million files. The OSError, or None."""
     try:
         os.statvfs(path)
-        os.listdir(path)
     except OSError as exc:
         return exc
     return None
@@ -242,7 +242,7 @@ def prepare_data(data_root: str | None, source: SshfsSource | None, *, identity:
         unmount_lazily(data_root, note=note)
     else:
         try:
-            if os.path.isdir(data_root) and os.listdir(data_root):
+            if os.path.isdir(data_root) and _not_empty(data_root):
                 note(f"data: {data_root} is already there (not a mount point, but not empty): left as it is")
                 return data_root
         except OSError as exc:
@@ -255,6 +255,11 @@ def prepare_data(data_root: str | None, source: SshfsSource | None, *, identity:
     except OSError as exc:
         raise disk_error(exc, f"cannot create the mount point {data_root}") from None
     return _mount(source, data_root, identity, environ, note)
+
+
+def _not_empty(directory: str) -> bool:
+    with os.scandir(directory) as entries:  # the first entry answers: no listing of a large dataset
+        return next(entries, None) is not None
 
 
 def _mount(source: SshfsSource, data_root: str, identity: str | None, environ: Mapping[str, str] | None,
