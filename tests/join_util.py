@@ -15,6 +15,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.conftest import descendants
+
 PORTS = range(23000, 24000)  # the range the join tests may listen on
 SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
@@ -135,27 +137,6 @@ class LoopbackSshd:
                 self.proc.kill()
                 self.proc.wait(5)
         self.proc = None
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below pid (children first found, then theirs), from /proc."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat_line = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat_line.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(ppid, []).append(int(entry))
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        kids = parents.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
 
 
 @contextlib.contextmanager

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from fdl.agent.options import JoinOptions, resolve_options
 from fdl.errors import ConfigError, ExitCode, FdlError, PermanentError
+from fdl.hostside.envvars import FDL_JOIN_STAGE
 
 if TYPE_CHECKING:
     from fdl.config.project import Config
@@ -261,5 +262,5 @@ def _unwritable(path: Path, exc: OSError, what: str) -> PermanentError:
     return PermanentError(
         f"{what} {path} is not writable by this user: {exc.strerror or exc} ({name}), by this box's own "
         f"permissions or a read-only file system.",
-        hint="fdl join writes its source tree, build output, rank logs and libtorch there: give this user a "
-             "writable home (or point FDL_JOIN_STAGE elsewhere), or fix the directory's owner, modes or mount.")
+        hint=f"fdl join writes its source tree, build output, rank logs and libtorch there: give this user a "
+             f"writable home (or point {FDL_JOIN_STAGE} elsewhere), or fix the directory's owner, modes or mount.")

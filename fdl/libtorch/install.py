@@ -144,8 +144,8 @@ def _check_installed_pin(info: Libtorch, variant: str, source: Source) -> None:
     got = f"was installed from bytes with sha256 {info.sha256}" if info.sha256 else \
         "has no install record (it was not downloaded by fdl), so its bytes are unknown"
     raise LibtorchFetchError(f"libtorch {variant} in {info.path} {got}, but libtorch.sha256 pins {pin}.",
-                         hint=f"Remove {info.path} and download it again (fdl libtorch download {variant}), or "
-                              f"correct the pin.")
+                             hint=f"Remove {info.path} and download it again (fdl libtorch download {variant}), or "
+                                  f"correct the pin.")
 
 
 # ---- the lock ----

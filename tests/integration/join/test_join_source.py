@@ -253,6 +253,16 @@ def test_a_published_trees_typo_is_transient_and_the_next_publish_mends_it(tmp_p
     assert state["roster"][0]["host"] == "p" and state["roster"][0]["exit_code"] == 0
 
 
+def test_a_project_directory_the_fetched_tree_lacks_is_transient(tmp_path):
+    # regression: a cwd missing from the fetched tree exited 2; whether it is there is the tree's to say
+    src = source_tree(tmp_path / "src")
+    served = tmp_path / "served"
+    _publish(src, served, tmp_path, "--bin", "out/train", "--build", COPY_BUILD)
+    code, _, err = finish(spawn_join("127.0.0.1:1", "--source", f"file://{served}/tree", "--source-cwd", "nothere",
+                                     "--devices", "cpu:1", home=tmp_path / "h"), timeout=120)
+    assert code == 1 and "the project directory 'nothere' is not in the fetched tree" in err, err
+
+
 def test_a_read_only_directory_in_a_published_tree_does_not_stop_a_worker(tmp_path):
     """regression: `rsync -a` carried the published tree's modes into the worker's stage: a read-only project
     directory made the stage unwritable (exit 2, poweroff), and a read-only tree root made the next fetch fail with
