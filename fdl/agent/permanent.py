@@ -262,5 +262,6 @@ def _unwritable(path: Path, exc: OSError, what: str) -> PermanentError:
     return PermanentError(
         f"{what} {path} is not writable by this user: {exc.strerror or exc} ({name}), by this box's own "
         f"permissions or a read-only file system.",
-        hint=f"fdl join writes its source tree, build output, rank logs and libtorch there: give this user a "
-             f"writable home (or point {FDL_JOIN_STAGE} elsewhere), or fix the directory's owner, modes or mount.")
+        hint=f"fdl join writes its source tree, build output, rank logs, libtorch and data mount there: give this "
+             f"user a writable home (or point {FDL_JOIN_STAGE} or --data-path elsewhere), or fix the directory's "
+             f"owner, modes or mount.")
