@@ -3,8 +3,9 @@
 NVIDIA GPUs are read through the probe's own check (`fdl.hostside.checks.gpu`, the real
 NVML path); AMD GPUs through the kernel's KFD topology in sysfs, which the
 ROCm driver publishes without any user-space library. A box with neither has
-nothing to offer: that is permanent (exit 2), except for a worker declared
-with `--devices cpu:N`, which runs N CPU ranks and needs no GPU at all.
+nothing to offer (an FdlError; `fdl join` decides once, before its first
+dial, that this is permanent: fdl.agent.permanent), except for a worker
+declared with `--devices cpu:N`, which runs N CPU ranks and needs no GPU at all.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from fdl.errors import PermanentError
+from fdl.errors import FdlError
 from fdl.hostside.checks.devices import Devices
 
 KFD_TOPOLOGY = "/sys/class/kfd/kfd/topology/nodes"
@@ -55,7 +56,7 @@ def amd_gpus(topology: str = KFD_TOPOLOGY) -> list[str]:
 
 def check_gpu_stack(devices: Devices, environ: Mapping[str, str] | None = None,
                     topology: str = KFD_TOPOLOGY) -> Offer:
-    """Check the GPU stack and resolve the offer; raises PermanentError when there is nothing to offer."""
+    """Check the GPU stack and resolve the offer; raises FdlError when there is nothing to offer."""
     if devices.is_cpu:
         return Offer(devices=devices, summary=f"{devices.count} CPU rank{'s' if devices.count != 1 else ''} "
                                               f"(gloo), no GPU needed")
@@ -69,13 +70,12 @@ def check_gpu_stack(devices: Devices, environ: Mapping[str, str] | None = None,
             return _offer_amd(devices, amd)
         hint = (result.hint + ". " if result.hint else "") + \
             "A box without GPUs can still join as CPU ranks: --devices cpu:N."
-        raise PermanentError(f"the GPU stack check failed, so this box has nothing to offer: {result.message}",
-                             hint=hint)
+        raise FdlError(f"the GPU stack check failed, so this box has nothing to offer: {result.message}", hint=hint)
     present = {d.index: d for d in inventory.devices}
     ids = tuple(present) if devices.ids is None else devices.ids
     missing = [i for i in ids if i not in present]
     if missing:
-        raise PermanentError(
+        raise FdlError(
             f"--devices offers GPU {', '.join(map(str, missing))}, which this box does not have (it has "
             f"{len(present)}: ids {', '.join(map(str, present))}).",
             hint="Offer ids that exist, or leave --devices out to offer every GPU.")
@@ -90,7 +90,7 @@ def _offer_amd(devices: Devices, names: list[str]) -> Offer:
     ids = tuple(range(len(names))) if devices.ids is None else devices.ids
     missing = [i for i in ids if i >= len(names)]
     if missing:
-        raise PermanentError(
+        raise FdlError(
             f"--devices offers GPU {', '.join(map(str, missing))}, which this box does not have (it has "
             f"{len(names)} AMD GPUs).", hint="Offer ids that exist, or leave --devices out to offer every GPU.")
     return Offer(devices=Devices(ids=ids), vendor="amd", gpu_names=tuple(names[i] for i in ids),

@@ -54,6 +54,24 @@ def fdl_modules() -> list[Path]:
     return sorted(p for p in (REPO / "fdl").rglob("*.py") if "_share" not in p.parts)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below pid (children, theirs, ...), read from /proc; sorted."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return sorted(found)
+
+
 def real_home() -> Path:
     """The home of whoever runs the suite (tests run with HOME set to a home of the run's own)."""
     return Path(os.environ.get("FDL_TEST_REAL_HOME") or os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir)

@@ -6,21 +6,22 @@ the same client `fdl status` uses), the long-poll for the world, the ranks
 under the rank supervisor (fdl.hostside.supervisor, the launcher's own code
 path) with heartbeats while they run, and the exit report.
 
-Exit codes: one-shot returns the agent's own code (the ranks' group result)
-verbatim, or raises an FdlError whose code is its class (1 transient, 2
-permanent). `--persist` re-dials after transient failures and after every
-agent exit (clean or not) with capped exponential backoff plus jitter, and
-stops only on a permanent failure, which is the only thing that reaches
-systemd in that mode.
+Exit codes: what is permanent (exit 2) is decided once, before the first
+dial, from this box's own configuration (fdl.agent.permanent: a closed
+list). After that nothing is: every failure of an attempt is transient
+(exit 1), an OSError included. One-shot returns the agent's own code (the
+ranks' group result) verbatim, or raises that transient failure.
+`--persist` re-dials after every failure and after every agent exit (clean
+or not) with capped exponential backoff plus jitter, saying each time what
+went wrong and what would mend it; only the check before the first dial
+ever reaches systemd in that mode.
 
-Permanent comes only from what this box can check itself (no GPU, options
-that do not parse, a missing binary or toolchain, an unwritable stage, its
-own known_hosts or identity file). Everything learned from the network is
-transient, whoever sent it: an answer that does not prove the token, a
-refusal (bad token, stale clock, ...), a rank environment the agent will not
-take, a dropped ssh connection. A box cannot tell a wrong token from an
-impostor, so a `--persist` box keeps re-dialing and says, every few
-attempts, what the likely causes are.
+Everything learned from the network is transient, whoever sent it: an
+answer that does not prove the token, a refusal (bad token, stale clock,
+...), a rank environment the agent will not take, a dropped ssh connection.
+So is whatever a disk, a mount or a fetched tree does between dials. A box
+cannot tell a wrong token from an impostor, so a `--persist` box keeps
+re-dialing and says, every few attempts, what the likely causes are.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from typing import IO, TYPE_CHECKING, Any
 
 from fdl import __version__
 from fdl.agent.backoff import Backoff
+from fdl.agent.data import disk_error
 from fdl.agent.options import JoinOptions
+from fdl.agent.permanent import check
 from fdl.agent.prepare import Prepared, prepare
 from fdl.agent.tunnel import Tunnel, local_address_toward
 from fdl.errors import ExitCode, FdlError
@@ -158,19 +161,25 @@ class JoinAgent:
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> int:
+        check(self.options, environ=self.environ, note=self.note)  # the permanent class: exit 2, before any dial
         if not self.options.persist:
-            return self.attempt()
+            try:
+                return self.attempt()
+            except FdlError as exc:
+                transient(exc)  # the same exception, its code now transient
+                raise
+            except OSError as exc:
+                raise transient(exc) from exc
         backoff = Backoff.from_env(self.environ)
         unproved = 0  # failures in a row that proved nothing either way (TRUST_REASONS)
         while True:
             try:
                 code = self.attempt()
-            except FdlError as exc:
-                if exc.exit_code == ExitCode.PERMANENT:
-                    raise
+            except (FdlError, OSError) as exc:
+                failure = transient(exc)
                 wait = backoff.after_failure()
-                self.note(f"transient failure: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""))
-                unproved = unproved + 1 if getattr(exc, "reason", None) in TRUST_REASONS else 0
+                self.note(f"transient failure: {failure.message}" + (f" ({failure.hint})" if failure.hint else ""))
+                unproved = unproved + 1 if getattr(failure, "reason", None) in TRUST_REASONS else 0
                 if unproved and unproved % WARN_EVERY == 0:
                     self.note(likely_causes(self.options.controller_text, unproved, self.skew))
                 self.note(f"persist: re-dialing in {wait:.1f} s (attempt {self.attempts + 1})")
@@ -359,6 +368,15 @@ class JoinAgent:
         if stopped is not None:
             raise stopped
         return code
+
+
+def transient(exc: FdlError | OSError) -> FdlError:
+    """A failure of one attempt, as what it is after the permanence check: transient (exit 1), whoever raised it.
+    An OSError nobody classed (a stale mount's EIO, a read-only tree) says which file and what would mend it."""
+    if isinstance(exc, OSError):
+        return disk_error(exc)
+    exc.exit_code = ExitCode.FAILURE
+    return exc
 
 
 def print_note(stream: IO[str] | None = None) -> Note:

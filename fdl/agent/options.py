@@ -2,10 +2,12 @@
 
 `resolve_options` merges the command line over the configured defaults field
 by field (a flag wins; `bin`/`source` are one choice, so a flag naming either
-drops the other from the block) and validates everything that can be
-validated without touching the box. Whatever does not parse here is a
-permanent failure (exit 2): re-dialing with the same options cannot fix it,
-so a `--persist` box stops instead of looping on it.
+drops the other from the block) and validates the options themselves.
+Whatever does not parse here is a UsageError (exit 2, like every command
+line that does not parse): re-dialing with the same options cannot fix it,
+so a `--persist` box stops instead of looping on it. The rest of what is
+permanent (the source spec, this box's GPUs, tools, keys and stage) is
+checked by fdl.agent.permanent, before the first dial.
 """
 
 from __future__ import annotations
@@ -213,10 +215,6 @@ def resolve_options(defaults: JoinDefaults | None, flags: dict[str, Any], tail: 
             if flags.get(name) is not None:
                 raise _bad(f"{flag_of(name)} applies to a --source build, and no --source is set.")
             merged[name] = None
-    else:
-        from fdl.agent.source import check_source_spec
-
-        check_source_spec(merged["source"])  # a spec that does not parse is permanent
 
     ssh = parse_ssh_hop(str(merged["ssh"])) if merged["ssh"] else None
     if merged["controller"]:

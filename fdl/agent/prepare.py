@@ -5,16 +5,17 @@ Admission starts the window's deadline, so nothing slow may happen after it.
 (a `--persist` box picks up a changed source, a new libtorch or a remounted
 data source on its next re-dial without reprovisioning):
 
-1. GPU stack check (no GPU: permanent, except `--devices cpu:N`);
-2. the stage directories proven writable (unwritable: permanent);
+1. GPU stack check (what this box offers: every GPU, `--devices` ids, or `cpu:N`);
+2. the stage directories proven writable;
 3. the dataset root (`--data-path`, mounted from `--data-source` when absent);
 4. libtorch (`--libtorch`: downloaded when missing, from PyTorch's location or
    the configured mirror, fdl.libtorch.install; default: whatever is active here);
 5. the training binary (`--bin`, or `--source` fetched and built here);
 6. the model-signature probe (unless `--no-sig-probe`).
 
-Each failure is an FdlError whose exit code is its class: 2 permanent, 1
-transient.
+What is permanent was decided once, before the first dial
+(fdl.agent.permanent); every failure here is transient (exit 1): a GPU, a
+binary or a disk can go away between dials, and come back.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import IO, TYPE_CHECKING, NamedTuple
 from fdl.agent.data import prepare_data, prove_writable
 from fdl.agent.options import JoinOptions
 from fdl.agent.signature import probe_signature, probe_timeout
-from fdl.errors import PermanentError
+from fdl.errors import FdlError
 from fdl.hostside.envvars import FDL_DATA_PATH, FDL_GPU_FEATURE, FDL_GPU_RAM_SHARE, FDL_JOIN_STAGE, read
 from fdl.hostside.paths import join_stage
 from fdl.offer import Offer, check_gpu_stack
@@ -121,14 +122,11 @@ def prepare(options: JoinOptions, *, environ: Mapping[str, str] | None = None, n
     else:
         assert options.bin is not None
         binary = os.path.abspath(options.bin)
-        if not os.path.isfile(binary):
-            raise PermanentError(f"the training binary {options.bin} is not on this box ({binary}).",
-                                 hint="--bin is a path on this box; to build it here instead, use --source.")
-        if not os.access(binary, os.X_OK):
-            raise PermanentError(f"the training binary {binary} is not executable.",
-                                 hint=f"chmod +x {binary}")
+        if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
+            raise FdlError(f"the training binary {binary} (--bin) is not there or not executable any more.",
+                           hint="It was when fdl join started: put it back (chmod +x); the next dial checks again.")
         cwd = os.getcwd()
-    prove_writable([cwd], note=lambda _: None)  # ranks write their outputs relative to it
+    prove_writable([cwd], what="the directory the ranks run in")  # they write their outputs relative to it
 
     if options.args_given:
         args = options.args

@@ -24,7 +24,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from fdl.errors import PermanentError
+from fdl.errors import FdlError
 from fdl.hostside.envvars import FDL_SIGNATURE_PROBE, FDL_SIGNATURE_TIMEOUT_S, read
 from fdl.hostside.supervisor import die_with_parent, stop_process_group
 
@@ -53,8 +53,9 @@ def probe_signature(argv: Sequence[str], *, cwd: str | None, env: Mapping[str, s
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=die_with_parent)  # noqa: PLW1509 - PR_SET_PDEATHSIG can only be set in the child between fork and exec
     except OSError as exc:
-        raise PermanentError(f"cannot start the training binary {argv[0]}: {exc.strerror or exc}.",
-                             hint="Check the path and that it is executable on this box.") from None
+        raise FdlError(f"cannot start the training binary {argv[0]}: {exc.strerror or exc}.",
+                       hint="Check the path, that it is executable on this box and that its interpreter (#!) is "
+                            "installed; the next dial tries again.") from None
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout_s
     signature: str | None = None

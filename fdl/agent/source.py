@@ -2,19 +2,15 @@
 
 The spec parser, the fetchers, the run manifest and the recipe runner are
 `fdl publish`'s own (fdl.publish); this module only decides what a worker
-does with them and how each failure is classed:
-
-- a spec that does not parse, a missing fetch tool or build toolchain
-  (the recipe's command not found), or an artifact missing after a
-  successful build: permanent (2);
-- a fetch that failed, nothing published yet, a tree that does not compile:
-  transient (1). A compile error is transient on purpose: the fix is a push
-  away at the source, and a box that stopped over a typo would be powered
-  off by the systemd recipe;
-- except a compile failure on a box whose vendor toolkit headers (CUDA,
-  HIP) are demonstrably missing for the GPU libtorch it builds against:
-  re-dialing cannot install a package, so that is permanent and the error
-  names the package line.
+does with them. Everything that fails here is transient (exit 1): what is
+permanent about a source (a spec that does not parse, a missing fetch tool,
+a missing command of a --source-build given on this box) was decided before
+the first dial (fdl.agent.permanent). What the fetched tree says is the
+publisher's, mended at the source: a fetch that failed, nothing published
+yet, a `cwd` or `bin` that is not there, a recipe that does not compile or
+whose command is not found (126/127), vendor headers the build needs. A box
+powered off over a typo would take the fleet down with it; this one
+re-dials and builds the next publish.
 
 A published tree (file:// or rsync:// pointing at `fdl publish`'s served
 tree) carries `.fdl-run.yml`: its cwd, build, bin, args and run id are the
@@ -30,16 +26,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, NamedTuple, TypeVar
 
-from fdl.errors import BuildError, ExitCode, PermanentError
+from fdl.errors import BuildError
 from fdl.hostside.envvars import FDL_GPU_FEATURE
 
 Note = Callable[[str], None]
 _T = TypeVar("_T")
+COMMAND_NOT_EXECUTABLE, COMMAND_NOT_FOUND = 126, 127  # the shell's own exit statuses
+_AT_SOURCE = "It comes from the source, and is mended there: the next dial fetches and builds again."
 
 if TYPE_CHECKING:
     from fdl.hostside.libtorch.variants import Libtorch
     from fdl.publish.manifest import Manifest
-    from fdl.publish.spec import SourceSpec
 
 
 class Built(NamedTuple):
@@ -52,27 +49,14 @@ class Built(NamedTuple):
     origin: str
 
 
-def check_source_spec(spec: str) -> SourceSpec:
-    """Parse a --source spec; a spec that does not parse is permanent for a worker (exit 2)."""
-    from fdl.publish.spec import SourceSpecError, parse_source_spec
-
-    try:
-        return parse_source_spec(spec)
-    except SourceSpecError as exc:
-        raise exc.permanent() from None
-
-
 def fetch(spec_text: str, tree: Path, *, identity: str | None, source_bin: str | None, note: Note) -> Manifest | None:
     """Bring the source into `tree`; returns the run manifest, or None for an unpublished tree."""
-    from fdl.publish.fetch import FetchError, check_tools, materialize, pull_run
+    from fdl.publish.fetch import check_tools, materialize, pull_run
     from fdl.publish.manifest import ManifestMissing, read_manifest
-    from fdl.publish.spec import GitSource
+    from fdl.publish.spec import GitSource, parse_source_spec
 
-    spec = check_source_spec(spec_text)
-    try:
-        check_tools(spec)
-    except FetchError as exc:  # a missing rsync/git/ssh: re-dialing cannot install it
-        raise PermanentError(exc.message, hint=exc.hint) from None
+    spec = parse_source_spec(spec_text)
+    check_tools(spec)
     if isinstance(spec, GitSource):
         materialize(spec, tree, identity=identity, note=note)
         return read_manifest(tree)
@@ -83,7 +67,7 @@ def fetch(spec_text: str, tree: Path, *, identity: str | None, source_bin: str |
             raise
         note(f"source: no run manifest at {spec.spec}; building it as a plain tree (--source-bin {source_bin})")
         # a plain tree is pulled like a published one: no link that points outside it comes along
-        materialize(spec, tree, identity=identity, note=note, safe_links=True)
+        materialize(spec, tree, identity=identity, note=note, safe_links=True, writable_dirs=True)
         return None
 
 
@@ -115,46 +99,62 @@ def build(spec_text: str, tree: Path, *, cwd: str | None, recipe: str | None, so
     recipe = _pick(recipe, manifest.build if manifest else None, DEFAULT_BUILD, "build", note)
     binary = _pick(source_bin, manifest.bin if manifest else None, None, "bin", note)
     if binary is None:
-        raise PermanentError("--source needs --source-bin: the fetched tree has no run manifest to name the "
-                             "artifact to run.", hint="Give --source-bin target/release/<name> (relative to the "
-                                                      "project directory), or point --source at a published run.")
+        raise BuildError("the fetched tree has no run manifest to name the artifact to run, and no --source-bin "
+                         "does.", hint="Give --source-bin target/release/<name> (relative to the project "
+                                       "directory), or point --source at a published run; the next dial fetches "
+                                       "again.")
     try:
-        project = check_tree_path(project, "--source-cwd")
-        check_tree_path(binary, "--source-bin", base=project)
+        project = check_tree_path(project, "the run's cwd")
+        check_tree_path(binary, "the run's bin", base=project)
     except ValueError as exc:
-        raise PermanentError(f"{exc}.") from None
+        raise BuildError(f"{exc}.", hint=_AT_SOURCE) from None
     directory = tree / project
     if not directory.is_dir():
-        raise PermanentError(f"the project directory '{project}' is not in the fetched tree ({directory}).",
-                             hint="--source-cwd is a directory inside the source tree.")
+        raise BuildError(f"the project directory '{project}' is not in the fetched tree ({directory}).",
+                         hint="The run's cwd (--cwd of fdl publish, or --source-cwd here) is a directory inside "
+                              "the tree. " + _AT_SOURCE)
     env = build_env(libtorch)
     env.pop("CARGO_TARGET_DIR", None)  # bin is relative to the project's own target/
+    if manifest is not None and manifest.rustc:
+        _compare_rustc(manifest.rustc, env, note)
     note(f"build: `{recipe}` in {directory}"
          + (f" against {libtorch.path} ({FDL_GPU_FEATURE}={libtorch.feature or 'none'})" if libtorch else ""))
     code = run_recipe(recipe, directory, env, output)
-    if code in (126, 127):
-        raise PermanentError(
-            f"the build recipe `{recipe}` could not run its command (exit {code}: not found or not executable): "
-            f"the build toolchain is missing on this box.",
-            hint="Install the toolchain the recipe needs (for cargo: rustup, https://rustup.rs) in this user's PATH.")
+    if code in (COMMAND_NOT_EXECUTABLE, COMMAND_NOT_FOUND):
+        raise BuildError(
+            f"the build recipe `{recipe}` could not run a command (exit {code}: "
+            f"{'not found' if code == COMMAND_NOT_FOUND else 'not executable'}; the shell's words are above).",
+            hint="Install what the recipe runs in this user's PATH (for cargo: rustup, https://rustup.rs), or fix "
+                 "the recipe at the source (fdl publish --build). " + _AT_SOURCE)
     if code != 0:
         vendor = None if libtorch is None else libtorch.vendor
         if libtorch is not None and vendor is not None and not headers_present(vendor, env):
             line = header_install_line(vendor, package_manager(env.get("PATH")))
-            raise PermanentError(
+            raise BuildError(
                 f"the source did not compile (`{recipe}` exited {code}), and this box has no "
                 f"{'CUDA' if vendor == 'nvidia' else 'ROCm (HIP)'} development headers ({vendor_header(vendor)}) "
-                f"for the {libtorch.label} libtorch it builds against. Re-dialing cannot install a package.\n"
-                f"  install: {line}")
+                f"for the {libtorch.label} libtorch it builds against.\n  install: {line}",
+                hint="Install them, or publish a tree that builds without them; the next dial builds again.")
         raise BuildError(
             f"the source did not compile: `{recipe}` exited {code} in {directory} (its output is above). This is "
-            f"transient on purpose: fix it at the source and the next dial builds again.",
-            exit_code=ExitCode.FAILURE)
+            f"transient on purpose: fix it at the source and the next dial builds again.")
     artifact = directory / binary
     if not artifact.is_file():
-        raise PermanentError(f"the build passed but the binary '{binary}' is not there ({artifact}).",
-                             hint="--source-bin is the built artifact relative to the project directory.")
+        raise BuildError(f"the build passed but the binary '{binary}' is not there ({artifact}).",
+                         hint="The run's bin (--bin of fdl publish, or --source-bin here) is the built artifact "
+                              "relative to the project directory. " + _AT_SOURCE)
     if not os.access(artifact, os.X_OK):
-        raise PermanentError(f"the built binary {artifact} is not executable.")
+        raise BuildError(f"the built binary {artifact} is not executable.",
+                         hint="The recipe must leave an executable (chmod +x). " + _AT_SOURCE)
     return Built(binary=artifact, cwd=directory, args=None if manifest is None else tuple(manifest.args),
                  run_id=None if manifest is None else manifest.run, origin=anonymize_url(spec_text))
+
+
+def _compare_rustc(published: str, env: dict[str, str], note: Note) -> None:
+    """The manifest's `rustc -V` against this box's: a mismatch is reported, never enforced (advisory)."""
+    from fdl.publish.gate import rustc_version
+
+    here = rustc_version(env)
+    if here != published:
+        note(f"rustc: the run was published with `{published}`, this box builds with "
+             f"{f'`{here}`' if here else 'no rustc'} (advisory: reported, never enforced)")

@@ -19,30 +19,28 @@ missing key or an unknown host key fail at once instead of prompting.
 or `ssh -o UserKnownHostsFile=...`), for the tunnel and for sshfs alike, the
 way RSYNC_RSH and GIT_SSH_COMMAND do for rsync and git.
 
-A failed forward is classified from what this box can check itself, never
-from ssh's wording (which changes with the OpenSSH version, the locale and
-LogLevel, and with whatever FDL_SSH_COMMAND wraps) and never from what the
-network said. ssh exits 255 when the door refused the key, when sshd dropped
-an unauthenticated connection under load (its default `MaxStartups
+A failed forward is transient (exit 1), whatever ssh said: what is
+permanent about a door is decided before the first dial, from this box's
+own files (fdl.agent.permanent: the ssh client installed, the identity
+file readable, a known_hosts entry for the door), and nothing here adds to
+it. ssh exits 255 when the door refused the key, when sshd dropped an
+unauthenticated connection under load (its default `MaxStartups
 10:30:100` drops at random, and the next connection still reads an `SSH-`
 banner), when the network failed and when this box refused the door's host
-key. Only the last is permanent, and it is decided locally (`ssh -G` says
-which known_hosts files and which host name ssh checks; `ssh-keygen -F`
-looks it up):
-- the door's host name has no key in this box's known_hosts while strict
-  host key checking is on: ssh can never accept the door (permanent);
-- it has keys, and none of them is among the keys the door presents
-  (`ssh-keyscan`, compared here): the door was re-keyed, or something else
-  answers at its address. What the door presents is the network's word, so
-  this stays transient: a stand-in at the door's address must not be able
-  to power a `--persist` worker off. The failure says so plainly, and
-  `--persist` keeps re-dialing until the real door answers again or the
-  operator puts the new key into known_hosts;
-- an identity file that is missing or unreadable (permanent, checked
-  before ssh starts), ssh not installed (permanent);
-- everything else (a refused key, a dropped or reset connection, no
-  answer, a door behind ProxyJump/ProxyCommand that cannot be checked from
-  here): transient, and `--persist` re-dials, saying what it may be.
+key. To say which, fdl reads what this box can check itself, never ssh's
+wording (which changes with the OpenSSH version, the locale and LogLevel,
+and with whatever FDL_SSH_COMMAND wraps): `ssh -G` says which known_hosts
+files and which host name ssh checks, `ssh-keygen -F` looks it up
+(`door_keys`), and `ssh-keyscan` asks what the door presents:
+- no key for the door's host name in this box's known_hosts while strict
+  host key checking is on (the entry went away after the first dial);
+- keys, none of them among those the door presents: the door was
+  re-keyed, or something else answers at its address. A stand-in at the
+  door's address must not be able to power a `--persist` worker off, so
+  this says so plainly and `--persist` keeps re-dialing until the real door
+  answers again or the operator puts the new key into known_hosts;
+- anything else (a refused key, a dropped or reset connection, no answer,
+  a door behind ProxyJump/ProxyCommand that cannot be checked from here).
 ssh's last stderr lines are still shown to the user, only never used to
 decide.
 """
@@ -58,9 +56,10 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 from fdl.agent.options import SshHop
-from fdl.errors import ExitCode, FdlError, PermanentError
+from fdl.errors import ExitCode, FdlError
 from fdl.hostside.envvars import FDL_SSH_COMMAND, read
 from fdl.hostside.paths import runtime_dir
 from fdl.hostside.supervisor import die_with_parent, stop_process_group
@@ -70,8 +69,19 @@ SSH_FAILED = 255  # ssh's own exit status for every error of its own (connection
 SOCKET_NAME = "controller.sock"
 
 
+class DoorKeys(NamedTuple):
+    """What this box's own known_hosts files say about the door: the name ssh looks up, where it connects,
+    the files, and the (type, key) pairs they hold for that name (empty: none)."""
+
+    name: str
+    host: str
+    port: int
+    files: tuple[str, ...]
+    keys: frozenset[tuple[str, str]]
+
+
 class TunnelError(FdlError):
-    """The ssh forward could not be brought up (exit 1, unless this box can never accept the door's host key)."""
+    """The ssh forward could not be brought up (transient: the next dial tries again)."""
 
     def __init__(self, message: str, *, hint: str | None = None, exit_code: int | None = None,
                  reason: str | None = None):
@@ -155,10 +165,9 @@ class Tunnel:
 
     def open(self) -> None:
         if shutil.which(self.ssh[0]) is None:
-            raise PermanentError("--ssh needs the OpenSSH client (ssh), which is not installed on this box.",
-                                 hint="Install it (Debian/Ubuntu: apt-get install openssh-client).")
-        if self.identity:
-            check_identity(self.identity)
+            raise TunnelError("--ssh needs the OpenSSH client (ssh), which is not installed on this box (any more).",
+                              hint="Install it (Debian/Ubuntu: apt-get install openssh-client); the next dial "
+                                   "tries again.")
         self.directory = tempfile.mkdtemp(prefix="fdl-tunnel-", dir=_runtime_dir(self.environ))  # 0700
         self._stderr = tempfile.SpooledTemporaryFile(max_size=1 << 16)  # noqa: SIM115 - closed in close()
         try:
@@ -223,9 +232,10 @@ class Tunnel:
         except (KeyError, ValueError):
             return None
 
-    def host_key_problem(self) -> tuple[str, bool] | None:
-        """Why ssh does not accept the door's host key, and whether that is this box's own evidence alone
-        (permanent) rather than what the door presented (transient); None when nothing says so."""
+    def door_keys(self) -> DoorKeys | None:
+        """The host keys this box's own known_hosts files hold for the door, from its files alone (`ssh -G`,
+        `ssh-keygen -F`); None when they do not decide whether ssh accepts it: a door behind a proxy, host key
+        checking that is not strict, a KnownHostsCommand, a marker line, no ssh."""
         conf = self.resolved()
         if conf is None or conf.get("proxyjump", "none") != "none" or conf.get("proxycommand", "none") != "none":
             return None
@@ -245,30 +255,30 @@ class Tunnel:
         known = known_keys(name, files, self.environ)
         if known is None:
             return None
-        shown = ", ".join(files) or "(none)"
-        if not known:
-            return (f"this box's known_hosts ({shown}) holds no host key for the door {name}, and ssh refuses an "
-                    f"unknown host under BatchMode"), True
-        offered = scanned_keys(host, port, self.environ)
-        if offered and not (offered & known):
-            return (f"the door {name} presents host keys none of which is in this box's known_hosts ({shown}): "
-                    f"the door was re-keyed, or something else answers at its address"), False
+        return DoorKeys(name, host, port, tuple(files), frozenset(known))
+
+    def host_key_problem(self) -> str | None:
+        """Why ssh does not accept the door's host key, or None when nothing says so."""
+        door = self.door_keys()
+        if door is None:
+            return None
+        shown = ", ".join(door.files) or "(none)"
+        if not door.keys:
+            return (f"this box's known_hosts ({shown}) holds no host key for the door {door.name}, and ssh refuses "
+                    f"an unknown host under BatchMode")
+        offered = scanned_keys(door.host, door.port, self.environ)
+        if offered and not (offered & door.keys):
+            return (f"the door {door.name} presents host keys none of which is in this box's known_hosts ({shown}): "
+                    f"the door was re-keyed, or something else answers at its address")
         return None
 
     def _failure(self, text: str, status: int | None) -> FdlError:
         lines = [line for line in text.strip().splitlines() if line.strip()][-6:]
         detail = "\n    ".join(lines) if lines else "(ssh said nothing; it did not come up in time)"
         found = self.host_key_problem() if status == SSH_FAILED else None
-        if found is not None and found[1]:
-            return TunnelError(
-                f"the ssh tunnel through {self.hop} could not be brought up: {found[0]}.\n    {detail}",
-                hint="Put the door's real host key into this box's known_hosts (ssh-keyscan it over a path you "
-                     "trust, or copy it from the door's /etc/ssh/*.pub). Re-dialing cannot change what this box "
-                     "accepts, so fdl stops here even under --persist.",
-                exit_code=ExitCode.PERMANENT)
         if found is not None:
             return TunnelError(
-                f"the ssh tunnel through {self.hop} could not be brought up: {found[0]}.\n    {detail}",
+                f"the ssh tunnel through {self.hop} could not be brought up: {found}.\n    {detail}",
                 hint="If the door was re-keyed, put its new host key into this box's known_hosts (copied from the "
                      "door's /etc/ssh/*.pub over a path you trust). If it was not, something is impersonating it: "
                      "ssh refused to talk to it. What the network presents never stops this box for good, so "
@@ -294,20 +304,6 @@ class Tunnel:
         directory, self.directory = self.directory, None
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
-
-
-def check_identity(identity: str) -> None:
-    """An identity file that is missing or unreadable is permanent: checked here, before ssh starts."""
-    if not os.path.isfile(identity):
-        raise PermanentError(f"--identity {identity}: no such key file on this box.",
-                             hint="Point --identity at the private key the controller's sshd accepts.")
-    try:
-        with open(identity, "rb") as handle:
-            handle.read(1)
-    except OSError as exc:
-        raise PermanentError(f"--identity {identity}: this account cannot read it ({exc.strerror or exc}).",
-                             hint="The key must be readable by the account fdl join runs as (and by nobody "
-                                  "else: chmod 600).") from None
 
 
 def _home_path(path: str) -> str:

@@ -13,7 +13,6 @@ import typer
 from fdl.cli.context import globals_of
 from fdl.cli.tail import TailCommand, tail
 from fdl.config.join_fields import SETTINGS, flag_of, flag_type
-from fdl.errors import ConfigError, PermanentError
 from fdl.hostside.checks.devices import Devices
 
 app = typer.Typer(rich_markup_mode=None, add_completion=False)
@@ -28,12 +27,13 @@ join: block of fdl.yml; options win. Arguments after a standalone -- go to
 the training binary verbatim (they must match the run).
 
 Exit code: one-shot, the ranks' own code (0: this host finished cleanly);
-1 a transient failure (controller unreachable, refused, an answer that does
-not prove the run's token, an ssh door that refused or dropped the session,
-mount or fetch failed, source did not compile); 2 a permanent one, decided
-from this box alone (no GPU, a spec that does not parse, missing binary or
-toolchain, unwritable stage, the door's host key not accepted by this box's
-known_hosts, an unreadable identity file). --persist re-dials everything but 2.
+2 a permanent failure, decided once before the first dial from this box's
+own configuration (a spec or option that does not parse, no GPU when GPUs
+are asked for, a binary or toolchain it names and lacks, an unreadable
+identity file, no known_hosts entry for its door, a stage its own
+permissions or a read-only file system forbid); 1 anything else (the
+controller, the network, disks and mounts, the fetched tree, the build).
+--persist re-dials everything but 2.
 """
 
 
@@ -46,7 +46,7 @@ def join(
 ) -> int:
     """The options after CONTROLLER are the join settings' flags (`_flag_parameters`), passed as `flags`."""
     from fdl.agent.agent import JoinAgent, Stopped, print_note
-    from fdl.agent.options import resolve_options
+    from fdl.agent.permanent import read_options
     from fdl.signals import die_of, stop_on
 
     g = globals_of(ctx)
@@ -58,11 +58,7 @@ def join(
     flags["controller"] = address or controller
     if flags["devices"] is None and g.gpus is not None and g.gpus.ids is not None:
         flags["devices"] = Devices(ids=g.gpus.ids)
-    try:
-        config = g.config(required=False)
-    except ConfigError as exc:  # a worker's config that does not parse will not parse on the next dial either
-        raise PermanentError(exc.message, hint=exc.hint) from None
-    options = resolve_options(config.join, flags, tail(ctx), libtorch_block=config.libtorch)
+    options = read_options(lambda: g.config(required=False), flags, tail(ctx))
     note = print_note()
     agent = JoinAgent(options, note=note, environ=dict(os.environ))
     try:

@@ -37,7 +37,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 from urllib.parse import urljoin, urlsplit
 
-from fdl.errors import FdlError, PermanentError
+from fdl.errors import FdlError, UsageError
 from fdl.hostside.envvars import FDL_LIBTORCH_MIRROR
 from fdl.hostside.fsio import TEMP_SUFFIX, atomic_write, fsync_dir
 from fdl.hostside.libtorch.resolve import ACTIVE, RECORD, describe_variant, home_of, home_root, read_active
@@ -100,9 +100,9 @@ def ensure_variant(variant: str, *, source: Source, environ: Mapping[str, str] |
     """Make `variant` present under the user's root (downloading it when missing); activate it unless told not.
 
     An installed variant is checked against the source's pin for it, when there is one: its install record
-    must name those bytes (a mismatch is permanent: re-downloading is a choice for its owner)."""
+    must name those bytes (a mismatch is refused, not mended: re-downloading is a choice for its owner)."""
     if variant not in DOWNLOADS:
-        raise PermanentError(f"libtorch variant {variant!r} is not one fdl downloads ({', '.join(DOWNLOADS)}).")
+        raise UsageError(f"libtorch variant {variant!r} is not one fdl downloads ({', '.join(DOWNLOADS)}).")
     root = home_root(home_of(environ))
     label = DOWNLOADS[variant]
     target = root / label
@@ -131,15 +131,24 @@ def ensure_variant(variant: str, *, source: Source, environ: Mapping[str, str] |
     return Installed(describe_variant(target, "home", label), variant, acquired)
 
 
+def check_installed_pin(variant: str, source: Source, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse an installed `variant` whose bytes are not the ones the source pins (LibtorchFetchError); a variant
+    that is not installed, or not pinned, passes."""
+    label = DOWNLOADS[variant]
+    target = home_root(home_of(environ)) / label
+    if (target / "lib").is_dir():
+        _check_installed_pin(describe_variant(target, "home", label), variant, source)
+
+
 def _check_installed_pin(info: Libtorch, variant: str, source: Source) -> None:
     pin = source.pin(variant)
     if pin is None or info.sha256 == pin:
         return
     got = f"was installed from bytes with sha256 {info.sha256}" if info.sha256 else \
         "has no install record (it was not downloaded by fdl), so its bytes are unknown"
-    raise PermanentError(f"libtorch {variant} in {info.path} {got}, but libtorch.sha256 pins {pin}.",
-                         hint=f"Remove {info.path} and download it again (fdl libtorch download {variant}), or "
-                              f"correct the pin.")
+    raise LibtorchFetchError(f"libtorch {variant} in {info.path} {got}, but libtorch.sha256 pins {pin}.",
+                             hint=f"Remove {info.path} and download it again (fdl libtorch download {variant}), or "
+                                  f"correct the pin.")
 
 
 # ---- the lock ----
@@ -197,9 +206,13 @@ def _lock(root: Path) -> int:
             fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
         except FileNotFoundError:
             continue  # another install removed the empty root between the two calls: make it again
-        except OSError as exc:
-            raise PermanentError(f"the libtorch root {root} is not writable: {exc.strerror}.",
-                                 hint=f"Give this user a writable home ({FLODL_IN_HOME}).") from None
+        except OSError as exc:  # its modes, a full disk, a stale mount: whoever can, mends it (fdl join decides
+            # before its first dial whether its own permissions make this permanent: fdl.agent.permanent)
+            name = errno.errorcode.get(exc.errno or 0, "no errno")
+            raise LibtorchFetchError(f"cannot take the install lock in the libtorch root {root}: {exc.strerror} "
+                                     f"({name}); nothing was installed.",
+                                     hint=f"Free space there, or give this user a writable home ({FLODL_IN_HOME}); "
+                                          f"then try again.") from None
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             same = os.path.samestat(os.fstat(fd), os.stat(path))

@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from ..errors import ConfigError, FdlError, PermanentError, UsageError
+from ..errors import ConfigError, FdlError, UsageError
 from ..hostside.envvars import FDL_LIBTORCH_MIRROR
 from ..hostside.libtorch.variants import DOWNLOADS
 
@@ -119,11 +119,12 @@ def choose_source(flag: str | None = None, environ: Mapping[str, str] | None = N
 
 
 def check_served(variant: str, source: Source) -> None:
-    """Refuse a variant the source cannot have: PyTorch's location publishes OFFICIAL_VARIANTS only."""
+    """Refuse a variant the source cannot have: PyTorch's location publishes OFFICIAL_VARIANTS only (UsageError:
+    the request and the configuration contradict each other)."""
     if variant not in DOWNLOADS:
-        raise PermanentError(f"libtorch variant {variant!r} is not one fdl downloads ({', '.join(DOWNLOADS)}).")
+        raise UsageError(f"libtorch variant {variant!r} is not one fdl downloads ({', '.join(DOWNLOADS)}).")
     if source.official and variant not in OFFICIAL_VARIANTS:
-        raise PermanentError(
+        raise UsageError(
             f"PyTorch {PYTORCH_RELEASE} publishes no {variant} libtorch (it publishes "
             f"{', '.join(OFFICIAL_VARIANTS)}).",
             hint=f"Pick one of those, or serve {variant} from a mirror (--mirror URL, {FDL_LIBTORCH_MIRROR}, or "
@@ -141,7 +142,7 @@ def route_auto(vendor: str | None, capabilities: tuple[tuple[int, int], ...] = (
     new = [cap for cap in capabilities if cap >= (10, 0)]
     if old and new:
         listing = ", ".join(f"sm_{a}{b}" for a, b in capabilities)
-        raise PermanentError(
+        raise UsageError(
             f"libtorch auto: no precompiled libtorch serves every GPU offered here ({listing}): cu126 is the "
             f"last build for GPUs older than sm_75, and sm_100+ needs CUDA 12.8 or newer.",
             hint="Offer one generation with --devices, or build libtorch for both archs (builds/sm61-sm120) and "

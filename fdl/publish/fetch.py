@@ -10,7 +10,9 @@ the receiving side, so the gate's warm cache survives a republish.
 `pull_run` is the worker's side: it fetches a published tree together with
 its manifest and checks, by reading the manifest before and after the copy,
 that no publish started in between (a tree copied across a publish boundary
-could mix two runs).
+could mix two runs). A worker's copy is its own stage: every directory lands
+owner-writable there (`--chmod=Du+rwx`), so a read-only directory of the
+published tree neither stops its build nor the next fetch over it.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def ssh_command(source: RsyncSource, identity: str | None, env: Mapping[str, str
 
 
 def rsync_argv(src: str, dest: Path, *, rsh: str | None = None, excludes: tuple[str, ...] = EXCLUDES,
-               delete: bool = True, safe_links: bool = False) -> list[str]:
+               delete: bool = True, safe_links: bool = False, writable_dirs: bool = False) -> list[str]:
     # --modify-window=-1: compare mtimes to the nanosecond. The default compares whole
     # seconds, so a same-size edit made within a second of the previous copy would be
     # skipped by rsync's quick check and the tree would keep the old file.
@@ -116,6 +118,8 @@ def rsync_argv(src: str, dest: Path, *, rsh: str | None = None, excludes: tuple[
         argv.append("--delete")
     if safe_links:  # a pull never takes a link that points outside the tree it fetches
         argv.append("--safe-links")
+    if writable_dirs:  # a worker's copy is its own to build in and fetch over: no directory lands read-only
+        argv.append("--chmod=Du+rwx")
     argv += [f"--exclude={pattern}" for pattern in excludes]
     if rsh is not None:
         argv += ["-e", rsh]
@@ -137,7 +141,7 @@ def _tail(text: str, lines: int = 12) -> str:
 
 def materialize(source: SourceSpec, tree: Path, *, identity: str | None = None, note: Note = lambda _: None,
                 env: Mapping[str, str] | None = None, excludes: tuple[str, ...] = EXCLUDES,
-                safe_links: bool = False) -> Fetched:
+                safe_links: bool = False, writable_dirs: bool = False) -> Fetched:
     """Make `tree` hold the source, incrementally. `tree` is fdl's to manage: local edits there do not survive."""
     tree = Path(tree)
     tree.mkdir(parents=True, exist_ok=True)
@@ -145,11 +149,11 @@ def materialize(source: SourceSpec, tree: Path, *, identity: str | None = None, 
         return _git(source, tree, identity, note, env)
     if isinstance(source, FileSource):
         src = source.path.rstrip("/") + "/"
-        argv = rsync_argv(src, tree, excludes=excludes, safe_links=safe_links)
+        argv = rsync_argv(src, tree, excludes=excludes, safe_links=safe_links, writable_dirs=writable_dirs)
         what = f"copy {source.path}"
     else:
         argv = rsync_argv(source.remote.rstrip("/") + "/", tree, rsh=ssh_command(source, identity, env),
-                          excludes=excludes, safe_links=safe_links)
+                          excludes=excludes, safe_links=safe_links, writable_dirs=writable_dirs)
         what = f"pull {source.remote}"
     result = _run(argv, what, env)
     if result.returncode != 0:
@@ -366,7 +370,7 @@ def pull_run(source: FileSource | RsyncSource, dest: Path, *, identity: str | No
                 hint="Wait for the next dial, or run `fdl publish` on the controller. Behind an rrsync key, "
                      "paths are rooted at the served directory: the tree is HOST:/tree there.")
         first = parse_manifest(before, f"{where}/{MANIFEST_NAME}")
-        materialize(source, dest, identity=identity, note=note, env=env, safe_links=True)
+        materialize(source, dest, identity=identity, note=note, env=env, safe_links=True, writable_dirs=True)
         after = _read_remote_manifest(source, identity, Path(scratch), env)
     if after != before:
         raise ManifestMissing(

@@ -25,8 +25,8 @@ credential helper of that one fetch, never on a command line. Every error
 shows the spec without its userinfo.
 
 A spec that does not parse raises `SourceSpecError`. Its exit code is 1 (what
-`fdl publish` documents); a worker, for which a spec that does not parse is
-permanent, raises it again with exit code 2 (`SourceSpecError.permanent()`).
+`fdl publish` documents); for a worker, a spec that does not parse is
+permanent (fdl.agent.permanent says so, before its first dial).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from fdl.config.parse import is_valid_host
-from fdl.errors import ExitCode, FdlError
+from fdl.errors import FdlError
 
 FORMS = ("file:///abs/path, rsync://[user@]host[:port]:/abs/path, or "
          "git+https://host/owner/repo#<tag|branch|sha>")
@@ -51,10 +51,6 @@ _MAX_SPEC = 4096
 
 class SourceSpecError(FdlError):
     """A source spec does not parse."""
-
-    def permanent(self) -> SourceSpecError:
-        """The same error, classed permanent (exit 2): what a worker reports."""
-        return SourceSpecError(self.message, hint=self.hint, exit_code=ExitCode.PERMANENT)
 
 
 @dataclass(frozen=True)

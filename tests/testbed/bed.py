@@ -169,6 +169,23 @@ class Host:
     def link_up(self) -> None:
         _sh("ip", "link", "set", self.veth, "up")
 
+    def stop_sshd(self) -> None:
+        """Kill the host's sshd and every session it serves (each session's sshd and sftp-server): what a crash or
+        a restart of a door does to the connections its clients hold (an sshfs mount from here goes stale)."""
+        for _ in range(2):  # a session may fork once more while the first pass kills
+            for pid in self.pids():
+                with contextlib.suppress(OSError):
+                    if Path(f"/proc/{pid}/comm").read_text().strip() in ("sshd", "sftp-server"):
+                        os.kill(pid, signal.SIGKILL)
+        if self.sshd is not None:
+            self.sshd.wait(10)
+            self.sshd = None
+
+    def start_sshd(self) -> None:
+        """Start the host's sshd again (after stop_sshd), with the configuration and host key it had."""
+        self.bed._launch_sshd(self)
+        self.bed._wait_listening(self)
+
     def authorize(self, public_key: str) -> None:
         """Append a public key line to the host user's authorized_keys."""
         path = self.home / ".ssh" / "authorized_keys"
@@ -333,13 +350,16 @@ class Testbed:
             "",
         ]))
         _sh(SSHD, "-t", "-f", str(conf))
-        log = d / "sshd.log"
+        self._launch_sshd(host)
+        kind, blob = key.with_suffix(".pub").read_text().split()[:2]
+        return f"{host.address} {kind} {blob}\n"
+
+    def _launch_sshd(self, host: Host) -> None:
+        conf, log = host.sshd_dir / "sshd_config", host.sshd_dir / "sshd.log"
         host.sshd = subprocess.Popen(
             ["ip", "netns", "exec", host.namespace, SSHD, "-D", "-f", str(conf), "-E", str(log)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
-        kind, blob = key.with_suffix(".pub").read_text().split()[:2]
-        return f"{host.address} {kind} {blob}\n"
 
     def _wait_listening(self, host: Host, timeout: float = 10) -> None:
         deadline = time.monotonic() + timeout

@@ -1,4 +1,6 @@
-"""The GPU stack check before a dial, through the real pynvml against a fake libnvidia-ml.so.1."""
+"""The GPU stack check before a dial, through the real pynvml against a fake libnvidia-ml.so.1. Nothing to offer
+is an error of exit 1 here; `fdl join` decides, once before its first dial, that it is permanent
+(tests/unit/agent/test_permanent.py)."""
 
 from __future__ import annotations
 
@@ -44,20 +46,20 @@ def test_all_resolves_to_every_gpu(fake_nvml):
 def test_explicit_ids_are_checked_against_the_box(fake_nvml):
     assert offer_in_subprocess("1", fake_nvml.env("H100:9.0:80G,RTX3060:8.6:12G"))["ids"] == [1]
     got = offer_in_subprocess("0,3", fake_nvml.env("H100:9.0:80G"))
-    assert got["code"] == 2 and "GPU 3" in got["message"]
+    assert got["code"] == 1 and "GPU 3" in got["message"]
 
 
 @pytest.mark.parametrize("script", ["", "init-fail"])
-def test_no_gpu_is_permanent_and_names_the_cpu_escape(fake_nvml, script):
+def test_no_gpu_is_refused_and_names_the_cpu_escape(fake_nvml, script):
     got = offer_in_subprocess("all", fake_nvml.env(script))
-    assert got["code"] == 2
+    assert got["code"] == 1
     assert "nothing to offer" in got["message"]
     assert "--devices cpu:N" in got["hint"]
 
 
-def test_no_nvml_library_at_all_is_permanent(fake_nvml):
+def test_no_nvml_library_at_all_is_refused(fake_nvml):
     got = offer_in_subprocess("all", fake_nvml.env(None))
-    assert got["code"] == 2 and "libnvidia-ml.so.1" in got["message"]
+    assert got["code"] == 1 and "libnvidia-ml.so.1" in got["message"]
 
 
 def test_cpu_ranks_need_no_gpu():

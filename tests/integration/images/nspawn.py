@@ -26,6 +26,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.conftest import descendants
 from tests.testbed.bed import flock_waiting
 
 CACHE = Path(os.environ.get("FDL_TEST_CACHE", "/var/cache/fdl-tests"))
@@ -281,7 +282,7 @@ class Machine:
             if not self.running():
                 raise MachineError(f"systemd-nspawn exited (rc {self.proc.returncode if self.proc else None}):\n"
                                    f"{self.console_text()[-3000:]}")
-            for pid in self._descendants(self.proc.pid):
+            for pid in descendants(self.proc.pid):
                 with contextlib.suppress(OSError):
                     status = Path(f"/proc/{pid}/status").read_text()
                     nspid = re.search(r"^NSpid:\s+(.*)$", status, re.M)
@@ -290,22 +291,6 @@ class Machine:
             if time.monotonic() > deadline:
                 raise MachineError(f"no PID 1 appeared under systemd-nspawn {self.proc.pid}")
             time.sleep(0.1)
-
-    @staticmethod
-    def _descendants(pid: int) -> list[int]:
-        children: dict[int, list[int]] = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                with contextlib.suppress(OSError):
-                    stat = Path(f"/proc/{entry}/stat").read_text()
-                    ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                    children.setdefault(ppid, []).append(int(entry))
-        found, todo = [], [pid]
-        while todo:
-            for child in children.get(todo.pop(), []):
-                found.append(child)
-                todo.append(child)
-        return sorted(found)
 
     def sh(self, command: str, *, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess:
         """Run a shell command inside the machine (all of PID 1's namespaces), as root."""

@@ -13,6 +13,7 @@ import signal
 
 import pytest
 
+from tests.conftest import need_root_or_skip
 from tests.integration.join.helpers import (
     Lines,
     controller,
@@ -24,7 +25,7 @@ from tests.integration.join.helpers import (
     train_binary,
     wait_for,
 )
-from tests.join_util import free_port, write_program
+from tests.join_util import SmallDisk, free_port, write_program
 
 pytestmark = pytest.mark.slow
 
@@ -184,14 +185,26 @@ def test_a_missing_binary_is_permanent(tmp_path):
     assert code == 2 and "is not on this box" in err
 
 
-def test_an_unwritable_stage_is_permanent(tmp_path):
+def test_a_read_only_stage_is_permanent(tmp_path):
+    need_root_or_skip("mounts a read-only tmpfs for the stage")
+    binary = train_binary(tmp_path)
+    with SmallDisk(tmp_path / "ro", read_only=True) as disk:
+        proc = spawn_join("127.0.0.1:1", "--persist", "--bin", str(binary), "--devices", "cpu:1",
+                          home=tmp_path / "h", env={"FDL_JOIN_STAGE": str(disk.path / "stage")})
+        code, _, err = finish(proc, timeout=60)
+    assert code == 2 and "is not writable by this user" in err and "EROFS" in err
+    assert "re-dialing" not in err
+
+
+def test_a_file_in_the_stages_way_is_transient(tmp_path):
+    # not the worker's own permissions: whoever put it there (in a shared directory, anyone) must not power it off
     blocker = tmp_path / "blocker"
     blocker.write_text("a file where the stage must go")
     binary = train_binary(tmp_path)
     proc = spawn_join("127.0.0.1:1", "--bin", str(binary), "--devices", "cpu:1", home=tmp_path / "h",
                       env={"FDL_JOIN_STAGE": str(blocker / "stage")})
     code, _, err = finish(proc, timeout=60)
-    assert code == 2 and "is not writable" in err
+    assert code == 1 and "is not writable" in err and "ENOTDIR" in err and "next dial" in err
 
 
 def test_a_failure_elsewhere_stops_this_hosts_ranks(tmp_path):

@@ -22,7 +22,17 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_fdl
-from tests.integration.join.helpers import controller, finish, policy, results, spawn_join, train_binary, wait_for
+from tests.integration.join.helpers import (
+    Lines,
+    controller,
+    finish,
+    policy,
+    results,
+    spawn_join,
+    terminate,
+    train_binary,
+    wait_for,
+)
 from tests.join_util import LoopbackSshd, free_port, reworded_ssh
 
 pytestmark = [pytest.mark.testbed(hosts=3), pytest.mark.slow]
@@ -128,6 +138,47 @@ def test_three_walk_ins_stage_start_and_train(bed, door, tmp_path):
     assert "mounted sshfs://" in outcome["h2"][2] and "read-only" in outcome["h2"][2]
     assert not list(exported.glob("written-by-*"))
     assert "tunnel: /" in outcome["h3"][2] and "controller.sock ->" in outcome["h3"][2]  # a private unix socket
+
+
+def test_a_data_door_outage_is_transient_and_the_stale_mount_is_mounted_again(bed):
+    """regression (HIGH): once the data host's sshd restarted, the --persist worker's sshfs mount went stale, and
+    the next dial read it as "cannot create the mount point: File exists": exit 2, and the unit powered the box off
+    (or EIO from statvfs ended --persist, "internal error"). Now: the stale mount is told by its errno and unmounted,
+    the host being down is transient and says so, and once it is back the worker mounts again and trains."""
+    h1, h2 = bed.hosts[0], bed.hosts[1]
+    exported = bed.shared / "dataset-outage"
+    exported.mkdir()
+    (exported / "shard-0").write_text("tokens")
+    os.chmod(exported, 0o755)
+    train = train_binary(bed.shared / "bin-outage")
+    binary = bed.shared / "bin-outage" / "train-needs-data"  # trains only when the mounted data answers
+    binary.write_text(f'#!/bin/sh\ntest -r "$FDL_DATA_PATH/shard-0" || exit 3\nexec {train} "$@"\n')
+    binary.chmod(0o755)
+    port = free_port(bed.gateway)
+    agent = join_on(h2, f"{bed.gateway}:{port}", "--persist", "--bin", str(binary), "--host", "h2", "--devices",
+                    "cpu:1", "--data-source", f"sshfs://{h1.user}@{h1.address}:{exported}", "--data-path",
+                    str(bed.dir / "h2-outage"), "--identity", str(bed.key), bed=bed)
+    lines = Lines(agent)
+    try:
+        wait_for(lambda: lines.count("data: mounted") and lines.count("no run listening"), timeout=120,
+                 what="the mount, then a dial with no run yet")
+        h1.stop_sshd()  # the data door goes down, and with it the mount's connection
+        wait_for(lambda: lines.count("the data host") >= 2, timeout=120, what="two dials while the door is down")
+        assert lines.count("is stale") >= 1 and lines.count(f"{h1.address}:22 does not answer") >= 2
+        assert agent.poll() is None
+        h1.start_sshd()
+        wait_for(lambda: lines.count("data: mounted") >= 2, timeout=120, what="the mount again")
+        with controller(policy(max_hosts=1, window_s=120), host=bed.gateway, port=port) as server:
+            wait_for(lambda: lines.count("the agent exited 0; re-dialing"), timeout=180, what="a run after it")
+            state = server.state()
+    finally:
+        if h1.sshd is None:
+            h1.start_sshd()
+        code = terminate(agent, lines)
+        stop_sshfs(h2)
+    assert code == -signal.SIGTERM, lines.text()
+    assert lines.count("transient failure") >= 2 and "exited 2" not in lines.text()
+    assert state["roster"][0]["host"] == "h2" and state["roster"][0]["exit_code"] == 0
 
 
 def test_a_wrong_or_missing_token_from_another_host_is_transient(bed, tmp_path):

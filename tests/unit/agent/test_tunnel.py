@@ -1,7 +1,8 @@
-"""The --ssh hop: a real `ssh -N -L SOCKET:...` through a real sshd on loopback, torn down on exit; and what
-makes a failed forward permanent: only what this box checks itself (its known_hosts, its identity file), never
-what the network said (regression: an sshd dropping unauthenticated connections under its default MaxStartups,
-or refusing the key, made a --persist worker exit 2 and power off)."""
+"""The --ssh hop: a real `ssh -N -L SOCKET:...` through a real sshd on loopback, torn down on exit; a failed
+forward is transient, and says what this box can tell about it (its known_hosts), never what the network said
+(regression: an sshd dropping unauthenticated connections under its default MaxStartups, or refusing the key,
+made a --persist worker exit 2 and power off). What is permanent about a door (no known_hosts entry, an
+unreadable identity) is decided before the first dial: tests/unit/agent/test_permanent.py."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ import pytest
 
 from fdl.agent.options import SshHop
 from fdl.agent.tunnel import Tunnel, TunnelError
-from fdl.errors import PermanentError
 from tests.conftest import need_root_or_skip
 from tests.join_util import LoopbackSshd, free_port, reworded_ssh, user_name
 
@@ -120,15 +120,15 @@ def test_a_key_the_door_refuses_is_transient(sshd, tmp_path, web):
     assert "MaxStartups" in err.value.hint
 
 
-def test_an_unknown_host_key_is_permanent_and_says_so(sshd, tmp_path, web):
-    # this box's own known_hosts has no key for the door: ssh can never accept it, and that is checked here
+def test_an_unknown_host_key_fails_the_dial_and_says_so(sshd, tmp_path, web):
+    # this box's own known_hosts has no key for the door (any more: before the first dial it was permanent)
     hop = SshHop(host="127.0.0.1", user=user_name(), port=sshd.port)
     empty = tmp_path / "known_hosts"
     empty.write_text("")
     command = f"ssh -F /dev/null -o UserKnownHostsFile={empty} -o StrictHostKeyChecking=yes"
     with pytest.raises(TunnelError) as err:
         Tunnel(hop, ("127.0.0.1", web), identity=str(sshd.key), environ={"FDL_SSH_COMMAND": command}).open()
-    assert err.value.exit_code == 2 and "holds no host key for the door" in err.value.message
+    assert err.value.exit_code == 1 and "holds no host key for the door" in err.value.message
     assert str(empty) in err.value.message and "known_hosts" in err.value.hint
 
 
@@ -241,7 +241,3 @@ def test_behind_a_proxy_the_door_is_not_checked():
     behind = Tunnel(hop, ("127.0.0.1", 1), environ={"FDL_SSH_COMMAND": "ssh -F /dev/null -o ProxyJump=op@jump"})
     assert behind.endpoint() is None and behind.host_key_problem() is None
 
-
-def test_a_missing_identity_file_is_permanent(tmp_path):
-    with pytest.raises(PermanentError, match="no such key file"):
-        Tunnel(SshHop(host="127.0.0.1"), ("127.0.0.1", 1), identity=str(tmp_path / "none")).open()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fdl.errors import PermanentError
+from fdl.errors import UsageError
 from fdl.hostside.checks.devices import Devices
 from fdl.hostside.libtorch.resolve import describe_variant, read_key_values
 from fdl.libtorch.install import LibtorchFetchError, ensure_variant
@@ -88,7 +88,7 @@ def test_pytorchs_location_never_leaves_https(tmp_path, monkeypatch):
 
 
 def test_a_variant_the_pinned_release_does_not_publish_needs_a_mirror(tmp_path):
-    with pytest.raises(PermanentError, match=r"PyTorch 2\.13\.0 publishes no cu128 libtorch") as err:
+    with pytest.raises(UsageError, match=r"PyTorch 2\.13\.0 publishes no cu128 libtorch") as err:
         ensure_variant("cu128", source=Source(), environ={"HOME": str(tmp_path / "home")})
     assert "mirror" in err.value.hint
     assert nothing_left(tmp_path / "home")
@@ -141,9 +141,10 @@ def test_the_right_pin_is_recorded_and_an_installed_variant_must_match_it(server
     got = ensure_variant("cpu", source=mirror(server, ("cpu", sha(archive))), environ=env)
     assert read_key_values(Path(got.libtorch.path) / ".fdl-download")["pinned_by"] == "libtorch.sha256"
     ensure_variant("cpu", source=mirror(server, ("cpu", sha(archive))), environ=env)  # the same bytes: fine
-    with pytest.raises(PermanentError, match=f"was installed from bytes with sha256 {sha(archive)}, but "
-                                             f"libtorch.sha256 pins {'b' * 64}"):
+    with pytest.raises(LibtorchFetchError, match=f"was installed from bytes with sha256 {sha(archive)}, but "
+                                                 f"libtorch.sha256 pins {'b' * 64}") as err:
         ensure_variant("cpu", source=mirror(server, ("cpu", "b" * 64)), environ=env)
+    assert err.value.exit_code == 1  # fdl join decides before its first dial that its own pin is permanent
 
 
 def test_a_pin_and_a_mirror_checksum_that_disagree_fetch_nothing(server, tmp_path):
@@ -260,5 +261,5 @@ def test_auto_routes_on_this_boxs_devices(offer, variant):
 
 
 def test_auto_refuses_a_box_no_single_build_serves():
-    with pytest.raises(PermanentError, match="no precompiled libtorch serves"):
+    with pytest.raises(UsageError, match="no precompiled libtorch serves"):
         route_auto("nvidia", ((6, 1), (12, 0)))

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fdl.errors import ExitCode, FdlError
+from fdl.errors import ExitCode
 from fdl.publish.spec import (
     FileSource,
     GitSource,
@@ -74,14 +74,6 @@ def test_broken_specs_name_the_problem_and_the_forms(spec: str, says: str) -> No
     assert says in err.message
     assert "file:///abs/path" in (err.hint or "")
     assert err.exit_code == ExitCode.FAILURE
-
-
-def test_a_worker_reclasses_the_error_as_permanent() -> None:
-    with pytest.raises(SourceSpecError) as info:
-        parse_source_spec("nope")
-    permanent = info.value.permanent()
-    assert isinstance(permanent, FdlError) and permanent.exit_code == ExitCode.PERMANENT
-    assert permanent.message == info.value.message
 
 
 @given(st.text(max_size=200))
