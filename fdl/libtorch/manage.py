@@ -15,6 +15,7 @@ from fdl.hostside.libtorch.resolve import (
     home_of,
     home_root,
     installed_variants,
+    project_refusal,
     python_torch_dir,
     read_active,
     resolution_order,
@@ -70,6 +71,8 @@ def list_variants(project_root: str | None, environ: Mapping[str, str]) -> list[
     """Every variant under the project's and the user's libtorch roots, then the environment's PyTorch."""
     found: list[Listed] = []
     for root in roots(project_root, home_of(environ)):
+        if root.refused:  # another account's to fill: nothing is read from it (resolve() says why)
+            continue
         active = read_active(root.path)
         for label in installed_variants(root.path):
             found.append(Listed(describe_variant(root.path / label, root.scope, label), str(root.path),
@@ -138,6 +141,10 @@ def activate(name: str, project_root: str | None, environ: Mapping[str, str]) ->
         raise LibtorchUsageError(f"{name!r} is not a libtorch variant name.",
                                  hint="Use a name `fdl libtorch list` shows (e.g. precompiled/cpu or cpu).")
     found = roots(project_root, home_of(environ))
+    for root in found:
+        if root.refused:
+            refusal = project_refusal(root)
+            raise LibtorchMissing(refusal.message, hint=refusal.hint)
     if "/" not in label:
         label = next((f"{group}/{label}" for root in found for group in VARIANT_GROUPS
                       if (root.path / group / label / "lib").is_dir()), label)
