@@ -25,9 +25,9 @@ directory that only you (or root) can write, or list it in FDL_SAFE_DIRECTORIES 
 directory is believed whoever owns it, and so is what it holds.
 
 A served directory (`fdl publish --to DIR`) has its own rule, `served_refusal`: workers across a fleet build
-and run what it holds, so it and its parents up to your home (or up to a directory root owns) must be yours
-or root's and closed to group and others; a sticky parent such as `/tmp` is the one exception. No list
-overrides it.
+and run what it holds, so it and its parents up to your home (or up to a directory root owns; as root, up to
+its home or `/`) must be yours or root's and closed to group and others; a sticky parent such as `/tmp` is
+the one exception. No list overrides it.
 
 Standard library only, Python 3.8 compatible (this runs on managed hosts too); nothing here raises: each
 check returns the reason for a refusal, or None, and the caller raises its own error with it.
@@ -249,11 +249,12 @@ def served_refusal(path: str | os.PathLike[str], home: str | os.PathLike[str] | 
                    environ: Mapping[str, str] | None = None) -> str | None:
     """Why `path` may not be served to a fleet (`fdl publish --to`), or None.
 
-    The directory and each parent up to `home` or the first directory root owns (both included) must be owned
-    by this user or root and closed to group and others; a parent may be open only when it is sticky (`/tmp`),
-    where nobody can rename what you own. Parts of `path` that do not exist yet are skipped (publish makes them,
-    closed). No safe-directories entry lifts this: a served tree is what every worker builds and runs."""
-    uids = trusted_uids(environ)
+    The directory and each parent up to `home` or the first directory root owns (both included; as root, up to
+    `home` or `/`) must be owned by this user or root and closed to group and others; a parent may be open only
+    when it is sticky (`/tmp`), where nobody can rename what you own. Parts of `path` that do not exist yet are
+    skipped (publish makes them, closed). No safe-directories entry lifts this: a served tree is what every
+    worker builds and runs."""
+    uids, euid = trusted_uids(environ), os.geteuid()
     served = os.path.realpath(os.fspath(path))
     stop = os.path.realpath(os.fspath(home)) if home else None
     here = served
@@ -271,7 +272,7 @@ def served_refusal(path: str | os.PathLike[str], home: str | os.PathLike[str] | 
                 return f"{what} is owned by {owner_name(info.st_uid)}, which is {_not_you()}"
             if info.st_mode & _OPEN and (here == served or not info.st_mode & stat.S_ISVTX):
                 return f"{what} can be written by {_open_to(info.st_mode)} (mode {stat.S_IMODE(info.st_mode):04o})"
-            if here == stop or info.st_uid == 0:
+            if here == stop or (info.st_uid == 0 and euid != 0):  # as root, a directory of root's is one's own
                 return None
         parent = os.path.dirname(here)
         if parent == here:

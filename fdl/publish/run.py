@@ -401,7 +401,7 @@ def _settle_layout(served: Path, say: Note) -> str | None:
     slot holds a whole run (a crash between those two steps) gets the link back.
     """
     releases = served / RELEASES_NAME
-    releases.mkdir(exist_ok=True)
+    releases.mkdir(mode=0o755, exist_ok=True)  # closed whatever the umask (check_served)
     for entry in os.scandir(served):
         if entry.name.startswith(f".{TREE_NAME}.") and entry.name.endswith(".tmp"):
             os.unlink(entry.path)
@@ -582,7 +582,7 @@ def publish(request: PublishRequest, *, project_root: Path | None = None, note: 
                                f"published.") from None
         slot = SLOTS[1] if live == SLOTS[0] else SLOTS[0]
         stage = served / RELEASES_NAME / slot
-        stage.mkdir(exist_ok=True)
+        stage.mkdir(mode=0o755, exist_ok=True)
         kept = "the previous run stays served" if live else "nothing is served yet"
         # The staging slot is never what `tree` points at, so no worker can reach it
         # by name; its old manifest goes first all the same.
