@@ -163,7 +163,8 @@ def secret_shaped(word: str) -> bool:
         return any(c.isdigit() for c in run) and any(c.isalpha() for c in run)
     if padding:  # standard base64 of a key of 16 bytes or more, padded: no name ends in '='
         classes = sum((any(c.isupper() for c in run), any(c.islower() for c in run), any(c.isdigit() for c in run)))
-        return len(word) % 4 == 0 and len(word) >= 24 and classes >= 2
+        if len(word) % 4 == 0 and len(word) >= 24 and classes >= 2:
+            return True
     if "/" in run and _path_like(run):
         return False
     parts = [part for part in _SEPARATORS_RE.split(run) if part]
