@@ -9,7 +9,8 @@ In a user's home (a worker's, the launching machine's, the publishing machine's)
                                        and the root `fdl nccl build` builds into on a worker
     ~/.flodl/join/                     `fdl join`'s stage: the source tree and rank logs (FDL_JOIN_STAGE moves it)
     ~/.flodl/launch/                   a launcher's layout on every host: supervisor.py, bin/, runs/
-    ~/.flodl/launch/runs/RUN_ID/       one run: its token (0600), rank logs, final state.json, spec.json
+    ~/.flodl/launch/runs/RUN_ID/       one run: its token (0600, while the run lives), rank logs, final
+                                       state.json, spec.json
     ~/.flodl/launch/live/              records of the launchers running now, when there is no private
                                        $XDG_RUNTIME_DIR (else $XDG_RUNTIME_DIR/fdl/)
     ~/.flodl/run/                      `fdl publish`'s served directory (tree -> releases/a|b), the
