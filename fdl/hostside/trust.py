@@ -6,7 +6,9 @@ project's fdl.yml, its env overlays, its `.fdl/`) or loads from the project (its
 `fdl probe` opens) configures, or runs code as, whoever runs fdl: root included. So such a file counts only
 when nobody else can have written it or can swap it:
 
-- the file (or directory) is owned by you or by root, and neither group nor others may write it;
+- the file (or directory) is owned by you or by root, and neither group nor others may write it (a group
+  that is the owner's own private group, as Debian and Ubuntu make one per account and umask 002 opens to it,
+  counts as nobody else);
 - the directory holding it is owned by you or by root, and neither group nor others may write it, unless
   that directory is sticky (`/tmp`): there nobody can rename or remove what you own, so a file of yours in
   `/tmp` counts, and another account's does not;
@@ -35,6 +37,7 @@ check returns the reason for a refusal, or None, and the caller raises its own e
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 import stat
@@ -47,7 +50,6 @@ from .paths import config_dir
 #: the file of safe directories, in fdl's configuration directory
 SAFE_FILE = "safe-directories"
 MAX_SAFE_FILE = 64 * 1024
-_OPEN = 0o022  # writable by group or others
 
 
 def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -80,9 +82,28 @@ def _not_you() -> str:
     return "not root (you)" if euid == 0 else f"neither you ({owner_name(euid)}) nor root"
 
 
-def _open_to(mode: int) -> str:
-    who = [name for bit, name in ((0o020, "group"), (0o002, "others")) if mode & bit]
-    return " and ".join(who)
+def _private_group(uid: int, gid: int) -> bool:
+    """Whether gid is uid's own private group (Debian's user private groups: the account's primary group, of
+    the same name, with no other member), where a group-writable mode (umask 002) lets nobody else write."""
+    try:
+        user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return user.pw_gid == gid and group.gr_name == user.pw_name and all(m == user.pw_name for m in group.gr_mem)
+
+
+def open_bits(info: os.stat_result) -> int:
+    """The write bits of info through which another account may write: the others' bit, and the group's unless
+    the group is the owner's private group."""
+    bits = info.st_mode & 0o002
+    if info.st_mode & 0o020 and not _private_group(info.st_uid, info.st_gid):
+        bits |= 0o020
+    return bits
+
+
+def _open_to(info: os.stat_result) -> str:
+    bits = open_bits(info)
+    return " and ".join(name for bit, name in ((0o020, "group"), (0o002, "others")) if bits & bit)
 
 
 # --------------------------------------------------------------------------- the override
@@ -127,8 +148,8 @@ def safe_directories(environ: Mapping[str, str] | None = None) -> tuple[list[str
         for what, st in ((path, info), (path.parent, parent)):
             if st.st_uid not in uids:
                 why = f"{what} is owned by {owner_name(st.st_uid)}, not by you"
-            elif st.st_mode & _OPEN:
-                why = f"{what} can be written by {_open_to(st.st_mode)} (mode {stat.S_IMODE(st.st_mode):04o})"
+            elif open_bits(st):
+                why = f"{what} can be written by {_open_to(st)} (mode {stat.S_IMODE(st.st_mode):04o})"
             if why:
                 break
     if why is None:
@@ -181,8 +202,8 @@ def _entry_problem(path: str, uids: frozenset[int], depth: int = 0) -> str | Non
         return f"{path} is in {parent}, a directory owned by {owner_name(held.st_uid)}, which is {_not_you()}"
     if info.st_uid not in uids:
         return f"{path} is owned by {owner_name(info.st_uid)}, which is {_not_you()}"
-    if held.st_mode & _OPEN and not held.st_mode & stat.S_ISVTX:
-        return (f"{path} is in {parent}, a directory {_open_to(held.st_mode)} can write (mode "
+    if open_bits(held) and not held.st_mode & stat.S_ISVTX:
+        return (f"{path} is in {parent}, a directory {_open_to(held)} can write (mode "
                 f"{stat.S_IMODE(held.st_mode):04o}), so another account could have put it there or swapped it")
     if stat.S_ISLNK(info.st_mode):
         target = os.path.realpath(path)
@@ -190,8 +211,8 @@ def _entry_problem(path: str, uids: frozenset[int], depth: int = 0) -> str | Non
             return None
         problem = _entry_problem(target, uids, depth + 1)
         return f"{path} links to {target}: {problem}" if problem else None
-    if info.st_mode & _OPEN:
-        return f"{path} can be written by {_open_to(info.st_mode)} (mode {stat.S_IMODE(info.st_mode):04o})"
+    if open_bits(info):
+        return f"{path} can be written by {_open_to(info)} (mode {stat.S_IMODE(info.st_mode):04o})"
     return None
 
 
@@ -236,8 +257,8 @@ def tree_refusal(top: str | os.PathLike[str], leaf: str | os.PathLike[str],
             return None  # nothing there to load
         if info.st_uid not in uids:
             return f"{directory} is owned by {owner_name(info.st_uid)}, which is {_not_you()}"
-        if info.st_mode & _OPEN:
-            return (f"{directory} can be written by {_open_to(info.st_mode)} (mode "
+        if open_bits(info):
+            return (f"{directory} can be written by {_open_to(info)} (mode "
                     f"{stat.S_IMODE(info.st_mode):04o})")
     return None
 
@@ -270,8 +291,8 @@ def served_refusal(path: str | os.PathLike[str], home: str | os.PathLike[str] | 
                 f"{here}, a parent of the served directory {served},"
             if info.st_uid not in uids:
                 return f"{what} is owned by {owner_name(info.st_uid)}, which is {_not_you()}"
-            if info.st_mode & _OPEN and (here == served or not info.st_mode & stat.S_ISVTX):
-                return f"{what} can be written by {_open_to(info.st_mode)} (mode {stat.S_IMODE(info.st_mode):04o})"
+            if open_bits(info) and (here == served or not info.st_mode & stat.S_ISVTX):
+                return f"{what} can be written by {_open_to(info)} (mode {stat.S_IMODE(info.st_mode):04o})"
             if here == stop or (info.st_uid == 0 and euid != 0):  # as root, a directory of root's is one's own
                 return None
         parent = os.path.dirname(here)

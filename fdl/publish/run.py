@@ -43,7 +43,7 @@ from fdl.hostside.libtorch.variants import Libtorch
 from fdl.hostside.paths import FLODL_IN_HOME, SERVED_IN_HOME
 from fdl.hostside.paths import home as home_dir
 from fdl.hostside.paths import served as default_served
-from fdl.hostside.trust import owner_name, served_refusal, trusted_uids
+from fdl.hostside.trust import open_bits, owner_name, served_refusal, trusted_uids
 from fdl.libtorch.gate import resolve_active, resolve_variant
 from fdl.publish import fetch as fetch_mod
 from fdl.publish.gate import GateResult, check_gate_headers, primary_gate, rustc_version, variant_gate
@@ -285,7 +285,7 @@ def check_served(served: Path) -> None:
                 continue
             if info.st_uid not in uids:
                 problem = f"{inside} is owned by {owner_name(info.st_uid)}, which is neither you nor root"
-            elif not os.path.islink(inside) and info.st_mode & 0o022:
+            elif not os.path.islink(inside) and open_bits(info):
                 problem = f"{inside} can be written by group or others (mode {stat.S_IMODE(info.st_mode):04o})"
             if problem:
                 break

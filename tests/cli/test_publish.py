@@ -553,11 +553,11 @@ def test_a_world_writable_served_directory_is_refused_and_left_untouched(box: Bo
     served.mkdir()
     os.chmod(served, 0o777)
     refused_served(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD, "--to", str(served)),
-                   f"the served directory {served} can be written by group and others (mode 0777)")
+                   f"the served directory {served} can be written by others (mode 0777)")
     assert sorted(os.listdir(served)) == []  # no lock, no releases, no tree
     os.chmod(served, 0o1777)  # sticky is no better: others could still add releases/ or tree before you
     refused_served(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD, "--to", str(served)),
-                   "can be written by group and others (mode 1777)")
+                   "can be written by others (mode 1777)")
     twin = box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD, "--to", str(served), "--json")
     document = json.loads(twin.stdout)
     assert twin.returncode == 1 and document["ok"] is False and "nobody else can write" in document["message"]
@@ -571,7 +571,7 @@ def test_a_served_directory_below_an_open_parent_is_refused(box: Box) -> None:
     os.chmod(parent, 0o777)  # not sticky: anyone may rename run/ away and put theirs in its place
     served = parent / "run"
     refused_served(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD, "--to", str(served)),
-                   f"{parent}, a parent of the served directory {served}, can be written by group and others")
+                   f"{parent}, a parent of the served directory {served}, can be written by others (mode 0777)")
     assert not served.exists()  # not even made
 
 

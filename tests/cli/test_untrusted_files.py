@@ -125,7 +125,7 @@ def test_a_farm_directory_another_account_owns_or_can_write_is_refused(tmp_path,
     os.chown(farm / "b300", 0, -1)
     os.chmod(farm, 0o777)
     refused = run_fdl("config", "show", cwd=project)
-    assert refused.returncode == 1 and f"{farm} can be written by group and others" in refused.stderr
+    assert refused.returncode == 1 and f"{farm} can be written by others (mode 0777)" in refused.stderr
     os.chmod(farm, 0o700)
     assert run_fdl("config", "show", cwd=project).returncode == 0
 

@@ -10,6 +10,7 @@ tests need (they skip elsewhere, and fail under CI=true).
 
 from __future__ import annotations
 
+import grp
 import os
 import pwd
 from pathlib import Path
@@ -68,15 +69,18 @@ def test_in_a_sticky_world_writable_directory_your_file_counts_and_theirs_does_n
     assert problem is not None and f"is owned by {OTHER} (uid {other})" in problem
 
 
-def test_a_directory_or_file_others_can_write_is_refused(tmp_path):
+def test_a_directory_or_file_others_can_write_is_refused(tmp_path, other):
     open_dir = made(tmp_path / "open", mode=0o777)  # not sticky: anyone may replace what is in it
     problem = trust.entry_refusal(made(open_dir / "fdl.yml", mode=0o644, text="{}"), env(tmp_path))
-    assert problem is not None and "group and others can write (mode 0777)" in problem
+    assert problem is not None and "others can write (mode 0777)" in problem
     group = made(tmp_path / "group", mode=0o775)
+    os.chown(group, -1, grp.getgrnam("users").gr_gid)  # a group other accounts are in
     assert "group can write" in (trust.entry_refusal(made(group / "fdl.yml", mode=0o644, text="{}"),
                                                       env(tmp_path)) or "")
+    os.chown(group, -1, pwd.getpwuid(os.geteuid()).pw_gid)  # the owner's own private group (umask 002): closed
+    assert trust.entry_refusal(group / "fdl.yml", env(tmp_path)) is None
     loose = made(made(tmp_path / "ok", mode=0o755) / "fdl.yml", mode=0o666, text="{}")
-    assert "can be written by group and others (mode 0666)" in (trust.entry_refusal(loose, env(tmp_path)) or "")
+    assert "can be written by others (mode 0666)" in (trust.entry_refusal(loose, env(tmp_path)) or "")
 
 
 def test_a_link_is_judged_by_what_it_points_at_too(tmp_path, other):
@@ -128,7 +132,7 @@ def test_under_a_project_libtorch_every_directory_down_to_lib_is_judged(tmp_path
     assert problem is not None and str(lib.parent) in problem and OTHER in problem
     os.chown(lib.parent, 0, -1)
     os.chmod(lib, 0o1777)  # sticky is no excuse below libtorch/: a library anyone could add
-    assert "can be written by group and others" in (trust.tree_refusal(root, lib, env(tmp_path)) or "")
+    assert "can be written by others (mode 1777)" in (trust.tree_refusal(root, lib, env(tmp_path)) or "")
     os.chmod(lib, 0o755)
     outside = made(tmp_path / "elsewhere" / "lib", mode=0o755)
     (root / "builds").mkdir()
@@ -152,6 +156,7 @@ def test_a_served_directory_others_can_write_or_own_is_refused_up_to_home(tmp_pa
     assert OTHER in problem
     os.chown(served.parent, 0, -1)
     os.chmod(home, 0o775)  # the home is the last directory judged
+    os.chown(home, -1, grp.getgrnam("users").gr_gid)
     assert f"{home}, a parent of the served directory" in (trust.served_refusal(served, home) or "")
     os.chmod(tmp_path, 0o777)  # above the home: not judged
     os.chmod(home, 0o755)
