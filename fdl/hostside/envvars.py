@@ -91,8 +91,8 @@ FDL_LIBTORCH_MIRROR = _register(
 FDL_SAFE_DIRECTORIES = _register(
     "FDL_SAFE_DIRECTORIES", SETTING, ("fdl/hostside/trust.py",),
     "Directories (separated by `:`; `DIR/*` covers everything below DIR) whose fdl.yml, overlays, `.fdl/` and "
-    "project `libtorch/` fdl believes though another account owns them or can write them; added to the list "
-    "in `~/.config/fdl/safe-directories` (docs/config.md, \"Whose files fdl reads\").")
+    "project `libtorch/` are to be believed though another account owns them or can write them; added to the "
+    "list in `~/.config/fdl/safe-directories` (docs/config.md, \"Whose files fdl reads\").")
 FDL_LIBTORCH_FROM_PYTORCH = _register(
     "FDL_LIBTORCH_FROM_PYTORCH", SETTING, ("fdl/hostside/libtorch/resolve.py",),
     "`0`: this Python environment's PyTorch is not a libtorch of last resort (the tests set it).")
