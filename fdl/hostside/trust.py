@@ -198,12 +198,13 @@ def _entry_problem(path: str, uids: frozenset[int], depth: int = 0) -> str | Non
         return None
     except OSError as exc:
         return f"{path} cannot be inspected ({exc.strerror})"
-    if held.st_uid not in uids:
-        return f"{path} is in {parent}, a directory owned by {owner_name(held.st_uid)}, which is {_not_you()}"
     if info.st_uid not in uids:
         return f"{path} is owned by {owner_name(info.st_uid)}, which is {_not_you()}"
+    owned = f"{path} (owned by {owner_name(info.st_uid)})"
+    if held.st_uid not in uids:
+        return f"{owned} is in {parent}, a directory owned by {owner_name(held.st_uid)}, which is {_not_you()}"
     if open_bits(held) and not held.st_mode & stat.S_ISVTX:
-        return (f"{path} is in {parent}, a directory {_open_to(held)} can write (mode "
+        return (f"{owned} is in {parent}, a directory {_open_to(held)} can write (mode "
                 f"{stat.S_IMODE(held.st_mode):04o}), so another account could have put it there or swapped it")
     if stat.S_ISLNK(info.st_mode):
         target = os.path.realpath(path)
