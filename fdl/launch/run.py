@@ -480,12 +480,27 @@ def forget_token(path: Path | None) -> None:
             leftover.unlink()
 
 
-def _launcher_alive(run_dir: Path) -> bool:
-    """Whether the launcher that made the token in run_dir still runs (its pid, recorded beside the token)."""
+#: a token without an owner record (an fdl from before it) younger than this may belong to a launcher that has not
+#: written its live record yet: it stays
+UNOWNED_GRACE_S = 300
+
+
+def _launcher_alive(run_dir: Path, live_ids: set[str]) -> bool:
+    """Whether the launcher that made the token in run_dir may still run: the pid recorded beside the token is
+    alive; or, with no such record (an fdl from before it), a live run names this run or the token is recent."""
     try:
         pid = int((run_dir / TOKEN_OWNER).read_text().strip())
+    except FileNotFoundError:
+        try:
+            recent = time.time() - (run_dir / "token").stat().st_mtime < UNOWNED_GRACE_S
+        except OSError:
+            recent = False
+        return run_dir.name in live_ids or recent
+    except (OSError, ValueError):
+        return False
+    try:
         os.kill(pid, 0)
-    except (OSError, ValueError):  # no record (an earlier fdl's run), no such process, or another account's
+    except OSError:  # no such process, or another account's: not the launcher that made it
         return False
     return True
 
@@ -498,9 +513,10 @@ def sweep_tokens() -> int:
         runs = list(launch_runs().iterdir())
     except OSError:
         return 0
+    live_ids = {run.run_id for run in live.live_runs()}
     for run_dir in runs:
         token = run_dir / "token"
-        if not token.is_file() or _launcher_alive(run_dir):
+        if not token.is_file() or _launcher_alive(run_dir, live_ids):
             continue
         forget_token(token)
         count += 1

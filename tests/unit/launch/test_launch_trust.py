@@ -105,14 +105,16 @@ def test_a_token_file_goes_with_its_run_and_earlier_runs_leftovers_are_swept(tmp
     assert mine.is_file() and (launcher.run_dir / TOKEN_OWNER).read_text().strip() == str(os.getpid())
     runs = mine.parent.parent
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    for name, owner in (("killed", gone.stdout.strip()), ("older-fdl", None)):
+    for name, owner in (("killed", gone.stdout.strip()), ("older-fdl", None), ("older-fdl-starting", None)):
         (runs / name).mkdir(mode=0o700)
         (runs / name / "token").write_text("ab" * 32 + "\n")
         (runs / name / "state.json").write_text("{}")
         if owner is not None:
             (runs / name / TOKEN_OWNER).write_text(owner + "\n")
-    assert sweep_tokens() == 2  # a launcher that is gone, and a run from before the owner record
+    os.utime(runs / "older-fdl" / "token", (1, 1))  # long ago: its launcher (an fdl without the record) is gone
+    assert sweep_tokens() == 2  # a launcher that is gone, and an old run from before the owner record
     assert not (runs / "killed" / "token").exists() and not (runs / "older-fdl" / "token").exists()
+    assert (runs / "older-fdl-starting" / "token").exists()  # recent, unowned: its launcher may be starting
     assert (runs / "killed" / "state.json").exists()  # the run's record stays; only its token goes
     assert mine.is_file()  # this launcher still runs: its token stays
     forget_token(mine)
