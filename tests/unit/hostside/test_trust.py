@@ -173,3 +173,12 @@ def test_a_served_directory_in_a_sticky_scratch_of_yours_is_fine_and_theirs_is_n
     unsticky = made(tmp_path / "open", mode=0o777)
     assert "a parent of the served directory" in (trust.served_refusal(made(unsticky / "run", mode=0o755), None)
                                                   or "")
+
+
+def test_as_root_under_sudo_the_account_that_ran_sudo_counts_as_you(tmp_path, other):
+    # git's rule: root running for an account through sudo believes that account's files, and nobody else's
+    project = made(tmp_path / "theirs", mode=0o755, uid=other)
+    found = made(project / "fdl.yml", mode=0o644, uid=other, text="{}")
+    assert trust.entry_refusal(found, env(tmp_path)) is not None
+    assert trust.entry_refusal(found, env(tmp_path, SUDO_UID=str(other))) is None
+    assert trust.entry_refusal(found, env(tmp_path, SUDO_UID="1")) is not None
