@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from ..errors import ConfigError
 from ..hostside.checks.devices import Devices, parse_devices
+from ..hostside.redact import strip_userinfo
 from .join_fields import SETTINGS as JOIN_SETTINGS
 from .join_fields import JoinDefaults
 from .parse import DEFAULT_PORT, is_login_name, is_valid_host, split_host_port, unicast_problem
@@ -270,7 +271,7 @@ def _show(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    text = repr(value)
+    text = repr(strip_userinfo(value) if isinstance(value, str) else value)  # before cutting: no half password
     return text if len(text) <= 60 else text[:57] + "...'"
 
 

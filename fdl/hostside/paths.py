@@ -9,7 +9,8 @@ In a user's home (a worker's, the launching machine's, the publishing machine's)
                                        and the root `fdl nccl build` builds into on a worker
     ~/.flodl/join/                     `fdl join`'s stage: the source tree and rank logs (FDL_JOIN_STAGE moves it)
     ~/.flodl/launch/                   a launcher's layout on every host: supervisor.py, bin/, runs/
-    ~/.flodl/launch/runs/RUN_ID/       one run: its token (0600), rank logs, final state.json, spec.json
+    ~/.flodl/launch/runs/RUN_ID/       one run: its token (0600, while the run lives), rank logs, final
+                                       state.json, spec.json
     ~/.flodl/launch/live/              records of the launchers running now, when there is no private
                                        $XDG_RUNTIME_DIR (else $XDG_RUNTIME_DIR/fdl/)
     ~/.flodl/run/                      `fdl publish`'s served directory (tree -> releases/a|b), the
@@ -21,6 +22,8 @@ Per user, after the XDG base directory specification (a relative value is ignore
                                        ControlPath sockets, when $XDG_RUNTIME_DIR is not private or too
                                        long), runner/ (ansible-runner)
     $XDG_STATE_HOME/fdl/               (~/.local/state/fdl) farms/: the farm credentials this user minted
+    $XDG_CONFIG_HOME/fdl/              (~/.config/fdl) safe-directories: the directories whose files this user
+                                       trusts though another account could write them (fdl.hostside.trust)
     $XDG_RUNTIME_DIR/                  used only when private (absolute, a directory, this user's, mode 0700):
                                        fdl/ (live-run records), fdl-cp/ (ControlPath sockets), fdl-tunnel-*/
 
@@ -59,6 +62,7 @@ DEFAULT_DATA_PATH = "/flodl/data"
 
 XDG_CACHE_HOME = "XDG_CACHE_HOME"
 XDG_STATE_HOME = "XDG_STATE_HOME"
+XDG_CONFIG_HOME = "XDG_CONFIG_HOME"
 XDG_RUNTIME_DIR = "XDG_RUNTIME_DIR"
 
 
@@ -116,6 +120,11 @@ def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
 def state_dir(environ: Mapping[str, str] | None = None) -> Path:
     """fdl's state directory: $XDG_STATE_HOME/fdl, else ~/.local/state/fdl."""
     return _xdg(XDG_STATE_HOME, (".local", "state"), environ)
+
+
+def config_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """fdl's configuration directory: $XDG_CONFIG_HOME/fdl, else ~/.config/fdl."""
+    return _xdg(XDG_CONFIG_HOME, (".config",), environ)
 
 
 def runtime_dir(environ: Mapping[str, str] | None = None) -> Path | None:
