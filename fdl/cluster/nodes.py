@@ -49,7 +49,7 @@ KEEPALIVE_S = 2  # the node's worker says it is alive after this many seconds wi
 IDLE_LIMIT_S = 30.0  # a stream with nothing in it (keepalives included) this long: the node is taken for hung
 EXIT_GRACE_S = 10.0  # after its stream ends, how long ssh gets to exit before it is killed
 TIMEOUT_GRACE_S = 15.0  # past the run's timeout (which the node enforces itself), the controller cuts the stream
-SHIP_DIR = "fdl-ship"  # under the job's project/: files a playbook reads on the node (run_playbook's ship=)
+SHIP_DIR = "fdl-ship"  # beside the job's playbook: files it reads on the node (run_playbook's ship=)
 _STDERR_LINES = 20
 PEXPECT_TIMEOUT = 0.2
 
@@ -121,8 +121,9 @@ def _link_file(src: Path, dst: Path) -> None:
 def job_dir(pdd: Path, run_id: str, inventory_json: str, variables_json: str, playbook: Path,
             ship: dict[str, Path] | None) -> tuple[Path, str]:
     """Lay out the directory transmit streams to a node (under pdd, private, removed after the run): project/ with
-    ansible.cfg, the collection and the shipped files, inventory/hosts.json, env/extravars (0600). Returns the
-    directory and the playbook's path inside project/."""
+    ansible.cfg, the collection and the playbook, inventory/hosts.json, env/extravars (0600), and the shipped
+    files, under the playbook's directory (Ansible runs a local task's command there, so their relative paths name
+    them). Returns the directory and the playbook's path inside project/."""
     root = pdd / f"stream-{run_id}"
     project = root / "project"
     project.mkdir(parents=True, mode=0o700)
@@ -136,8 +137,8 @@ def job_dir(pdd: Path, run_id: str, inventory_json: str, variables_json: str, pl
     except ValueError:  # a playbook of the caller's own: it goes along, at the top of project/
         _link_file(playbook, project / playbook.name)
         rel_playbook = playbook.name
-    for rel, source in (ship or {}).items():
-        _link_file(Path(source), project / rel)
+    for rel, source in (ship or {}).items():  # beside the playbook: a local task's commands run in its directory
+        _link_file(Path(source), (project / rel_playbook).parent / rel)
     (root / "inventory").mkdir(mode=0o700)
     atomic_write(root / "inventory" / "hosts.json", inventory_json, mode=0o600)
     (root / "env").mkdir(mode=0o700)

@@ -124,8 +124,9 @@ def run_playbook(
     caller whose next step is on the critical path (the launcher's rank sessions). The result's status is then
     "successful" or "failed" from the hosts, and its rc 0 or 2.
     ship: files a playbook reads on the machine that runs it, for the hosts behind execution nodes: {path relative
-    to the job's project directory: the file here}; they travel in each node's job stream (the variables of those
-    hosts name them by the relative path; direct hosts' name the files here).
+    to the playbook's directory: the file here}; they travel in each node's job stream, and a local task's command
+    there runs in the playbook's directory, so the variables of those hosts name them by the relative path (direct
+    hosts' name the files here).
 
     Raises RemoteError when ansible-playbook itself fails before any host ran
     (a playbook or inventory it cannot read), and KeyboardInterrupt after a
