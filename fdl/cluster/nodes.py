@@ -167,6 +167,12 @@ class _Watched:
     def close(self) -> None:
         self.raw.close()
 
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
     def write(self, data: bytes) -> int:
         raise OSError("the stream from an execution node is read-only")
 
@@ -290,6 +296,8 @@ def run_on_node(node: str, argv: list[str], job: Path, rel_playbook: str, pdd: P
             proc.wait()
         for thread in helpers:
             thread.join(timeout=EXIT_GRACE_S)
+        for pipe in (proc.stdout, proc.stderr):
+            pipe.close()
     out.status = str(final.get("status") or "error")
     out.rc = _rc(out.artifact_dir, proc.returncode)
     out.received = stream.received
