@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -204,6 +205,7 @@ class NodeRun:
     received: bool = False  # the node's worker answered (anything, keepalives included)
     artifact_dir: Path | None = None
     stderr: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # ansible-playbook's errors on the node, or fdl's sending one
 
 
 def run_on_node(node: str, argv: list[str], job: Path, rel_playbook: str, pdd: Path, run_id: str,
@@ -219,8 +221,11 @@ def run_on_node(node: str, argv: list[str], job: Path, rel_playbook: str, pdd: P
     final: dict[str, Any] = {}
 
     def on_event(event: dict[str, Any]) -> bool:
-        if event.get("event") == "playbook_on_stats":
+        kind = event.get("event")
+        if kind == "playbook_on_stats":
             seen_stats.set()
+        elif kind == "error" or (kind == "verbose" and _is_error(str(event.get("stdout") or ""))):
+            out.errors.append(str(event.get("stdout") or "").strip())  # ansible-playbook's own, on the node
         return collector(event)
 
     def on_status(data: dict[str, Any], runner_config: Any = None) -> None:
@@ -246,8 +251,11 @@ def run_on_node(node: str, argv: list[str], job: Path, rel_playbook: str, pdd: P
                 quiet=True, suppress_env_files=True, timeout=int(timeout) if timeout else None,
                 settings={"pexpect_timeout": PEXPECT_TIMEOUT, "suppress_ansible_output": True},
                 streamer="transmit", _output=proc.stdin)
-        except (OSError, ValueError):  # the node went away while the job was sent: the reader says why
+        except OSError:  # the node went away while the job was sent: the reader says why
             pass
+        except Exception as exc:  # this thread's end: said as the node's failure, and its worker, which would wait
+            out.errors.append(f"the job could not be sent ({type(exc).__name__}: {exc})")  # for the rest of the
+            _kill(proc)  # job, is cut off
         finally:
             try:
                 proc.stdin.close()  # type: ignore[union-attr]
@@ -310,10 +318,15 @@ def run_on_node(node: str, argv: list[str], job: Path, rel_playbook: str, pdd: P
     return out
 
 
+def _is_error(text: str) -> bool:
+    """ansible-playbook's own error line: `[ERROR]: ...` (ansible-core 2.19 and later) or `ERROR! ...` (before)."""
+    return text.lstrip().startswith("[ERROR]") or "ERROR!" in text
+
+
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         try:
-            os.killpg(proc.pid, 9)
+            os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
 
@@ -338,6 +351,9 @@ def _problem(out: NodeRun, final: dict[str, Any], stopped: list[str], ssh_rc: in
         return f"the connection to the execution node was lost while the job ran (ssh exit 255: {said})"
     if ssh_rc == 255:
         return f"ssh to the execution node failed (exit 255): {said}"
+    if out.errors:
+        first = [line for line in out.errors[0].splitlines() if line.strip()]
+        return f"the job failed on the execution node: {first[0] if first else out.errors[0]}"
     if ssh_rc in (126, 127):
         return (f"the execution node cannot run {NODE_VENV}/bin/ansible-runner (exit {ssh_rc}: {said}); prepare it "
                 f"with the flodl.fdl.execution_node playbook")

@@ -292,3 +292,17 @@ def test_the_workers_keepalive_is_no_event(tmp_path):
     assert "sent nothing" not in (out.problem or "")  # 1.8 s of quiet in all, never 1 s without a keepalive
     assert collector.hosts["w1"].status == UNREACHABLE  # no stats came: the node ended without a result
     assert "ended the job without a result" in (collector.hosts["w1"].message or "")
+
+
+def test_ansible_playbooks_own_error_on_the_node_is_the_reason(tmp_path):
+    """A job the node's ansible-playbook refuses (here: a playbook that does not parse) names ansible-playbook's
+    error, not just "no result"."""
+    part, collector = job(tmp_path, ["w1"])
+    assert part.job is not None
+    (part.job / "project" / part.rel_playbook).write_text("- hosts: all\n  tasks: [ {bad: yaml\n")
+    out = run(part, collector)
+    assert out.status == "failed"
+    message = collector.hosts["w1"].message or ""
+    assert collector.hosts["w1"].status == UNREACHABLE
+    assert message.startswith("unreachable through node-x: the job failed on the execution node: [ERROR]: YAML "
+                              "parsing failed"), message
