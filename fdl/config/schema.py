@@ -384,7 +384,7 @@ def _execution_nodes(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults,
             c.report(c.fail(path + (i, "via"), "a chain of via: that ends at a node this machine reaches directly",
                             f"the cycle {' -> '.join(chain + [name])}",
                             "Give one node of the cycle no via: (this machine reaches it over ssh)."))
-    return tuple(node for _, node in nodes.values())
+    return tuple(entry[1] for entry in nodes.values())
 
 
 def _execution_node(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults) -> ExecutionNodeSpec | None:
