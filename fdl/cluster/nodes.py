@@ -1,7 +1,7 @@
 """Hosts behind execution nodes: their playbooks run on the node, shipped with ansible-runner's remote job execution.
 
 A worker (or node) that names `via: NODE` in the cluster file is driven from that node, the way AWX drives
-Receptor's execution nodes: fdl builds the job's private data directory here as for any run (the inventory of
+Receptor's execution nodes: the job's private data directory is built here as for any run (the inventory of
 that node's hosts, the extra variables, the pinned ansible.cfg and the flodl.fdl collection under `project/`),
 ansible-runner's `transmit` streams it into `ssh NODE ansible-runner worker`, the node runs stock
 ansible-playbook against its hosts, and the event stream that comes back is fed to ansible-runner's `process`,
@@ -42,9 +42,10 @@ from fdl.cluster.inventory import ClusterInventory, InventoryHost
 from fdl.cluster.ssh import NODE_CONTROL_PATH_DIR, node_ssh_argv
 from fdl.collection import RELATIVE
 from fdl.hostside.fsio import atomic_write
+from fdl.hostside.paths import NODE_VENV_IN_HOME
 from fdl.resources import ansible_cfg, collections_path
 
-NODE_VENV = "~/.flodl/execution-node/venv"  # where flodl.fdl.execution_node installs ansible-core and ansible-runner
+NODE_VENV = NODE_VENV_IN_HOME  # where flodl.fdl.execution_node installs ansible-core and ansible-runner
 PREPARE_PLAYBOOK = "execution_node.yml"
 KEEPALIVE_S = 2  # the node's worker says it is alive after this many seconds without output
 IDLE_LIMIT_S = 30.0  # a stream with nothing in it (keepalives included) this long: the node is taken for hung

@@ -149,6 +149,7 @@ def test_the_roles_default_releases_are_fdls_pins():
                 if "==" in line and not line.startswith("#"))
     wanted = {name: pins[name] for name in ("ansible-core", "ansible-runner")}
     assert defaults["fdl_execution_node_packages"] == wanted
+    assert defaults["fdl_execution_node_venv"] == nodes.NODE_VENV  # where fdl runs the worker from
     assert spec["argument_specs"]["main"]["options"]["fdl_execution_node_packages"]["default"] == wanted
     assert nodes.pinned_packages() == wanted  # what fdl passes: the releases it runs with
     assert "ansible-core==" + wanted["ansible-core"] in nodes.constraint_lines()
