@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+import shutil
 import sys
 import threading
 import time
@@ -108,7 +109,7 @@ def run_playbook(
     timeout: float | None = None,
     title: str | None = None,
     return_at_stats: bool = False,
-    ship: dict[str, Path] | None = None,
+    ship: dict[str, dict[str, Path]] | None = None,
 ) -> RunResult:
     """Run a playbook against the inventory's hosts (or `limit`) and return per-host results.
 
@@ -123,10 +124,10 @@ def run_playbook(
     few tenths of a second); the next run_playbook call, and the end of the process, wait for that. For a
     caller whose next step is on the critical path (the launcher's rank sessions). The result's status is then
     "successful" or "failed" from the hosts, and its rc 0 or 2.
-    ship: files a playbook reads on the machine that runs it, for the hosts behind execution nodes: {path relative
-    to the playbook's directory: the file here}; they travel in each node's job stream, and a local task's command
-    there runs in the playbook's directory, so the variables of those hosts name them by the relative path (direct
-    hosts' name the files here).
+    ship: files a playbook reads on the machine that runs it, for hosts behind execution nodes: {host: {path
+    relative to the playbook's directory: the file here}}; they travel in the job stream of the host's node (once
+    per node), and a local task's command there runs in the playbook's directory, so those hosts' variables name
+    them by the relative path (direct hosts' name the files here).
 
     Raises RemoteError when ansible-playbook itself fails before any host ran
     (a playbook or inventory it cannot read), and KeyboardInterrupt after a
@@ -276,7 +277,7 @@ def _sweep(inventory: ClusterInventory, hosts: list[str], run_id: str) -> None:
 def _run_split(inventory: ClusterInventory, direct: list[str], by_node: dict[str, list[str]], playbook: Path,
                run_id: str, variables: dict[str, Any], vars_file: Path, collector: Collector,
                cancel_callback: Callable[[], bool], timeout: float | None,
-               ship: dict[str, Path] | None) -> Any:
+               ship: dict[str, dict[str, Path]] | None) -> Any:
     """One run in parts, all at once into `collector`: the direct hosts through ansible-playbook here, and each
     execution node's hosts through ansible-runner's worker on that node (fdl.cluster.nodes)."""
     from fdl.cluster import nodes
@@ -298,8 +299,9 @@ def _run_split(inventory: ClusterInventory, direct: list[str], by_node: dict[str
             sub = inventory.subset(names)
             node_pdd = private_data_dir(sub)
             _rotate(node_pdd / "artifacts", KEEP_ARTIFACTS - 1)
+            files = {rel: path for name in names for rel, path in (ship or {}).get(name, {}).items()}
             parts.append(nodes.node_part(inventory, node, names, node_pdd, run_id, playbook,
-                                         json.dumps(sub.to_ansible()), variables_json, ship))
+                                         json.dumps(sub.to_ansible()), variables_json, files))
         return nodes.run_parts(parts, run_id=run_id, collector=collector, cancel=cancel_callback, timeout=timeout)
     finally:
         for part in parts:
@@ -312,8 +314,6 @@ def _rotate(artifacts: Path, keep: int) -> None:
         runs = sorted((p for p in artifacts.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
     except OSError:
         return
-    import shutil
-
     for old in runs[:-keep] if keep > 0 else runs:
         shutil.rmtree(old, ignore_errors=True)
 

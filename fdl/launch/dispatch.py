@@ -97,7 +97,7 @@ def stage_remote(plan: LaunchPlan, inventory: ClusterInventory, jobs: dict[str, 
     hosts = [h.name for h in plan.remote]
     digests: dict[str, str] = {}
     dispatch_plan: dict[str, dict[str, Any]] = {}
-    ship: dict[str, Path] = {}  # binaries that travel in an execution node's job stream (its hosts rsync from it)
+    ship: dict[str, dict[str, Path]] = {}  # {host: binary}: it travels in its node's job, the node rsyncs it
     for name in hosts:
         job = jobs.get(name)
         artifact = str(job.artifact) if job is not None and job.artifact is not None else ""
@@ -108,7 +108,7 @@ def stage_remote(plan: LaunchPlan, inventory: ClusterInventory, jobs: dict[str, 
             from fdl.cluster.nodes import SHIP_DIR
 
             relative = f"{SHIP_DIR}/{digests[artifact][:16]}/{Path(artifact).name}"
-            ship[relative] = Path(artifact)
+            ship[name] = {relative: Path(artifact)}
         dispatch_plan[name] = {
             "run_id": plan.run_id, "root": LAUNCH_IN_HOME,
             "artifact": relative if artifact and inv_host.via is not None else artifact,
