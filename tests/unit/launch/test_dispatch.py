@@ -241,7 +241,7 @@ def test_the_launcher_raises_its_open_files_limit_for_many_hosts():
 def test_a_host_behind_a_node_is_staged_with_the_binary_its_node_receives(tmp_path, monkeypatch):
     """Its plan names the binary by its path in the node's job (beside the playbook), and the runner is told to ship
     that file to its node alone; a direct host's plan names the file here, and its rsync is this machine's."""
-    import fdl.cluster.runner as runner
+    from fdl.cluster import runner
     from fdl.cluster.events import OK, HostResult, TaskOutcome
     from fdl.launch.build import BuildJob
     from fdl.launch.dispatch import stage_remote
