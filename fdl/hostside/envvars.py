@@ -164,6 +164,8 @@ _register("FDL_TESTBED_PREFIX", SUITE, ("tests/testbed/bed.py",),
           "The prefix of the testbed's namespaces, bridge and users, so that testbeds can run side by side.")
 _register("FDL_TESTBED_NET", SUITE, ("tests/testbed/bed.py",),
           "The testbed's /24, as its first three numbers (10.231.0).")
+_register("FDL_TESTBED_INNER_NET", SUITE, ("tests/testbed/bed.py",),
+          "The /24 of the testbed's hosts behind its execution nodes, which this machine has no route to (10.232.0).")
 _register("FDL_MATRIX", SUITE, ("tests/platforms.py",),
           "`all`: every Python and ansible-core combination of the platform matrix (scripts/test.sh --matrix).")
 _register("FDL_MATRIX_CACHE", SUITE, ("tests/platforms.py",),

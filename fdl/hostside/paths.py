@@ -15,6 +15,8 @@ In a user's home (a worker's, the launching machine's, the publishing machine's)
                                        $XDG_RUNTIME_DIR (else $XDG_RUNTIME_DIR/fdl/)
     ~/.flodl/run/                      `fdl publish`'s served directory (tree -> releases/a|b), the
                                        default of `fdl publish --to` and of join-config's door b
+    ~/.flodl/execution-node/venv/      on an execution node: the ansible-core and ansible-runner its jobs run
+                                       with (the flodl.fdl.execution_node playbook makes it)
 
 Per user, after the XDG base directory specification (a relative value is ignored, as the spec says):
 
@@ -47,6 +49,7 @@ LAUNCH = "launch"
 RUNS = "runs"  # under launch/
 LIVE = "live"  # under launch/
 SERVED = "run"
+EXECUTION_NODE = "execution-node"
 
 #: the same, spelled from the home (`~/...`): what messages and help texts show, and the defaults a remote host
 #: expands in its own home
@@ -56,6 +59,7 @@ JOIN_IN_HOME = f"{FLODL_IN_HOME}/{JOIN}"
 LAUNCH_IN_HOME = f"{FLODL_IN_HOME}/{LAUNCH}"
 RUNS_IN_HOME = f"{LAUNCH_IN_HOME}/{RUNS}"
 SERVED_IN_HOME = f"{FLODL_IN_HOME}/{SERVED}"
+NODE_VENV_IN_HOME = f"{FLODL_IN_HOME}/{EXECUTION_NODE}/venv"
 
 #: the dataset root on every host when nothing names one
 DEFAULT_DATA_PATH = "/flodl/data"
