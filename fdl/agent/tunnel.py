@@ -79,6 +79,26 @@ class TunnelError(FdlError):
         self.reason = reason
 
 
+def pin_options(known_hosts: str) -> list[str]:
+    """ssh options that check a host against one known_hosts file, with no first-use trust."""
+    value = f'"{known_hosts}"' if any(c.isspace() for c in known_hosts) else known_hosts
+    return ["-o", f"UserKnownHostsFile={value}", "-o", "StrictHostKeyChecking=yes"]
+
+
+def pinned_environ(environ: Mapping[str, str], known_hosts: str | None) -> dict[str, str]:
+    """environ, with every ssh a dial starts (the tunnel and sshfs through FDL_SSH_COMMAND, an rsync:// pull
+    through RSYNC_RSH, a git+ssh fetch through GIT_SSH_COMMAND) checking hosts against known_hosts alone:
+    join.known_hosts, which a farm's worker.yml names (the door's host key, read when it was made)."""
+    out = dict(environ)
+    if not known_hosts:
+        return out
+    pin = pin_options(known_hosts)
+    out[FDL_SSH_COMMAND] = shlex.join(ssh_words(environ) + pin)
+    for name in ("RSYNC_RSH", "GIT_SSH_COMMAND"):
+        out[name] = shlex.join(shlex.split(environ.get(name, "").strip() or "ssh") + pin)
+    return out
+
+
 def ssh_words(environ: Mapping[str, str] | None = None) -> list[str]:
     """The ssh command to run: $FDL_SSH_COMMAND split like a shell would, else plain ssh."""
     text = read(FDL_SSH_COMMAND, environ).strip()
@@ -115,8 +135,9 @@ class Tunnel:
 
     def __init__(self, hop: SshHop, target: tuple[str, int], *, identity: str | None = None,
                  note: Callable[[str], None] = lambda _: None, connect_timeout_s: float = CONNECT_TIMEOUT_S,
-                 environ: Mapping[str, str] | None = None):
+                 environ: Mapping[str, str] | None = None, known_hosts: str | None = None):
         self.hop = hop
+        self.known_hosts = known_hosts  # the pinned known_hosts file (environ's ssh command carries the pin)
         self.environ = dict(os.environ if environ is None else environ)
         self.ssh = ssh_words(self.environ)
         self.target = target
@@ -159,6 +180,8 @@ class Tunnel:
                                  hint="Install it (Debian/Ubuntu: apt-get install openssh-client).")
         if self.identity:
             check_identity(self.identity)
+        if self.known_hosts:
+            check_known_hosts(self.known_hosts)
         self.directory = tempfile.mkdtemp(prefix="fdl-tunnel-", dir=_runtime_dir(self.environ))  # 0700
         self._stderr = tempfile.SpooledTemporaryFile(max_size=1 << 16)  # noqa: SIM115 - closed in close()
         try:
@@ -308,6 +331,19 @@ def check_identity(identity: str) -> None:
         raise PermanentError(f"--identity {identity}: this account cannot read it ({exc.strerror or exc}).",
                              hint="The key must be readable by the account fdl join runs as (and by nobody "
                                   "else: chmod 600).") from None
+
+
+def check_known_hosts(path: str) -> None:
+    """The known_hosts file this box's own configuration pins the door with (join.known_hosts) must be there
+    and readable: without it ssh can never accept the door, so that is permanent, checked before ssh starts."""
+    try:
+        with open(path, "rb") as handle:
+            handle.read(1)
+    except OSError as exc:
+        raise PermanentError(f"join.known_hosts {path}: this account cannot read it ({exc.strerror or exc}), so "
+                             f"ssh could never accept the door's host key.",
+                             hint="Put the door's host key there (fdl join-config writes it as .fdl/LABEL/"
+                                  "known_hosts, and its cloud-init user-data installs it).") from None
 
 
 def _home_path(path: str) -> str:
