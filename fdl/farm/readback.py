@@ -38,8 +38,8 @@ CLOUD_INIT_TIMEOUT_S = 120
 
 
 def _refuse(name: str, problem: str) -> FdlError:
-    return FdlError(f"the rendered {name} is not what fdl join-config meant to write: {problem}. Nothing was "
-                    f"written; no worker would have booted from it.",
+    return FdlError(f"the rendered {name} is not what fdl join-config meant to write: {problem.rstrip('.')}. "
+                    f"Nothing was written; no worker would have booted from it.",
                     hint="this is a bug in a template (the fdl_join_worker or fdl_join_door role, or "
                          "templates/farm/): report it with the output of --debug", exit_code=1)
 
