@@ -28,11 +28,19 @@ MAX_TOKEN_FILE = 4096
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 
+def _period(token: str) -> int:
+    """The length of the shortest pattern `token` repeats (its own length when it repeats none)."""
+    for size in range(1, len(token)):
+        if token == (token[:size] * (len(token) // size + 1))[:len(token)]:
+            return size
+    return len(token)
+
+
 def estimated_bits(token: str) -> float:
-    """An upper bound on the entropy of `token`: its length times log2 of the alphabet its characters suggest
-    (hex digits 16; otherwise the union of the classes present: lower case 26, upper case 26, digits 10, the rest
-    33). A person's password reaches it only by being long; OS entropy written as hex or base64 reaches it
-    exactly."""
+    """An upper bound on the entropy of `token`: its length, or the length of the pattern it repeats, times log2
+    of the alphabet its characters suggest (hex digits 16; otherwise the union of the classes present: lower
+    case 26, upper case 26, digits 10, the rest 33). A person's password reaches it only by being long; OS
+    entropy written as hex or base64 reaches it exactly."""
     if not token:
         return 0.0
     if all(c in _HEX for c in token) and not (any(c.islower() for c in token) and any(c.isupper() for c in token)):
@@ -40,13 +48,13 @@ def estimated_bits(token: str) -> float:
     else:
         size = (26 * any(c.islower() for c in token) + 26 * any(c.isupper() for c in token)
                 + 10 * any(c.isdigit() for c in token) + 33 * any(not c.isalnum() for c in token))
-    return len(token) * math.log2(max(size, 2))
+    return _period(token) * math.log2(max(size, 2))
 
 
 def strength_problem(token: str) -> str | None:
     """Why a token is too weak to admit anyone with (None: strong enough)."""
     bits = estimated_bits(token)
-    if bits >= MIN_BITS and len(set(token)) >= 8:
+    if bits >= MIN_BITS:
         return None
     return (f"a {len(token)}-character token carries at most {int(bits)} bits, and fdl needs at least {MIN_BITS} "
             f"(32 hex digits of OS entropy; mint one with: {MINT_COMMAND})")

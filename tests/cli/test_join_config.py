@@ -201,6 +201,26 @@ def test_cloud_init_unit_is_the_shipped_template_and_systemd_accepts_it(proj, tm
     assert done.returncode == 0 and "flodl-join.service" not in done.stderr, done.stderr
 
 
+def test_the_roles_render_every_file_and_no_sshd_t_runs_outside_their_validate(proj, host_key):
+    """regression (issue 39, item 4): join-config rendered the roles' templates with a jinja2 environment of its
+    own (with copies of Ansible's comment and bool filters) and ran its own sshd -t beside the role's validate:.
+    Now one ansible-playbook run, the collection's join_config play, renders them: the fdl_join_door role's
+    module plans the drop-in, and the templates are Ansible's; the doctor has no sshd -t finding of its own."""
+    doc, _ = proj.json("join-config", "b300", "--controller", DOOR, "--cloud-init", "--yes")
+    (run,) = runs_of(proj.cache, "join_config.yml")
+    assert run.command[0] == "ansible-playbook"
+    assert "flodl.fdl.fdl_join_door_plan" in run.actions and "ansible.builtin.set_fact" in run.actions
+    assert run.hosts("failures") == {} and run.hosts("changed") == {"localhost": 1}  # the user-data, privately
+    assert "sshd -t" not in {check["name"] for check in doc["doctor"]}
+    assert runs_of(proj.cache, "join_door.yml") == []
+    token = (proj.farm / "b300" / "token").read_text().strip()
+    key_line = (proj.farm / "b300" / "key").read_text().splitlines()[1]
+    for artifact in run.artifact_dir.rglob("*"):  # no secret in the runner's artifacts
+        if artifact.is_file():
+            text = artifact.read_text(errors="replace")
+            assert token not in text and key_line not in text, artifact
+
+
 # --------------------------------------------------------------------------- what a worker boots from
 
 

@@ -110,7 +110,8 @@ def test_a_weak_literal_token_is_refused_with_the_command_that_mints_a_good_one(
 
 
 def test_strength_is_an_upper_bound_on_entropy():
-    assert estimated_bits("ab" * 16) == 128 and strength_problem("ab" * 16) is not None  # two digits only
+    assert estimated_bits("ab" * 16) == 8 and strength_problem("ab" * 16) is not None  # a 2-digit pattern
+    assert estimated_bits("5f0c" * 8) == 16 and estimated_bits(TOKEN) == 128
     assert strength_problem(TOKEN) is None and strength_problem(os.urandom(32).hex()) is None
     assert strength_problem("correct-horse-battery-staple-xyzzy") is None  # 34 characters of 4 classes
     assert strength_problem("hunter2") is not None and strength_problem("0123456789abcdef") is not None

@@ -433,3 +433,29 @@ def test_a_key_file_the_role_refuses_is_the_wizards_refusal_with_the_farm_writte
     refused(excinfo)
     assert (box.farm / "key").is_file() and (box.farm / "join-door.yml").is_file()
     assert box.ak.is_dir() and list(box.ak.iterdir()) == []
+
+
+def test_a_render_that_lost_a_key_stops_the_wizard_with_nothing_written(box, monkeypatch):
+    """regression (issue 36, finding 1): worker.yml and the user-data came out with `identity:` inside the comment
+    of the `ssh:` line, and the wizard wrote them and reported success. The real render runs; its worker.yml is
+    then broken the way that template broke it (no shipped template can be made to do it any more)."""
+    from dataclasses import replace as with_field
+
+    from fdl.farm.wizard import apply as apply_module
+
+    real = apply_module.render
+
+    def as_the_old_template_did(*args, **kwargs):
+        done = real(*args, **kwargs)
+        assert done.worker_yml is not None and "\n  identity:" in done.worker_yml
+        return with_field(done, worker_yml=done.worker_yml.replace(
+            "\n  identity:", "  # the door on the controller box  identity:"))
+
+    monkeypatch.setattr(apply_module, "render", as_the_old_template_did)
+    with pytest.raises(FdlError, match=r"join\.identity missing \(lost or commented out\)") as excinfo:
+        box.run(controller=box.controller, assume_yes=True, cloud_init=True)
+    refused(excinfo)
+    assert sorted(p.name for p in box.farm.iterdir()) == [".gitignore"]  # no key, token, worker.yml, user-data
+    assert not (box.root / "fdl.lab.yml").exists()
+    assert not (box.home / ".local" / "state" / "fdl" / "farms").exists() or \
+        list((box.home / ".local" / "state" / "fdl" / "farms").iterdir()) == []  # nothing recorded as minted
