@@ -441,9 +441,9 @@ def test_a_render_that_lost_a_key_stops_the_wizard_with_nothing_written(box, mon
     then broken the way that template broke it (no shipped template can be made to do it any more)."""
     from dataclasses import replace as with_field
 
-    from fdl.farm.wizard import apply as apply_module
+    from fdl.farm.wizard import files
 
-    real = apply_module.render
+    real = files.render
 
     def as_the_old_template_did(*args, **kwargs):
         done = real(*args, **kwargs)
@@ -451,7 +451,7 @@ def test_a_render_that_lost_a_key_stops_the_wizard_with_nothing_written(box, mon
         return with_field(done, worker_yml=done.worker_yml.replace(
             "\n  identity:", "  # the door on the controller box  identity:"))
 
-    monkeypatch.setattr(apply_module, "render", as_the_old_template_did)
+    monkeypatch.setattr(files, "render", as_the_old_template_did)
     with pytest.raises(FdlError, match=r"join\.identity missing \(lost or commented out\)") as excinfo:
         box.run(controller=box.controller, assume_yes=True, cloud_init=True)
     refused(excinfo)
