@@ -19,8 +19,6 @@ EXCLUSIVE: dict[str, tuple[tuple[str, str, str], ...]] = {
              ("--token", "--token-file", "the run's token comes from one place")),
     "start": (("--token", "--token-file", "the run's token comes from one place"),),
     "probe": (("--cpu", "--devices", "both say what this host offers"),),
-    "publish": (("--no-build", "--build", "--build names the recipe of the build gate --no-build skips"),
-                ("--no-build", "--gate", "--gate adds check-builds to the build gate --no-build skips")),
     "join-config": (("--authorized-keys", "--no-install-key",
                      "--authorized-keys names where to install the key line, and --no-install-key says not to"),),
 }
