@@ -99,7 +99,7 @@ def tracked_by_git(path: Path) -> bool:
     try:
         done = subprocess.run([git, "-c", "core.fsmonitor=false", "-C", str(path.parent), "ls-files",
                                "--error-unmatch", "--", path.name], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, timeout=30)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, timeout=30, check=False)
     except (OSError, subprocess.SubprocessError):
         return False
     return done.returncode == 0
