@@ -263,10 +263,10 @@ def commit_links(tree: Path, rev: str, env: Mapping[str, str] | None = None) -> 
                          f"{_tail(listed.stderr.decode(errors='replace'))}")
     links: list[tuple[str, bytes]] = []
     for record in listed.stdout.split(b"\0"):
-        head, tab, path = record.partition(b"\t")
+        head, tab, raw = record.partition(b"\t")
         fields = head.split()
         if tab and len(fields) == 3 and fields[0] == b"120000" and fields[1] == b"blob":
-            links.append((os.fsdecode(path), fields[2]))
+            links.append((os.fsdecode(raw), fields[2]))
     if not links:
         return []
     read = subprocess.run(["git", "-C", str(tree), "cat-file", "--batch"], capture_output=True,
@@ -279,7 +279,8 @@ def commit_links(tree: Path, rev: str, env: Mapping[str, str] | None = None) -> 
         header, _, out = out.partition(b"\n")
         fields = header.split()
         if len(fields) != 3 or not fields[2].isdigit():
-            raise FetchError(f"git could not read the link {path} of {rev} in {tree} ({header.decode(errors='replace')}).")
+            raise FetchError(f"git could not read the link {path} of {rev} in {tree} "
+                             f"({header.decode(errors='replace')}).")
         size = int(fields[2])
         texts.append(os.fsdecode(out[:size]))
         out = out[size + 1:]

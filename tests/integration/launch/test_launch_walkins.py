@@ -91,7 +91,7 @@ def test_a_watch_that_missed_the_end_of_a_discovery_run_finds_its_outcome(tmp_pa
         walk_in = spawn_join(f"127.0.0.1:{port}", "--bin", str(binary), "--host", "walker", "--devices", "cpu:1",
                              home=tmp_path / "walker", env={"FDL_JOIN_TOKEN": token_file.read_text().strip()})
         code, _, agent_err = finish(walk_in, timeout=180)
-        out, err = launcher.communicate(timeout=180)
+        _, err = launcher.communicate(timeout=180)
         watched, watch_err = watch.communicate(timeout=60)
     finally:
         for proc in (launcher, watch):

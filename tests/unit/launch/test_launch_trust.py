@@ -84,3 +84,21 @@ def test_the_controller_refuses_a_tokenless_window_on_any_bind() -> None:
         pass
     with ControllerServer(RunPolicy(window_s=60, token="t" * 32), host="0.0.0.0", port=free_port()):
         pass
+
+
+def test_a_discovery_launcher_prints_the_line_a_walk_in_joins_with_and_never_the_token(tmp_path, monkeypatch) -> None:
+    """issue 38 item 10: the walk-in line named no address ("fdl join ..."), and a roster run offered it too."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    launcher = Launcher(plan(discovery=True), printer=Notes())
+    token = launcher._policy().token
+    shown = f"~/{launcher.run_dir.relative_to(tmp_path)}/token"
+    assert launcher.walk_in_line() == (f'FDL_JOIN_TOKEN="$(cat {shown})" fdl join 127.0.0.1:1337 --bin PROGRAM '
+                                       f"--devices DEVICES")
+    assert token not in launcher.walk_in_line()
+    configured = Launcher(plan(discovery=True, token="abc" * 11), printer=Notes())
+    configured._policy()
+    assert configured.walk_in_line() == "FDL_JOIN_TOKEN=<the run's token> fdl join 127.0.0.1:1337 --bin PROGRAM " \
+                                        "--devices DEVICES"
+    roster = Launcher(plan(), printer=Notes())
+    roster._policy()
+    assert roster.walk_in_line() is None  # nobody walks into a roster run
