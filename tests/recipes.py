@@ -252,3 +252,66 @@ print(f"rank {dist.get_rank()}/{dist.get_world_size()}: sum {int(value.item())},
 dist.destroy_process_group()
 ''',
 }
+
+
+# ------------------------------------------------------------------------------------------- fdl's own words
+
+
+def fdl_lines(text: str) -> list[list[str]]:
+    """The words after `fdl` of every fdl command a shell fence holds (continuations joined, comments and the
+    environment assignments before it left out, `$ ` prompts taken off)."""
+    import shlex
+
+    out, joined = [], ""
+    for raw in text.splitlines():
+        line = raw[2:] if raw.startswith("$ ") else raw
+        joined += line[:-1] + " " if line.endswith("\\") else line
+        if line.endswith("\\"):
+            continue
+        try:
+            words = shlex.split(joined, comments=True)
+        except ValueError:
+            words = []
+        joined = ""
+        while words and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):
+            words = words[1:]
+        for start in [i for i, w in enumerate(words) if w == "fdl" and (i == 0 or words[i - 1] in ("&&", "||", ";"))]:
+            tail = words[start + 1:]
+            end = next((i for i, w in enumerate(tail) if w in ("&&", "||", ";", "|", "&")), len(tail))
+            out.append(tail[:end])
+    return out
+
+
+def unknown_options(words: list[str], tree: list[dict]) -> list[str]:
+    """The options an fdl command line names that fdl does not have there, or a command it does not have; []
+    when every word is known. `tree` is tests/cli/command_tree.py's walk of fdl, from a project whose fdl.yml
+    has a cluster command `train`: any other project command is taken as one like it. Words after a bare `--`
+    are the ranks' own."""
+    rows = {tuple(row["path"]): row for row in tree}
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    if "--" in words:
+        words = words[:words.index("--")]
+    path: tuple[str, ...] = ()
+    wrong: list[str] = []
+    i = 0
+    while i < len(words):
+        word, row = words[i], rows[path]
+        shown = " ".join(("fdl", *path))
+        if word.startswith("-"):
+            flag = word.split("=", 1)[0]
+            option = next((p for p in row["params"] if p["kind"] == "option" and flag in p["opts"]), None)
+            if option is None:
+                wrong.append(f"{shown} {flag}")
+            elif option["takes_value"] and "=" not in word:
+                i += 1  # its value
+        elif row["group"]:
+            nxt = (*path, word)
+            if nxt not in rows and path == () and ("train",) in rows:
+                nxt = ("train",)  # a project command: what the page's fdl.yml defines, a launcher run
+            if nxt not in rows:
+                wrong.append(f"{shown} {word}: no such command")
+                break
+            path = nxt
+        i += 1
+    return wrong

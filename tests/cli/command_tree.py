@@ -29,7 +29,8 @@ def walk(command, path, parent):
     for param in command.get_params(ctx):
         record = param.get_help_record(ctx)
         params.append({"name": param.name, "kind": param.param_type_name, "opts": list(param.opts),
-                       "shown": record[0] if record else None})
+                       "shown": record[0] if record else None,
+                       "takes_value": not (getattr(param, "is_flag", False) or getattr(param, "count", False))})
     rows = [{"path": path, "group": isinstance(command, click.Group), "params": params}]
     if isinstance(command, click.Group):
         for name in command.list_commands(ctx):
@@ -41,7 +42,8 @@ print(json.dumps(walk(typer.main.get_command(app), [], None)))
 
 
 def command_tree(cwd: Path) -> list[dict[str, Any]]:
-    """[{path: [words], group: bool, params: [{name, kind, opts, shown}]}] for fdl and every command under it,
+    """[{path: [words], group: bool, params: [{name, kind, opts, shown, takes_value}]}] for fdl and every command
+    under it,
     project commands of the fdl.yml in cwd included."""
     done = subprocess.run([sys.executable, "-c", WALK], cwd=cwd, env=fdl_env(), capture_output=True, text=True,
                           timeout=120)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 from tests.recipes import (
     STOCK,
@@ -87,3 +89,34 @@ def test_commands_and_console_output() -> None:
     assert steps == [("ansible-inventory --graph", ["@all:", "  |--@ungrouped:"]), ("true", [])]
     assert matches(["@all:", "...", "  |--b"], ["@all:", "  |--a", "  |--b", ""])
     assert not matches(["@all:", "  |--b"], ["@all:", "  |--a", "  |--b"])
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> list[dict]:
+    """fdl's commands and options, walked in a fresh interpreter, with a project cluster command `train`."""
+    from tests.cli.command_tree import command_tree
+
+    project = tmp_path_factory.mktemp("project")
+    (project / "fdl.yml").write_text("commands:\n  train: {cluster: true, run: 'true'}\n")
+    return command_tree(project)
+
+
+def test_every_fdl_option_a_recipe_names_is_one_fdl_has(tree) -> None:
+    """Illustrative recipes too: they cannot run here, but the options they show must be fdl's (a renamed or
+    removed option fails here, naming the recipe)."""
+    from tests.recipes import fdl_lines, unknown_options
+
+    wrong = [f"{r.where}: fdl {' '.join(words)}: {', '.join(bad)}" for r in recipes(REPO)
+             for words in fdl_lines(r.fence.text) if (bad := unknown_options(words, tree))]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_option_check_finds_a_stale_option(tree) -> None:
+    from tests.recipes import fdl_lines, unknown_options
+
+    assert fdl_lines("FDL_X=1 fdl @cluster probe --strict \\\n  --skip-mount  # c\nls && fdl start --addr h:1\n") \
+        == [["@cluster", "probe", "--strict", "--skip-mount"], ["start", "--addr", "h:1"]]
+    assert unknown_options(["@cluster", "probe", "--strict", "--skip-mount"], tree) == []
+    assert unknown_options(["--gpus", "0,1", "train", "--no-prebuild", "--", "--lr", "0.1"], tree) == []
+    assert unknown_options(["nccl", "build", "--jobz", "8"], tree) == ["fdl nccl build --jobz"]
+    assert unknown_options(["libtorch", "fetch", "cpu"], tree) == ["fdl libtorch fetch: no such command"]
