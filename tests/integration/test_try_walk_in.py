@@ -100,3 +100,18 @@ def test_ctrl_c_mid_training_stops_the_launcher_the_walk_in_and_their_ranks(tmp_
     time.sleep(0.5)
     assert not processes_mentioning(str(tmp_path)), processes_mentioning(str(tmp_path))
     assert not list((tmp_path / "home" / "tmp").glob("fdl-try-walk-in.*"))
+
+
+def test_a_shell_of_its_own_leaves_nothing_it_started_running(tmp_path: Path) -> None:
+    """`try-walk-in -- CMD`: what CMD started and left behind (a launcher still waiting for walk-ins) is stopped
+    when it ends, with the project."""
+    env = account(tmp_path)
+    left = ('fdl @discovery train > launcher.log 2>&1 & '
+            'until grep -q "a walk-in joins with" launcher.log; do sleep 0.2; done; fdl @discovery status')
+    done = subprocess.run([str(SCRIPT), "--", "bash", "-c", left], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "THAT LINE &" in done.stderr and "quorum: not met" in done.stdout
+    time.sleep(0.5)
+    assert not processes_mentioning(str(tmp_path)), processes_mentioning(str(tmp_path))
+    assert not list((tmp_path / "home" / "tmp").glob("fdl-try-walk-in.*"))
