@@ -11,7 +11,9 @@ The order is the whole design:
    does not point at) loses its old manifest;
 4. it is updated incrementally (rsync --delete, or git fetch + checkout); a
    manifest the source carries is removed, links out of the tree refuse the
-   publish, the warm build cache moves in;
+   publish (a file:// directory and a git commit are checked before they land,
+   so the slot stays as it was; links found later are removed with the
+   refusal), the warm build cache moves in;
 5. the gate builds it (and each --gate check-builds it), and the whole tree,
    build output included, is checked for links out of it once more;
 6. the manifest is written into it atomically, with a fresh run nonce;
