@@ -83,7 +83,8 @@ def test_markers_are_read_from_the_line_before_the_fence_and_checked(tmp_path: P
 def test_commands_and_console_output() -> None:
     from tests.recipes import Fence, Recipe
 
-    fence = Fence(Path("x.md"), 1, "sh", "GLOO_SOCKET_IFNAME=lo fdl a \\\n  --b # c\nansible-playbook -i h p.yml && cd /x\n", [])
+    text = "GLOO_SOCKET_IFNAME=lo fdl a \\\n  --b # c\nansible-playbook -i h p.yml && cd /x\n"
+    fence = Fence(Path("x.md"), 1, "sh", text, [])
     assert commands(Recipe(fence, "run")) == ["fdl", "ansible-playbook"]  # cd: the shell's own
     steps = console_steps("$ ansible-inventory --graph\n@all:\n  |--@ungrouped:\n$ true\n")
     assert steps == [("ansible-inventory --graph", ["@all:", "  |--@ungrouped:"]), ("true", [])]
@@ -114,8 +115,8 @@ def test_every_fdl_option_a_recipe_names_is_one_fdl_has(tree) -> None:
 def test_the_option_check_finds_a_stale_option(tree) -> None:
     from tests.recipes import fdl_lines, unknown_options
 
-    assert fdl_lines("GLOO_SOCKET_IFNAME=lo fdl @cluster probe --strict \\\n  --skip-mount  # c\nls && fdl start --addr h:1\n") \
-        == [["@cluster", "probe", "--strict", "--skip-mount"], ["start", "--addr", "h:1"]]
+    text = "GLOO_SOCKET_IFNAME=lo fdl @cluster probe --strict \\\n  --skip-mount  # c\nls && fdl start --addr h:1\n"
+    assert fdl_lines(text) == [["@cluster", "probe", "--strict", "--skip-mount"], ["start", "--addr", "h:1"]]
     assert unknown_options(["@cluster", "probe", "--strict", "--skip-mount"], tree) == []
     assert unknown_options(["--gpus", "0,1", "train", "--no-prebuild", "--", "--lr", "0.1"], tree) == []
     assert unknown_options(["nccl", "build", "--jobz", "8"], tree) == ["fdl nccl build --jobz"]
