@@ -30,7 +30,7 @@ def walk(command, path, parent):
         record = param.get_help_record(ctx)
         params.append({"name": param.name, "kind": param.param_type_name, "opts": list(param.opts),
                        "secondary": list(getattr(param, "secondary_opts", [])),
-                       "takes_value": param.param_type_name == "option" and not param.is_flag,
+                       "takes_value": param.param_type_name == "option" and not (param.is_flag or param.count),
                        "shown": record[0] if record else None})
     rows = [{"path": path, "group": isinstance(command, click.Group), "params": params}]
     if isinstance(command, click.Group):
