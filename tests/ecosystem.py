@@ -107,7 +107,7 @@ def prepare(line: str) -> tuple[SanityEnv, int]:
     full = _run([str(interpreter), "-c", "import sys; print(sys.version)"], f"{interpreter} --version").strip()
     key = hashlib.sha256("\0".join([str(Path(interpreter).resolve()), full, release, GET_PIP]).encode())
     root = cache_root() / f"core{line}-py{version}-{key.hexdigest()[:12]}"
-    lock = _locked(root.with_suffix(".lock"))
+    lock = _locked(root.parent / f"{root.name}.lock")
     try:
         if not (root / ".complete").is_file():
             _build(root, Path(interpreter), release)
