@@ -9,6 +9,8 @@ plugins/plugin_utils/fdl/ (a copy of the fdl package's reader in the built colle
 itself in place).
 """
 
+from __future__ import annotations
+
 DOCUMENTATION = r"""
     name: cluster
     short_description: Use an fdl project's cluster (fdl.yml and its env overlay) as an inventory
