@@ -156,8 +156,8 @@ def worker_vars(worker: WorkerSpec, root: Path | None, ssh: SshDefaults | None =
     if identity is not None:
         hostvars["ansible_ssh_private_key_file"] = identity
     hostvars.update(_ssh_args(ssh, root))
-    if local:
-        hostvars.update(local_vars(hostvars["ansible_python_interpreter"]))
+    if local:  # this machine: its worker's interpreter is fdl's own unless python: names one
+        hostvars.update(local_vars(worker.python or sys.executable))
     return hostvars
 
 

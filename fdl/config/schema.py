@@ -79,7 +79,7 @@ class WorkerSpec(NamedTuple):
     local_devices: Devices = Devices()
     env: tuple[tuple[str, str], ...] = ()
     data_path: str | None = None
-    python: str = "/usr/bin/python3"
+    python: str | None = None  # None: /usr/bin/python3 over ssh, fdl's own interpreter on this machine
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -423,7 +423,7 @@ def _worker(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults) -> WorkerSp
         local_devices=Devices() if devices is None else devices,
         env=c.soft((), c.env_map, block["env"], path + ("env",)) if block.get("env") is not None else (),
         data_path=c.opt_string(block, "data_path", path),
-        python=c.opt_string(block, "python", path) or "/usr/bin/python3",
+        python=c.opt_string(block, "python", path),
     )
     return spec if host is not None and address is not None and problem is None else None
 
