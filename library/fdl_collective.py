@@ -138,9 +138,9 @@ import tempfile
 from ansible.module_utils.basic import AnsibleModule
 
 try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
-    from ansible_collections.flodl.fdl.plugins.module_utils.collective import ranks as collective
+    from ansible_collections.flodl.fdl.plugins.module_utils.collective import offer, ranks
 except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
-    from ansible.module_utils.fdl.hostside.collective import ranks as collective
+    from ansible.module_utils.fdl.hostside.collective import offer, ranks
 
 
 def main():
@@ -165,25 +165,25 @@ def main():
         module.fail_json(msg=f"the all-reduce smoke test runs on every host at once, but this play runs "
                              f"{params['forks']} at a time and the test spans {len(world)} hosts: run it with "
                              f"forks {len(world)} or more (-f {len(world)})")
-    ranks = collective.world_ranks(world, host, master_addr=params["master_addr"], master_port=params["master_port"])
-    if not ranks:
+    mine = ranks.world_ranks(world, host, master_addr=params["master_addr"], master_port=params["master_port"])
+    if not mine:
         module.exit_json(changed=False, ranks=[], events=[], tails={}, codes={}, first_failure=None,
                          abandoned=False, elapsed_s=0.0, ok=True, msg=f"{host}: no rank in the smoke test")
     directory = tempfile.mkdtemp(prefix="fdl-collective-")
     try:
-        program = collective.write_program(directory)
-        argv = collective.program_argv(sys.executable, program, time_limit_s=params["time_limit_s"],
+        program = offer.write_program(directory)
+        argv = ranks.program_argv(sys.executable, program, time_limit_s=params["time_limit_s"],
                                        min_bytes=params["min_bytes"], max_bytes=params["max_bytes"],
                                        max_iters=params["max_iters"], exchange_bytes=params["exchange_bytes"])
-        outcome = collective.run_ranks(argv, ranks, time_limit_s=params["time_limit_s"])
+        outcome = ranks.run_ranks(argv, mine, time_limit_s=params["time_limit_s"])
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     done = sum(1 for event in outcome.events if event.get("event") == "done")
-    ok = done == len(ranks) and not outcome.abandoned and outcome.first_failure is None
-    numbers = [r["rank"] for r in ranks]
+    ok = done == len(mine) and not outcome.abandoned and outcome.first_failure is None
+    numbers = [r["rank"] for r in mine]
     what = "finished" if ok else ("abandoned at the time limit" if outcome.abandoned else "did not finish")
     module.exit_json(changed=False, ranks=numbers, ok=ok,
-                     msg=f"{host}: ranks {numbers[0]}-{numbers[-1]} {what} ({done} of {len(ranks)} done)",
+                     msg=f"{host}: ranks {numbers[0]}-{numbers[-1]} {what} ({done} of {len(mine)} done)",
                      **outcome.to_dict())
 
 

@@ -127,11 +127,11 @@ from ansible.module_utils.basic import AnsibleModule
 try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
     from ansible_collections.flodl.fdl.plugins.module_utils.checks.probe import ProbeOptions, run_probe
     from ansible_collections.flodl.fdl.plugins.module_utils.checks.verdict import verdict
-    from ansible_collections.flodl.fdl.plugins.module_utils.collective import ranks as collective
+    from ansible_collections.flodl.fdl.plugins.module_utils.collective import offer as collective
 except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
     from ansible.module_utils.fdl.hostside.checks.probe import ProbeOptions, run_probe
     from ansible.module_utils.fdl.hostside.checks.verdict import verdict
-    from ansible.module_utils.fdl.hostside.collective import ranks as collective
+    from ansible.module_utils.fdl.hostside.collective import offer as collective
 
 
 def main():

@@ -225,7 +225,7 @@ def run_collective(plan: CollectivePlan, report: HostReport) -> CollectiveResult
     `collective` check to this host's report."""
     from fdl.collective.results import to_check
     from fdl.collective.run import run_local
-    from fdl.hostside.collective.ranks import DEFAULT_CPU_RANKS, selected_gpus
+    from fdl.hostside.collective.offer import DEFAULT_CPU_RANKS, selected_gpus
 
     devices, options = plan
     if devices is None:

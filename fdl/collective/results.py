@@ -1,7 +1,7 @@
 """Aggregate the ranks' JSON lines of the all-reduce smoke test into one result.
 
 Pure functions: `aggregate` turns every rank's events (read from their output
-by fdl.hostside.collective.ranks) into bandwidth rows, per-rank and per-host
+by fdl.hostside.collective.offer) into bandwidth rows, per-rank and per-host
 figures, the slowest rank and the stragglers, and `to_check` makes the
 `collective` check of the probe report.
 

@@ -3,7 +3,7 @@
 `run_local` starts every rank on this host (what `fdl probe --collective` does): one rank per GPU with
 nccl, or N CPU ranks with gloo. Across a cluster the ranks run on every host at once from the fdl_probe
 role's collective step (fdl.cluster.probe), and `combine` turns what each host's step returned into one
-result. Both take the host side from fdl.hostside.collective.ranks (rank numbering, the rank program, the
+result. Both take the host side from fdl.hostside.collective (the rank program, rank numbering, the
 supervised run), the one library the role's modules run too.
 
 The time limit bounds the ranks: they get BUDGET_SHARE of it as their own budget (they stop early, in
@@ -22,7 +22,8 @@ from typing import Any
 
 from fdl.collective.results import CollectiveResult, aggregate
 from fdl.hostside.collective import allreduce
-from fdl.hostside.collective.ranks import DEFAULT_CPU_RANKS, program_argv, run_ranks, world_ranks
+from fdl.hostside.collective.offer import DEFAULT_CPU_RANKS
+from fdl.hostside.collective.ranks import program_argv, run_ranks, world_ranks
 
 SCRIPT = Path(allreduce.__file__)
 LOCAL_RENDEZVOUS_TRIES = 3  # a local world on a port of our choosing: attempts at its rendezvous

@@ -1,13 +1,11 @@
-"""The all-reduce smoke test on one host: what it offers, its ranks' place in the world, and running them.
+"""The all-reduce smoke test on one host: its ranks' place in the world, and running them.
 
 One library, two callers. `fdl probe --collective` runs a one-host world on this machine
 (fdl.collective.run). Across a cluster, the fdl_probe role's collective step runs on every host of one
-play: its probe (module fdl_probe with collective: true) says what the host offers (`offer`: its ranks,
-and whether its Python imports PyTorch), and the next task (module fdl_collective) hands every host the
-same list of offers, from which each host takes its own ranks (`world_ranks`) and runs them at once
-(`run_ranks`), bounded by the time limit. The rank program is allreduce.py beside this file; its results
-are `fdl-collective {json}` lines (`parse_line`), which the controller aggregates
-(fdl.collective.results).
+play: its probe says what the host offers (offer.py), and the next task (module fdl_collective) hands every
+host the same list of offers, from which each host takes its own ranks (`world_ranks`) and runs them at once
+(`run_ranks`), bounded by the time limit. The rank program is allreduce.py; the controller aggregates the
+events (fdl.collective.results).
 
 Standard library only (the rank program imports PyTorch itself), Python 3.8: shipped to hosts as the
 collection's module_utils.
@@ -15,57 +13,17 @@ collection's module_utils.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import threading
 import time
-from typing import Any, Callable, Dict, NamedTuple
+from typing import Any, Callable, NamedTuple
 
-from ..checks.devices import Devices, parse_devices
 from ..envvars import FDL_BACKEND, FDL_HOST
 from ..supervisor import Supervisor
-from . import allreduce
+from .offer import Event, parse_line
 
-PREFIX = allreduce.PREFIX
 BUDGET_SHARE = 0.75  # of the time limit, for the ranks' own measuring; the rest is start-up and slack
-DEFAULT_CPU_RANKS = 2  # what a host offers that declares every GPU and has none
-CHECK_TIMEOUT_S = 30.0  # the PyTorch check on a host (`import torch`, slow on a loaded box)
 GRACE_S = 2.0  # SIGTERM to SIGKILL when the ranks are stopped
 TAIL_LINES = 5  # other output kept per rank, for a failure's report
-
-Event = Dict[str, Any]
-
-
-def parse_line(line: str) -> Event | None:
-    """The event a rank printed on this line, or None for any other output."""
-    text = line.strip()
-    if not text.startswith(PREFIX):
-        return None
-    try:
-        event = json.loads(text[len(PREFIX):])
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) and "event" in event else None
-
-
-def program_source() -> str:
-    """The rank program's source: read through its loader, so it also comes out of a module's payload."""
-    loader = getattr(allreduce, "__loader__", None)
-    source = loader.get_source(allreduce.__name__) if loader is not None and hasattr(loader, "get_source") else None
-    if source is None:
-        with open(allreduce.__file__, encoding="utf-8") as handle:
-            source = handle.read()
-    return str(source)
-
-
-def write_program(directory: str) -> str:
-    """The rank program as a file in `directory` (a private one of the caller's); returns its path."""
-    path = os.path.join(directory, "allreduce.py")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(program_source())
-    return path
 
 
 def program_argv(python: str, program: str, *, time_limit_s: float, min_bytes: int, max_bytes: int,
@@ -74,64 +32,6 @@ def program_argv(python: str, program: str, *, time_limit_s: float, min_bytes: i
     budget = max(1.0, time_limit_s * BUDGET_SHARE)
     return [python, program, "--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes), "--budget-s",
             f"{budget:.1f}", "--max-iters", str(max_iters), "--exchange-bytes", str(exchange_bytes)]
-
-
-def selected_gpus(report: dict[str, Any]) -> list[int] | None:
-    """The GPU ids a probe report (dict form) selected, or None when it found no GPU."""
-    gpu = next((c for c in report.get("checks", []) if c.get("name") == "gpu"), None)
-    if gpu is None:
-        return None
-    ids = [d["index"] for d in (gpu.get("data") or {}).get("devices", []) if d.get("selected")]
-    return ids or None
-
-
-def offered(declared: str | None, report: dict[str, Any]) -> tuple[list[int] | None, int]:
-    """(GPU ids or None for CPU ranks, rank count) a host offers the test: what it declares (cpu:N or GPU
-    ids); declaring every GPU, the GPUs its probe selected, and without any GPU, DEFAULT_CPU_RANKS CPU ranks.
-    Raises ValueError for a declaration that does not parse."""
-    devices = parse_devices(declared) if declared not in (None, "") else Devices()
-    if devices.is_cpu:
-        return None, devices.count
-    if devices.ids is not None:
-        return list(devices.ids), len(devices.ids)
-    gpus = selected_gpus(report)
-    return (gpus, len(gpus)) if gpus else (None, DEFAULT_CPU_RANKS)
-
-
-def check_torch(python: str, program: str, *, timeout: float = CHECK_TIMEOUT_S,
-                env: dict[str, str] | None = None) -> dict[str, str]:
-    """Whether `python` imports PyTorch: {"torch": version}, {"skipped": why} when it cannot, {"error": why}
-    when the check itself could not run (no such interpreter, no answer in time)."""
-    try:
-        done = subprocess.run([python, program, "--check"], stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=timeout, env=env, check=False)
-    except subprocess.TimeoutExpired:
-        return {"error": f"{python} did not answer the PyTorch check within {timeout:.0f} s"}
-    except OSError as exc:
-        return {"error": f"cannot run {python}: {exc.strerror or exc}"}
-    for line in done.stdout.decode("utf-8", "replace").splitlines():
-        event = parse_line(line)
-        if event is None:
-            continue
-        if event.get("event") == "torch":
-            return {"torch": str(event.get("version"))}
-        if event.get("event") == "error" and event.get("kind") == "torch-missing":
-            return {"skipped": f"{python}: {event.get('detail')}"}
-    said = (done.stderr.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
-    return {"error": f"the PyTorch check could not run with {python} (exit {done.returncode}): {said}"}
-
-
-def offer(host: str, declared: str | None, report: dict[str, Any], *, python: str,
-          directory: str) -> dict[str, Any]:
-    """What `host` offers the smoke test, as every host of the play reads it: {"host", "gpus", "ranks",
-    and "torch" (its version), "skipped" (why not: PyTorch missing) or "error" (the check could not run)}.
-    The rank program is written to `directory` for the PyTorch check."""
-    try:
-        gpus, count = offered(declared, report)
-    except ValueError as exc:
-        return {"host": host, "gpus": None, "ranks": 0, "error": f"its devices {declared!r}: {exc}"}
-    check = check_torch(python, write_program(directory))
-    return {"host": host, "gpus": gpus, "ranks": count if "torch" in check else 0, **check}
 
 
 def world_ranks(world: list[dict[str, Any]], host: str, *, master_addr: str, master_port: int,
