@@ -162,14 +162,20 @@ def main():
                            libtorch_path=params["libtorch_path"], docker=params["docker"],
                            project_root=params["project_root"], gpus=gpus, local_devices=declared,
                            whole_gpus=params["whole_gpus"])
-    report = run_probe(options, host=params["host"])
-    result = dict(changed=False, report=report.to_dict(), ok=report.ok, verdict=verdict(report))
-    if params["collective"]:
-        directory = tempfile.mkdtemp(prefix="fdl-collective-")
-        try:
-            result["offer"] = collective.offer(report.host, params["local_devices"], result["report"],
-                                               python=sys.executable, directory=directory)
-        finally:
+    directory = tempfile.mkdtemp(prefix="fdl-collective-") if params["collective"] else None
+    check = None
+    try:
+        # the smoke test's PyTorch check (an `import torch`: seconds) runs beside the probe's own checks
+        check = collective.TorchCheck(sys.executable, collective.write_program(directory)) if directory else None
+        report = run_probe(options, host=params["host"])
+        result = dict(changed=False, report=report.to_dict(), ok=report.ok, verdict=verdict(report))
+        if check is not None:
+            result["offer"] = collective.offer(report.host, params["local_devices"], result["report"], check)
+    finally:
+        if check is not None and check.proc is not None and check.proc.poll() is None:
+            check.proc.kill()  # the probe itself failed: the check's answer is not wanted
+            check.proc.wait()
+        if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
     if params["fail_on_error"] and not report.ok:
         failed = ", ".join(f"{c.name}: {c.message}" for c in report.errors)

@@ -2,7 +2,8 @@
 
 The probe step of the fdl_probe role's collective entry point runs this on every host (module fdl_probe with
 collective: true): the ranks the host offers (`offered`) and whether its Python imports PyTorch
-(`check_torch`, the rank program's --check), as `offer`, which every host of the play then reads. The rank
+(`TorchCheck`, the rank program's --check, started before the probe's own checks and run beside them), as
+`offer`, which every host of the play then reads. The rank
 program is allreduce.py beside this file; its results are `fdl-collective {json}` lines (`parse_line`).
 What runs the ranks is ranks.py, kept apart so that the probe's payload carries no rank supervisor.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from typing import Any, Dict
 
 from ..checks.devices import Devices, parse_devices
@@ -80,37 +82,54 @@ def offered(declared: str | None, report: dict[str, Any]) -> tuple[list[int] | N
     return (gpus, len(gpus)) if gpus else (None, DEFAULT_CPU_RANKS)
 
 
-def check_torch(python: str, program: str, *, timeout: float = CHECK_TIMEOUT_S,
-                env: dict[str, str] | None = None) -> dict[str, str]:
-    """Whether `python` imports PyTorch: {"torch": version}, {"skipped": why} when it cannot, {"error": why}
-    when the check itself could not run (no such interpreter, no answer in time)."""
-    try:
-        done = subprocess.run([python, program, "--check"], stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=timeout, env=env, check=False)
-    except subprocess.TimeoutExpired:
-        return {"error": f"{python} did not answer the PyTorch check within {timeout:.0f} s"}
-    except OSError as exc:
-        return {"error": f"cannot run {python}: {exc.strerror or exc}"}
-    for line in done.stdout.decode("utf-8", "replace").splitlines():
-        event = parse_line(line)
-        if event is None:
-            continue
-        if event.get("event") == "torch":
-            return {"torch": str(event.get("version"))}
-        if event.get("event") == "error" and event.get("kind") == "torch-missing":
-            return {"skipped": f"{python}: {event.get('detail')}"}
-    said = (done.stderr.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
-    return {"error": f"the PyTorch check could not run with {python} (exit {done.returncode}): {said}"}
+class TorchCheck:
+    """Whether `python` imports PyTorch, asked in a child process (the rank program's --check), which runs
+    while its caller does other work (the probe's own checks) until `result()`."""
+
+    def __init__(self, python: str, program: str, *, timeout: float = CHECK_TIMEOUT_S,
+                 env: dict[str, str] | None = None) -> None:
+        self.python = python
+        self.timeout = timeout
+        self.started = time.monotonic()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.error: str | None = None
+        try:
+            self.proc = subprocess.Popen([python, program, "--check"], stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        except OSError as exc:
+            self.error = f"cannot run {python}: {exc.strerror or exc}"
+
+    def result(self) -> dict[str, str]:
+        """{"torch": version}, {"skipped": why} when it cannot import PyTorch, {"error": why} when the check
+        itself could not run (no such interpreter, no answer within the timeout)."""
+        if self.proc is None:
+            return {"error": self.error or f"cannot run {self.python}"}
+        left = max(0.0, self.timeout - (time.monotonic() - self.started))
+        try:
+            out, err = self.proc.communicate(timeout=left)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            return {"error": f"{self.python} did not answer the PyTorch check within {self.timeout:.0f} s"}
+        for line in out.decode("utf-8", "replace").splitlines():
+            event = parse_line(line)
+            if event is None:
+                continue
+            if event.get("event") == "torch":
+                return {"torch": str(event.get("version"))}
+            if event.get("event") == "error" and event.get("kind") == "torch-missing":
+                return {"skipped": f"{self.python}: {event.get('detail')}"}
+        said = (err.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
+        return {"error": f"the PyTorch check could not run with {self.python} (exit {self.proc.returncode}): {said}"}
 
 
-def offer(host: str, declared: str | None, report: dict[str, Any], *, python: str,
-          directory: str) -> dict[str, Any]:
+def offer(host: str, declared: str | None, report: dict[str, Any], check: TorchCheck) -> dict[str, Any]:
     """What `host` offers the smoke test, as every host of the play reads it: {"host", "gpus", "ranks",
-    and "torch" (its version), "skipped" (why not: PyTorch missing) or "error" (the check could not run)}.
-    The rank program is written to `directory` for the PyTorch check."""
+    and "torch" (its version), "skipped" (why not: PyTorch missing) or "error" (the check could not run)},
+    from its declared devices, its probe report, and the PyTorch check started before the probe."""
+    found = check.result()
     try:
         gpus, count = offered(declared, report)
     except ValueError as exc:
         return {"host": host, "gpus": None, "ranks": 0, "error": f"its devices {declared!r}: {exc}"}
-    check = check_torch(python, write_program(directory))
-    return {"host": host, "gpus": gpus, "ranks": count if "torch" in check else 0, **check}
+    return {"host": host, "gpus": gpus, "ranks": count if "torch" in found else 0, **found}
