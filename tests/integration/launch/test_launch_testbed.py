@@ -165,14 +165,13 @@ def test_every_host_is_staged_by_the_dispatch_playbook_and_the_binary_travels_on
     assert sorted(line.split("] ", 1)[1] for line in first.stdout.splitlines() if "staged rank" in line) == \
         ["staged rank 0 v1", "staged rank 1 v1", "staged rank 2 v1"]
     stage, stop, ship = "flodl.fdl.fdl_dispatch_stage", "ansible.builtin.meta", "ansible.builtin.command"
-    check = "ansible.builtin.validate_argument_spec"  # each entry point's, on the controller
+    check = "ansible.builtin.validate_argument_spec"  # the role's inputs, checked on the controller
     (run,) = runs_of(cache, "dispatch.yml")
     assert run.command[0] == "ansible-playbook", run.command
-    assert run.actions.count(check) == 2  # the stage and the ship entry points, each validated
+    assert run.actions.count(check) == 1  # once per play: the ship step takes the same, checked, variables
     steps = lambda run: list(dict.fromkeys(run.actions))  # noqa: E731 - a meta task starts once per host
     assert steps(run) == [check, stage, stop, ship]  # checked inputs, layout, the controller's decision, rsync
-    # a new binary: the layout and rsync on every host, each after its entry point's check
-    assert run.hosts("ok") == {name: 4 for name in names}
+    assert run.hosts("ok") == {name: 3 for name in names}  # a new binary: checked, laid out, sent by rsync
     assert run.hosts("failures") == {} and run.hosts("dark") == {}
     for host in bed.hosts:  # the staged copy is the binary itself
         shipped = host.home / ".flodl" / "launch" / "bin" / "job" / "rank.sh"
@@ -186,7 +185,7 @@ def test_every_host_is_staged_by_the_dispatch_playbook_and_the_binary_travels_on
     changed = run_job()
     assert "staged rank 0 v2" in changed.stdout
     latest = runs_of(cache, "dispatch.yml")[-1]
-    assert steps(latest) == [check, stage, stop, ship] and latest.hosts("ok") == {name: 4 for name in names}
+    assert steps(latest) == [check, stage, stop, ship] and latest.hosts("ok") == {name: 3 for name in names}
     assert_no_leftovers(bed)
 
 
