@@ -173,8 +173,8 @@ def main():
     try:
         program = offer.write_program(directory)
         argv = ranks.program_argv(sys.executable, program, time_limit_s=params["time_limit_s"],
-                                       min_bytes=params["min_bytes"], max_bytes=params["max_bytes"],
-                                       max_iters=params["max_iters"], exchange_bytes=params["exchange_bytes"])
+                                  min_bytes=params["min_bytes"], max_bytes=params["max_bytes"],
+                                  max_iters=params["max_iters"], exchange_bytes=params["exchange_bytes"])
         outcome = ranks.run_ranks(argv, mine, time_limit_s=params["time_limit_s"])
     finally:
         shutil.rmtree(directory, ignore_errors=True)

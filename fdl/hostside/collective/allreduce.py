@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
             dist.barrier()
-            for _ in range(2 if step == 0 else 1):  # warm-up (connections are set up on first use)
+            for _warm in range(2 if step == 0 else 1):  # warm-up (connections are set up on first use)
                 t0 = time.perf_counter()
                 dist.all_reduce(tensor)
                 sync()
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             iters = max(1, iters)
             dist.barrier()
             times = []
-            for _ in range(iters):
+            for _timed in range(iters):
                 t0 = time.perf_counter()
                 dist.all_reduce(tensor)
                 sync()
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                     break
                 to, frm = (rank + k) % world, (rank - k) % world
                 times = []
-                for _ in range(max(1, args.exchange_iters)):
+                for _try in range(max(1, args.exchange_iters)):
                     dist.barrier()
                     t0 = time.perf_counter()
                     for request in (dist.isend(send, to), dist.irecv(recv, frm)):  # both posted, then waited
@@ -181,4 +181,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
