@@ -1,6 +1,6 @@
 """`fdl @cluster probe --collective` across testbed hosts, and this machine's own worker, in one run.
 
-    sudo python bench/collective_cluster.py [--hosts 3] [--runs 3] [--max-size 64K] [--against DIR]
+    sudo python bench/collective_cluster.py [--hosts 3] [--runs 3] [--max-size 64K] [--against DIR] [--plain]
 
 A testbed of N hosts (FDL_TESTBED_PREFIX/FDL_TESTBED_NET), each offering one CPU rank (gloo, over the
 bridge) under a venv of /usr/bin/python3 that sees this environment's PyTorch, and this machine as one more
@@ -10,6 +10,8 @@ checked to pass first, then sampled round-robin: medians of whole-command wall t
 
 With `--against DIR` (another checkout of fdl, e.g. `git worktree add` of an older revision), its fdl runs
 the same command in the same rounds, with a cache of its own, so two revisions compare in one run.
+`--plain` times the probe alone (no --collective) on the same cluster: remote hosts and this machine's own
+worker in one command.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--max-size", default="64K")
     parser.add_argument("--against", type=Path, default=None, help="another checkout of fdl, sampled alike")
+    parser.add_argument("--plain", action="store_true", help="the probe alone, without the smoke test")
     args = parser.parse_args()
     against = args.against.resolve() if args.against is not None else None
     if against is not None and not (against / "fdl" / "__init__.py").is_file():
@@ -60,8 +63,9 @@ def main() -> int:
                                             "bind": bed.gateway}
             (work / "fdl.yml").write_text("commands:\n  test: {run: 'true'}\n")
             (work / "fdl.cluster.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
-            argv = [*fdl_command(), "@cluster", "probe", "--json", "--skip-mount", "--collective",
-                    "--collective-max-size", args.max_size]
+            argv = [*fdl_command(), "@cluster", "probe", "--json", "--skip-mount"]
+            if not args.plain:
+                argv += ["--collective", "--collective-max-size", args.max_size]
             envs = {"this": {**env_for_fdl(bed.home_env(work / "h")), "XDG_CACHE_HOME": str(work / "c-this")}}
             if against is not None:
                 envs["against"] = {**envs["this"], "PYTHONPATH": str(against), "XDG_CACHE_HOME": str(work / "c-it")}
@@ -69,7 +73,7 @@ def main() -> int:
                 done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=600)
                 check = next((c for c in json.loads(done.stdout or "{}").get("cluster", [])
                               if c["name"] == "collective"), {})
-                size = (check.get("data") or {}).get("world_size")
+                size = (check.get("data") or {}).get("world_size", len(workers) if args.plain else None)
                 if done.returncode != 0 or size != len(workers):
                     print(f"{name}: exit {done.returncode}, world of {size} ranks (of {len(workers)}): "
                           f"{check.get('message')}", file=sys.stderr)
@@ -79,8 +83,9 @@ def main() -> int:
                     samples[name].append(timed(argv, work, env))
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"fdl @cluster probe --collective --collective-max-size {args.max_size}: {args.hosts} testbed hosts "
-          f"over ssh + this machine, 1 CPU rank each; medians of {args.runs} (wall s / controller CPU s)")
+    what = "" if args.plain else f" --collective --collective-max-size {args.max_size}"
+    print(f"fdl @cluster probe{what}: {args.hosts} testbed hosts over ssh + this machine, 1 CPU rank each; "
+          f"medians of {args.runs} (wall s / controller CPU s)")
     for name, values in samples.items():
         wall = statistics.median(v[0] for v in values)
         cpu = statistics.median(v[1] for v in values)
