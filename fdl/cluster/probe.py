@@ -132,9 +132,7 @@ def probe_cluster(config: Config, options: ClusterProbeOptions, *, collective: C
     for host in workers:
         if is_local(host):
             host.vars.update(local_host_vars(options, str(config.root) if config.root is not None else None))
-    ctl = config.cluster.controller
-    master_port = ctl.master_port or (ctl.port + 1 if ctl.port < 65535 else ctl.port - 1)
-    extravars = probe_extravars(options, collective, master_port)
+    extravars = probe_extravars(options, collective, config.cluster.controller.rendezvous_port)
     sent = time.time()
     wall_minus_monotonic = sent - time.monotonic()  # the runner stamps hosts with time.monotonic()
     result = run_playbook("probe.yml", inventory, extravars=extravars, limit=[h.name for h in workers],
@@ -145,18 +143,17 @@ def probe_cluster(config: Config, options: ClusterProbeOptions, *, collective: C
     outcomes: dict[str, dict[str, Any]] = {}
     for host in workers:
         outcome = result.hosts[host.name]
-        probed = _returned(outcome, "report")
-        if outcome.status in (HOST_OK, FAILED) and probed is not None and isinstance(probed["report"], dict):
+        probed, returned = _returned(outcome, "report")
+        if outcome.status in (HOST_OK, FAILED) and isinstance(probed.get("report"), dict):
             report = HostReport.from_dict(probed["report"])
             report.host = host.name
             reports[host.name] = report
             # the host read its clock after the run started and before its result came back
-            windows[host.name] = (sent, _finished(outcome, probed, wall_minus_monotonic))
+            windows[host.name] = (sent, returned + wall_minus_monotonic)
             if isinstance(probed.get("offer"), dict):
                 offers[host.name] = probed["offer"]
-            ran = _returned(outcome, "events")
-            if ran is not None:
-                outcomes[host.name] = ran
+            ran, _ = _returned(outcome, "events")
+            outcomes[host.name] = ran or {"msg": outcome.message}
         elif outcome.status == UNREACHABLE:
             reports[host.name] = HostReport(host=host.name, checks=[unreachable_check(host, outcome.message)])
         else:
@@ -175,20 +172,13 @@ def probe_cluster(config: Config, options: ClusterProbeOptions, *, collective: C
     return cluster
 
 
-def _returned(outcome: HostResult, key: str) -> dict[str, Any] | None:
-    """The module return of a host's task that carries `key` (the probe's "report", the smoke test's "events")."""
+def _returned(outcome: HostResult, key: str) -> tuple[dict[str, Any], float]:
+    """The module return of the host's task that carries `key` (the probe's "report", the smoke test's "events"),
+    and when it arrived (time.monotonic()); ({}, now) when no task returned it."""
     for task in outcome.tasks:
         if task.res is not None and key in task.res:
-            return task.res
-    return None
-
-
-def _finished(outcome: HostResult, probed: dict[str, Any], wall_minus_monotonic: float) -> float:
-    """When this machine had the host's probe result back, on its wall clock."""
-    for task in outcome.tasks:
-        if task.res is probed and task.finished is not None:
-            return task.finished + wall_minus_monotonic
-    return outcome.finished + wall_minus_monotonic if outcome.finished is not None else time.time()
+            return task.res, task.finished if task.finished is not None else time.monotonic()
+    return {}, time.monotonic()
 
 
 def _login(host: InventoryHost) -> str:

@@ -111,7 +111,8 @@ def run_local(gpus: list[int] | None = None, cpu_ranks: int = DEFAULT_CPU_RANKS,
 def combine(offers: dict[str, dict[str, Any]], outcomes: dict[str, dict[str, Any]], *, hosts: list[str],
             time_limit_s: float) -> CollectiveResult:
     """One result from a cluster's collective step: each host's offer (from its probe) and outcome (from the
-    step), by host, for the hosts the test was meant to span (in roster order).
+    step: its module return, or {"msg": why} when the task failed without one), by host, for the hosts the
+    test was meant to span (in roster order).
 
     A host without PyTorch is a skipped host (a warning); a host whose PyTorch check could not run, that did
     not take part, or whose rank failed without saying why makes the test fail.
@@ -128,13 +129,13 @@ def combine(offers: dict[str, dict[str, Any]], outcomes: dict[str, dict[str, Any
             skipped[host] = str(offer["skipped"])
         elif offer.get("error"):
             problems.append(f"{host}: {offer['error']}")
-        outcome = outcomes.get(host)
-        if outcome is None:
+        outcome = outcomes.get(host) or {}
+        if "events" not in outcome:  # its task failed before its ranks ran, or never came
             if offer.get("ranks"):
-                problems.append(f"{host} did not run its ranks (its task did not finish)")
+                problems.append(f"{host} did not run its ranks ({outcome.get('msg') or 'its task did not finish'})")
             continue
-        events.extend(outcome.get("events") or [])
-    ran = [o for h, o in outcomes.items() if h in hosts]
+        events.extend(outcome["events"])
+    ran = [o for h, o in outcomes.items() if h in hosts and "events" in o]
     result = aggregate(events, skipped_hosts=skipped, abandoned=any(o.get("abandoned") for o in ran),
                        time_limit_s=time_limit_s,
                        elapsed_s=max((float(o.get("elapsed_s") or 0.0) for o in ran), default=0.0))

@@ -61,6 +61,11 @@ class ControllerSpec(NamedTuple):
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def rendezvous_port(self) -> int:
+        """The torch rendezvous port on rank 0's host: master_port, else the next port after the controller's."""
+        return self.master_port or (self.port + 1 if self.port < 65535 else self.port - 1)
+
 
 class SshDefaults(NamedTuple):
     user: str | None = None

@@ -207,13 +207,14 @@ def test_a_host_without_pytorch_is_skipped_and_one_that_took_no_part_fails_the_t
 
     offers = {"a": {"host": "a", "ranks": 2, "torch": "2.13.0"},
               "b": {"host": "b", "ranks": 0, "skipped": "/usr/bin/python3: No module named 'torch'"},
-              "c": {"host": "c", "ranks": 0, "error": "/x/python did not answer the PyTorch check within 30 s"}}
+              "c": {"host": "c", "ranks": 0, "error": "/x/python did not answer the PyTorch check within 30 s"},
+              "e": {"host": "e", "ranks": 1, "torch": "2.13.0"}}
     events = [start(r, "a", 2) for r in range(2)] + [allreduce(r, MIB, 0.01) for r in range(2)] + [done(0), done(1)]
-    result = combine(offers, {"a": outcome(events), "b": outcome([]), "c": outcome([])},
-                     hosts=["a", "b", "c", "d"], time_limit_s=60)
+    result = combine(offers, {"a": outcome(events), "b": outcome([]), "c": outcome([]), "e": {"msg": "timed out"}},
+                     hosts=["a", "b", "c", "d", "e"], time_limit_s=60)
     assert result.skipped_hosts == {"b": "/usr/bin/python3: No module named 'torch'"}
     assert result.failure == ("c: /x/python did not answer the PyTorch check within 30 s; "
-                              "d did not take part (its probe did not finish)")
+                              "d did not take part (its probe did not finish); e did not run its ranks (timed out)")
     check = to_check(result)
     assert check.status == "error" and "Skipped, PyTorch cannot be imported there: b (" in check.message
 
