@@ -192,6 +192,7 @@ def _setup(bed: Testbed, work: Path) -> tuple[Path, dict, dict[str, tuple[list[s
     (project / "hosts.fdl.yml").write_text("plugin: flodl.fdl.cluster\n")
     play = yaml.safe_load((collections_path() / "ansible_collections/flodl/fdl/playbooks/probe.yml").read_text())
     play[0]["gather_facts"] = True  # Ansible's default
+    play[0]["collections"] = ["flodl.fdl"]  # the copy sits outside the collection: its short names resolve there
     (stock_dir / "probe.yml").write_text(yaml.safe_dump(play, sort_keys=False))
     stock_env = {**env, "ANSIBLE_CONFIG": str(stock_dir / "ansible.cfg")}
     stock = [str(Path(PY).parent / "ansible-playbook"), "-i", "hosts.fdl.yml", str(stock_dir / "probe.yml")]
@@ -203,7 +204,7 @@ def _setup(bed: Testbed, work: Path) -> tuple[Path, dict, dict[str, tuple[list[s
     reports = [json.loads((raw_out / h.name).read_text()) for h in bed.hosts]
     assert done.returncode == 0 and all(r["ok"] for r in reports), done.stderr
     _, _, done = timed(stock, project, stock_env)
-    assert done.returncode == 0, done.stdout[-3000:]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return project, env, {"fdl": (fdl, env), "raw ssh": (raw, env), "stock ansible": (stock, stock_env)}
 
 

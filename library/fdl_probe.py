@@ -58,6 +58,15 @@ options:
     description: Fail the task when any check is an error (the report is returned either way).
     type: bool
     default: true
+  collective:
+    description:
+      - Also say what this host offers fdl's all-reduce smoke test (C(offer) in the result), which the
+        C(fdl_collective) module then runs across every host of the play.
+      - Its ranks are what it declares in C(local_devices) (C(cpu:N), or GPU ids); declaring every GPU, the GPUs
+        the probe selected, and without any GPU, 2 CPU ranks. It offers none when this interpreter cannot
+        import PyTorch (checked here, in a child process bounded at 30 seconds).
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -101,7 +110,18 @@ verdict:
   returned: always
   type: str
   sample: "node-b: ready: 2 GPUs (sm_86), libtorch 2.10.0 cu128, NCCL 2.27.5, data /flodl/data"
+offer:
+  description: With C(collective=true), what this host offers the smoke test - C(host), C(ranks), C(gpus) (ids, or
+    null for CPU ranks), and C(torch) (PyTorch's version), C(skipped) (why it takes no part - PyTorch cannot be
+    imported) or C(error) (the check could not run).
+  returned: when collective is true
+  type: dict
+  sample: {host: node-b, ranks: 2, gpus: [0, 1], torch: 2.13.0}
 """
+
+import shutil
+import sys
+import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -114,6 +134,7 @@ from ansible_collections.flodl.fdl.plugins.module_utils.checks.devices import (
 )
 from ansible_collections.flodl.fdl.plugins.module_utils.checks.probe import ProbeOptions, run_probe
 from ansible_collections.flodl.fdl.plugins.module_utils.checks.verdict import verdict
+from ansible_collections.flodl.fdl.plugins.module_utils.collective import offer as collective
 
 
 def main():
@@ -129,6 +150,7 @@ def main():
             local_devices=dict(type="str"),
             whole_gpus=dict(type="bool"),
             fail_on_error=dict(type="bool", default=True),
+            collective=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -150,8 +172,21 @@ def main():
                            whole_gpus=params["whole_gpus"],
                            interpreter_setting="this worker's python: (in fdl.cluster.yml; ansible_python_interpreter "
                                                "in an inventory of your own)")
-    report = run_probe(options, host=params["host"])
-    result = dict(changed=False, report=report.to_dict(), ok=report.ok, verdict=verdict(report))
+    directory = tempfile.mkdtemp(prefix="fdl-collective-") if params["collective"] else None
+    check = None
+    try:
+        # the smoke test's PyTorch check (an `import torch`: seconds) runs beside the probe's own checks
+        check = collective.TorchCheck(sys.executable, collective.write_program(directory)) if directory else None
+        report = run_probe(options, host=params["host"])
+        result = dict(changed=False, report=report.to_dict(), ok=report.ok, verdict=verdict(report))
+        if check is not None:
+            result["offer"] = collective.offer(report.host, params["local_devices"], result["report"], check)
+    finally:
+        if check is not None and check.proc is not None and check.proc.poll() is None:
+            check.proc.kill()  # the probe itself failed: the check's answer is not wanted
+            check.proc.wait()
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
     if params["fail_on_error"] and not report.ok:
         failed = ", ".join(f"{c.name}: {c.message}" for c in report.errors)
         module.fail_json(msg=f"probe found {len(report.errors)} error(s): {failed}", **result)

@@ -25,27 +25,23 @@ def probe_cluster_command(g: Globals, *, as_json: bool, quiet: bool, skip_mount:
                           collective: CollectiveOptions | None = None, strict: bool = False) -> int:
     """Probe every worker of the selected env; print the report; return the exit code (0 only if all green).
 
-    collective: CollectiveOptions to also run the all-reduce smoke test across the workers (the cluster
-    check `collective`, fdl.collective.cluster). strict: a warning (a host's or a cross-host one) fails too.
+    collective: CollectiveOptions to also run the all-reduce smoke test across the workers, in the same
+    playbook run (the cluster check `collective`). strict: a warning (a host's or a cross-host one) fails too.
     """
     from fdl.cluster.probe import ClusterProbeOptions, probe_cluster
 
     config = g.config(required=True)
     options = ClusterProbeOptions(data_path=data_path, skip_mount=skip_mount, libtorch_path=libtorch_path,
                                   docker=docker, local_gpus=gpus)
-    report = probe_cluster(config, options, progress=None if not quiet else False)
+    if collective is not None and not as_json and not quiet:
+        typer.echo(f"fdl: note: probing every worker, then running the all-reduce smoke test across them (up "
+                   f"to {collective.time_limit_s:.0f} s)...", err=True)
+    report = probe_cluster(config, options, collective=collective, progress=None if not quiet else False)
     tables: list[str] = []
-    if collective is not None:
-        from fdl.collective.cluster import run_cluster
-        from fdl.collective.results import format_rows, to_check
+    if report.collective is not None:
+        from fdl.collective.results import format_rows
 
-        if not as_json and not quiet:
-            typer.echo(f"fdl: note: running the all-reduce smoke test across {len(report.hosts)} hosts (up to "
-                       f"{collective.time_limit_s:.0f} s)...", err=True)
-        result = run_cluster(config, collective, {h.host: h.to_dict() for h in report.hosts},
-                             notes=not quiet and not as_json, progress=None if not quiet else False)
-        report.cluster.append(to_check(result))
-        tables = format_rows(result)
+        tables = format_rows(report.collective)
     warnings = sum(len(h.warnings) for h in report.hosts) + sum(c.status == WARNING for c in report.cluster)
     passed = gate_passed(report.ok, warnings, strict)
     if as_json:

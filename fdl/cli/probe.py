@@ -243,7 +243,8 @@ def run_collective(plan: CollectivePlan, report: HostReport) -> CollectiveResult
     """Run the local smoke test on the planned devices (default: the selected GPUs, else cpu:2) and add its
     `collective` check to this host's report."""
     from fdl.collective.results import to_check
-    from fdl.collective.run import DEFAULT_CPU_RANKS, run_local, selected_gpus
+    from fdl.collective.run import run_local
+    from fdl.hostside.collective.offer import DEFAULT_CPU_RANKS, selected_gpus
 
     devices, options = plan
     if devices is None:

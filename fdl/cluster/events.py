@@ -29,6 +29,7 @@ class TaskOutcome:
     status: str
     res: dict[str, Any] | None = None
     duration: float | None = None
+    finished: float | None = None  # time.monotonic() when its result arrived
 
 
 @dataclass
@@ -120,9 +121,9 @@ class Collector:
                           "on_skipped": SKIPPED}[kind]
                 if kind == "on_failed" and data.get("ignore_errors"):
                     status = OK
-                host.tasks.append(TaskOutcome(task=task or "", status=status, res=res,
-                                              duration=data.get("duration")))
                 host.finished = time.monotonic()
+                host.tasks.append(TaskOutcome(task=task or "", status=status, res=res,
+                                              duration=data.get("duration"), finished=host.finished))
                 if status in (FAILED, UNREACHABLE):
                     host.status = status
                     host.message = _reason(res)

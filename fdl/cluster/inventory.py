@@ -181,8 +181,8 @@ def worker_vars(worker: WorkerSpec, root: Path | None, ssh: SshDefaults | None =
         hostvars[VIA_VAR] = worker.via
         return hostvars
     hostvars.update(_ssh_args(ssh, root))
-    if local:
-        hostvars.update(local_vars(hostvars["ansible_python_interpreter"]))
+    if local:  # this machine: its worker's interpreter is fdl's own unless python: names one
+        hostvars.update(local_vars(worker.python or sys.executable))
     return hostvars
 
 

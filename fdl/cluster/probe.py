@@ -1,11 +1,14 @@
 """`fdl @cluster probe`: every worker's probe report, plus the checks only a cluster can fail.
 
-Remote workers are probed by the `fdl_probe` role over Ansible (one module
-call per host, all hosts at once). A worker that is this machine (its
-address is one of this machine's own) is probed natively, without SSH, in a
-child process that gets the worker's `env:` exactly as a remote task would.
-Hosts that cannot be reached become reports with one `ssh` error naming the
-host and what SSH said.
+Every worker is probed by the `fdl_probe` role, all hosts in one run of the flodl.fdl.probe playbook (one
+module call per host, all at once): a remote worker over SSH, the worker that is this machine through the
+same role with a local connection (its inventory entry says `ansible_connection: local`). Hosts that cannot
+be reached become reports with one `ssh` error naming the host and what SSH said.
+
+With `--collective` the same run enters the role at its collective step: the probe also says what each host
+offers the all-reduce smoke test, and the next task runs every host's ranks at once (fdl.hostside.collective);
+their results come back as that task's result, and fdl.collective.run.combine turns them into the cluster's
+`collective` check. One inventory, one playbook run, one report.
 
 Cross-host checks, on top of each host's own:
 - `nccl_match`: NCCL major.minor must be the same everywhere (NCCL refuses a
@@ -23,28 +26,21 @@ multi-host form: `schema_version`, `ok`, `hosts` (each a host report) and
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
-import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fdl.cluster.consistency import consistency_checks, host_groups
-from fdl.cluster.inventory import ClusterInventory, InventoryHost, build_inventory
-from fdl.config.schema import WorkerSpec
+from fdl.cluster.inventory import InventoryHost, build_inventory
 from fdl.errors import ConfigError
 from fdl.hostside.checks.report import ERROR, OK, SCHEMA_VERSION, SKIPPED, WARNING, CheckResult, HostReport
-from fdl.hostside.paths import DEFAULT_DATA_PATH
 
 if TYPE_CHECKING:
+    from fdl.cluster.events import HostResult
+    from fdl.collective.results import CollectiveResult
+    from fdl.collective.run import CollectiveOptions
     from fdl.config.project import Config
-
-NATIVE_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -60,10 +56,12 @@ class ClusterProbeOptions:
 
 @dataclass
 class ClusterReport:
-    """Per-host reports in roster order, and the cross-host checks."""
+    """Per-host reports in roster order, and the cross-host checks (with --collective, the smoke test's
+    result beside them, for its table)."""
 
     hosts: list[HostReport] = field(default_factory=list)
     cluster: list[CheckResult] = field(default_factory=list)
+    collective: CollectiveResult | None = None
 
     @property
     def ok(self) -> bool:
@@ -76,33 +74,53 @@ class ClusterReport:
                 "cluster": [asdict(c) for c in self.cluster]}
 
 
-# --------------------------------------------------------------------------- where each host runs
+# --------------------------------------------------------------------------- what fdl tells the role
 
 
-def host_options(worker: WorkerSpec, options: ClusterProbeOptions, *, local: bool) -> dict[str, Any]:
-    """The ProbeOptions fields for one worker: flags win, then the worker's own settings.
+def is_local(host: InventoryHost) -> bool:
+    """The worker that is this machine: reached through the local connection, not ssh."""
+    return host.vars.get("ansible_connection") == "local"
 
-    The worker's `local_devices` is its declaration (a declared GPU that is
-    missing is the gpu_count error; the declared ids also select the GPUs the
-    checks judge); --gpus selects on this machine's own worker only.
-    """
-    devices = worker.local_devices
-    declared: list[int] | str | None = None
-    if devices.is_cpu:
-        declared = f"cpu:{devices.count}"
-    elif devices.ids is not None:
-        declared = list(devices.ids)
-    gpus = list(options.local_gpus) if local and options.local_gpus is not None else None
-    return {"data_path": options.data_path or worker.data_path or DEFAULT_DATA_PATH,
-            "skip_mount": options.skip_mount, "libtorch_path": options.libtorch_path,
-            "docker": options.docker, "gpus": gpus, "local_devices": declared}
+
+def probe_extravars(options: ClusterProbeOptions, collective: CollectiveOptions | None = None,
+                    master_port: int | None = None) -> dict[str, Any]:
+    """The role's variables that apply to every host: the flags given, the entry point, the smoke test's."""
+    extravars: dict[str, Any] = {"fdl_probe_skip_mount": options.skip_mount, "fdl_probe_verdict": False}
+    if options.data_path is not None:
+        extravars["fdl_probe_data_path"] = options.data_path
+    if options.libtorch_path is not None:
+        extravars["fdl_probe_libtorch_path"] = options.libtorch_path
+    if options.docker is not None:
+        extravars["fdl_probe_docker"] = options.docker
+    if collective is not None:
+        extravars.update(fdl_probe_collective=True, fdl_probe_collective_timeout_s=collective.time_limit_s,
+                         fdl_probe_collective_max_bytes=collective.max_bytes)
+        if master_port is not None:
+            extravars["fdl_probe_collective_port"] = master_port
+    return extravars
+
+
+def local_host_vars(options: ClusterProbeOptions, root: str | None) -> dict[str, Any]:
+    """The role's variables for this machine's own worker only: --gpus, and the project (its libtorch/)."""
+    hostvars: dict[str, Any] = {}
+    if options.local_gpus is not None:
+        hostvars["fdl_probe_gpus"] = ",".join(map(str, options.local_gpus))
+    if root is not None:
+        hostvars["fdl_probe_project_root"] = root
+    return hostvars
 
 
 # --------------------------------------------------------------------------- probing
 
 
-def probe_cluster(config: Config, options: ClusterProbeOptions, *, progress: bool | None = None) -> ClusterReport:
-    """Probe every worker of config.cluster and run the cross-host checks."""
+def probe_cluster(config: Config, options: ClusterProbeOptions, *, collective: CollectiveOptions | None = None,
+                  progress: bool | None = None) -> ClusterReport:
+    """Probe every worker of config.cluster (and, with `collective`, run the all-reduce smoke test across
+    them) in one playbook run; add the cross-host checks."""
+    from fdl.cluster.events import FAILED, UNREACHABLE
+    from fdl.cluster.events import OK as HOST_OK
+    from fdl.cluster.runner import run_playbook
+
     if config.cluster is None or not config.cluster.workers:
         env = config.env.name or "(base)"
         raise ConfigError(
@@ -111,92 +129,56 @@ def probe_cluster(config: Config, options: ClusterProbeOptions, *, progress: boo
             f"`fdl probe` without an env to probe this machine only.")
     inventory = build_inventory(config.cluster, config.root)
     workers = inventory.workers
-    local = [h for h in workers if h.vars.get("ansible_connection") == "local"]  # this machine: no ssh
-    remote = [h for h in workers if h not in local]
-    reports: dict[str, HostReport] = {}
-
-    windows: dict[str, tuple[float, float]] = {}  # this machine's clock around each host's probe
-    native_threads = []
-    for host in local:
-        thread = threading.Thread(target=_probe_native, args=(host, options, config.root, reports, windows),
-                                  daemon=True)
-        thread.start()
-        native_threads.append(thread)
-    if remote:
-        reports.update(_probe_remote(inventory, remote, options, progress, windows))
-    for thread in native_threads:
-        thread.join()
-    ordered = [reports[h.name] for h in workers]
-    return ClusterReport(hosts=ordered, cluster=cross_host_checks(ordered) + consistency_checks(ordered, windows))
-
-
-def _spec(host: InventoryHost) -> WorkerSpec:
-    """The worker entry a worker host of the inventory was built from (always set for them)."""
-    if host.worker is None:
-        raise ValueError(f"{host.name} is not a worker of the cluster")
-    return host.worker
-
-
-def _probe_native(host: InventoryHost, options: ClusterProbeOptions, root: Path | None,
-                  out: dict[str, HostReport], windows: dict[str, tuple[float, float]]) -> None:
-    """Probe this machine's own worker in a child process with the worker's env: applied, like a remote task."""
-    fields = host_options(_spec(host), options, local=True)
-    fields["project_root"] = str(root) if root is not None else None
-    env = dict(os.environ)
-    env.update(_spec(host).env_dict)
-    try:
-        sent = time.time()
-        done = subprocess.run([sys.executable, "-m", "fdl.cluster.native_probe", host.name],
-                              input=json.dumps(fields), capture_output=True, text=True, env=env,
-                              timeout=NATIVE_TIMEOUT_S)
-        windows[host.name] = (sent, time.time())
-        if done.returncode != 0:
-            raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else
-                               f"exit code {done.returncode}")
-        out[host.name] = HostReport.from_dict(json.loads(done.stdout))
-    except (OSError, ValueError, RuntimeError, subprocess.TimeoutExpired) as exc:
-        out[host.name] = HostReport(host=host.name, checks=[CheckResult(
-            "probe", ERROR, f"The probe of this machine ({host.name}) could not run: {exc}.",
-            hint="rerun with --debug; `fdl probe` without an env probes this machine directly")])
-
-
-def _probe_remote(inventory: ClusterInventory, hosts: list[InventoryHost], options: ClusterProbeOptions,
-                  progress: bool | None, windows: dict[str, tuple[float, float]]) -> dict[str, HostReport]:
-    from fdl.cluster.events import FAILED, UNREACHABLE
-    from fdl.cluster.events import OK as HOST_OK
-    from fdl.cluster.runner import run_playbook
-
-    # fdl checked every value it sends: the role's argument validation (a task per host) is left out
-    extravars: dict[str, Any] = {"fdl_probe_skip_mount": options.skip_mount, "fdl_probe_validate": False,
-                                 "fdl_probe_verdict": False}
-    if options.data_path is not None:
-        extravars["fdl_probe_data_path"] = options.data_path
-    if options.libtorch_path is not None:
-        extravars["fdl_probe_libtorch_path"] = options.libtorch_path
-    if options.docker is not None:
-        extravars["fdl_probe_docker"] = options.docker
+    for host in workers:
+        if is_local(host):
+            host.vars.update(local_host_vars(options, str(config.root) if config.root is not None else None))
+    extravars = probe_extravars(options, collective, config.cluster.controller.rendezvous_port)
     sent = time.time()
     wall_minus_monotonic = sent - time.monotonic()  # the runner stamps hosts with time.monotonic()
-    result = run_playbook("probe.yml", inventory, extravars=extravars, limit=[h.name for h in hosts],
+    result = run_playbook("probe.yml", inventory, extravars=extravars, limit=[h.name for h in workers],
                           progress=progress, title="probe")
-    reports = {}
-    for host in hosts:
+    reports: dict[str, HostReport] = {}
+    windows: dict[str, tuple[float, float]] = {}  # this machine's clock around each host's probe
+    offers: dict[str, dict[str, Any]] = {}
+    outcomes: dict[str, dict[str, Any]] = {}
+    for host in workers:
         outcome = result.hosts[host.name]
-        res = outcome.res or {}
-        if outcome.status in (HOST_OK, FAILED) and isinstance(res.get("report"), dict):
-            report = HostReport.from_dict(res["report"])
+        probed, returned = _returned(outcome, "report")
+        if outcome.status in (HOST_OK, FAILED) and isinstance(probed.get("report"), dict):
+            report = HostReport.from_dict(probed["report"])
             report.host = host.name
             reports[host.name] = report
             # the host read its clock after the run started and before its result came back
-            received = outcome.finished + wall_minus_monotonic if outcome.finished is not None else time.time()
-            windows[host.name] = (sent, received)
+            windows[host.name] = (sent, returned + wall_minus_monotonic)
+            if isinstance(probed.get("offer"), dict):
+                offers[host.name] = probed["offer"]
+            ran, _ = _returned(outcome, "events")
+            outcomes[host.name] = ran or {"msg": outcome.message}
         elif outcome.status == UNREACHABLE:
             reports[host.name] = HostReport(host=host.name, checks=[unreachable_check(host, outcome.message)])
         else:
             reports[host.name] = HostReport(host=host.name, checks=[CheckResult(
                 "probe", ERROR, f"The probe could not run on {host.name}: {outcome.message or 'no result'}.",
                 hint=_module_hint(outcome.message), data={"status": outcome.status})])
-    return reports
+    ordered = [reports[h.name] for h in workers]
+    cluster = ClusterReport(hosts=ordered, cluster=cross_host_checks(ordered) + consistency_checks(ordered, windows))
+    if collective is not None:
+        from fdl.collective.results import to_check
+        from fdl.collective.run import combine
+
+        cluster.collective = combine(offers, outcomes, hosts=[h.name for h in workers],
+                                     time_limit_s=collective.time_limit_s)
+        cluster.cluster.append(to_check(cluster.collective))
+    return cluster
+
+
+def _returned(outcome: HostResult, key: str) -> tuple[dict[str, Any], float]:
+    """The module return of the host's task that carries `key` (the probe's "report", the smoke test's "events"),
+    and when it arrived (time.monotonic()); ({}, now) when no task returned it."""
+    for task in outcome.tasks:
+        if task.res is not None and key in task.res:
+            return task.res, task.finished if task.finished is not None else time.monotonic()
+    return {}, time.monotonic()
 
 
 def _login(host: InventoryHost) -> str:

@@ -6,9 +6,8 @@ run are playbooks of the flodl.fdl collection run through `run_playbook()`
 else reaches a host goes over plain ssh with the same SSH settings
 (fdl.cluster.ssh: the same ControlPath, so it rides the masters Ansible opened):
 a run's live rank sessions, which stream output for hours (fdl.launch.dispatch,
-which also says how a run is staged), and the all-reduce smoke test's PyTorch
-check (fdl.collective.cluster). A worker that is this machine is reached
-without ssh (its inventory entry has `ansible_connection: local`).
+which also says how a run is staged). A worker that is this machine goes through
+the same playbooks without ssh (its inventory entry has `ansible_connection: local`).
 
     result = run_playbook(playbook("probe.yml"), inventory, extravars={...})
     for host in result.hosts.values():

@@ -1,9 +1,9 @@
 """Aggregate the ranks' JSON lines of the all-reduce smoke test into one result.
 
-Pure functions: `parse_line` reads one output line, `aggregate` turns every
-rank's events into bandwidth rows, per-rank and per-host figures, the slowest
-rank and the stragglers, and `to_check` makes the `collective` check of the
-probe report.
+Pure functions: `aggregate` turns every rank's events (read from their output
+by fdl.hostside.collective.offer) into bandwidth rows, per-rank and per-host
+figures, the slowest rank and the stragglers, and `to_check` makes the
+`collective` check of the probe report.
 
 Bandwidths follow nccl-tests: for an all-reduce of S bytes taking t seconds,
 algbw = S / t and busbw = algbw * 2(n-1)/n for n ranks (busbw is comparable
@@ -21,24 +21,10 @@ link is slow.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import asdict, dataclass, field
 
-PREFIX = "fdl-collective "
 STRAGGLER_FRACTION = 0.5
-
-
-def parse_line(line: str) -> dict | None:
-    """The event a rank printed on this line, or None for any other output."""
-    text = line.strip()
-    if not text.startswith(PREFIX):
-        return None
-    try:
-        event = json.loads(text[len(PREFIX):])
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) and "event" in event else None
 
 
 @dataclass

@@ -1,33 +1,32 @@
-"""Run the all-reduce smoke test: ranks under the rank supervisor, bounded by a time limit.
+"""Run the all-reduce smoke test: the options, this host's one-host world, and a cluster's results combined.
 
-`run_local` starts every rank on this host (what `fdl probe --collective`
-does): one rank per GPU with nccl, or N CPU ranks with gloo. The launcher's
-multi-host dispatch runs the same script (allreduce.py) under the same
-supervisor on every host, with the world's torch.distributed environment;
-`script_argv` and `aggregate` are the parts it shares.
+`run_local` starts every rank on this host (what `fdl probe --collective` does): one rank per GPU with
+nccl, or N CPU ranks with gloo. Across a cluster the ranks run on every host at once from the fdl_probe
+role's collective step (fdl.cluster.probe), and `combine` turns what each host's step returned into one
+result. Both take the host side from fdl.hostside.collective (the rank program, rank numbering, the
+supervised run), the one library the role's modules run too.
 
-The time limit bounds the whole test: the ranks get 3/4 of it as their own
-budget (they stop early, in agreement, when it runs out), and whatever is
-still running when the limit strikes is torn down and the result marked
-abandoned.
+The time limit bounds the ranks: they get BUDGET_SHARE of it as their own budget (they stop early, in
+agreement, when it runs out), and whatever is still running when the limit strikes is torn down and the
+result marked abandoned.
 """
 
 from __future__ import annotations
 
 import socket
 import sys
-import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from fdl.collective.results import CollectiveResult, aggregate, parse_line
-from fdl.hostside.envvars import FDL_BACKEND, FDL_HOST
-from fdl.hostside.supervisor import Supervisor
+from fdl.collective.results import CollectiveResult, aggregate
+from fdl.hostside.collective import allreduce
+from fdl.hostside.collective.offer import DEFAULT_CPU_RANKS
+from fdl.hostside.collective.ranks import program_argv, run_ranks, world_ranks
 
-SCRIPT = Path(__file__).with_name("allreduce.py")
-BUDGET_SHARE = 0.75  # of the time limit, for the ranks' own measuring; the rest is start-up and slack
-DEFAULT_CPU_RANKS = 2
+SCRIPT = Path(allreduce.__file__)
+LOCAL_RENDEZVOUS_TRIES = 3  # a local world on a port of our choosing: attempts at its rendezvous
 
 
 @dataclass(frozen=True)
@@ -39,18 +38,14 @@ class CollectiveOptions:
     max_bytes: int = 64 << 20
     max_iters: int = 20
     exchange_bytes: int = 4 << 20
-    python: str = sys.executable  # the interpreter that has PyTorch
+    python: str = sys.executable  # the interpreter that has PyTorch (this host's test)
 
 
-def script_argv(options: CollectiveOptions, script: str | None = None) -> list[str]:
-    """The rank command line (the script path defaults to this install's allreduce.py)."""
-    budget = max(1.0, options.time_limit_s * BUDGET_SHARE)
-    return [options.python, script or str(SCRIPT), "--min-bytes", str(options.min_bytes),
-            "--max-bytes", str(options.max_bytes), "--budget-s", f"{budget:.1f}",
-            "--max-iters", str(options.max_iters), "--exchange-bytes", str(options.exchange_bytes)]
-
-
-LOCAL_RENDEZVOUS_TRIES = 3  # a local world on a port of our choosing: attempts at its rendezvous
+def script_argv(options: CollectiveOptions) -> list[str]:
+    """This install's rank command line for a test on this host."""
+    return program_argv(options.python, str(SCRIPT), time_limit_s=options.time_limit_s,
+                        min_bytes=options.min_bytes, max_bytes=options.max_bytes, max_iters=options.max_iters,
+                        exchange_bytes=options.exchange_bytes)
 
 
 def free_port(address: str = "127.0.0.1") -> int:
@@ -60,88 +55,95 @@ def free_port(address: str = "127.0.0.1") -> int:
 
 
 def local_ranks(gpus: list[int] | None, cpu_ranks: int, *, host: str, port: int) -> list[dict]:
-    """Rank specs for the supervisor: one per GPU (nccl) when gpus are given, else cpu_ranks CPU ranks (gloo)."""
-    count = len(gpus) if gpus else cpu_ranks
-    ranks = []
-    for rank in range(count):
-        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(count), "RANK": str(rank),
-               "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(count), FDL_HOST: host,
-               FDL_BACKEND: "nccl" if gpus else "gloo",
-               "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)) if gpus else "",
-               "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
-        ranks.append({"rank": rank, "env": env})
-    return ranks
+    """Rank specs for a world of this host alone: one per GPU (nccl) when gpus are given, else cpu_ranks CPU
+    ranks (gloo), talking over loopback."""
+    world = [{"host": host, "gpus": gpus or None, "ranks": len(gpus) if gpus else cpu_ranks}]
+    return world_ranks(world, host, master_addr="127.0.0.1", master_port=port,
+                       extra_env={"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"})
 
 
-class Collector:
-    """Supervisor line sink: events parsed, other output kept (the last lines per rank) for failure reports."""
-
-    def __init__(self, echo=None) -> None:
-        self.events: list[dict] = []
-        self.tails: dict[int, list[str]] = {}
-        self.lock = threading.Lock()
-        self.echo = echo
-
-    def __call__(self, rank: int, line: str) -> None:
-        event = parse_line(line)
-        with self.lock:
-            if event is not None:
-                self.events.append(event)
-            elif line.strip():
-                tail = self.tails.setdefault(rank, [])
-                tail.append(line.strip())
-                del tail[:-5]
-        if self.echo is not None:
-            self.echo(rank, line)
+def rank_failure(host: str | None, outcome: dict[str, Any]) -> str | None:
+    """"rank R exited with code C (its last line)" for a host's outcome (Outcome.to_dict()) whose rank failed."""
+    rank = outcome.get("first_failure")
+    if rank is None:
+        return None
+    codes = outcome.get("codes") or {}
+    last = ((outcome.get("tails") or {}).get(str(rank)) or ["no output"])[-1]
+    where = f" on {host}" if host else ""
+    return f"rank {rank}{where} exited with code {codes.get(str(rank))} ({last})"
 
 
-def run_ranks(ranks: list[dict], options: CollectiveOptions, *, script: str | None = None,
-              echo=None) -> CollectiveResult:
-    """Run the given ranks of one host under the supervisor, within options.time_limit_s; aggregate."""
-    started = time.monotonic()
-    collector = Collector(echo)
-    # the supervisor's notes (OMP_NUM_THREADS defaulted) are not the smoke test's: its report says what counts
-    supervisor = Supervisor(script_argv(options, script), ranks, grace_s=2.0, on_line=collector,
-                            on_note=lambda _text: None)
-    abandoned = threading.Event()
+def _explained(result: CollectiveResult) -> bool:
+    """The events say how the test ended (finished, a rank's error, abandoned), or nothing was meant to run
+    (every host skipped: PyTorch missing is a skip, not a failure)."""
+    nothing_ran = bool(result.skipped_hosts) and not result.world_size
+    return result.finished or bool(result.errors) or result.abandoned or nothing_ran
 
-    def strike() -> None:
-        abandoned.set()
-        supervisor.stop("terminated")
 
-    timer = threading.Timer(options.time_limit_s, strike)
-    timer.daemon = True
-    timer.start()
-    try:
-        group = supervisor.run()
-    finally:
-        timer.cancel()
-    result = aggregate(collector.events, abandoned=abandoned.is_set(), time_limit_s=options.time_limit_s,
-                       elapsed_s=round(time.monotonic() - started, 3))
-    quiet_skip = bool(result.skipped_hosts) and not result.world_size  # PyTorch missing: a skip, not a failure
-    if not result.finished and not result.errors and not result.abandoned and group.first_failure is not None \
-            and not quiet_skip:
-        rank = group.first_failure
-        last = (collector.tails.get(rank) or ["no output"])[-1]
-        result.failure = f"rank {rank} exited with code {group.codes.get(rank)} ({last})"
+def run_ranks_here(ranks: list[dict], options: CollectiveOptions,
+                   echo: Callable[[int, str], None] | None = None) -> CollectiveResult:
+    """Run the given ranks of this host under the supervisor, within options.time_limit_s; aggregate."""
+    outcome = run_ranks(script_argv(options), ranks, time_limit_s=options.time_limit_s, echo=echo)
+    result = aggregate(outcome.events, abandoned=outcome.abandoned, time_limit_s=options.time_limit_s,
+                       elapsed_s=outcome.elapsed_s)
+    if not _explained(result):
+        result.failure = rank_failure(None, outcome.to_dict())
     return result
 
 
 def run_local(gpus: list[int] | None = None, cpu_ranks: int = DEFAULT_CPU_RANKS,
               options: CollectiveOptions | None = None, *, host: str | None = None, port: int | None = None,
-              echo=None) -> CollectiveResult:
+              echo: Callable[[int, str], None] | None = None) -> CollectiveResult:
     """The smoke test across this host's ranks (GPUs with nccl, or CPU ranks with gloo)."""
     options = options or CollectiveOptions()
     host = host or socket.gethostname()
     if port is not None:
-        return run_ranks(local_ranks(gpus, cpu_ranks, host=host, port=port), options, echo=echo)
+        return run_ranks_here(local_ranks(gpus, cpu_ranks, host=host, port=port), options, echo=echo)
     # A port picked here was free when picked, but any process on the box may take it before rank 0 listens on
     # it: a rendezvous that fails at init on a port of our choosing is tried again on a fresh one.
     for _attempt in range(LOCAL_RENDEZVOUS_TRIES - 1):
-        result = run_ranks(local_ranks(gpus, cpu_ranks, host=host, port=free_port()), options, echo=echo)
+        result = run_ranks_here(local_ranks(gpus, cpu_ranks, host=host, port=free_port()), options, echo=echo)
         if not any(event.get("kind") == "init" for event in result.errors):
             return result
-    return run_ranks(local_ranks(gpus, cpu_ranks, host=host, port=free_port()), options, echo=echo)
+    return run_ranks_here(local_ranks(gpus, cpu_ranks, host=host, port=free_port()), options, echo=echo)
+
+
+def combine(offers: dict[str, dict[str, Any]], outcomes: dict[str, dict[str, Any]], *, hosts: list[str],
+            time_limit_s: float) -> CollectiveResult:
+    """One result from a cluster's collective step: each host's offer (from its probe) and outcome (from the
+    step: its module return, or {"msg": why} when the task failed without one), by host, for the hosts the
+    test was meant to span (in roster order).
+
+    A host without PyTorch is a skipped host (a warning); a host whose PyTorch check could not run, that did
+    not take part, or whose rank failed without saying why makes the test fail.
+    """
+    events: list[dict] = []
+    skipped: dict[str, str] = {}
+    problems: list[str] = []
+    for host in hosts:
+        offer = offers.get(host)
+        if offer is None:
+            problems.append(f"{host} did not take part (its probe did not finish)")
+            continue
+        if offer.get("skipped"):
+            skipped[host] = str(offer["skipped"])
+        elif offer.get("error"):
+            problems.append(f"{host}: {offer['error']}")
+        outcome = outcomes.get(host) or {}
+        if "events" not in outcome:  # its task failed before its ranks ran, or never came
+            if offer.get("ranks"):
+                problems.append(f"{host} did not run its ranks ({outcome.get('msg') or 'its task did not finish'})")
+            continue
+        events.extend(outcome["events"])
+    ran = [o for h, o in outcomes.items() if h in hosts and "events" in o]
+    result = aggregate(events, skipped_hosts=skipped, abandoned=any(o.get("abandoned") for o in ran),
+                       time_limit_s=time_limit_s,
+                       elapsed_s=max((float(o.get("elapsed_s") or 0.0) for o in ran), default=0.0))
+    if not problems and not _explained(result):
+        problems += [f for f in (rank_failure(h, o) for h, o in outcomes.items() if h in hosts) if f]
+    if problems:
+        result.failure = "; ".join(problems)
+    return result
 
 
 def parse_size(text: str) -> int:
@@ -155,12 +157,3 @@ def parse_size(text: str) -> int:
     if size < (8 << 10) or size > (1 << 30) or size & (size - 1):
         raise ValueError("the size must be a power of two from 8K to 1G")
     return size
-
-
-def selected_gpus(report: dict) -> list[int] | None:
-    """The GPU ids a probe report (dict form) selected, or None when it found no GPU."""
-    gpu = next((c for c in report.get("checks", []) if c.get("name") == "gpu"), None)
-    if gpu is None:
-        return None
-    ids = [d["index"] for d in gpu.get("data", {}).get("devices", []) if d.get("selected")]
-    return ids or None

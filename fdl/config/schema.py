@@ -68,6 +68,11 @@ class ControllerSpec(NamedTuple):
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def rendezvous_port(self) -> int:
+        """The torch rendezvous port on rank 0's host: master_port, else the next port after the controller's."""
+        return self.master_port or (self.port + 1 if self.port < 65535 else self.port - 1)
+
 
 class SshDefaults(NamedTuple):
     user: str | None = None
@@ -86,7 +91,7 @@ class WorkerSpec(NamedTuple):
     local_devices: Devices = Devices()
     env: tuple[tuple[str, str], ...] = ()
     data_path: str | None = None
-    python: str = "/usr/bin/python3"
+    python: str | None = None  # None: /usr/bin/python3 over ssh, fdl's own interpreter on this machine
     via: str | None = None  # the execution node that reaches and drives this worker (None: this machine does)
 
     @property
@@ -594,8 +599,8 @@ def _worker(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults) -> WorkerSp
         local_devices=Devices() if devices is None else devices,
         env=c.soft((), c.env_map, block["env"], path + ("env",)) if block.get("env") is not None else (),
         data_path=c.opt_string(block, "data_path", path),
-        python=(c.soft("/usr/bin/python3", _python, c, block["python"], path + ("python",))
-                if block.get("python") is not None else "/usr/bin/python3"),
+        python=c.soft(None, _python, c, block["python"], path + ("python",)) if block.get("python") is not None \
+        else None,
         via=via,
     )
     return spec if host is not None and address is not None and problem is None else None

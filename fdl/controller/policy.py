@@ -138,7 +138,7 @@ class RunPolicy:
             launch_id=launch_id,
             args=tuple(args),
             controller_addr=ctl.address,
-            master_port=ctl.master_port or (ctl.port + 1 if ctl.port < 65535 else ctl.port - 1),
+            master_port=ctl.rendezvous_port,
             heartbeat_s=heartbeat_s,
             silence_s=silence_s,
             poll_s=poll_s,

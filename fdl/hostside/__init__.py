@@ -8,8 +8,9 @@ only here:
   from the packed copy the flodl.fdl collection puts beside this package's files, `..pynvml_packed`);
 - Python 3.8 syntax and standard library (the oldest Python ansible-core runs modules on);
 - imports within the package are relative, and nothing outside it is imported: a module never knows where
-  it was deployed (fdl.hostside here, the collection's module_utils there, `ansible.module_utils.fdl.hostside`
-  for a clone used in place).
+  it was deployed (fdl.hostside here, the collection's module_utils there, reached through the
+  `ansible_collections/flodl/fdl` links of a clone used in place). Every `__init__.py` below this one is
+  empty (ansible-test's `empty-init`).
 
 The rest of fdl imports from here freely; nothing here imports the rest of fdl. tests/unit/hostside/
 test_imports.py holds both rules; fdl/collection.py ships every file of this package as the collection's
@@ -21,6 +22,10 @@ test_imports.py holds both rules; fdl/collection.py ships every file of this pac
     libtorch/       libtorch's host-side core (what a variant is, where variants live, which one ranks link),
                     which the probe needs; the rest of libtorch (downloads, mirrors, activation, the build
                     environment) is fdl/libtorch/, which imports this
+    collective/     the all-reduce smoke test's host side: allreduce.py the rank program (standalone: PyTorch
+                    and the standard library only), offer.py what a host offers the test (its ranks, whether
+                    its Python imports PyTorch: the probe's part), ranks.py a host's ranks' place in the world
+                    and running them under the rank supervisor
     supervisor.py   the rank supervisor: the launcher's ranks on every host, and `fdl join`'s
     hoststage.py    the launcher's staging layout on a host (the fdl_dispatch_stage module)
     farm/           a farm door's pieces that touch a host: authorized_keys editing, the doors' sshd drop-in,

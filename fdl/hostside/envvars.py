@@ -118,8 +118,8 @@ FDL_DATA_PATH = _register(
     "FDL_DATA_PATH", GIVEN, ("fdl/controller/world.py", "fdl/controller/protocol.py", "fdl/agent/prepare.py"),
     f"Ranks: the dataset root on this host (default {DEFAULT_DATA_PATH}).")
 FDL_HOST = _register(
-    "FDL_HOST", GIVEN, ("fdl/controller/world.py", "fdl/controller/protocol.py", "fdl/collective/run.py",
-                        "fdl/collective/allreduce.py"),
+    "FDL_HOST", GIVEN, ("fdl/controller/world.py", "fdl/controller/protocol.py", "fdl/hostside/collective/ranks.py",
+                        "fdl/hostside/collective/allreduce.py"),
     "Ranks: this host's name in the roster.")
 FDL_NODE_RANK = _register(
     "FDL_NODE_RANK", GIVEN, ("fdl/controller/world.py", "fdl/controller/protocol.py"),
@@ -128,8 +128,8 @@ FDL_NUM_NODES = _register(
     "FDL_NUM_NODES", GIVEN, ("fdl/controller/world.py", "fdl/controller/protocol.py"),
     "Ranks: the number of hosts.")
 FDL_BACKEND = _register(
-    "FDL_BACKEND", GIVEN, ("fdl/controller/world.py", "fdl/controller/protocol.py", "fdl/collective/run.py",
-                           "fdl/collective/allreduce.py"),
+    "FDL_BACKEND", GIVEN, ("fdl/controller/world.py", "fdl/controller/protocol.py",
+                           "fdl/hostside/collective/ranks.py", "fdl/hostside/collective/allreduce.py"),
     "Ranks: `nccl` when every host offers GPUs, else `gloo`.")
 FDL_DEVICE = _register(
     "FDL_DEVICE", GIVEN, ("fdl/controller/world.py", "fdl/controller/protocol.py"),

@@ -83,7 +83,8 @@ def stage_remote(plan: LaunchPlan, inventory: ClusterInventory, jobs: dict[str, 
                  specs: dict[str, list[dict[str, Any]]], *, progress: bool | None = None) -> dict[str, dict[str, Any]]:
     """Stage every remote host through the flodl.fdl.dispatch playbook; returns {host: staged paths}.
 
-    One ansible-playbook run (fdl.cluster.runner, one task per host): the fdl_dispatch_stage module lays out
+    One ansible-playbook run (fdl.cluster.runner: the role's argument validation, then one module call per
+    host; the validation runs on the controller, with no round trip to the host): the fdl_dispatch_stage module lays out
     the run on each host in one round trip (the hoststage code, the supervisor and the rank spec travel in its
     payload), and rsync ships the binary only to the hosts whose copy has another SHA-256. The ssh sessions
     Ansible opens stay up as persistent masters that the rank sessions ride next (fdl.cluster.ssh). It returns
@@ -116,10 +117,8 @@ def stage_remote(plan: LaunchPlan, inventory: ClusterInventory, jobs: dict[str, 
             "rsh": rsync_rsh(inv_host), "login": login(inv_host),
             "command": list(plan.args) if plan.command.bin is not None else plan.rank_argv(None),
             "ranks": specs[name], "label": name, "grace_s": GRACE_S}
-    # fdl checked every value it sends: the role's argument validation (a task per host) is left out
-    result = run_playbook("dispatch.yml", inventory,
-                          extravars={"fdl_dispatch_plan": dispatch_plan, "fdl_dispatch_validate": False},
-                          limit=hosts, progress=progress, title="dispatch", return_at_stats=True, ship=ship or None)
+    result = run_playbook("dispatch.yml", inventory, extravars={"fdl_dispatch_plan": dispatch_plan}, limit=hosts,
+                          progress=progress, title="dispatch", return_at_stats=True, ship=ship or None)
     staged: dict[str, dict[str, Any]] = {}
     failures: list[str] = []
     for name in hosts:

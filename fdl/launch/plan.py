@@ -64,7 +64,7 @@ class LaunchHost:
 
     @property
     def python(self) -> str:
-        return self.worker.python if self.worker is not None else "/usr/bin/python3"
+        return self.worker.python if self.worker is not None and self.worker.python else "/usr/bin/python3"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from fdl.hostside.checks.nccl import find_nccl
 from tests.conftest import fdl_env, run_fdl
 from tests.controller_util import free_port
 from tests.fakes import make_libtorch
+from tests.runner_runs import playbook_runs, runs_of
 
 TWO_ARCHS = "H100:9.0:80G,RTX3060:8.6:12G"
 
@@ -384,7 +385,8 @@ def test_missing_data_path_blocks_with_a_way_out(ready, tmp_path: Path) -> None:
 # ---- cluster env and import hygiene ----
 
 def test_cluster_env_probes_every_worker(ready, tmp_path: Path) -> None:
-    """Under a cluster env every worker is probed: this machine natively, the others over SSH.
+    """Under a cluster env every worker is probed by the fdl_probe role: this machine through a local
+    connection, the others over SSH.
 
     node-b points at a loopback port where nothing listens (traffic stays on
     this machine); tests/integration/cluster covers real sshd hosts.
@@ -404,14 +406,14 @@ def test_cluster_env_probes_every_worker(ready, tmp_path: Path) -> None:
     doc = _json(result)
     assert [h["host"] for h in doc["hosts"]] == ["node-a", "node-b"]
     node_a, node_b = doc["hosts"]
-    assert node_a["ok"] is True and _check(node_a, "gpu")["status"] == "ok"  # this machine, probed natively
+    assert node_a["ok"] is True and _check(node_a, "gpu")["status"] == "ok"  # this machine, its local connection
     ssh = _check(node_b, "ssh")
     assert ssh["message"].startswith("node-b (nobody@127.0.0.1:2) is unreachable: nothing accepts SSH connections")
     assert "Connection refused" in ssh["message"]
     assert [c["name"] for c in doc["cluster"]] == ["nccl_match", "libtorch_match", "data_match", "driver_match",
                                                    "gpu_models", "clock_skew"]
     clock = next(c for c in doc["cluster"] if c["name"] == "clock_skew")
-    assert clock["status"] == "ok" and set(clock["data"]["offsets"]) == {"node-a"}  # the native probe's window
+    assert clock["status"] == "ok" and set(clock["data"]["offsets"]) == {"node-a"}  # the reachable host's window
 
 
 def test_collective_devices_is_refused_across_a_cluster(ready) -> None:
@@ -424,8 +426,9 @@ def test_collective_devices_is_refused_across_a_cluster(ready) -> None:
     assert "local_devices" in result.stderr and "Traceback" not in result.stderr
 
 
-def _collective_cluster(project: Path, tmp_path: Path, env: dict, python: str, port: int) -> dict:
-    """A cluster env whose one worker is this machine (so its ranks run in-process, no ssh) on 2 CPU ranks."""
+def _collective_cluster(project: Path, tmp_path: Path, env: dict, python: str, port: int,
+                        worker_env: dict | None = None) -> dict:
+    """A cluster env whose one worker is this machine (reached through the local connection) on 2 CPU ranks."""
     (project / "fdl.yml").write_text("commands:\n  test: {run: 'true'}\n")
     (project / "fdl.cluster.yml").write_text(textwrap.dedent(f"""\
         cluster:
@@ -435,14 +438,41 @@ def _collective_cluster(project: Path, tmp_path: Path, env: dict, python: str, p
               address: 127.0.0.1
               local_devices: cpu:2
               python: {python}
-              env: {{GLOO_SOCKET_IFNAME: lo}}
+              env: {json.dumps({"GLOO_SOCKET_IFNAME": "lo", **(worker_env or {})})}
         """))
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
     return {**env, "HOME": str(home), "XDG_CACHE_HOME": str(tmp_path / "cache")}
 
 
-def test_collective_across_a_cluster_runs_the_ranks_through_the_launcher(ready, tmp_path: Path) -> None:
+VALIDATE = "ansible.builtin.validate_argument_spec"
+
+
+def test_this_machine_s_worker_is_probed_by_the_role_through_a_local_connection(ready, tmp_path: Path) -> None:
+    """One path for every host: the worker at 127.0.0.1 (port 22) goes through the flodl.fdl.probe playbook like
+    any other, its role's inputs validated first, the module run by the worker's python: under Ansible's local
+    connection (no ssh: nothing listens on port 22 here)."""
+    project, env = ready
+    log = tmp_path / "interpreter.log"
+    python = tmp_path / "python-wrapper"  # records each start and whether Ansible started it, then runs Python
+    python.write_text(f'#!/bin/sh\necho "started ansible_config=${{ANSIBLE_CONFIG:+set}} args=$#" >> {log}\n'
+                      f'exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    env = _collective_cluster(project, tmp_path, env, str(python), free_port())
+    result = run_fdl("@cluster", "probe", "--json", "--skip-mount", cwd=project, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    (node_a,) = _json(result)["hosts"]
+    assert node_a["host"] == "node-a" and node_a["ok"] is True
+    # the AnsiballZ payload on stdin (pipelining, no arguments), in ansible-playbook's environment
+    assert log.read_text().splitlines() == ["started ansible_config=set args=0"]
+    (run,) = runs_of(tmp_path / "cache", "probe.yml")
+    assert run.actions == [VALIDATE, "flodl.fdl.fdl_probe"]  # the role's own argument check ran first
+    assert run.hosts("ok") == {"node-a": 2} and run.hosts("dark") == {}
+
+
+def test_collective_across_a_cluster_is_one_playbook_run_with_one_report(ready, tmp_path: Path) -> None:
+    """--collective is the role's collective step in the probe's own run: one inventory, one ansible-playbook
+    run (the role's check, the probe, the smoke test), one report; no launcher, no second run."""
     project, env = ready
     env = _collective_cluster(project, tmp_path, env, sys.executable, free_port())
     result = run_fdl("@cluster", "probe", "--json", "--skip-mount", "--collective", "--collective-max-size", "32K",
@@ -455,8 +485,11 @@ def test_collective_across_a_cluster_runs_the_ranks_through_the_launcher(ready, 
     assert data["hosts"] == {"node-a": [0, 1]} and data["world_size"] == 2
     assert [r["bytes"] for r in data["rows"]] == [8 << 10, 16 << 10, 32 << 10]
     assert result.returncode == 0, result.stderr
-    runs = list((tmp_path / "home" / ".flodl" / "launch" / "runs").glob("*/state.json"))
-    assert len(runs) == 1 and json.loads(runs[0].read_text())["phase"] == "done"  # the launcher's own record
+    assert [r.playbook for r in playbook_runs(tmp_path / "cache")] == ["probe.yml"]  # the one run of the command
+    assert len(list((tmp_path / "cache").glob("fdl/runner/*"))) == 1  # of one inventory
+    (run,) = runs_of(tmp_path / "cache", "probe.yml")
+    assert run.actions == [VALIDATE, "flodl.fdl.fdl_probe", "flodl.fdl.fdl_collective"]
+    assert not (tmp_path / "home" / ".flodl" / "launch").exists()  # no launcher run, no staging
 
 
 def test_collective_skips_a_host_without_pytorch_with_a_warning(ready, tmp_path: Path) -> None:
@@ -467,7 +500,7 @@ def test_collective_skips_a_host_without_pytorch_with_a_warning(ready, tmp_path:
         pytest.fail("/usr/bin/python3's own packages include torch: no interpreter without it to test with")
     env = _collective_cluster(project, tmp_path, env, str(bare / "bin" / "python3"), free_port())
     result = run_fdl("@cluster", "probe", "--skip-mount", "--collective", cwd=project, env=env, timeout=120)
-    assert result.returncode == 0, result.stderr  # a warning, not a failure
+    assert result.returncode == 0, result.stdout + result.stderr  # a warning, not a failure
     assert "Skipped, PyTorch cannot be imported there: node-a (" in result.stdout
     assert "No host could run the all-reduce smoke test." in result.stdout
     assert "hint: install PyTorch for the worker's python" in result.stdout
@@ -475,21 +508,24 @@ def test_collective_skips_a_host_without_pytorch_with_a_warning(ready, tmp_path:
 
 def test_collective_is_abandoned_at_its_time_limit_and_leaves_no_rank(ready, tmp_path: Path) -> None:
     project, env = ready
-    # An interpreter that passes the PyTorch check but whose ranks never finish (they record their pids).
+    # Ranks that never finish: the worker's env: puts a sitecustomize on PYTHONPATH that holds every process
+    # started with the rank program's --budget-s (the ranks; not the probe, not its PyTorch check) after
+    # recording its pid.
     pids = tmp_path / "pids"
-    hang = tmp_path / "hangpy"
-    hang.write_text(f"#!/bin/sh\ncase \" $* \" in *\" --check \"*) exec {sys.executable} \"$@\";; esac\n"
-                    f"echo $$ >> {pids}\nexec sleep 300\n")
-    hang.chmod(0o755)
-    env = _collective_cluster(project, tmp_path, env, str(hang), free_port())
-    # The PyTorch check before the ranks gets half the limit: 20 s lets `import torch` finish on a loaded box
-    # (10 s did not, with two clones' suites running at once on two cores).
-    result = run_fdl("@cluster", "probe", "--json", "--skip-mount", "--collective", "--collective-timeout", "40",
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, sys, time\n"
+        "if '--budget-s' in sys.argv:\n"
+        f"    open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+        "    time.sleep(300)\n")
+    env = _collective_cluster(project, tmp_path, env, sys.executable, free_port(), {"PYTHONPATH": str(site)})
+    result = run_fdl("@cluster", "probe", "--json", "--skip-mount", "--collective", "--collective-timeout", "20",
                      cwd=project, env=env, timeout=180)
     assert result.returncode == 1, result.stderr
     check = next(c for c in _json(result)["cluster"] if c["name"] == "collective")
     assert check["status"] == "error"
-    assert "did not complete: abandoned at the 40 s time limit (0 message sizes done)" in check["message"]
+    assert "did not complete: abandoned at the 20 s time limit (0 message sizes done)" in check["message"]
     assert check["data"]["abandoned"] is True
     started_ranks = [int(p) for p in pids.read_text().split()]
     assert len(started_ranks) == 2, started_ranks  # both ranks ran, and neither outlived the probe

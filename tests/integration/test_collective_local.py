@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fdl.collective.results import to_check
-from fdl.collective.run import CollectiveOptions, local_ranks, run_local, run_ranks
+from fdl.collective.run import CollectiveOptions, local_ranks, run_local, run_ranks_here
 from tests.conftest import run_fdl
 from tests.controller_util import free_port
 from tests.fakes import make_libtorch
@@ -33,7 +33,7 @@ def test_two_cpu_ranks_report_bandwidth_rows() -> None:
 def test_a_rank_that_never_comes_is_abandoned_at_the_time_limit() -> None:
     """World size 3, two ranks started: the rendezvous waits for the third until the limit strikes."""
     ranks = local_ranks(None, 3, host="node-a", port=free_port(span=(24200, 24300)))[:2]
-    result = run_ranks(ranks, CollectiveOptions(time_limit_s=8, max_bytes=64 << 10))
+    result = run_ranks_here(ranks, CollectiveOptions(time_limit_s=8, max_bytes=64 << 10))
     check = to_check(result)
     assert result.abandoned and check.status == "error"
     assert "did not complete: abandoned at the 8 s time limit (0 message sizes done)" in check.message
@@ -83,11 +83,11 @@ def test_bad_collective_flags_are_usage_errors(tmp_path: Path, args, words: str)
 
 
 def test_check_mode_reports_pytorch_or_exits_3(tmp_path: Path) -> None:
-    """What a launcher runs on each host before forming the world."""
+    """What each host runs in its probe before the world forms (the fdl_probe module with collective: true)."""
     import subprocess
 
-    from fdl.collective.results import parse_line
     from fdl.collective.run import SCRIPT
+    from fdl.hostside.collective.offer import parse_line
 
     done = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, timeout=120,
                           env={"FDL_HOST": "node-a", "PATH": "/usr/bin:/bin"})

@@ -9,6 +9,7 @@ is what proves "no root needed"; the Ctrl-C run goes as whoever runs the suite.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import pwd
 import re
@@ -170,6 +171,36 @@ def test_an_ordinary_account_probes_and_trains_over_ssh_and_leaves_nothing(testb
     time.sleep(0.5)  # an exiting process's last moments
     assert_nothing_left(done.stderr, out, home / "tmp", home / ".cache", processes_of(entry.pw_uid))
     assert clone_status() == before  # the demo ran in a copy of examples/quickstart
+
+
+def test_the_smoke_test_spans_both_workers_this_machine_s_included(short_tmp: Path) -> None:
+    """`fdl @cluster probe --collective` on try-local's cluster: one rank on `here` (this machine, through the
+    role's local connection) and one on `over-ssh`, one world of 2 ranks over loopback with real bandwidth
+    figures; the run leaves nothing behind."""
+    need_torch()
+    home = short_tmp / "home"
+    (home / "tmp").mkdir(parents=True)
+    os.chmod(home / "tmp", 0o700)
+    bin_dir = suite_bin(short_tmp / "bin")
+    env = {**os.environ, "HOME": str(home), "TMPDIR": str(home / "tmp"), "XDG_CACHE_HOME": str(home / ".cache"),
+           "PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    env.pop("XDG_RUNTIME_DIR", None)
+    env.pop("FDL_ENV", None)
+    done = subprocess.run([str(SCRIPT), "--", "fdl", "@cluster", "probe", "--json", "--skip-mount", "--collective",
+                           "--collective-max-size", "64K"], cwd=short_tmp, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    assert [h["host"] for h in doc["hosts"]] == ["here", "over-ssh"] and doc["ok"], done.stdout
+    check = next(c for c in doc["cluster"] if c["name"] == "collective")
+    data = check["data"]
+    assert check["status"] == "ok", check["message"]
+    assert data["hosts"] == {"here": [0], "over-ssh": [1]} and data["world_size"] == 2, data
+    assert data["skipped_hosts"] == {} and data["completed_ranks"] == 2
+    assert [r["bytes"] for r in data["rows"]] == [8 << 10, 16 << 10, 32 << 10, 64 << 10]
+    assert all(r["busbw_gbs"] > 0 for r in data["rows"]), data["rows"]  # traffic between the two, not a 1-rank 0
+    time.sleep(0.5)
+    assert_nothing_left(done.stderr, done.stdout, home / "tmp", home / ".cache", processes_mentioning(str(short_tmp)))
 
 
 def test_ctrl_c_mid_training_stops_every_rank_and_the_private_sshd(short_tmp: Path) -> None:

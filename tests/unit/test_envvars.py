@@ -19,7 +19,7 @@ PACKAGE = REPO / "fdl"
 REGISTRY_FILE = PACKAGE / "hostside" / "envvars.py"
 # Rank scripts fdl ships as single files, run where fdl is not installed (they import nothing of fdl): they read
 # their variables by name, like any training script would. Their names are checked against the registry.
-STANDALONE = {PACKAGE / "collective" / "allreduce.py"}
+STANDALONE = {PACKAGE / "hostside" / "collective" / "allreduce.py"}
 NAME = re.compile(r"FDL_[A-Z0-9]")
 TOKEN = re.compile(r"\bFDL_[A-Z0-9_]*")
 

@@ -7,7 +7,7 @@ The order, highest first, is written once, here:
 
     fdl/__main__.py                      `python -m fdl`
     cli                                  parse, call the library, render
-    collective, runcmd                   the all-reduce test and the project's commands run through the launcher
+    runcmd                               the project's commands run through the launcher
     launch                               a cluster run: plan, prebuild, stage, rank sessions
     agent, farm, nccl                    `fdl join` (which fetches published runs), join-config and the NCCL
                                          build (both run playbooks through cluster)
@@ -17,7 +17,9 @@ The order, highest first, is written once, here:
     libtorch                             downloads, mirrors, activation, the build environment (the schema
                                          checks a mirror with it, so it sits below config)
     offer, gpus, resources, progress,    this box's GPU offer (libtorch's `auto` asks it), the --gpus selection,
-    signals                              shipped files, the progress display, Ctrl-C handling
+    signals, collective                  shipped files, the progress display, Ctrl-C handling, the all-reduce
+                                         smoke test's options and results (the cluster probe combines them;
+                                         its host side is hostside's)
     collection                           the flodl.fdl collection tree (resources builds it)
     errors, hostside, fdl/__init__.py    the error hierarchy; the code that runs on managed hosts, which
                                          imports nothing of fdl (tests/unit/hostside/test_imports.py); the version
@@ -37,14 +39,14 @@ PACKAGE = REPO / "fdl"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("__main__",),
     ("cli",),
-    ("collective", "runcmd"),
+    ("runcmd",),
     ("launch",),
     ("agent", "farm", "nccl"),
     ("publish", "cluster"),
     ("controller",),
     ("config",),
     ("libtorch",),
-    ("offer", "gpus", "resources", "progress", "signals"),
+    ("offer", "gpus", "resources", "progress", "signals", "collective"),
     ("collection",),
     ("errors", "hostside", "__init__"),
 )

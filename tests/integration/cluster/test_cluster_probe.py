@@ -254,13 +254,14 @@ def test_data_path_missing_on_one_host(kit, short_tmp, testbed_home):
 
 
 def test_this_machine_in_the_roster_is_probed_without_ssh(kit, short_tmp, testbed_home):
-    """A worker at the test machine's own bridge address: no sshd, no such user; only a native probe is green."""
+    """A worker at the test machine's own bridge address: no sshd, no such user; only the role's local
+    connection gets it green, in the same run as the hosts over ssh."""
     workers = kit.workers()[:2] + [{"host": "ctl", "address": kit.bed.gateway, "user": "fdlt-nobody",
                                     "env": kit.worker_env(devices="RTX3060:8.6:12G"), "data_path": str(kit.data)}]
     done, doc = probe(kit.project(short_tmp / "proj", workers), testbed_home, "--json")
     assert done.returncode == 0, done.stdout
     ctl = by_host(doc)["ctl"]
-    assert ctl["gpu"]["data"]["devices"][0]["name"] == "RTX3060"  # the worker's env: applied natively
+    assert ctl["gpu"]["data"]["devices"][0]["name"] == "RTX3060"  # the worker's env: applied to its local task
 
 
 def test_ansible_users_get_the_same_inventory_and_probe_without_fdl(kit, short_tmp, testbed_home,

@@ -66,23 +66,25 @@ def test_each_host_gets_its_own_outcome(testbed, home):
     assert not list((result.artifact_dir.parent.parent / "tmp").glob("*.json"))  # the vars file is gone
 
 
-def test_fdl_probe_validate_false_leaves_one_task_per_host(testbed, home):
-    """The probe as fdl runs it: fdl_probe_validate and fdl_probe_verdict false leave the role's argument
-    validation and its verdict (a task each on every host) out of the play, while by default the role checks
-    its variables first and ends with the host's verdict."""
+def test_the_probe_as_fdl_runs_it_is_validated_and_leaves_only_the_verdict_out(testbed, home):
+    """The probe as fdl runs it (fdl.cluster.probe's extra variables): the role's argument validation, then the
+    probe, with no verdict task; by default the role also ends with the host's verdict. Validation is never
+    left out, for fdl's runs either."""
+    from fdl.cluster.probe import ClusterProbeOptions, probe_extravars
     from fdl.cluster.runner import run_playbook
 
     inventory = inventory_for(testbed)
     tasks = {}
-    for case, switches in (("default", {}), ("fdl", {"fdl_probe_validate": False, "fdl_probe_verdict": False})):
+    for case, extravars in (("default", {"fdl_probe_skip_mount": True}),
+                            ("fdl", probe_extravars(ClusterProbeOptions(skip_mount=True)))):
         events = []
-        run_playbook("probe.yml", inventory, extravars={"fdl_probe_skip_mount": True, **switches},
-                     on_event=events.append, progress=False)
+        run_playbook("probe.yml", inventory, extravars=extravars, on_event=events.append, progress=False)
         tasks[case] = [e.task for e in events if e.kind in ("on_ok", "on_failed", "on_skipped") and e.host == "h1"]
     assert len(tasks["default"]) == 3, tasks["default"]
-    assert tasks["default"][0].startswith("Validating arguments against arg spec")
+    assert tasks["default"][0].startswith("Validating arguments against arg spec 'main'")
     assert tasks["default"][2] == "Say whether the host is ready"
-    assert tasks["fdl"] == tasks["default"][1:2]  # the probe itself, and nothing else (not even a skipped task)
+    assert tasks["fdl"][0].startswith("Validating arguments against arg spec 'probe'")
+    assert tasks["fdl"][1:] == tasks["default"][1:2]  # the probe itself, and no verdict (not even a skipped task)
 
 
 def test_the_probe_playbook_validates_by_default_and_names_the_wrong_variable(testbed, home):

@@ -142,7 +142,8 @@ def test_ctrl_c_on_the_launcher_leaves_nothing_on_any_host(bed, torchpy, short_t
 def test_every_host_is_staged_by_the_dispatch_playbook_and_the_binary_travels_only_when_changed(
         bed, short_tmp, testbed_home):
     """`fdl @cluster CMD` stages through ansible-playbook (flodl.fdl.dispatch, role fdl_dispatch): the runner's
-    artifacts name the playbook and its module; rsync runs only for a host whose binary differs."""
+    artifacts name the playbook and its module, after the role's argument validation (fdl's runs are validated
+    like anyone's); rsync runs only for a host whose binary differs."""
     from tests.runner_runs import runs_of
 
     root = short_tmp / "proj"
@@ -164,11 +165,13 @@ def test_every_host_is_staged_by_the_dispatch_playbook_and_the_binary_travels_on
     assert sorted(line.split("] ", 1)[1] for line in first.stdout.splitlines() if "staged rank" in line) == \
         ["staged rank 0 v1", "staged rank 1 v1", "staged rank 2 v1"]
     stage, stop, ship = "flodl.fdl.fdl_dispatch_stage", "ansible.builtin.meta", "ansible.builtin.command"
+    check = "ansible.builtin.validate_argument_spec"  # the role's inputs, checked on the controller
     (run,) = runs_of(cache, "dispatch.yml")
     assert run.command[0] == "ansible-playbook", run.command
+    assert run.actions.count(check) == 1  # once per play: the ship step takes the same, checked, variables
     steps = lambda run: list(dict.fromkeys(run.actions))  # noqa: E731 - a meta task starts once per host
-    assert steps(run) == [stage, stop, ship]  # layout, the controller's decision, then rsync
-    assert run.hosts("ok") == {name: 2 for name in names}  # a new binary: the layout and rsync on every host
+    assert steps(run) == [check, stage, stop, ship]  # checked inputs, layout, the controller's decision, rsync
+    assert run.hosts("ok") == {name: 3 for name in names}  # a new binary: checked, laid out, sent by rsync
     assert run.hosts("failures") == {} and run.hosts("dark") == {}
     for host in bed.hosts:  # the staged copy is the binary itself
         shipped = host.home / ".flodl" / "launch" / "bin" / "job" / "rank.sh"
@@ -176,13 +179,13 @@ def test_every_host_is_staged_by_the_dispatch_playbook_and_the_binary_travels_on
 
     run_job()  # unchanged: the module saw the same SHA-256 on every host, so no rsync task went anywhere
     unchanged = runs_of(cache, "dispatch.yml")[-1]
-    assert steps(unchanged) == [stage, stop] and unchanged.hosts("ok") == {name: 1 for name in names}
+    assert steps(unchanged) == [check, stage, stop] and unchanged.hosts("ok") == {name: 2 for name in names}
 
     rank.write_text('#!/bin/sh\necho "staged rank $RANK v2"\n')
     changed = run_job()
     assert "staged rank 0 v2" in changed.stdout
     latest = runs_of(cache, "dispatch.yml")[-1]
-    assert steps(latest) == [stage, stop, ship] and latest.hosts("ok") == {name: 2 for name in names}
+    assert steps(latest) == [check, stage, stop, ship] and latest.hosts("ok") == {name: 3 for name in names}
     assert_no_leftovers(bed)
 
 

@@ -9,11 +9,11 @@ from fdl.cluster.probe import (
     ClusterProbeOptions,
     ClusterReport,
     cross_host_checks,
-    host_options,
+    local_host_vars,
+    probe_extravars,
     unreachable_check,
 )
-from fdl.config.schema import WorkerSpec
-from fdl.hostside.checks.devices import Devices
+from fdl.collective.run import CollectiveOptions
 from fdl.hostside.checks.report import CheckResult, HostReport
 
 
@@ -113,19 +113,21 @@ def test_this_machine():
     assert not is_this_machine("node-that-needs-dns.example")
 
 
-def test_flags_win_over_worker_settings_and_gpus_apply_to_this_machine_only():
-    worker = WorkerSpec(host="a", address="10.0.0.1", data_path="/mnt/a", local_devices=Devices(ids=(0, 1)))
-    own = host_options(worker, ClusterProbeOptions(), local=False)
-    assert own["data_path"] == "/mnt/a" and (own["gpus"], own["local_devices"]) == (None, [0, 1])
-    flags = ClusterProbeOptions(data_path="/flag", skip_mount=True, local_gpus=[1])
-    assert host_options(worker, flags, local=False)["gpus"] is None  # --gpus is this machine's only
-    local = host_options(worker, flags, local=True)
-    assert local["gpus"] == [1] and local["data_path"] == "/flag" and local["skip_mount"] is True
-    assert local["local_devices"] == [0, 1]  # still the declaration gpu_count compares against
-    cpu = WorkerSpec(host="c", address="10.0.0.3", local_devices=Devices(kind="cpu", count=2))
-    assert host_options(cpu, ClusterProbeOptions(), local=False) == {
-        "data_path": "/flodl/data", "skip_mount": False, "libtorch_path": None, "docker": None, "gpus": None,
-        "local_devices": "cpu:2"}
+def test_flags_reach_every_host_and_gpus_and_the_project_only_this_machine():
+    """What fdl tells the fdl_probe role: the flags given, for every host (a flag not given leaves each host its
+    own setting: its data_path, the role's defaults); --gpus and the project, for this machine's worker only."""
+    assert probe_extravars(ClusterProbeOptions()) == {"fdl_probe_skip_mount": False, "fdl_probe_verdict": False}
+    flags = ClusterProbeOptions(data_path="/flag", skip_mount=True, libtorch_path="/lt", docker="cuda",
+                                local_gpus=[1, 0])
+    assert probe_extravars(flags) == {
+        "fdl_probe_skip_mount": True, "fdl_probe_verdict": False, "fdl_probe_data_path": "/flag",
+        "fdl_probe_libtorch_path": "/lt", "fdl_probe_docker": "cuda"}
+    assert local_host_vars(flags, "/srv/proj") == {"fdl_probe_gpus": "1,0", "fdl_probe_project_root": "/srv/proj"}
+    assert local_host_vars(ClusterProbeOptions(), None) == {}
+    smoke = probe_extravars(ClusterProbeOptions(), CollectiveOptions(time_limit_s=40, max_bytes=1 << 20), 29401)
+    assert smoke["fdl_probe_collective"] is True and smoke["fdl_probe_collective_port"] == 29401
+    assert (smoke["fdl_probe_collective_timeout_s"], smoke["fdl_probe_collective_max_bytes"]) == (40, 1 << 20)
+    assert not any("validate" in name for name in smoke)  # the role checks its inputs on fdl's runs too
 
 
 # ---- CPU hosts: real reports of the check library for hosts declared cpu:N ----

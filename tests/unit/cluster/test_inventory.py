@@ -86,16 +86,20 @@ def test_default_loopback_controller_is_reached_locally(project):
 
 def test_a_worker_that_is_this_machine_gets_the_local_connection(project):
     """fdl probes and runs a worker at one of this machine's addresses without ssh; the inventory (fdl's and the
-    plugin's) says the same, so plain ansible-playbook reaches it too (it has no sshd to answer)."""
+    plugin's) says the same, so plain ansible-playbook reaches it too (it has no sshd to answer). Its interpreter
+    is fdl's own unless its python: names one, as over ssh it is /usr/bin/python3 unless named."""
     inv, _ = inventory_from_file(project("fdl.cluster.yml", """\
         cluster:
           workers:
             - {host: here, address: 127.0.0.1, user: op}
+            - {host: named, address: 127.0.0.1, python: /opt/py/bin/python3}
             - {host: tunnel, address: 127.0.0.1, port: 2222}
             - {host: there, address: 192.0.2.7}
         """))
     assert inv.hosts["here"].vars["ansible_connection"] == "local"
-    assert inv.hosts["here"].vars["ansible_python_interpreter"] == "/usr/bin/python3"  # the worker's python:
+    assert inv.hosts["here"].vars["ansible_python_interpreter"] == sys.executable  # fdl's own
+    assert inv.hosts["named"].vars["ansible_python_interpreter"] == "/opt/py/bin/python3"  # the worker's python:
+    assert inv.hosts["there"].vars["ansible_python_interpreter"] == "/usr/bin/python3"
     assert "ansible_connection" not in inv.hosts["tunnel"].vars  # a loopback port other than 22: a tunnel
     assert "ansible_connection" not in inv.hosts["there"].vars
 

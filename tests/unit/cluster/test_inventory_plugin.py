@@ -162,7 +162,7 @@ def test_the_plugin_documents_its_options(collections):
 
 
 def test_a_worker_that_is_this_machine_is_reached_locally(project):
-    """fdl probes a worker at 127.0.0.1:22 natively; through the plugin it gets the local connection too, so a
+    """fdl probes a worker at 127.0.0.1:22 through the local connection; through the plugin it gets it too, so a
     plain ansible-playbook does not try an sshd that may not be there."""
     project("fdl.cluster.yml", "cluster:\n  workers:\n    - {host: here, address: 127.0.0.1}\n"
                                "    - {host: there, address: 192.0.2.7}\n")

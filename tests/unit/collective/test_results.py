@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from fdl.collective.results import aggregate, bus_factor, format_rows, human_size, parse_line, to_check
-from fdl.collective.run import parse_size, selected_gpus
+from fdl.collective.results import aggregate, bus_factor, format_rows, human_size, to_check
+from fdl.collective.run import parse_size
+from fdl.hostside.collective.offer import parse_line, selected_gpus
 
 MIB = 1 << 20
 
@@ -180,3 +181,49 @@ def test_selected_gpus_from_a_report() -> None:
     report = {"checks": [{"name": "gpu", "data": {"devices": [{"index": 0, "selected": False},
                                                               {"index": 1, "selected": True}]}}]}
     assert selected_gpus(report) == [1] and selected_gpus({"checks": []}) is None
+
+
+# ---- a cluster's collective step, combined: each host's offer (its probe) and outcome (its ranks) ----
+
+def outcome(events: list[dict], **extra) -> dict:
+    return {"events": events, "tails": {}, "codes": {}, "first_failure": None, "abandoned": False,
+            "elapsed_s": 1.5, **extra}
+
+
+def test_every_host_s_events_make_one_world() -> None:
+    from fdl.collective.run import combine
+
+    events = cluster(2, 1)
+    offers = {"h0": {"host": "h0", "ranks": 1, "torch": "2.13.0"}, "h1": {"host": "h1", "ranks": 1, "torch": "2.13.0"}}
+    result = combine(offers, {"h0": outcome([e for e in events if e["rank"] == 0]),
+                              "h1": outcome([e for e in events if e["rank"] == 1], elapsed_s=2.0)},
+                     hosts=["h0", "h1"], time_limit_s=60)
+    assert result.finished and result.hosts == {"h0": [0], "h1": [1]} and result.failure is None
+    assert result.elapsed_s == 2.0 and to_check(result).status == "ok"
+
+
+def test_a_host_without_pytorch_is_skipped_and_one_that_took_no_part_fails_the_test() -> None:
+    from fdl.collective.run import combine
+
+    offers = {"a": {"host": "a", "ranks": 2, "torch": "2.13.0"},
+              "b": {"host": "b", "ranks": 0, "skipped": "/usr/bin/python3: No module named 'torch'"},
+              "c": {"host": "c", "ranks": 0, "error": "/x/python did not answer the PyTorch check within 30 s"},
+              "e": {"host": "e", "ranks": 1, "torch": "2.13.0"}}
+    events = [start(r, "a", 2) for r in range(2)] + [allreduce(r, MIB, 0.01) for r in range(2)] + [done(0), done(1)]
+    result = combine(offers, {"a": outcome(events), "b": outcome([]), "c": outcome([]), "e": {"msg": "timed out"}},
+                     hosts=["a", "b", "c", "d", "e"], time_limit_s=60)
+    assert result.skipped_hosts == {"b": "/usr/bin/python3: No module named 'torch'"}
+    assert result.failure == ("c: /x/python did not answer the PyTorch check within 30 s; "
+                              "d did not take part (its probe did not finish); e did not run its ranks (timed out)")
+    check = to_check(result)
+    assert check.status == "error" and "Skipped, PyTorch cannot be imported there: b (" in check.message
+
+
+def test_a_rank_that_failed_without_saying_why_is_named_with_its_last_line() -> None:
+    from fdl.collective.run import combine
+
+    offers = {"a": {"host": "a", "ranks": 1, "torch": "2.13.0"}}
+    failed = outcome([], first_failure=0, codes={"0": 139}, tails={"0": ["Segmentation fault"]})
+    result = combine(offers, {"a": failed}, hosts=["a"], time_limit_s=60)
+    assert result.failure == "rank 0 on a exited with code 139 (Segmentation fault)"
+    assert "did not complete: rank 0 on a exited with code 139" in to_check(result).message

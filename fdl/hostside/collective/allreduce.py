@@ -1,11 +1,14 @@
 """All-reduce smoke test: one process per rank, torch.distributed, results as JSON lines.
 
-Runs standalone on any host with PyTorch (it imports nothing from fdl, so the
-launcher ships this one file): every rank is started with the standard
-torch.distributed environment (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK,
-LOCAL_RANK) and, optionally, fdl's FDL_HOST (a host label; default the host
-name) and FDL_BACKEND (nccl or gloo; default nccl when CUDA is usable, else
-gloo).
+Runs standalone on any host with PyTorch: it imports nothing from fdl, not
+even its siblings, so the one file is the program (ranks.write_program puts
+it where a module of the fdl_probe role's collective step can start it; `fdl
+probe --collective` runs it from the package). Every rank is started with the
+standard torch.distributed environment (MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
+RANK, LOCAL_RANK) and, optionally, fdl's FDL_HOST (a host label; default the
+host name) and FDL_BACKEND (nccl or gloo; default nccl when CUDA is usable,
+else gloo). PyTorch is the one import beyond the standard library in
+fdl/hostside/: it is what this program tests.
 
     python allreduce.py [--min-bytes 8192] [--max-bytes 67108864] [--budget-s 60]
                         [--max-iters 20] [--exchange-bytes 4194304]
@@ -21,8 +24,8 @@ Two phases, both timed on every rank:
    slow; these rounds can, because each rank times its own traffic.
 
 `--check` only imports PyTorch and reports it (event `torch`: version, CUDA
-availability, backends) or exits 3: what a launcher runs on each host first,
-to leave out the hosts that cannot take part.
+availability, backends) or exits 3: what each host runs first (in the probe
+step), to leave out the hosts that cannot take part.
 
 Each result is a line `fdl-collective {json}` on stdout: events `start`,
 `allreduce`, `exchange`, `done`, or `error` (kind torch-missing exits 3,
@@ -45,7 +48,7 @@ PREFIX = "fdl-collective "
 EXIT_TORCH_MISSING = 3
 
 
-def emit(event: str, **fields) -> None:
+def emit(event: str, **fields: object) -> None:
     sys.stdout.write(PREFIX + json.dumps({"event": event, **fields}, separators=(",", ":")) + "\n")
     sys.stdout.flush()
 
@@ -105,14 +108,14 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    def agree(value: float, op=dist.ReduceOp.MAX) -> float:
+    def agree(value: float, op: object = dist.ReduceOp.MAX) -> float:
         """Every rank gets the same number (rank 0's decision, or the max of everyone's)."""
         t = torch.tensor([value], dtype=torch.float64, device=device)
         dist.all_reduce(t, op=op)
         return float(t.item())
 
     def time_left() -> float:
-        return args.budget_s - (time.monotonic() - started)
+        return float(args.budget_s) - (time.monotonic() - started)
 
     plan = sizes(args.min_bytes, args.max_bytes)
     phases = len(plan) + 1  # the exchange counts as one more step
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
             dist.barrier()
-            for _ in range(2 if step == 0 else 1):  # warm-up (connections are set up on first use)
+            for _warm in range(2 if step == 0 else 1):  # warm-up (connections are set up on first use)
                 t0 = time.perf_counter()
                 dist.all_reduce(tensor)
                 sync()
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             iters = max(1, iters)
             dist.barrier()
             times = []
-            for _ in range(iters):
+            for _timed in range(iters):
                 t0 = time.perf_counter()
                 dist.all_reduce(tensor)
                 sync()
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                     break
                 to, frm = (rank + k) % world, (rank - k) % world
                 times = []
-                for _ in range(max(1, args.exchange_iters)):
+                for _try in range(max(1, args.exchange_iters)):
                     dist.barrier()
                     t0 = time.perf_counter()
                     for request in (dist.isend(send, to), dist.irecv(recv, frm)):  # both posted, then waited
@@ -178,4 +181,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
