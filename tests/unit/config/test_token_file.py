@@ -12,7 +12,7 @@ import pytest
 
 from fdl.config.project import EnvSelection, load_config
 from fdl.config.tokens import MIN_BITS, estimated_bits, strength_problem
-from fdl.errors import ConfigError
+from fdl.errors import ConfigError, FdlError
 from tests.conftest import need_root_or_skip
 
 TOKEN = "5f0c1e8a9b2d4c6e8f0a1b3c5d7e9f1a"  # 32 hex digits: 128 bits
@@ -85,6 +85,18 @@ def test_a_token_file_of_another_account_is_refused(tmp_path):
     root = project(tmp_path / "proj", OVERLAY)
     secret = token_file(root / ".fdl" / "farm" / "token")
     os.chown(secret, 65534, 65534)  # nobody: neither this user nor root
+    # inside the project's .fdl/, discovery refuses it first (the safe.directory rule, fdl.hostside.trust): an
+    # FdlError, exit 1, so another account's file can never be what powers a worker off
+    with pytest.raises(FdlError, match="owned by nobody") as found:
+        load(root)
+    assert not isinstance(found.value, ConfigError) and TOKEN not in found.value.message
+    # named from anywhere else, the token file's own check refuses it
+    elsewhere = tmp_path / "elsewhere" / "token"
+    token_file(elsewhere)
+    os.chown(elsewhere, 65534, 65534)
+    (root / "fdl.farm.yml").write_text(OVERLAY.replace(".fdl/farm/token", str(elsewhere)))
+    os.chmod(root / "fdl.farm.yml", 0o600)
+    secret.unlink()
     with pytest.raises(ConfigError, match="belongs to uid 65534, not to you"):
         load(root)
 
