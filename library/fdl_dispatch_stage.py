@@ -111,21 +111,9 @@ ansible_facts:
 from ansible.module_utils.basic import AnsibleModule
 
 try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
-    from ansible_collections.flodl.fdl.plugins.module_utils import hoststage, supervisor
-    from ansible_collections.flodl.fdl.plugins.module_utils.fsio import atomic_write
+    from ansible_collections.flodl.fdl.plugins.module_utils import hoststage
 except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
-    from ansible.module_utils.fdl.hostside import hoststage, supervisor
-    from ansible.module_utils.fdl.hostside.fsio import atomic_write
-
-
-def supervisor_source():
-    """The rank supervisor's source, as shipped in this module's payload."""
-    loader = getattr(supervisor, "__loader__", None)
-    source = loader.get_source(supervisor.__name__) if loader is not None and hasattr(loader, "get_source") else None
-    if source is None:
-        with open(supervisor.__file__, encoding="utf-8") as handle:
-            source = handle.read()
-    return source
+    from ansible.module_utils.fdl.hostside import hoststage
 
 
 def main():
@@ -145,15 +133,13 @@ def main():
     )
     # The layout is fdl's own (fdl/hostside/hoststage.py), shipped as module_utils.
     try:
-        changed, staged = hoststage.stage(module.params, supervisor_source(), atomic_write,
-                                          check_mode=module.check_mode)
+        changed, staged = hoststage.stage(module.params, check_mode=module.check_mode)
     except hoststage.StageError as exc:
         module.fail_json(msg=str(exc))
     except OSError as exc:  # an unwritable launcher directory: name the path and the reason, no traceback
         where = exc.filename or module.params["root"]
         module.fail_json(msg=f"cannot lay out the run: {where}: {exc.strerror or exc}")
-    facts = {k: staged[k] for k in ("run_dir", "supervisor", "spec", "bin_dir", "program_current")}
-    module.exit_json(changed=changed, ansible_facts={"fdl_dispatch_staged": facts}, **staged)
+    module.exit_json(changed=changed, ansible_facts={"fdl_dispatch_staged": staged}, **staged)
 
 
 if __name__ == "__main__":

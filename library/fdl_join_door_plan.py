@@ -85,16 +85,12 @@ explicit_ports:
   elements: int
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
 try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
-    from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import DoorError, dropin_name, dropin_vars
-    from ansible_collections.flodl.fdl.plugins.module_utils.farm.sshd_config import scan
+    from ansible_collections.flodl.fdl.plugins.module_utils.farm.door_plan import DoorError, plan
 except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
-    from ansible.module_utils.fdl.hostside.farm.doors import DoorError, dropin_name, dropin_vars
-    from ansible.module_utils.fdl.hostside.farm.sshd_config import scan
+    from ansible.module_utils.fdl.hostside.farm.door_plan import DoorError, plan
 
 
 def main() -> None:
@@ -111,23 +107,13 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    if not os.path.isfile(p["sshd_config"]):
-        module.fail_json(msg=f"{p['sshd_config']} does not exist: is the OpenSSH server installed?")
+    # The plan is fdl's own (fdl/hostside/farm/door_plan.py), shipped as module_utils.
     try:
-        path = os.path.join(os.path.abspath(p["dropin_dir"]), dropin_name(p["label"]))
-        explicit = scan(p["sshd_config"]).ports(exclude=(path,))
-        values = dropin_vars(p["door"], label=p["label"], door_port=p["door_port"],
-                             controller_port=p["controller_port"], explicit_ports=explicit,
-                             jail_base=p["jail_base"])
+        result = plan(p["sshd_config"], p["dropin_dir"], label=p["label"], door=p["door"], door_port=p["door_port"],
+                      controller_port=p["controller_port"], jail_base=p["jail_base"])
     except DoorError as exc:
         module.fail_json(msg=str(exc))
-    lines = [f"Port {item['port']}" for item in values["ports"]] + [f"Match LocalPort {p['door_port']}"]
-    virtual = scan(p["sshd_config"], virtual=(path, lines))
-    module.exit_json(
-        changed=False, dropin_path=path, dropin=values, read_by_sshd=virtual.virtual_read,
-        shadowing=[f"{d.file}:{d.line} {d.keyword} {d.value}" for d in virtual.shadowing(path)],
-        explicit_ports=explicit,
-    )
+    module.exit_json(changed=False, **result)
 
 
 if __name__ == "__main__":

@@ -112,11 +112,11 @@ try:  # the flodl.fdl collection: module_utils copied from the fdl package when 
         probe_declaration,
     )
     from ansible_collections.flodl.fdl.plugins.module_utils.checks.probe import ProbeOptions, run_probe
-    from ansible_collections.flodl.fdl.plugins.module_utils.checks.verdict import verdict
+    from ansible_collections.flodl.fdl.plugins.module_utils.checks.verdict import failure, verdict
 except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
     from ansible.module_utils.fdl.hostside.checks.devices import DEVICE_FORMS, parse_declared, probe_declaration
     from ansible.module_utils.fdl.hostside.checks.probe import ProbeOptions, run_probe
-    from ansible.module_utils.fdl.hostside.checks.verdict import verdict
+    from ansible.module_utils.fdl.hostside.checks.verdict import failure, verdict
 
 
 def main():
@@ -156,8 +156,7 @@ def main():
     report = run_probe(options, host=params["host"])
     result = dict(changed=False, report=report.to_dict(), ok=report.ok, verdict=verdict(report))
     if params["fail_on_error"] and not report.ok:
-        failed = ", ".join(f"{c.name}: {c.message}" for c in report.errors)
-        module.fail_json(msg=f"probe found {len(report.errors)} error(s): {failed}", **result)
+        module.fail_json(msg=failure(report), **result)
     module.exit_json(**result)
 
 
