@@ -25,6 +25,11 @@ and reaches EOF (the launcher or its ssh connection went away), the group is
 torn down the same way. Children also carry PR_SET_PDEATHSIG, so even a
 SIGKILLed supervisor takes its ranks with it.
 
+This file also holds fdl's one process sweep (signal_processes, end_processes, processes_with_env,
+stop_process_group): the supervisor's own teardown, the launcher's sessions, the agent's tunnel and
+signature probe, and a canceled run's sweep on hosts (reap.py, the fdl_reap module) all stop processes
+through it. It lives here because this file must run on its own.
+
 Exit status: 0 when every rank exited 0; otherwise the first failing rank's
 code (128+N for a rank killed by signal N). A final JSON line prefixed
 `fdl-supervisor-result: ` reports every rank's code.
