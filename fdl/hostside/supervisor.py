@@ -298,7 +298,8 @@ class Supervisor:
             self._stop.set()
 
     def _signal_all(self, sig: int) -> None:
-        signal_processes([proc.pid for proc in self.procs.values() if proc.poll() is None], sig, group=True)
+        procs = list(self.procs.values())  # one copy: kill() may come from another thread while ranks start
+        signal_processes([proc.pid for proc in procs if proc.poll() is None], sig, group=True)
 
     def kill(self) -> None:
         """SIGKILL every rank still running, with its process group (no grace: the caller is giving up)."""

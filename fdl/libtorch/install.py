@@ -418,8 +418,8 @@ def _install(archive: Path, target: Path, located: Located, variant: str, fetche
                 record = f"url={url}\n{fetched}build={build}\npinned_by={located.pinned_by}\n"
                 (tree / RECORD).write_text(record, encoding="utf-8")
                 os.chmod(tree, 0o755)
-                try:
-                    install_dir(tree, target)
+                try:  # what is at target has no lib/ (else nothing is downloaded): a half-made tree, replaced
+                    install_dir(tree, target, replace=True)
                 except OSError as exc:
                     if not (target / "lib").is_dir():  # not installed meanwhile by someone else
                         raise LibtorchFetchError(f"cannot move libtorch into {target}: {exc.strerror}.") from None
