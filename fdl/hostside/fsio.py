@@ -3,7 +3,7 @@
 Host-side (fdl/hostside/), because code that runs on managed hosts writes through it too (the
 authorized_keys edit, the launcher's staging, the probe's textfile, the NCCL build's install); the rest of
 fdl imports it from here. Nothing else in fdl renames, replaces or fsyncs on its own (tests/unit/
-test_fsio_callers.py holds that rule for fdl/, library/ and inventory_plugins/).
+test_host_logic.py holds that rule for fdl/, library/ and inventory_plugins/).
 
 A file: a reader of `path` sees either the old content or the new, never a mix, and after a crash the file
 is one of the two: the data goes to a temporary file in the same directory, which is given its mode (and
