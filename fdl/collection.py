@@ -36,7 +36,7 @@ Three callers, one tree: `scripts/build-collection` (then `ansible-galaxy collec
 tarball), the wheel build (hatch_build.py puts the tree inside the wheel), and fdl run from a clone
 (`built_in_cache()` builds it once into the cache, under a key of fdl's version and a hash of every input,
 so an edit in the clone gets a fresh tree and a finished one is never rewritten). Standard library,
-fdl.errors and fdl.hostside.paths only: the wheel build imports this file.
+fdl.errors, fdl.hostside.fsio and fdl.hostside.paths only: the wheel build imports this file.
 """
 
 from __future__ import annotations
@@ -45,15 +45,14 @@ import ast
 import base64
 import hashlib
 import importlib.util
-import os
 import re
 import shutil
-import tempfile
 import zlib
 from functools import lru_cache
 from pathlib import Path
 
 from fdl.errors import FdlError
+from fdl.hostside.fsio import install_dir, staging_dir
 from fdl.hostside.paths import cache_dir
 
 NAMESPACE, NAME = "flodl", "fdl"
@@ -281,22 +280,18 @@ def built_in_cache(source: Path | None = None) -> Path:
         return target
     try:
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
     except OSError as exc:
         raise CollectionError(f"could not write the {FQCN} collection into fdl's cache ({exc})",
                               hint="free space or fix the permissions of that directory, or set XDG_CACHE_HOME "
                                    "to a writable one") from exc
     try:
-        assemble(staging, source)
-        os.rename(staging, target)
+        with staging_dir(target) as staging:  # beside the target, gone on the way out whatever happens
+            assemble(Path(staging), source)
+            install_dir(staging, target)
     except OSError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
         if not (target / RELATIVE / "galaxy.yml").is_file():  # not another fdl that finished it first
             raise CollectionError(f"could not write the {FQCN} collection into {target} ({exc})",
                                   hint="free space or fix the permissions of that directory") from exc
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return target
 
 

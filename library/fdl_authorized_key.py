@@ -114,22 +114,13 @@ permissions:
   elements: dict
 """
 
-import os
-import pwd
-
 from ansible.module_utils.basic import AnsibleModule
 
 # The code fdl shares with its hosts, fdl/hostside/: this collection's module_utils (copied in when the
 # collection is built, fdl/collection.py; the fdl package itself in a clone used in place).
-from ansible_collections.flodl.fdl.plugins.module_utils.farm.authorized_keys import (
-    AuthorizedKeysError,
-    check_permissions,
-    fix_permissions,
-    install_line,
-    parse_public_key,
-    remove_keys,
-)
-from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import DoorError, key_line
+from ansible_collections.flodl.fdl.plugins.module_utils.farm.authorized_keys import AuthorizedKeysError
+from ansible_collections.flodl.fdl.plugins.module_utils.farm.door_key import put_key
+from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import DoorError
 
 
 def main() -> None:
@@ -153,42 +144,17 @@ def main() -> None:
     )
     p = module.params
     path = p["path"]  # type=path: ~ and ~user already expanded
+    # The edit is fdl's own (fdl/hostside/farm/door_key.py), shipped as module_utils.
     try:
-        line = key_line(p["door"], p["public_key"], label=p["label"], controller_port=p["controller_port"],
-                        served=p["served"], rrsync=p["rrsync"]) if p["state"] == "present" else ""
-        key = parse_public_key(p["public_key"])
-        retire = tuple(parse_public_key(k) for k in p["retired_keys"])
-        existed = os.path.exists(path)
-        parent_existed = os.path.isdir(os.path.dirname(os.path.abspath(path)))
-        mode = int(p["mode"], 8) if p["mode"] else None
-        if p["state"] == "absent":
-            result = remove_keys(path, (key, *retire), check=module.check_mode)
-            module.exit_json(changed=result.changed, action=result.action, line_number=0, removed=result.removed,
-                             line=None, path=path)
-        extra = {}
-        if p["fix_permissions"] and p["create_parent"]:
-            parent = os.path.dirname(os.path.abspath(path))
-            issues = check_permissions(path, uid=os.geteuid(), manage_parent=True, home=os.path.dirname(parent))
-            extra["permissions"] = [issue.to_dict() for issue in issues]
-            if not module.check_mode:
-                fix_permissions(issues)
-        result = install_line(path, line, key, retire=retire, mode=mode, create_parent=p["create_parent"],
-                              check=module.check_mode)
+        result = put_key(path, p["public_key"], door=p["door"], label=p["label"],
+                         controller_port=p["controller_port"], served=p["served"], rrsync=p["rrsync"],
+                         retired_keys=p["retired_keys"], create_parent=p["create_parent"], mode=p["mode"],
+                         owner=p["owner"], repair=p["fix_permissions"], state=p["state"], check=module.check_mode)
     except (AuthorizedKeysError, DoorError, ValueError) as exc:
         module.fail_json(msg=str(exc))
     except OSError as exc:  # the account may not write there: say where and why, no traceback
         module.fail_json(msg=f"cannot write {exc.filename or path}: {exc.strerror or exc}", errno=exc.errno)
-    if p["owner"] and not module.check_mode:
-        try:
-            entry = pwd.getpwnam(p["owner"])
-        except KeyError:
-            module.fail_json(msg=f"owner {p['owner']!r} is not an account on this host")
-        if not existed:
-            os.chown(path, entry.pw_uid, entry.pw_gid)
-        if not parent_existed:
-            os.chown(os.path.dirname(os.path.abspath(path)), entry.pw_uid, entry.pw_gid)
-    module.exit_json(changed=result.changed, action=result.action, line_number=result.line_number or 0,
-                     removed=result.removed, line=line, path=path, **extra)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -131,15 +131,11 @@ msg:
   type: str
 """
 
-import shutil
-import sys
-import tempfile
-
 from ansible.module_utils.basic import AnsibleModule
 
 # The code fdl shares with its hosts, fdl/hostside/: this collection's module_utils (copied in when the
 # collection is built, fdl/collection.py; the fdl package itself in a clone used in place).
-from ansible_collections.flodl.fdl.plugins.module_utils.collective import offer, ranks
+from ansible_collections.flodl.fdl.plugins.module_utils.collective.ranks import smoke_test
 
 
 def main():
@@ -159,31 +155,15 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    host, world = params["host"], params["world"]
-    if params["forks"] is not None and len(world) > params["forks"]:
-        module.fail_json(msg=f"the all-reduce smoke test runs on every host at once, but this play runs "
-                             f"{params['forks']} at a time and the test spans {len(world)} hosts: run it with "
-                             f"forks {len(world)} or more (-f {len(world)})")
-    mine = ranks.world_ranks(world, host, master_addr=params["master_addr"], master_port=params["master_port"])
-    if not mine:
-        module.exit_json(changed=False, ranks=[], events=[], tails={}, codes={}, first_failure=None,
-                         abandoned=False, elapsed_s=0.0, ok=True, msg=f"{host}: no rank in the smoke test")
-    directory = tempfile.mkdtemp(prefix="fdl-collective-")
     try:
-        program = offer.write_program(directory)
-        argv = ranks.program_argv(sys.executable, program, time_limit_s=params["time_limit_s"],
-                                  min_bytes=params["min_bytes"], max_bytes=params["max_bytes"],
-                                  max_iters=params["max_iters"], exchange_bytes=params["exchange_bytes"])
-        outcome = ranks.run_ranks(argv, mine, time_limit_s=params["time_limit_s"])
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-    done = sum(1 for event in outcome.events if event.get("event") == "done")
-    ok = done == len(mine) and not outcome.abandoned and outcome.first_failure is None
-    numbers = [r["rank"] for r in mine]
-    what = "finished" if ok else ("abandoned at the time limit" if outcome.abandoned else "did not finish")
-    module.exit_json(changed=False, ranks=numbers, ok=ok,
-                     msg=f"{host}: ranks {numbers[0]}-{numbers[-1]} {what} ({done} of {len(mine)} done)",
-                     **outcome.to_dict())
+        result = smoke_test(params["host"], params["world"], master_addr=params["master_addr"],
+                            master_port=params["master_port"], time_limit_s=params["time_limit_s"],
+                            min_bytes=params["min_bytes"], max_bytes=params["max_bytes"],
+                            max_iters=params["max_iters"], exchange_bytes=params["exchange_bytes"],
+                            forks=params["forks"])
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=False, **result)
 
 
 if __name__ == "__main__":

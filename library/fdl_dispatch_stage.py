@@ -112,18 +112,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 # The code fdl shares with its hosts, fdl/hostside/: this collection's module_utils (copied in when the
 # collection is built, fdl/collection.py; the fdl package itself in a clone used in place).
-from ansible_collections.flodl.fdl.plugins.module_utils import hoststage, supervisor
-from ansible_collections.flodl.fdl.plugins.module_utils.fsio import atomic_write
-
-
-def supervisor_source():
-    """The rank supervisor's source, as shipped in this module's payload."""
-    loader = getattr(supervisor, "__loader__", None)
-    source = loader.get_source(supervisor.__name__) if loader is not None and hasattr(loader, "get_source") else None
-    if source is None:
-        with open(supervisor.__file__, encoding="utf-8") as handle:
-            source = handle.read()
-    return source
+from ansible_collections.flodl.fdl.plugins.module_utils import hoststage
 
 
 def main():
@@ -143,15 +132,13 @@ def main():
     )
     # The layout is fdl's own (fdl/hostside/hoststage.py), shipped as module_utils.
     try:
-        changed, staged = hoststage.stage(module.params, supervisor_source(), atomic_write,
-                                          check_mode=module.check_mode)
+        changed, staged = hoststage.stage(module.params, check_mode=module.check_mode)
     except hoststage.StageError as exc:
         module.fail_json(msg=str(exc))
     except OSError as exc:  # an unwritable launcher directory: name the path and the reason, no traceback
         where = exc.filename or module.params["root"]
         module.fail_json(msg=f"cannot lay out the run: {where}: {exc.strerror or exc}")
-    facts = {k: staged[k] for k in ("run_dir", "supervisor", "spec", "bin_dir", "program_current")}
-    module.exit_json(changed=changed, ansible_facts={"fdl_dispatch_staged": facts}, **staged)
+    module.exit_json(changed=changed, ansible_facts={"fdl_dispatch_staged": staged}, **staged)
 
 
 if __name__ == "__main__":

@@ -91,19 +91,11 @@ explicit_ports:
   elements: int
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
 # The code fdl shares with its hosts, fdl/hostside/: this collection's module_utils (copied in when the
 # collection is built, fdl/collection.py; the fdl package itself in a clone used in place).
-from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import (
-    DoorError,
-    dropin_name,
-    dropin_scan_lines,
-    dropin_vars,
-)
-from ansible_collections.flodl.fdl.plugins.module_utils.farm.sshd_config import scan
+from ansible_collections.flodl.fdl.plugins.module_utils.farm.door_plan import DoorError, plan
 
 
 def main() -> None:
@@ -121,23 +113,14 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
-    present = os.path.isfile(p["sshd_config"])
-    if not present and p["config_required"]:
-        module.fail_json(msg=f"{p['sshd_config']} does not exist: is the OpenSSH server installed?")
+    # The plan is fdl's own (fdl/hostside/farm/door_plan.py), shipped as module_utils.
     try:
-        path = os.path.join(os.path.abspath(p["dropin_dir"]), dropin_name(p["label"]))
-        explicit = scan(p["sshd_config"]).ports(exclude=(path,)) if present else []
-        values = dropin_vars(p["door"], label=p["label"], door_port=p["door_port"],
-                             controller_port=p["controller_port"], explicit_ports=explicit,
-                             jail_base=p["jail_base"])
+        result = plan(p["sshd_config"], p["dropin_dir"], label=p["label"], door=p["door"], door_port=p["door_port"],
+                      controller_port=p["controller_port"], jail_base=p["jail_base"],
+                      config_required=p["config_required"])
     except DoorError as exc:
         module.fail_json(msg=str(exc))
-    virtual = scan(p["sshd_config"], virtual=(path, dropin_scan_lines(values)))
-    module.exit_json(
-        changed=False, dropin_path=path, dropin=values, read_by_sshd=virtual.virtual_read,
-        shadowing=[f"{d.file}:{d.line} {d.keyword} {d.value}" for d in virtual.shadowing(path)],
-        explicit_ports=explicit,
-    )
+    module.exit_json(changed=False, **result)
 
 
 if __name__ == "__main__":

@@ -58,90 +58,12 @@ replaced:
   type: bool
 """
 
-import ctypes
-import ctypes.util
-import errno
-import json
-import os
-import shutil
-import tempfile
-
 from ansible.module_utils.basic import AnsibleModule
 
-MANIFEST = "fdl-nccl-build.json"
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2
-
-
-def fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(path) else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def prepare(staging: str, version: str, manifest: dict) -> None:
-    """Check the staged tree, complete it, and make it durable; raises ValueError naming what is wrong."""
-    lib = os.path.join(staging, "lib")
-    real = os.path.join(lib, f"libnccl.so.{version}")
-    if not os.path.isfile(real) or os.path.islink(real):
-        present = sorted(os.listdir(lib)) if os.path.isdir(lib) else []
-        raise ValueError(
-            f"the build image did not produce libnccl.so.{version} (found in its build/lib: "
-            f"{', '.join(present) or 'nothing'}); the tag and the version do not match, or the build failed"
-        )
-    soname = os.path.join(lib, "libnccl.so.2")
-    if not os.path.lexists(soname):
-        os.symlink(f"libnccl.so.{version}", soname)
-    elif os.path.realpath(soname) != os.path.realpath(real):
-        raise ValueError(f"lib/libnccl.so.2 in the build points at {os.readlink(soname)}, not libnccl.so.{version}")
-    with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as handle:
-        json.dump(manifest, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-    for directory, _dirs, files in os.walk(staging):
-        for name in files:
-            path = os.path.join(directory, name)
-            if not os.path.islink(path):
-                fsync_path(path)
-        os.chmod(directory, 0o755)
-        fsync_path(directory)
-
-
-def exchange(a: str, b: str) -> bool:
-    """Swap two paths atomically (Linux renameat2); False when the system cannot."""
-    libc_name = ctypes.util.find_library("c")
-    if not libc_name:
-        return False
-    libc = ctypes.CDLL(libc_name, use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)
-    if renameat2 is None:
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
-        return False
-    raise OSError(err, os.strerror(err), b)
-
-
-def install(staging: str, dest: str) -> bool:
-    """Rename staging onto dest; returns whether an earlier build was replaced."""
-    parent = os.path.dirname(dest)
-    if not os.path.lexists(dest):
-        os.rename(staging, dest)
-        fsync_path(parent)
-        return False
-    if exchange(staging, dest):
-        shutil.rmtree(staging)  # now holds the earlier build
-    else:
-        aside = tempfile.mkdtemp(prefix=f".{os.path.basename(dest)}.old-", dir=parent)
-        os.rename(dest, os.path.join(aside, "build"))
-        os.rename(staging, dest)
-        shutil.rmtree(aside)
-    fsync_path(parent)
-    return True
+try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
+    from ansible_collections.flodl.fdl.plugins.module_utils.nccl_install import planned, put_in_place
+except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
+    from ansible.module_utils.fdl.hostside.nccl_install import planned, put_in_place
 
 
 def main() -> None:
@@ -154,23 +76,15 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
-    dest = os.path.abspath(module.params["dest"])
-    library = os.path.join(dest, "lib", "libnccl.so.2")
-    result = {"changed": True, "dest": dest, "library": library, "replaced": os.path.lexists(dest)}
+    # The checks and the atomic install are fdl's own (fdl/hostside/nccl_install.py), shipped as module_utils.
+    result = planned(module.params["dest"])
     if module.check_mode:
         module.exit_json(**result)
-    staging = module.params["staging"]
-    if not staging:
-        module.fail_json(msg="fdl_nccl_install needs staging: the directory the build was copied into", **result)
-    staging = os.path.abspath(staging)
-    if os.path.dirname(staging) != os.path.dirname(dest):
-        module.fail_json(msg=f"staging {staging} must sit next to {dest} (same directory) for an atomic rename",
-                         **result)
     try:
-        prepare(staging, module.params["version"], module.params["manifest"])
-        result["replaced"] = install(staging, dest)
-    except (OSError, ValueError) as exc:
-        module.fail_json(msg=f"could not put the NCCL build in place at {dest}: {exc}", **result)
+        result["replaced"] = put_in_place(module.params["staging"], result["dest"], module.params["version"],
+                                          module.params["manifest"])
+    except ValueError as exc:
+        module.fail_json(msg=str(exc), **result)
     module.exit_json(**result)
 
 

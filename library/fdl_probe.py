@@ -119,10 +119,6 @@ offer:
   sample: {host: node-b, ranks: 2, gpus: [0, 1], torch: 2.13.0}
 """
 
-import shutil
-import sys
-import tempfile
-
 from ansible.module_utils.basic import AnsibleModule
 
 # The code fdl shares with its hosts, fdl/hostside/: this collection's module_utils (copied in when the
@@ -132,9 +128,9 @@ from ansible_collections.flodl.fdl.plugins.module_utils.checks.devices import (
     parse_declared,
     probe_declaration,
 )
-from ansible_collections.flodl.fdl.plugins.module_utils.checks.probe import ProbeOptions, run_probe
-from ansible_collections.flodl.fdl.plugins.module_utils.checks.verdict import verdict
-from ansible_collections.flodl.fdl.plugins.module_utils.collective import offer as collective
+from ansible_collections.flodl.fdl.plugins.module_utils.checks.probe import ProbeOptions
+from ansible_collections.flodl.fdl.plugins.module_utils.checks.verdict import failure, verdict
+from ansible_collections.flodl.fdl.plugins.module_utils.collective.offer import probe_and_offer
 
 
 def main():
@@ -172,24 +168,12 @@ def main():
                            whole_gpus=params["whole_gpus"],
                            interpreter_setting="this worker's python: (in fdl.cluster.yml; ansible_python_interpreter "
                                                "in an inventory of your own)")
-    directory = tempfile.mkdtemp(prefix="fdl-collective-") if params["collective"] else None
-    check = None
-    try:
-        # the smoke test's PyTorch check (an `import torch`: seconds) runs beside the probe's own checks
-        check = collective.TorchCheck(sys.executable, collective.write_program(directory)) if directory else None
-        report = run_probe(options, host=params["host"])
-        result = dict(changed=False, report=report.to_dict(), ok=report.ok, verdict=verdict(report))
-        if check is not None:
-            result["offer"] = collective.offer(report.host, params["local_devices"], result["report"], check)
-    finally:
-        if check is not None and check.proc is not None and check.proc.poll() is None:
-            check.proc.kill()  # the probe itself failed: the check's answer is not wanted
-            check.proc.wait()
-        if directory is not None:
-            shutil.rmtree(directory, ignore_errors=True)
+    report, offer = probe_and_offer(options, params["host"], params["local_devices"], params["collective"])
+    result = dict(changed=False, report=report.to_dict(), ok=report.ok, verdict=verdict(report))
+    if offer is not None:
+        result["offer"] = offer
     if params["fail_on_error"] and not report.ok:
-        failed = ", ".join(f"{c.name}: {c.message}" for c in report.errors)
-        module.fail_json(msg=f"probe found {len(report.errors)} error(s): {failed}", **result)
+        module.fail_json(msg=failure(report), **result)
     module.exit_json(**result)
 
 

@@ -45,69 +45,12 @@ pids:
   sample: [4242, 4250]
 """
 
-import os
-import signal
-import time
-
 from ansible.module_utils.basic import AnsibleModule
 
-
-def _environ_has(pid, marker):
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            return marker in handle.read().split(b"\0")
-    except OSError:
-        return False
-
-
-def _parents():
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as handle:
-                    stat = handle.read()
-                parents[int(entry)] = int(stat[stat.rindex(b")") + 2:].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    return parents
-
-
-def find_run_processes(run_id):
-    """Processes whose environment holds FDL_RUN_ID=run_id, plus all their descendants (never this one)."""
-    marker = f"FDL_RUN_ID={run_id}".encode()
-    me = os.getpid()
-    parents = _parents()
-    spared = set()
-    pid = me
-    while pid in parents and pid not in spared:  # this module and its ancestors
-        spared.add(pid)
-        pid = parents[pid]
-    found = {pid for pid in parents if pid not in spared and _environ_has(pid, marker)}
-    grew = True
-    while grew:
-        children = {pid for pid, parent in parents.items() if parent in found and pid not in found | spared}
-        grew = bool(children)
-        found |= children
-    return sorted(found)
-
-
-def stop(pids, grace_s):
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
-    deadline = time.monotonic() + grace_s
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.05)
-        alive = [pid for pid in alive if os.path.exists(f"/proc/{pid}")]
-    for pid in alive:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
+    from ansible_collections.flodl.fdl.plugins.module_utils.reap import reap
+except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
+    from ansible.module_utils.fdl.hostside.reap import reap
 
 
 def main():
@@ -118,12 +61,11 @@ def main():
         ),
         supports_check_mode=True,
     )
-    run_id = module.params["run_id"]
-    if not run_id or not all(c in "0123456789abcdef" for c in run_id):
-        module.fail_json(msg=f"run_id must be the hex id of an fdl run, got {run_id!r}")
-    pids = find_run_processes(run_id)
-    if pids and not module.check_mode:
-        stop(pids, module.params["grace_s"])
+    # The finding and the stopping are fdl's one process sweep (fdl/hostside/reap.py), shipped as module_utils.
+    try:
+        pids = reap(module.params["run_id"], module.params["grace_s"], check_mode=module.check_mode)
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
     module.exit_json(changed=bool(pids), pids=pids)
 
 

@@ -32,13 +32,13 @@ import shlex
 import shutil
 import socket
 import subprocess
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from fdl.agent.options import SshfsSource, SshHop
 from fdl.agent.tunnel import Tunnel, ssh_words
 from fdl.errors import FdlError
+from fdl.hostside.fsio import write_probe
 
 MOUNT_TIMEOUT_S = 60
 UNMOUNT_TIMEOUT_S = 30
@@ -85,23 +85,6 @@ def disk_error(exc: OSError, what: str | None = None) -> DataError:
     """An OSError as a transient failure that names the path, the errno and what would mend it."""
     where = what or (f"{exc.filename}" if exc.filename is not None else "a file operation")
     return DataError(f"{where}: {exc.strerror or exc} ({errno_name(exc)}).", hint=disk_hint(exc))
-
-
-def write_probe(directory: Path | str) -> OSError | None:
-    """Create the directory and write, fsync and remove a file in it; the OSError that stopped it, or None."""
-    path = Path(directory)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".fdl-write-probe.")
-        try:
-            os.write(fd, b"fdl\n")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-            os.unlink(probe)
-    except OSError as exc:
-        return exc
-    return None
 
 
 def prove_writable(directories: Iterable[Path | str], *, what: str = "the stage directory",

@@ -228,8 +228,8 @@ def _libtorch(options: JoinOptions, offer: Offer, env: Mapping[str, str]) -> Non
 
 
 def _stage(options: JoinOptions, env: Mapping[str, str]) -> None:
-    from fdl.agent.data import write_probe
     from fdl.agent.prepare import stage_root
+    from fdl.hostside.fsio import write_probe
 
     stage = stage_root(env)
     directories = [stage, stage / "logs"] + ([stage / "source"] if options.source is not None else [])

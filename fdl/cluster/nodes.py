@@ -43,6 +43,7 @@ from fdl.cluster.ssh import NODE_CONTROL_PATH_DIR, node_ssh_argv
 from fdl.collection import RELATIVE
 from fdl.hostside.fsio import atomic_write
 from fdl.hostside.paths import NODE_VENV_IN_HOME
+from fdl.hostside.supervisor import signal_processes
 from fdl.resources import ansible_cfg, collections_path
 
 NODE_VENV = NODE_VENV_IN_HOME  # where flodl.fdl.execution_node installs ansible-core and ansible-runner
@@ -326,10 +327,7 @@ def _is_error(text: str) -> bool:
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        signal_processes([proc.pid], signal.SIGKILL, group=True)
 
 
 def _rc(artifact_dir: Path | None, ssh_rc: int | None) -> int:

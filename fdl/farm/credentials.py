@@ -25,7 +25,7 @@ from pathlib import Path
 from fdl.errors import FdlError
 from fdl.farm import minted
 from fdl.hostside.farm.authorized_keys import AuthorizedKeysError, KeyIdentity, parse_public_key
-from fdl.hostside.fsio import atomic_write, fsync_dir
+from fdl.hostside.fsio import atomic_write
 
 KEY_NAME, PUB_NAME, TOKEN_NAME = "key", "key.pub", "token"
 TOKEN_BYTES = 32
@@ -270,10 +270,8 @@ class Staged:
         # key in place without its record.
         minted.record(self.public_key, self.token, label=self.label, farm_dir=farm_dir)
         atomic_write(str(farm_dir / TOKEN_NAME), (self.token + "\n").encode(), 0o600)
-        os.replace(self.key, farm_dir / KEY_NAME)
-        os.replace(self.directory / PUB_NAME, farm_dir / PUB_NAME)
-        os.chmod(farm_dir / PUB_NAME, 0o600)
-        fsync_dir(farm_dir)  # the renames themselves survive a crash
+        atomic_write(str(farm_dir / KEY_NAME), self.key.read_bytes(), 0o600)
+        atomic_write(str(farm_dir / PUB_NAME), (self.directory / PUB_NAME).read_bytes(), 0o600)
         if old_public is not None and old_public.split()[:2] != (farm_dir / PUB_NAME).read_text().split()[:2]:
             minted.forget(old_public)  # rotated out: that pair is no longer reused here
         creds = load(farm_dir)

@@ -13,7 +13,10 @@ only here:
   empty (ansible-test's `empty-init`).
 
 The rest of fdl imports from here freely; nothing here imports the rest of fdl. tests/unit/hostside/
-test_imports.py holds both rules; fdl/collection.py ships every file of this package as the collection's
+test_imports.py holds both rules. The collection's modules (library/) are thin wrappers over code here
+(argument spec, check mode, exit_json around one call), files move into place only through fsio.py, and
+processes are stopped only through supervisor.py's sweep: tests/unit/test_host_logic.py holds those three.
+fdl/collection.py ships every file of this package as the collection's
 `plugins/module_utils/<path>`, at the same path (docs/ansible.md, "What the collection carries").
 
     checks/         the probe: one host's readiness checks (GPU, libtorch, NCCL, data, health, the software
@@ -26,11 +29,16 @@ test_imports.py holds both rules; fdl/collection.py ships every file of this pac
                     and the standard library only), offer.py what a host offers the test (its ranks, whether
                     its Python imports PyTorch: the probe's part), ranks.py a host's ranks' place in the world
                     and running them under the rank supervisor
-    supervisor.py   the rank supervisor: the launcher's ranks on every host, and `fdl join`'s
+    supervisor.py   the rank supervisor: the launcher's ranks on every host, and `fdl join`'s; and fdl's one
+                    process sweep (signal, end, find by environment), which every part of fdl stops processes with
     hoststage.py    the launcher's staging layout on a host (the fdl_dispatch_stage module)
+    reap.py         a canceled run's processes on a host, stopped (the fdl_reap module)
+    nccl_install.py a staged NCCL build checked and put in place (the fdl_nccl_install module)
     farm/           a farm door's pieces that touch a host: authorized_keys editing, the doors' sshd drop-in,
-                    reading sshd's configuration (`fdl join-config` and the fdl_join_door role)
-    fsio.py         the one atomic write (temp file, fsync, rename), for fdl and for the code above
+                    reading sshd's configuration (`fdl join-config` and the fdl_join_door role), and what the
+                    fdl_authorized_key and fdl_join_door_plan modules do (door_key.py, door_plan.py)
+    fsio.py         the one atomic write (temp file, fsync, rename) and the one directory installer (staged
+                    beside the target, fsynced, renamed or exchanged into place), for fdl and the code above
     paths.py        every directory fdl keeps something in (~/.flodl/*, the cache, the dataset root), named
                     once: the rest of fdl takes them from here too, and the probe and libtorch's core need them
     envvars.py      the registry of every FDL_* variable (name, meaning, kind, readers), through which all of

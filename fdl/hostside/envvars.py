@@ -108,7 +108,7 @@ FDL_PROBE_ROOT = _register(
 
 FDL_RUN_ID = _register(
     "FDL_RUN_ID", GIVEN,
-    ("fdl/controller/world.py", "fdl/controller/protocol.py", "fdl/launch/dispatch.py"),
+    ("fdl/controller/world.py", "fdl/controller/protocol.py", "fdl/launch/dispatch.py", "fdl/hostside/reap.py"),
     "Ranks: the run's id. The playbooks export it to everything they start, so a canceled run's leftovers are "
     "found by it (the fdl_reap role).")
 FDL_CONTROLLER = _register(

@@ -16,8 +16,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
 from typing import Any
+
+from . import supervisor
+from .fsio import atomic_write
 
 FIELDS = ("run_id", "bin_dir", "program")  # plain names: never a path that could leave the root
 
@@ -61,15 +63,22 @@ def plan(params: dict[str, Any]) -> dict[str, Any]:
             "spec_path": os.path.join(run_dir, "spec.json"), "program": program, "spec": spec}
 
 
-def stage(params: dict[str, Any], supervisor_source: str, atomic_write: Callable[..., None],
-          check_mode: bool = False) -> tuple[bool, dict[str, Any]]:
-    """Write the layout; returns (changed, {run_dir, supervisor, spec, bin_dir, program_current}).
+def supervisor_source() -> str:
+    """The rank supervisor's source, as this process has it (inside an Ansible module: from its payload)."""
+    loader = getattr(supervisor, "__loader__", None)
+    source = loader.get_source(supervisor.__name__) if loader is not None and hasattr(loader, "get_source") else None
+    if source is None:
+        with open(supervisor.__file__, encoding="utf-8") as handle:
+            source = handle.read()
+    return str(source)
 
-    atomic_write(path, data, mode) is ..fsio's, handed in by the caller (the module).
-    """
+
+def stage(params: dict[str, Any], check_mode: bool = False) -> tuple[bool, dict[str, Any]]:
+    """Write the layout; returns (changed, {run_dir, supervisor, spec, bin_dir, program_current})."""
     where = plan(params)
     changed = False
     if not check_mode:
+        source = supervisor_source()
         for directory, mode in ((os.path.join(where["run_dir"], "logs"), 0o700), (where["bin_dir"], 0o755)):
             if directory and not os.path.isdir(directory):
                 os.makedirs(directory, mode=mode, exist_ok=True)
@@ -79,8 +88,8 @@ def stage(params: dict[str, Any], supervisor_source: str, atomic_write: Callable
                 current = handle.read()
         except OSError:
             current = None
-        if current != supervisor_source:
-            atomic_write(where["supervisor"], supervisor_source.encode("utf-8"), 0o644)
+        if current != source:
+            atomic_write(where["supervisor"], source.encode("utf-8"), 0o644)
             changed = True
         atomic_write(where["spec_path"], (json.dumps(where["spec"], indent=1) + "\n").encode("utf-8"), 0o600)
     wanted = params.get("program_sha256") or ""

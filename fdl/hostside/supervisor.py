@@ -25,6 +25,11 @@ and reaches EOF (the launcher or its ssh connection went away), the group is
 torn down the same way. Children also carry PR_SET_PDEATHSIG, so even a
 SIGKILLed supervisor takes its ranks with it.
 
+This file also holds fdl's one process sweep (signal_processes, end_processes, processes_with_env,
+stop_process_group): the supervisor's own teardown, the launcher's sessions, the agent's tunnel and
+signature probe, and a canceled run's sweep on hosts (reap.py, the fdl_reap module) all stop processes
+through it. It lives here because this file must run on its own.
+
 Exit status: 0 when every rank exited 0; otherwise the first failing rank's
 code (128+N for a rank killed by signal N). A final JSON line prefixed
 `fdl-supervisor-result: ` reports every rank's code.
@@ -39,7 +44,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any, Callable, NamedTuple
+from typing import IO, Any, Callable, Iterable, NamedTuple
 
 RESULT_PREFIX = "fdl-supervisor-result: "
 NOTE_PREFIX = "fdl supervisor: "  # the supervisor's own notes, on stderr
@@ -105,26 +110,90 @@ def die_with_parent() -> None:
         pass
 
 
+# ---- the process sweep: how fdl ends processes, everywhere (rank groups, ssh, probes, a canceled run's leftovers).
+# It lives in this file because the supervisor must run as one file on hosts without fdl; the rest of fdl and the
+# fdl_reap module (through fdl/hostside/reap.py) import it from here.
+
+def signal_processes(pids: Iterable[int], sig: int, group: bool = False) -> None:
+    """Send `sig` to each process (to the process group it leads, with `group`), passing over the ones that are
+    gone or not this account's to signal."""
+    send = os.killpg if group else os.kill
+    for pid in pids:
+        try:
+            send(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _gone(pid: int) -> bool:
+    """No process `pid`, or only its zombie (not ours to reap)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return True
+    return stat[stat.rindex(b")") + 2:].split()[0] == b"Z"
+
+
+def end_processes(pids: Iterable[int], grace_s: float, group: bool = False,
+                  gone: Callable[[int], bool] = _gone, poll_s: float = 0.05) -> list[int]:
+    """SIGTERM each process (or group), SIGKILL those not `gone` after grace_s; returns the ones killed."""
+    pending = list(pids)
+    signal_processes(pending, signal.SIGTERM, group)
+    deadline = time.monotonic() + grace_s
+    while pending and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        pending = [pid for pid in pending if not gone(pid)]
+    signal_processes(pending, signal.SIGKILL, group)
+    return pending
+
+
+def _parents() -> dict[int, int]:
+    """{pid: parent pid} of every process /proc shows."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as handle:
+                    stat = handle.read()
+                parents[int(entry)] = int(stat[stat.rindex(b")") + 2:].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    return parents
+
+
+def _environ_has(pid: int, entry: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return entry in handle.read().split(b"\0")
+    except OSError:  # gone, or another account's: not ours to stop
+        return False
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """The processes whose environment holds name=value (those this account can read), and all their
+    descendants; never this process or its ancestors. Sorted."""
+    entry = f"{name}={value}".encode()
+    parents = _parents()
+    spared: set[int] = set()
+    pid = os.getpid()
+    while pid in parents and pid not in spared:  # the caller and its ancestors
+        spared.add(pid)
+        pid = parents[pid]
+    found = {pid for pid in parents if pid not in spared and _environ_has(pid, entry)}
+    while True:
+        children = {pid for pid, parent in parents.items() if parent in found and pid not in found | spared}
+        if not children:
+            return sorted(found)
+        found |= children
+
+
 def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
     """End a child started with start_new_session=True and everything in its group: TERM, then KILL."""
     if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(grace_s)
-    else:  # the leader is gone; whatever it left in its group goes too
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        end_processes([proc.pid], grace_s, group=True, gone=lambda _: proc.poll() is not None)
+        proc.wait(grace_s)
+    signal_processes([proc.pid], signal.SIGKILL, group=True)  # whatever the leader left in its group goes too
 
 
 def _exit_code(returncode: int) -> int:
@@ -230,12 +299,12 @@ class Supervisor:
             self._stop.set()
 
     def _signal_all(self, sig: int) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        procs = list(self.procs.values())  # one copy: kill() may come from another thread while ranks start
+        signal_processes([proc.pid for proc in procs if proc.poll() is None], sig, group=True)
+
+    def kill(self) -> None:
+        """SIGKILL every rank still running, with its process group (no grace: the caller is giving up)."""
+        self._signal_all(signal.SIGKILL)
 
     def wait(self, poll_s: float = 0.05) -> GroupResult:
         """Block until every rank has exited; fail fast on the first non-zero exit."""
@@ -273,11 +342,7 @@ class Supervisor:
 
     def _reap_groups(self) -> None:
         """A rank that exited may leave children in its process group: end them too."""
-        for proc in self.procs.values():
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        signal_processes([proc.pid for proc in self.procs.values()], signal.SIGKILL, group=True)
 
     def run(self) -> GroupResult:
         self.start()

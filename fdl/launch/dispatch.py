@@ -39,7 +39,7 @@ from fdl.controller.protocol import without_secrets
 from fdl.errors import RemoteError
 from fdl.hostside.envvars import FDL_RUN_ID
 from fdl.hostside.paths import LAUNCH_IN_HOME
-from fdl.hostside.supervisor import NOTE_PREFIX, RESULT_PREFIX, GroupResult, Supervisor
+from fdl.hostside.supervisor import NOTE_PREFIX, RESULT_PREFIX, GroupResult, Supervisor, signal_processes
 from fdl.launch.build import BuildJob
 from fdl.launch.plan import LaunchHost, LaunchPlan
 from fdl.launch.printer import Printer
@@ -243,12 +243,7 @@ class LocalSession(Session):
         self.supervisor.stop("terminated")
 
     def kill(self) -> None:
-        for proc in list(self.supervisor.procs.values()):
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        self.supervisor.kill()
 
     @property
     def done(self) -> bool:
@@ -330,10 +325,7 @@ class RemoteSession(Session):
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
+            signal_processes([self.proc.pid], signal.SIGTERM, group=True)
 
     @property
     def done(self) -> bool:

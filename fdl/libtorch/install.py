@@ -39,7 +39,7 @@ from urllib.parse import urljoin, urlsplit
 
 from fdl.errors import FdlError, UsageError
 from fdl.hostside.envvars import FDL_LIBTORCH_MIRROR
-from fdl.hostside.fsio import TEMP_SUFFIX, atomic_write, fsync_dir
+from fdl.hostside.fsio import TEMP_SUFFIX, atomic_write, install_dir, staging_dir
 from fdl.hostside.libtorch.resolve import ACTIVE, RECORD, describe_variant, home_of, home_root, read_active
 from fdl.hostside.libtorch.variants import DOWNLOADS, VARIANT_GROUPS, Libtorch
 from fdl.hostside.paths import FLODL_IN_HOME
@@ -412,21 +412,17 @@ def _install(archive: Path, target: Path, located: Located, variant: str, fetche
         with zipfile.ZipFile(archive) as zf:
             prefix = _check_members(zf, url)
             build = _check_build_version(zf, prefix, url, variant, located.release)
-            staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
-            try:
-                _extract(zf, staging)
-                tree = staging / prefix.rstrip("/") if prefix else staging
+            with staging_dir(target, suffix=".tmp") as staging:  # a hidden .tmp: what the lock's sweep removes
+                _extract(zf, Path(staging))
+                tree = Path(staging) / prefix.rstrip("/") if prefix else Path(staging)
                 record = f"url={url}\n{fetched}build={build}\npinned_by={located.pinned_by}\n"
                 (tree / RECORD).write_text(record, encoding="utf-8")
                 os.chmod(tree, 0o755)
-                try:
-                    os.rename(tree, target)
+                try:  # what is at target has no lib/ (else nothing is downloaded): a half-made tree, replaced
+                    install_dir(tree, target, replace=True)
                 except OSError as exc:
                     if not (target / "lib").is_dir():  # not installed meanwhile by someone else
                         raise LibtorchFetchError(f"cannot move libtorch into {target}: {exc.strerror}.") from None
-                fsync_dir(target.parent)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
         raise LibtorchFetchError(f"{url} is not a readable zip archive ({_reason(exc)}); nothing was installed.") \
             from None

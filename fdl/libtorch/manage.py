@@ -4,15 +4,13 @@ activate and remove a variant. The command module (fdl/cli/libtorch.py) only par
 from __future__ import annotations
 
 import contextlib
-import os
-import secrets
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from fdl.errors import FdlError, UsageError
-from fdl.hostside.fsio import fsync_dir
+from fdl.hostside.fsio import fsync_dir, retire_dir
 from fdl.hostside.libtorch.resolve import (
     ACTIVE,
     LibtorchNotFound,
@@ -232,14 +230,11 @@ def remove(name: str, project_root: str | None, environ: Mapping[str, str], *, f
 
 def _remove_tree(vdir: Path) -> None:
     """vdir gone in one rename, then deleted (a link is removed, never what it points at)."""
-    # a hidden name ending in .tmp: what the install lock's sweep removes (fdl.libtorch.install._sweep)
-    hidden = vdir.parent / f".{vdir.name}.removing-{secrets.token_hex(4)}.tmp"
-    try:
-        os.rename(vdir, hidden)
+    try:  # to a hidden name ending in .tmp: what the install lock's sweep removes (fdl.libtorch.install._sweep)
+        hidden = Path(retire_dir(vdir, suffix=".removing.tmp"))
     except OSError as exc:
         raise FdlError(f"cannot remove {vdir}: {exc.strerror or exc}; it is still installed.",
                        hint=f"Fix the permissions of {vdir.parent}, then try again.") from None
-    fsync_dir(vdir.parent)
     if hidden.is_symlink() or not hidden.is_dir():
         hidden.unlink()
         return

@@ -41,7 +41,7 @@ from typing import IO, Any
 
 from fdl.config.schema import PublishDefaults
 from fdl.errors import FdlError
-from fdl.hostside.fsio import atomic_write, fsync_dir
+from fdl.hostside.fsio import atomic_symlink, atomic_write, install_dir
 from fdl.hostside.libtorch.variants import Libtorch
 from fdl.hostside.paths import FLODL_IN_HOME, SERVED_IN_HOME
 from fdl.hostside.paths import home as home_dir
@@ -385,14 +385,7 @@ def _slot_of(served: Path) -> str | None:
 
 def _flip(served: Path, slot: str) -> None:
     """Point `<served>/tree` at a release slot in one rename (a symlink replaced atomically), durably."""
-    tmp = served / f".{TREE_NAME}.{os.getpid()}.tmp"
-    try:
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass
-    os.symlink(f"{RELEASES_NAME}/{slot}", tmp)
-    os.replace(tmp, served / TREE_NAME)
-    fsync_dir(served)
+    atomic_symlink(served / TREE_NAME, f"{RELEASES_NAME}/{slot}", suffix=".tmp")  # .tree.*.tmp: swept below
 
 
 def _settle_layout(served: Path, say: Note) -> str | None:
@@ -411,10 +404,7 @@ def _settle_layout(served: Path, say: Note) -> str | None:
     tree = served / TREE_NAME
     if tree.is_dir() and not tree.is_symlink():
         old = releases / SLOTS[0]
-        if old.exists():
-            shutil.rmtree(old)
-        os.rename(tree, old)
-        fsync_dir(served)
+        install_dir(tree, old, replace=True)
         _flip(served, SLOTS[0])
         say(f"moved the served tree into {old} (staged publishes: {tree} is now a link to the live release)")
         return SLOTS[0]
@@ -577,12 +567,7 @@ def carry_build_output(live: Path, stage: Path) -> int:
             parent = stage / rel
             if not parent.is_dir() or parent.is_symlink():
                 continue
-            dest = parent / name
-            if dest.is_symlink() or dest.is_file():
-                dest.unlink()
-            elif dest.exists():
-                shutil.rmtree(dest)
-            os.rename(here, dest)
+            install_dir(here, parent / name, replace=True, sync=False)  # a build cache: a crash costs a rebuild
             moved += 1
         dirs[:] = descend
     return moved

@@ -18,6 +18,12 @@ def verdict(report: HostReport) -> str:
     return headline(report) + ": " + "; ".join(f"{check.name}: {check.message.rstrip('.')}" for check in problems)
 
 
+def failure(report: HostReport) -> str:
+    """Why the fdl_probe module fails its task: how many errors, each named with its message."""
+    named = ", ".join(f"{check.name}: {check.message}" for check in report.errors)
+    return f"probe found {len(report.errors)} error(s): {named}"
+
+
 def headline(report: HostReport) -> str:
     """Ready or NOT READY, and how many errors and warnings the host has."""
     errors, warnings = len(report.errors), len(report.warnings)

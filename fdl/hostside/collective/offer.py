@@ -15,11 +15,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
 import time
 from typing import Any, Dict
 
 from ..checks.devices import Devices, parse_devices
+from ..checks.probe import ProbeOptions, run_probe
+from ..checks.report import HostReport
 from . import allreduce
 
 PREFIX = allreduce.PREFIX
@@ -133,3 +138,22 @@ def offer(host: str, declared: str | None, report: dict[str, Any], check: TorchC
     except ValueError as exc:
         return {"host": host, "gpus": None, "ranks": 0, "error": f"its devices {declared!r}: {exc}"}
     return {"host": host, "gpus": gpus, "ranks": count if "torch" in found else 0, **found}
+
+
+def probe_and_offer(options: ProbeOptions, host: str | None, declared: str | None,
+                    collective: bool) -> tuple[HostReport, dict[str, Any] | None]:
+    """The fdl_probe module's work: the host's probe report and, with `collective`, what it offers the smoke
+    test, the PyTorch check started first and run beside the probe's own checks (None without)."""
+    directory = tempfile.mkdtemp(prefix="fdl-collective-") if collective else None
+    check = None
+    try:
+        # the smoke test's PyTorch check (an `import torch`: seconds) runs beside the probe's own checks
+        check = TorchCheck(sys.executable, write_program(directory)) if directory else None
+        report = run_probe(options, host=host)
+        return report, (offer(report.host, declared, report.to_dict(), check) if check is not None else None)
+    finally:
+        if check is not None and check.proc is not None and check.proc.poll() is None:
+            check.proc.kill()  # the probe itself failed: the check's answer is not wanted
+            check.proc.wait()
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)

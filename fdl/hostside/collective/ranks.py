@@ -13,13 +13,16 @@ collection's module_utils.
 
 from __future__ import annotations
 
+import shutil
+import sys
+import tempfile
 import threading
 import time
 from typing import Any, Callable, NamedTuple
 
 from ..envvars import FDL_BACKEND, FDL_HOST
 from ..supervisor import Supervisor
-from .offer import Event, parse_line
+from .offer import Event, parse_line, write_program
 
 BUDGET_SHARE = 0.75  # of the time limit, for the ranks' own measuring; the rest is start-up and slack
 GRACE_S = 2.0  # SIGTERM to SIGKILL when the ranks are stopped
@@ -128,3 +131,33 @@ def run_ranks(argv: list[str], ranks: list[dict[str, Any]], *, time_limit_s: flo
     return Outcome(events=collector.events, tails=collector.tails, codes=dict(group.codes),
                    first_failure=group.first_failure, abandoned=abandoned.is_set(),
                    elapsed_s=round(time.monotonic() - started, 3))
+
+
+def smoke_test(host: str, world: list[dict[str, Any]], *, master_addr: str, master_port: int, time_limit_s: float,
+               min_bytes: int, max_bytes: int, max_iters: int, exchange_bytes: int,
+               forks: int | None = None) -> dict[str, Any]:
+    """The fdl_collective module's work on one host: this host's ranks of `world` (every host's offer), run at
+    once under this Python, bounded by the time limit. The result (less `changed`): ranks, ok, msg and the
+    outcome's fields. ValueError when the play cannot run every host at once (forks below the hosts)."""
+    if forks is not None and len(world) > forks:
+        raise ValueError(f"the all-reduce smoke test runs on every host at once, but this play runs {forks} at a "
+                         f"time and the test spans {len(world)} hosts: run it with forks {len(world)} or more "
+                         f"(-f {len(world)})")
+    mine = world_ranks(world, host, master_addr=master_addr, master_port=master_port)
+    if not mine:
+        return {"ranks": [], "events": [], "tails": {}, "codes": {}, "first_failure": None, "abandoned": False,
+                "elapsed_s": 0.0, "ok": True, "msg": f"{host}: no rank in the smoke test"}
+    directory = tempfile.mkdtemp(prefix="fdl-collective-")
+    try:
+        argv = program_argv(sys.executable, write_program(directory), time_limit_s=time_limit_s,
+                            min_bytes=min_bytes, max_bytes=max_bytes, max_iters=max_iters,
+                            exchange_bytes=exchange_bytes)
+        outcome = run_ranks(argv, mine, time_limit_s=time_limit_s)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    done = sum(1 for event in outcome.events if event.get("event") == "done")
+    ok = done == len(mine) and not outcome.abandoned and outcome.first_failure is None
+    numbers = [r["rank"] for r in mine]
+    what = "finished" if ok else ("abandoned at the time limit" if outcome.abandoned else "did not finish")
+    return dict(outcome.to_dict(), ranks=numbers, ok=ok,
+                msg=f"{host}: ranks {numbers[0]}-{numbers[-1]} {what} ({done} of {len(mine)} done)")

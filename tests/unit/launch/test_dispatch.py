@@ -154,14 +154,13 @@ def test_a_session_that_cannot_start_is_a_failed_host(tmp_path):
 # playbook itself runs on the testbed: tests/integration/launch/test_launch_testbed.py).
 
 def stage_here(tmp_path: Path, sha: str = "", program: str = "") -> tuple[bool, dict, Path]:
-    from fdl.hostside import hoststage, supervisor
-    from fdl.hostside.fsio import atomic_write
+    from fdl.hostside import hoststage
 
     root = tmp_path / "launch"
     params = {"run_id": "r1", "bin_dir": "train" if program else "", "program": program, "program_sha256": sha,
               "command": ["--epochs", "3"], "label": "hx", "grace_s": 2.0, "root": str(root),
               "ranks": [{"rank": 0, "env": {"RANK": "0", "FDL_DATA_PATH": "/data/x"}}]}
-    changed, staged = hoststage.stage(params, Path(supervisor.__file__).read_text(), atomic_write)
+    changed, staged = hoststage.stage(params)
     return changed, staged, root
 
 

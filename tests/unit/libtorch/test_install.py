@@ -263,3 +263,20 @@ def test_auto_routes_on_this_boxs_devices(offer, variant):
 def test_auto_refuses_a_box_no_single_build_serves():
     with pytest.raises(UsageError, match="no precompiled libtorch serves"):
         route_auto("nvidia", ((6, 1), (12, 0)))
+
+
+@pytest.mark.parametrize("left", ["an empty directory", "a tree without lib/"])
+def test_a_half_made_variant_directory_is_replaced_whole(server, tmp_path, left):
+    """regression: a variant directory without lib/ counts as not installed, yet the rename onto it failed
+    (`cannot move libtorch into ...`) when it held anything; fdl's directory installer exchanges it instead."""
+    archive = fake_archive("cu130")
+    server.put("/libtorch" + official_path("cu130"), archive)
+    target = tmp_path / "home" / ".flodl" / "libtorch" / "precompiled" / "cu130"
+    target.mkdir(parents=True)
+    if left != "an empty directory":
+        (target / "include").mkdir()
+        (target / "include" / "torch.h").write_text("half")
+    got = ensure_variant("cu130", source=mirror(server), environ={"HOME": str(tmp_path / "home")})
+    assert got.acquired and got.libtorch.path == str(target) and (target / "lib").is_dir()
+    assert not (target / "include" / "torch.h").exists()
+    assert [p.name for p in target.parent.iterdir()] == ["cu130"]  # nothing hidden left beside it
