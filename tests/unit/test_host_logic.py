@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import ast
-import subprocess
 from pathlib import Path
 
 from tests.conftest import REPO, docstring_ids
