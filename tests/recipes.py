@@ -201,10 +201,17 @@ def commands(recipe: Recipe) -> list[str]:
                 continue
             lines.append(joined)
             joined = ""
+    import shlex
+
     words = []
     for line in lines:
         for part in re.split(r"\s*(?:&&|\|\||;|\|)\s*", line.split("#", 1)[0].strip()):
-            tokens = [t for t in part.split() if not re.fullmatch(r"\w+=.*", t)]
+            try:  # shell words: a quoted assignment (`X="$(python -m m)" cmd`) is one word
+                tokens = shlex.split(part)
+            except ValueError:
+                tokens = part.split()
+            while tokens and re.fullmatch(r"[A-Za-z_]\w*=.*", tokens[0]):  # the assignments before the command
+                tokens = tokens[1:]
             if tokens and tokens[0] not in SHELL_WORDS:
                 words.append(tokens[0])
     return list(dict.fromkeys(words))

@@ -21,6 +21,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -126,12 +127,39 @@ def rsync_argv(src: str, dest: Path, *, rsh: str | None = None, excludes: tuple[
     return argv + [src, f"{dest}/"]
 
 
-def _run(argv: list[str], what: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _run(argv: list[str], what: str, env: Mapping[str, str] | None = None,
+         pass_fds: tuple[int, ...] = ()) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(argv, capture_output=True, text=True, env=None if env is None else dict(env),
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, pass_fds=pass_fds)
     except OSError as exc:
         raise FetchError(f"cannot start {argv[0]} to {what}: {exc.strerror}.") from None
+
+
+# The program rsync runs as its remote shell, in front of ssh, to report ssh's own exit status (its docstring
+# says why rsync's status cannot be trusted to carry it).
+RSH_STATUS = Path(__file__).resolve().with_name("rsh_status.py")
+
+
+def _rsync_over_ssh(argv_for: Callable[[str], list[str]], rsh: str, what: str,
+                    env: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
+    """Run the rsync command line `argv_for(remote shell)` with `rsh` (ssh_command()) as its remote shell, started
+    through rsh_status.py. The result is rsync's, except that its returncode is SSH_FAILED whenever rsync failed and
+    the remote shell itself exited 255 (ssh could not connect or log in), which rsync reports as 12 about as often
+    as it passes the 255 on: it takes ssh's status only if ssh is already gone when it exits."""
+    read_end, write_end = os.pipe()
+    wrapper = " ".join(shlex.quote(word) for word in (sys.executable, "-I", "-S", str(RSH_STATUS), str(write_end)))
+    with os.fdopen(read_end, "rb") as status:
+        try:
+            result = _run(argv_for(f"{wrapper} {rsh}"), what, env, pass_fds=(write_end,))
+        finally:
+            os.close(write_end)
+        # Read to the end, which comes once the wrapper is gone: it held rsync's stderr too, which _run read to its
+        # end, so this waits no longer than rsync's own output did.
+        said = status.read(64)
+    if result.returncode != 0 and said.strip() == str(SSH_FAILED).encode():
+        result.returncode = SSH_FAILED
+    return result
 
 
 def _tail(text: str, lines: int = 12) -> str:
@@ -157,12 +185,13 @@ def materialize(source: SourceSpec, tree: Path, *, identity: str | None = None, 
     if isinstance(source, FileSource):
         src = source.path.rstrip("/") + "/"
         argv = rsync_argv(src, tree, excludes=excludes, safe_links=safe_links, writable_dirs=writable_dirs)
-        what = f"copy {source.path}"
+        result = _run(argv, f"copy {source.path}", env)
     else:
-        argv = rsync_argv(source.remote.rstrip("/") + "/", tree, rsh=ssh_command(source, identity, env),
-                          excludes=excludes, safe_links=safe_links, writable_dirs=writable_dirs)
-        what = f"pull {source.remote}"
-    result = _run(argv, what, env)
+        def argv_for(rsh: str) -> list[str]:
+            return rsync_argv(source.remote.rstrip("/") + "/", tree, rsh=rsh, excludes=excludes,
+                              safe_links=safe_links, writable_dirs=writable_dirs)
+
+        result = _rsync_over_ssh(argv_for, ssh_command(source, identity, env), f"pull {source.remote}", env)
     if result.returncode != 0:
         raise FetchError(_rsync_failure(source, result), hint=_rsync_hint(source, result))
     note(f"source: {'copied' if isinstance(source, FileSource) else 'pulled'} {source.spec} into {tree} "
@@ -176,7 +205,7 @@ def materialize(source: SourceSpec, tree: Path, *, identity: str | None = None, 
 RSYNC_PARTIAL = 23  # some files were not transferred: the remote path (or part of it) is not there
 RSYNC_VANISHED = 24  # source files vanished during the copy
 RSYNC_STREAM = 12  # the remote side closed before or during the transfer (a forced command refused it)
-SSH_FAILED = 255  # ssh's own status when it cannot connect or log in; rsync passes it on
+SSH_FAILED = 255  # ssh's own status when it cannot connect or log in (learnt from ssh itself: _rsync_over_ssh)
 NOT_THERE = (RSYNC_PARTIAL, RSYNC_STREAM)
 
 
@@ -407,9 +436,9 @@ def _fetch_remote_manifest(source: RsyncSource, path: str, identity: str | None,
                            env: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
     target = scratch / "manifest"
     target.unlink(missing_ok=True)
-    argv = ["rsync", "-e", ssh_command(source, identity, env), _remote_at(source, path).rstrip("/") + "/" +
-            MANIFEST_NAME, str(target)]
-    return _run(argv, f"read the run manifest from {source.remote}", env)
+    remote = _remote_at(source, path).rstrip("/") + "/" + MANIFEST_NAME
+    return _rsync_over_ssh(lambda rsh: ["rsync", "-e", rsh, remote, str(target)], ssh_command(source, identity, env),
+                           f"read the run manifest from {source.remote}", env)
 
 
 def _remote_at(source: RsyncSource, path: str) -> str:

@@ -86,6 +86,8 @@ def test_commands_and_console_output() -> None:
     text = "GLOO_SOCKET_IFNAME=lo fdl a \\\n  --b # c\nansible-playbook -i h p.yml && cd /x\n"
     fence = Fence(Path("x.md"), 1, "sh", text, [])
     assert commands(Recipe(fence, "run")) == ["fdl", "ansible-playbook"]  # cd: the shell's own
+    quoted = 'A="$(python -m fdl.resources)" B=1 \\\n  ansible-playbook -i h.yml p -e x=/srv\n'
+    assert commands(Recipe(Fence(Path("x.md"), 1, "sh", quoted, []), "run")) == ["ansible-playbook"]
     steps = console_steps("$ ansible-inventory --graph\n@all:\n  |--@ungrouped:\n$ true\n")
     assert steps == [("ansible-inventory --graph", ["@all:", "  |--@ungrouped:"]), ("true", [])]
     assert matches(["@all:", "...", "  |--b"], ["@all:", "  |--a", "  |--b", ""])

@@ -2,18 +2,22 @@
 bridge this machine has no route to, four workers on that second bridge only, and two workers on the first.
 
 The nodes are prepared by the flodl.fdl.execution_node playbook (a virtualenv with the ansible-core and
-ansible-runner fdl runs with, from a wheelhouse: the nodes have no index); then `fdl @cluster probe` reaches the
-workers behind them through ansible-runner's transmit | worker | process over ssh to each node, and gives one
-report with every worker; a node killed while it runs leaves its workers "unreachable through" it and the rest of
-the report standing; and a cluster of one direct worker and one behind a node trains with CPU ranks (gloo), the
-second's rank session riding ProxyJump through its node.
+ansible-runner fdl runs with, from a wheelhouse: the nodes have no index), from Python and then by docs/ansible.md's
+recipe as written (`pip download` into the wheelhouse, `ansible-playbook -i hosts.fdl.yml ...`); then
+`fdl @cluster probe` reaches the workers behind them through ansible-runner's transmit | worker | process over ssh
+to each node, and gives one report with every worker; a node killed while it runs leaves its workers "unreachable
+through" it and the rest of the report standing; and a cluster of one direct worker and one behind a node trains
+with CPU ranks (gloo), the second's rank session riding ProxyJump through its node.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pwd
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -31,23 +35,81 @@ pytestmark = [pytest.mark.testbed(hosts=2, nodes=2, behind=4), pytest.mark.slow]
 PROBE_TIMEOUT = 180  # the run's bound: a dead node must be reported well inside it
 
 
+THIS = "tests/integration/cluster/test_execution_nodes.py"
+DOCS_WHEELHOUSE = "/srv/wheels"  # the recipe's wheelhouse, replaced by the test's own
+
+
+def documented_recipe() -> list[str]:
+    """The command lines of docs/ansible.md's recipe that prepares execution nodes (the fence marked as tested by
+    this file), continuations joined and comments left out: `pip download ...` and `... ansible-playbook ...`."""
+    from tests.recipes import recipes
+
+    mine = [r for r in recipes(REPO) if r.kind == "tested by" and r.detail == THIS]
+    assert len(mine) == 1, f"docs/ansible.md has {len(mine)} recipes marked as tested by {THIS}, not one"
+    lines, joined = [], ""
+    for raw in mine[0].fence.text.splitlines():
+        if raw.lstrip().startswith("#"):
+            continue
+        joined += raw[:-1] + " " if raw.endswith("\\") else raw
+        if raw.endswith("\\"):
+            continue
+        if joined.strip():
+            lines.append(" ".join(joined.split()))
+        joined = ""
+    assert [line.split()[0] for line in lines] == ["pip", "ANSIBLE_COLLECTIONS_PATH=\"$(python"], \
+        f"{mine[0].where}: the recipe is no longer `pip download ...` then `ansible-playbook ...`: {lines}"
+    assert all(DOCS_WHEELHOUSE in line for line in lines), lines
+    return lines
+
+
+def recipe_env(home: dict[str, str]) -> dict[str, str]:
+    """A user's shell for the recipe: this environment's python, pip and ansible-playbook first on PATH, no
+    ANSIBLE_*, FDL_* or PYTHON* setting, the given HOME and cache."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "FDL_", "PYTHON", "XDG_"))}
+    env.update(home, PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', os.defpath)}", NO_COLOR="1")
+    return env
+
+
+def run_recipe_line(line: str, wheelhouse: Path, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """One command line of the recipe, as written but for its wheelhouse, under bash -euo pipefail."""
+    line = line.replace(DOCS_WHEELHOUSE, shlex.quote(str(wheelhouse)))
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", line], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
 @pytest.fixture(scope="module")
 def wheelhouse() -> Path:
-    """The wheels of ansible-core and ansible-runner at fdl's releases (and their dependencies), downloaded once."""
+    """The wheels of ansible-core and ansible-runner at fdl's releases and their dependencies, downloaded once by
+    docs/ansible.md's own `pip download` line, and again with fdl's constraints.txt (what
+    fdl.cluster.nodes.prepare holds the dependencies to), so both ways of preparing a node install from it."""
     from fdl.cluster.nodes import pinned_packages
 
+    pip_line = documented_recipe()[0]
     pins = pinned_packages()
-    where = real_cache() / "fdl-test" / ("wheelhouse-" + "-".join(f"{k}{v}" for k, v in sorted(pins.items())))
+    documented = dict(word.split("==") for word in pip_line.split() if "==" in word)
+    assert documented == pins, (f"docs/ansible.md's `pip download` line pins {documented}; fdl runs with {pins} "
+                                f"(constraints.txt): make the page say so")
+    key = hashlib.sha256((pip_line + (REPO / "constraints.txt").read_text()).encode()).hexdigest()[:16]
+    where = real_cache() / "fdl-test" / f"wheelhouse-{key}"
     if not (where / ".complete").is_file():
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(where),
-                               "--constraint", str(REPO / "constraints.txt"),
-                               *(f"{k}=={v}" for k, v in pins.items())], capture_output=True, text=True)
-        if done.returncode != 0:
-            reason = f"pip could not download the execution node's wheels: {done.stderr.strip()[-500:]}"
+        where.parent.mkdir(parents=True, exist_ok=True)
+        fresh = Path(tempfile.mkdtemp(prefix=".partial-wheelhouse-", dir=where.parent))
+        steps = [run_recipe_line(pip_line, fresh, fresh, recipe_env({})),
+                 subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(fresh),
+                                 "--constraint", str(REPO / "constraints.txt"),
+                                 *(f"{k}=={v}" for k, v in pins.items())], capture_output=True, text=True)]
+        failed = next((step for step in steps if step.returncode != 0), None)
+        if failed is not None:
+            shutil.rmtree(fresh, ignore_errors=True)
+            reason = f"pip could not download the execution node's wheels: {failed.stderr.strip()[-500:]}"
             if IN_CI:
                 pytest.fail(reason)
             pytest.skip(reason)
-        (where / ".complete").write_text("")
+        (fresh / ".complete").write_text("")
+        try:
+            fresh.rename(where)  # whole or not at all: another run may have put it there meanwhile
+        except OSError:
+            shutil.rmtree(fresh, ignore_errors=True)
     subprocess.run(["chmod", "-R", "a+rX", str(where)], check=True)
     return where
 
@@ -107,25 +169,77 @@ def by_host(doc: dict) -> dict:
     return {h["host"]: {c["name"]: c for c in h["checks"]} for h in doc["hosts"]}
 
 
+def ready_line(node, pins: dict[str, str]) -> str:
+    """What the playbook says of a node it prepared."""
+    return (f"{node.name}: execution node ready: ansible-core {pins['ansible-core']}, "
+            f"ansible-runner {pins['ansible-runner']} in {node.home}/.flodl/execution-node/venv")
+
+
+RECAP = re.compile(r"^(?P<host>\S+)\s+:\s+(?P<counts>(?:\w+=\d+\s*)+)$", re.MULTILINE)
+
+
+def recap(stdout: str) -> dict[str, dict[str, int]]:
+    """ansible-playbook's PLAY RECAP: {host: {ok: N, changed: N, unreachable: N, failed: N, ...}}."""
+    return {m["host"]: {k: int(v) for k, v in (pair.split("=") for pair in m["counts"].split())}
+            for m in RECAP.finditer(stdout)}
+
+
+def prepare_as_documented(kit, wheelhouse: Path, where: Path) -> subprocess.CompletedProcess:
+    """docs/ansible.md's `ansible-playbook -i hosts.fdl.yml flodl.fdl.execution_node ...` line, as written but for
+    its wheelhouse, from a project directory holding fdl.yml, fdl.cluster.yml and the page's hosts.fdl.yml (the
+    inventory source file of "An inventory source file"), in a user's shell with a fresh HOME."""
+    from tests.recipes import file_from_fences, recipes
+
+    recipe = next(r for r in recipes(REPO) if r.kind == "tested by" and r.detail == THIS)
+    project = kit.project(where / "proj", workers(kit), execution_nodes=node_entries(kit.bed),
+                          ssh={"known_hosts": str(kit.bed.known_hosts), "identity": str(kit.bed.key)})
+    source = file_from_fences(recipe, "hosts.fdl.yml")
+    assert source is not None and "plugin: flodl.fdl.cluster" in source, source
+    (project / "hosts.fdl.yml").write_text(source)
+    return run_recipe_line(documented_recipe()[1], wheelhouse, project, recipe_env(kit.bed.home_env(where / "home")))
+
+
 def test_the_nodes_are_prepared_by_their_playbook_and_a_second_run_installs_nothing(testbed, kit, prepared,
                                                                                     wheelhouse, short_tmp):
+    """The first preparation from Python (fdl.cluster.nodes.prepare), the second by docs/ansible.md's recipe: the
+    same playbook, hence the same releases, so the second finds them there and changes nothing."""
     from fdl.cluster.nodes import pinned_packages
 
     pins = pinned_packages()
     for node in testbed.nodes:
         outcome = prepared[node.name]
         assert outcome["status"] == "ok", outcome
-        assert outcome["said"] == (f"{node.name}: execution node ready: ansible-core {pins['ansible-core']}, "
-                                   f"ansible-runner {pins['ansible-runner']} in "
-                                   f"{node.home}/.flodl/execution-node/venv")
+        assert outcome["said"] == ready_line(node, pins)
         assert "Install the packages at their releases" in outcome["changed"]
         runner = node.home / ".flodl" / "execution-node" / "venv" / "bin" / "ansible-runner"
         assert runner.is_file() and runner.stat().st_uid == pwd.getpwnam(node.user).pw_uid
-    project = kit.project(short_tmp / "proj", workers(kit), execution_nodes=node_entries(testbed),
-                          ssh={"known_hosts": str(testbed.known_hosts), "identity": str(testbed.key)})
-    again = prepare(project, testbed.home_env(short_tmp / "home"), wheelhouse)
-    assert {n: o["status"] for n, o in again.items()} == {"n1": "ok", "n2": "ok"}
-    assert not any(o["changed"] for o in again.values()), again  # idempotent: the releases are there
+    again = prepare_as_documented(kit, wheelhouse, short_tmp)
+    assert again.returncode == 0, again.stderr[-3000:] + again.stdout[-3000:]
+    counts = recap(again.stdout)
+    assert {name: (c["unreachable"], c["failed"]) for name, c in counts.items()} == {"n1": (0, 0), "n2": (0, 0)}, \
+        again.stdout[-3000:]
+    assert all(c["changed"] == 0 for c in counts.values()), again.stdout[-3000:]  # idempotent: the releases are there
+    for node in testbed.nodes:
+        assert f'"msg": "{ready_line(node, pins)}"' in again.stdout, again.stdout[-3000:]
+
+
+def test_the_documented_recipe_installs_from_the_wheelhouse_alone(testbed, kit, prepared, wheelhouse, short_tmp):
+    """docs/ansible.md's recipe on a node whose virtualenv lost a package: it installs it again from the copied
+    wheelhouse (the nodes have no index), and leaves the node that has everything as it is."""
+    from fdl.cluster.nodes import pinned_packages
+
+    n1, n2 = testbed.host("n1"), testbed.host("n2")
+    venv = n2.home / ".flodl" / "execution-node" / "venv"
+    n2.run(f"{venv}/bin/python -m pip uninstall --yes --quiet ansible-runner", timeout=120)
+    assert not (venv / "bin" / "ansible-runner").exists()
+    done = prepare_as_documented(kit, wheelhouse, short_tmp)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    counts = recap(done.stdout)
+    assert counts["n1"]["changed"] == 0 and counts["n1"]["failed"] == 0, done.stdout[-3000:]
+    assert counts["n2"]["changed"] >= 1 and counts["n2"]["failed"] == 0, done.stdout[-3000:]
+    assert (venv / "bin" / "ansible-runner").is_file()
+    for node in (n1, n2):
+        assert f'"msg": "{ready_line(node, pinned_packages())}"' in done.stdout, done.stdout[-3000:]
 
 
 def test_this_machine_has_no_route_to_the_workers_behind_the_nodes(testbed):

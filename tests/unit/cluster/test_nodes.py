@@ -153,6 +153,11 @@ def test_the_roles_default_releases_are_fdls_pins():
     assert spec["argument_specs"]["main"]["options"]["fdl_execution_node_packages"]["default"] == wanted
     assert nodes.pinned_packages() == wanted  # what fdl passes: the releases it runs with
     assert "ansible-core==" + wanted["ansible-core"] in nodes.constraint_lines()
+    # docs/ansible.md's recipe that prepares nodes downloads these releases (and the playbook's defaults install them)
+    page = (REPO / "docs" / "ansible.md").read_text()
+    lines = [line for line in page.splitlines() if line.startswith("pip download ") and "ansible-runner==" in line]
+    assert len(lines) == 1, lines
+    assert dict(word.split("==") for word in lines[0].split() if "==" in word) == wanted, lines[0]
 
 
 # --------------------------------------------------------------------------- a node's part, with a local worker
