@@ -259,6 +259,10 @@ class Launcher:
             watch = f"fdl @{self.env_name} status" if self.env_name else f"fdl status --addr {plan.controller_addr}"
         self.printer.note(f"run {plan.run_id} of '{plan.command.name}': {what}; controller on "
                           f"{self.server.address} (watch with `{watch}`)")
+        if plan.mode != SINGLE:  # for curl: the key a token-proved GET /join/id names too
+            self.printer.note(f"controller TLS key (this run only): {self.server.tls_pin}; curl reads the state "
+                              f"with `curl --insecure --pinnedpubkey '{self.server.tls_pin}' "
+                              f"https://{plan.controller_addr}/state.json`")
 
     def _run(self) -> int:
         plan = self.plan
