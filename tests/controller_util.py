@@ -39,13 +39,36 @@ def free_port(host: str = "127.0.0.1", pairs: bool = True, span: tuple[int, int]
 
 
 def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
+    """Whether a controller could hold host:port (in every family the bind implies: fdl.controller.listen)."""
+    from fdl.controller.listen import port_free
+
+    return port_free(host, port)
+
+
+def tls_context():
+    """A TLS 1.3 client context that takes any key (these tests talk to the controller's port itself; fdl's own
+    client pins the key through the token, fdl.controller.client)."""
+    from fdl.controller.tls import client_context
+
+    return client_context()
+
+
+def tls_socket(port: int, host: str = "127.0.0.1", *, source: str | None = None, timeout: float = 10.0):
+    """A TLS connection to a controller's port (the handshake done), optionally from a given source address."""
+    raw = socket.create_connection((host, port), timeout=timeout, source_address=(source, 0) if source else None)
+    try:
+        return tls_context().wrap_socket(raw)
+    except BaseException:
+        raw.close()
+        raise
+
+
+def https(port: int, host: str = "127.0.0.1", *, source: str | None = None, timeout: float = 10.0):
+    """An http.client connection to a controller's port over TLS."""
+    import http.client
+
+    return http.client.HTTPSConnection(host, port, timeout=timeout, context=tls_context(),
+                                       source_address=(source, 0) if source else None)
 
 
 @contextlib.contextmanager
@@ -62,7 +85,7 @@ def serving(policy, *, host: str = "127.0.0.1", limits=None, span: tuple[int, in
         try:
             server.start()
         except Exception as exc:  # lost a race for the port: try another
-            if "already in use" not in str(exc):
+            if "another process holds it" not in str(exc):
                 raise
             continue
         try:

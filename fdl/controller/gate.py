@@ -22,9 +22,10 @@ at its address, `max_trusted` in all. Strangers share `max_connections`:
   account too) at most `per_net`;
 - when a cap is reached, a newcomer from a lighter group takes a slot from
   the heaviest group of that scope (the heaviest network, and its heaviest
-  peer in it): an idle keep-alive connection first, the oldest otherwise.
-  A newcomer from the heaviest group itself only takes its own group's oldest
-  idle connection, or is refused. Several addresses of one /24 therefore
+  peer in it): an idle keep-alive connection first, the oldest otherwise; a
+  group only one connection heavier gives up an idle one only (a swap of
+  equals gains nothing). A newcomer from the heaviest group itself only
+  takes its own group's oldest idle connection, or is refused. Several addresses of one /24 therefore
   cannot shut out a neighbour's walk-in, nor thousands of /24s a stranger
   from another one; one account's pollers on loopback are its own share;
 - a stranger's keep-alive connection idle for `stranger_idle_s` after an
@@ -86,20 +87,8 @@ def is_loopback_ip(address: str) -> bool:
 class Entry:
     """One accepted connection as the shares see it."""
 
-    __slots__ = (
-        "address",
-        "answered",
-        "inflight",
-        "key",
-        "last",
-        "net",
-        "opened",
-        "paused",
-        "released",
-        "task",
-        "transport",
-        "trusted",
-    )
+    __slots__ = ("address", "answered", "inflight", "key", "last", "net", "opened", "paused", "pending", "released",
+                 "task", "transport", "trusted")
 
     def __init__(self, address: str, key: str, net: str, now: float):
         self.address = address  # the peer's IP address (what members are counted by)
@@ -108,6 +97,7 @@ class Entry:
         self.trusted = False  # a request on it proved the run's token
         self.released = False
         self.inflight = 0  # requests being answered
+        self.pending = False  # bytes came in since the last answer (a request under way)
         self.paused = False  # an answer waits for the peer to read
         self.last = now  # the last time a byte came in or an answer went out
         self.opened = now
@@ -117,7 +107,8 @@ class Entry:
 
     @property
     def idle(self) -> bool:
-        return self.transport is not None and not self.inflight and not self.paused
+        """TLS is up and nothing is under way: no request arriving or answered, no answer waiting to drain."""
+        return self.transport is not None and not (self.inflight or self.pending or self.paused)
 
     def close(self) -> None:
         """Cut the connection now (an eviction, or idle for too long)."""
@@ -215,20 +206,23 @@ class Shares:
             return self._found(self._from_heaviest_key(net, key, held))
         if self.strangers >= self.max_connections:
             if self.nets.top > in_net:
-                return self._found(self._from_heaviest_nets())
+                return self._found(self._from_heaviest_nets(idle_only=self.nets.top == in_net + 1))
             return self._found(self._from_heaviest_key(net, key, held))
         return True, None
 
-    def _from_heaviest_nets(self) -> Entry | None:
+    def _from_heaviest_nets(self, *, idle_only: bool) -> Entry | None:
         """A victim in one of the heaviest networks (the first SCAN_NETS of them, oldest at that weight first):
-        the least recently used idle connection of their heaviest peers, else the first one's oldest."""
+        the least recently used idle connection of their heaviest peers, else (unless idle_only: a swap of equals,
+        which only an idle connection pays for) the first one's oldest."""
         first = None
         best: Entry | None = None
         for net in self.nets.heaviest_few(SCAN_NETS):
             keys = self._heaviest_keys(net)
             first = first or keys[0]
             best = _least_recent(best, self._idle_among(keys))
-        return best or (self._pick(first) if first is not None else None)
+        if best is not None or idle_only or first is None:
+            return best
+        return self._pick(first)
 
     @staticmethod
     def _found(victim: Entry | None) -> tuple[bool, Entry | None]:
@@ -236,11 +230,15 @@ class Shares:
 
     def _from_heaviest_key(self, net: str, key: str | None, held: int) -> Entry | None:
         """A victim in net: from its heaviest peers when they hold more than the newcomer's peer (held), the
-        least recently used idle connection among them first; else the newcomer's own oldest idle connection;
-        None when there is none."""
+        least recently used idle connection among them first (only an idle one when they hold just one more:
+        a swap of equals); else the newcomer's own oldest idle connection; None when there is none."""
         keys = self._heaviest_keys(net)
-        if keys and key not in keys and len(self.by_key[keys[0]]) > held:
-            return self._idle_among(keys) or self._pick(keys[0])
+        most = len(self.by_key[keys[0]]) if keys else 0
+        if keys and key not in keys and most > held:
+            victim = self._idle_among(keys)
+            if victim is not None or most == held + 1:
+                return victim or (self._oldest_idle(key) if key is not None else None)
+            return self._pick(keys[0])
         return self._oldest_idle(key) if key is not None else None
 
     def _heaviest_keys(self, net: str) -> list[str]:
@@ -353,7 +351,8 @@ class Connection(asyncio.Protocol):
         self.handler.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        self.entry.last = time.monotonic()
+        entry = self.entry
+        entry.last, entry.pending = time.monotonic(), True
         self.handler.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -452,7 +451,11 @@ class Gate:
             except OSError as exc:  # out of descriptors, or the peer gave up meanwhile: the next wake-up retries
                 log.debug("controller: accept failed: %s", exc)
                 return
-            self._accepted(sock, peer)
+            try:
+                self._accepted(sock, peer)
+            except Exception:  # a fault of the controller's own: this connection goes, the others stay served
+                log.exception("controller: could not take a connection from %s", peer)
+                sock.close()
 
     def _accepted(self, sock: socket.socket, peer: Any) -> None:
         address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"

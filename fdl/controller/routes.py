@@ -146,7 +146,7 @@ class Endpoints:
         finally:
             if entry is not None:
                 entry.inflight -= 1
-                entry.answered, entry.last = True, time.monotonic()
+                entry.answered, entry.pending, entry.last = True, False, time.monotonic()
         proof = PROOF.get()
         if proof.authed and entry is not None and self.shares is not None:
             self.shares.promote(entry)  # a token holder's connection: capacity strangers cannot take
