@@ -56,6 +56,7 @@ def tls_context():
 def tls_socket(port: int, host: str = "127.0.0.1", *, source: str | None = None, timeout: float = 10.0):
     """A TLS connection to a controller's port (the handshake done), optionally from a given source address."""
     raw = socket.create_connection((host, port), timeout=timeout, source_address=(source, 0) if source else None)
+    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no delayed-ACK wait after the handshake
     try:
         return tls_context().wrap_socket(raw)
     except BaseException:
@@ -69,6 +70,34 @@ def https(port: int, host: str = "127.0.0.1", *, source: str | None = None, time
 
     return http.client.HTTPSConnection(host, port, timeout=timeout, context=tls_context(),
                                        source_address=(source, 0) if source else None)
+
+
+def stand_in_context():
+    """A TLS server context with a key of its own, as anything answering on a port that is not the run's
+    controller would have (a squatter, an impostor, a relay)."""
+    from fdl.controller.tls import make_server_key
+
+    return make_server_key("stand-in").context
+
+
+@contextlib.contextmanager
+def https_stand_in(handler, port: int, host: str = "127.0.0.1") -> Iterator:
+    """An http.server handler class served over TLS (a key of its own) on host:port in a thread."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    server_class = type("Server", (ThreadingHTTPServer,), {"address_family": family, "daemon_threads": True})
+    listener = server_class((host, port), handler)
+    listener.socket = stand_in_context().wrap_socket(listener.socket, server_side=True)
+    thread = threading.Thread(target=listener.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield listener
+    finally:
+        listener.shutdown()
+        listener.server_close()
+        thread.join(10)
 
 
 @contextlib.contextmanager

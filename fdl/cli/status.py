@@ -62,9 +62,11 @@ def status(
     waiting = False
     while True:
         try:
-            # with a token (given, or found for the address) the look is signed and only a proved answer counts
-            address, (state, verified) = ask(target, lambda client: (client.state(prove=True), client.proves),
-                                             timeout=timeout, token=presented)
+            # With a token (given, or found for the address) a plain look is signed and only a proved answer
+            # counts; --watch only finds the address here, and proves every look it takes afterwards.
+            address, (state, verified) = ask(
+                target, lambda client: (client.state(prove=not watch), client.proves and not watch),
+                timeout=timeout, token=presented)
             break
         except NoRunListening as exc:
             if not wait:

@@ -233,8 +233,8 @@ class ControllerClient:
 
     def _late(self, wait: float) -> ControllerError:
         self._forget()  # the connection was cut: a fresh one next time
-        return ControllerUnreachable(f"the controller at {self.address} did not finish its answer within "
-                                     f"{wait:g} s", address=self.address)
+        return ControllerUnreachable(f"the controller at {self.address} did not answer within {wait:g} s",
+                                     address=self.address)
 
     def _failure(self, exc: BaseException, wait: float, late: bool) -> ControllerError:
         import requests
@@ -257,7 +257,7 @@ class ControllerClient:
             return ControllerUnreachable(message, address=self.address)
         if isinstance(exc, requests.exceptions.ConnectionError) and _refused(exc):
             return NoRunListening(f"no run listening at {self.address} (connection refused)", address=self.address)
-        if isinstance(exc, requests.exceptions.Timeout):
+        if isinstance(exc, requests.exceptions.Timeout) or _caused_by(exc, TimeoutError):
             return ControllerUnreachable(f"the controller at {self.address} did not answer within {wait:g} s",
                                          address=self.address)
         if isinstance(exc, requests.exceptions.ConnectionError):
@@ -457,6 +457,8 @@ def tls_adapter(client: ControllerClient) -> Any:
                         raise
                 else:
                     raw = socket.create_connection((self.host, self.port), timeout)
+                    # no Nagle: the request would wait for the ACK of the handshake's last flight (delayed ACK)
+                    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError as exc:
                 raise NewConnectionError(self, f"cannot connect to {path or self.host}: {exc}") from exc
             client._current = raw  # the deadline cuts a handshake that drags on, too
@@ -466,6 +468,8 @@ def tls_adapter(client: ControllerClient) -> Any:
                 spki = tls.spki_of(der) if der else None
             except (OSError, ValueError) as exc:
                 raw.close()
+                if isinstance(exc, TimeoutError):
+                    raise  # no answer in time: a timeout, not a failed handshake
                 raise ConnectionError(f"no TLS 1.3 with the controller: {exc}") from exc
             if spki is None:
                 sock.close()

@@ -343,6 +343,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.entry.transport = transport
+        self.gate.live.add(self)
         self.entry.last = time.monotonic()
         # Whatever the TLS layer cannot hand on at once (the socket's own buffer is full) pauses the writer: the
         # write deadline starts there. (The TLS layer pauses at or above `high`: 1 is "anything left over".)
@@ -391,6 +392,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_deadline()
+        self.gate.live.discard(self)
         try:
             self.handler.connection_lost(exc)
         finally:
@@ -414,6 +416,7 @@ class Gate:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._handshakes: set[asyncio.Task[Any]] = set()
+        self.live: set[Connection] = set()  # connections whose TLS is up
 
     def start(self, loop: asyncio.AbstractEventLoop, listeners: list[socket.socket]) -> None:
         self._loop = loop
@@ -436,9 +439,20 @@ class Gate:
             except asyncio.CancelledError:
                 pass
             self._sweeper = None
-        for task in list(self._handshakes):
+        handshakes = list(self._handshakes)
+        for task in handshakes:
             task.cancel()
+        await asyncio.gather(*handshakes, return_exceptions=True)
         self.owners.close()
+
+    async def close_all(self) -> None:
+        """Cut every connection still open (the server is stopping: no TLS goodbye is waited for), and let their
+        transports finish closing before the loop goes."""
+        for connection in list(self.live):
+            if connection.transport is not None:
+                connection.transport.abort()
+        for _ in range(3):
+            await asyncio.sleep(0)
 
     # ------------------------------------------------------------------ accepting
 

@@ -202,6 +202,8 @@ class ControllerServer:
             if self._runner.server is not None:
                 self._runner.server.pre_shutdown()
                 await self._runner.server.shutdown(0.5)
+            if self._gate is not None:
+                await self._gate.close_all()
             await self._runner.cleanup()
             self._runner = None
 

@@ -107,9 +107,11 @@ def send_all(host: str, port: int, count: int, seed: int, mode: str) -> dict[int
     statuses: dict[int, int] = {}
     for i in range(count):
         data = forged(rng, i, mode)
-        with socket.create_connection((host, port), timeout=10) as raw, context.wrap_socket(raw) as sock:
-            sock.sendall(data)
-            status = read_status(sock)
+        with socket.create_connection((host, port), timeout=10) as raw:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no delayed-ACK wait after the handshake
+            with context.wrap_socket(raw) as sock:
+                sock.sendall(data)
+                status = read_status(sock)
         statuses[status] = statuses.get(status, 0) + 1
     return statuses
 
