@@ -72,6 +72,19 @@ def https(port: int, host: str = "127.0.0.1", *, source: str | None = None, time
                                        source_address=(source, 0) if source else None)
 
 
+def tls_get(url: str, **kwargs):
+    """requests.get over TLS without a certificate authority (a controller's key is its own; these tests read
+    its port as curl -k would)."""
+    import warnings
+
+    import requests
+    import urllib3
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+        return requests.get(url, verify=False, **kwargs)
+
+
 def stand_in_context():
     """A TLS server context with a key of its own, as anything answering on a port that is not the run's
     controller would have (a squatter, an impostor, a relay)."""
