@@ -85,6 +85,19 @@ def tls_get(url: str, **kwargs):
         return requests.get(url, verify=False, **kwargs)
 
 
+def stand_in_pem(directory: Path) -> Path:
+    """A certificate and key (one PEM file, readable by every account: it is a test's stand-in's) for a stand-in
+    run by another account or another interpreter."""
+    from fdl.controller.tls import self_signed_pem
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "stand-in.pem"
+    path.write_bytes(self_signed_pem("stand-in")[0])
+    path.chmod(0o644)
+    directory.chmod(0o755)
+    return path
+
+
 def stand_in_context():
     """A TLS server context with a key of its own, as anything answering on a port that is not the run's
     controller would have (a squatter, an impostor, a relay)."""

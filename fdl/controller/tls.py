@@ -53,6 +53,22 @@ def curl_pin(spki: bytes) -> str:
 def make_server_key(label: str) -> ServerKey:
     """A fresh ECDSA P-256 key and a self-signed certificate for it (CN "fdl controller LABEL"), loaded into a
     TLS 1.3-only server context. The PEM goes to OpenSSL through a memfd, never through a file on disk."""
+    pem, spki = self_signed_pem(label)
+    context = server_context()
+    try:
+        fd = os.memfd_create("fdl-controller-key", os.MFD_CLOEXEC)
+    except (AttributeError, OSError) as exc:  # pragma: no cover - Linux has had memfd since 3.17
+        raise FdlError(f"the controller cannot make its TLS key here: no anonymous memory files ({exc}).") from None
+    try:
+        os.write(fd, pem)
+        context.load_cert_chain(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
+    return ServerKey(context, spki)
+
+
+def self_signed_pem(label: str) -> tuple[bytes, bytes]:
+    """(certificate and private key as PEM, the key's SPKI SHA-256): a new ECDSA P-256 key, self-signed."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -68,19 +84,9 @@ def make_server_key(label: str) -> ServerKey:
             .sign(key, hashes.SHA256()))
     pem = cert.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    context = server_context()
-    try:
-        fd = os.memfd_create("fdl-controller-key", os.MFD_CLOEXEC)
-    except (AttributeError, OSError) as exc:  # pragma: no cover - Linux has had memfd since 3.17
-        raise FdlError(f"the controller cannot make its TLS key here: no anonymous memory files ({exc}).") from None
-    try:
-        os.write(fd, pem)
-        context.load_cert_chain(f"/proc/self/fd/{fd}")
-    finally:
-        os.close(fd)
     spki = hashlib.sha256(key.public_key().public_bytes(serialization.Encoding.DER,
                                                         serialization.PublicFormat.SubjectPublicKeyInfo)).digest()
-    return ServerKey(context, spki)
+    return pem, spki
 
 
 def server_context() -> ssl.SSLContext:
