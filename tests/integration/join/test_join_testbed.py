@@ -239,7 +239,9 @@ def test_another_account_on_a_tunnel_worker_cannot_reach_the_controller(bed, doo
 # and every fdl tunnel socket it can find (/proc/net/unix lists them wherever they are), each asked to admit
 # 64 ranks and to fire the switch.
 INTRUDER = r'''
-import glob, json, socket, urllib.error, urllib.request
+import glob, json, socket, ssl, urllib.error, urllib.request
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
 ports = []
 for line in open("/proc/net/tcp").readlines()[1:]:
     local, state = line.split()[1], line.split()[3]
@@ -248,10 +250,10 @@ for line in open("/proc/net/tcp").readlines()[1:]:
 answers = []
 for port in ports:
     for path, body in (("/join", {"host": "intruder", "devices": "cpu:64"}), ("/start", {})):
-        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+        req = urllib.request.Request(f"https://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
                                      method="POST", headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
+            with urllib.request.urlopen(req, timeout=10, context=context) as resp:
                 answers.append([resp.status, path])
         except urllib.error.HTTPError as err:
             answers.append([err.code, path])
