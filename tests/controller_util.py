@@ -101,21 +101,45 @@ def stand_in_pem(directory: Path) -> Path:
 def stand_in_context():
     """A TLS server context with a key of its own, as anything answering on a port that is not the run's
     controller would have (a squatter, an impostor, a relay)."""
+    return stand_in_key().context
+
+
+def stand_in_key():
+    """A stand-in's key (fdl.controller.tls.ServerKey: its context and SPKI hash)."""
     from fdl.controller.tls import make_server_key
 
-    return make_server_key("stand-in").context
+    return make_server_key("stand-in")
 
 
 @contextlib.contextmanager
 def https_stand_in(handler, port: int, host: str = "127.0.0.1") -> Iterator:
-    """An http.server handler class served over TLS (a key of its own) on host:port in a thread."""
+    """An http.server handler class served on host:port in a thread, over TLS with a key of its own, or over
+    plain HTTP to a client that starts with plain HTTP (the first byte says which): a regression test against
+    such a stand-in exercises the client before TLS the way it exercises it now."""
     import threading
     from http.server import ThreadingHTTPServer
 
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    server_class = type("Server", (ThreadingHTTPServer,), {"address_family": family, "daemon_threads": True})
-    listener = server_class((host, port), handler)
-    listener.socket = stand_in_context().wrap_socket(listener.socket, server_side=True)
+    key = stand_in_key()
+    context = key.context
+
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        daemon_threads = True
+
+        def get_request(self):
+            sock, peer = self.socket.accept()
+            sock.settimeout(10)
+            try:
+                first = sock.recv(1, socket.MSG_PEEK)
+                if first == b"\x16":  # a TLS handshake record
+                    sock = context.wrap_socket(sock, server_side=True)
+            except OSError:
+                sock.close()
+                raise
+            return sock, peer
+
+    listener = Server((host, port), handler)
+    listener.spki = key.spki_hex  # type: ignore[attr-defined]  # a handler names it in a signed GET /join/id
     thread = threading.Thread(target=listener.serve_forever, daemon=True)
     thread.start()
     try:

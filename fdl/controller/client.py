@@ -192,7 +192,6 @@ class ControllerClient:
         if self._session is None:
             self._session = requests.Session()
             self._session.trust_env = False  # a controller is never reached through an HTTP proxy
-            self._session.max_redirects = 0
             self._session.mount("https://", tls_adapter(self))
         self._mismatch = None
         cut = threading.Event()
