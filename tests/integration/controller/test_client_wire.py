@@ -115,9 +115,9 @@ def test_a_redirect_is_never_followed(tmp_path) -> None:
 
     with https_stand_in(stand_in(record, answer_state=lambda h: record(h, b"")), target_port), \
             https_stand_in(stand_in(redirect, token=TEST_TOKEN, answer_state=lambda h: redirect(h, b"")), port):
-        with ControllerClient(f"127.0.0.1:{port}", timeout=5, token=TEST_TOKEN) as client:
-            with pytest.raises(ControllerError) as hello:
-                client.hello({"host": "w", "devices": "cpu:1"})
+        with ControllerClient(f"127.0.0.1:{port}", timeout=5, token=TEST_TOKEN) as client, \
+                pytest.raises(ControllerError) as hello:
+            client.hello({"host": "w", "devices": "cpu:1"})
         status = run_fdl("status", "--addr", f"127.0.0.1:{port}", cwd=tmp_path, env={"FDL_JOIN_TOKEN": ""})
         start = run_fdl("start", "--addr", f"127.0.0.1:{port}", cwd=tmp_path, env={"FDL_JOIN_TOKEN": TEST_TOKEN})
     assert reached == [], reached  # nothing followed the redirect
