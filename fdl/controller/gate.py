@@ -172,6 +172,7 @@ class Shares:
         self.keys_of_net: dict[str, dict[str, None]] = {}
         self.trusted = 0
         self.trusted_by_key: dict[str, int] = {}
+        self.accepted = 0  # connections taken (TLS handshakes begun)
         self.refused = 0
         self.evicted = 0
 
@@ -193,6 +194,7 @@ class Shares:
                 break
             self.evict(victim)
         self._count(entry)
+        self.accepted += 1
         return True
 
     def _victim(self, entry: Entry) -> tuple[bool, Entry | None]:
@@ -483,6 +485,8 @@ class Gate:
             sock.close()
             return
         sock.setblocking(False)
+        # no Nagle: an answer's TLS records would wait for the ACK of the previous one (delayed ACK: 40 ms)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.send_buffer:
             try:  # a fixed, small kernel buffer instead of one that autotunes to megabytes for a stalled reader
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)

@@ -103,6 +103,8 @@ class RunCollector:
         for (endpoint, code), count in sorted(server.requests.items()):
             requests.add_metric([endpoint, str(code)], count)
         yield requests
+        yield CounterMetricFamily("fdl_http_connections_accepted", "Connections taken (a TLS handshake each).",
+                                  value=server.accepted)
         yield CounterMetricFamily("fdl_http_connections_refused", "Connections closed before TLS because their "
                                                                   "peer's or network's share was full.",
                                   value=server.overloaded)

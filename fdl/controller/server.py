@@ -290,6 +290,11 @@ class ControllerServer:
         return self.endpoints.requests
 
     @property
+    def accepted(self) -> int:
+        """Connections taken (each one TLS handshake begun)."""
+        return self._gate.shares.accepted if self._gate is not None else 0
+
+    @property
     def overloaded(self) -> int:
         """Connections refused (closed before TLS) because their peer's or network's share was full."""
         return self._gate.shares.refused if self._gate is not None else 0

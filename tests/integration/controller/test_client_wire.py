@@ -109,7 +109,7 @@ def test_a_redirect_is_never_followed(tmp_path) -> None:
 
     def redirect(handler: BaseHTTPRequestHandler, body: bytes) -> None:
         handler.send_response(307)
-        handler.send_header("Location", f"https://127.0.0.1:{target_port}{handler.path}")
+        handler.send_header("Location", f"http://127.0.0.1:{target_port}{handler.path}")
         handler.send_header("Content-Length", "0")
         handler.end_headers()
 

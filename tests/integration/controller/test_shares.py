@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -40,6 +42,8 @@ print("RAN rank", os.environ.get("RANK"), flush=True)
 # COUNT keep-alive HTTPS connections to 127.0.0.1:PORT from this account, each polling GET /state.json as fast as
 # it is answered; then EXTRA more attempts, counted as refused when the controller closes them before TLS. Prints
 # "ready" once the COUNT are up, runs until stdin closes, then prints {"polls": N, "refused": N, "errors": N}.
+# (The peers in this module speak plain HTTP to a port that does not speak TLS, as controllers did before: each
+# test shows the shut-out it guards against on such a controller too.)
 POLLERS = r'''
 import http.client, json, ssl, sys, threading
 port, count, extra = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
@@ -47,10 +51,22 @@ context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
 counts = {"polls": 0, "refused": 0, "errors": 0}
 stop = threading.Event()
-up = threading.Barrier(count + 1)
-def poll():
+up = threading.Barrier(count + 1, timeout=60)
+def connected():
     conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=context)
-    conn.connect()
+    try:
+        conn.connect()
+    except ssl.SSLError:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.connect()
+    return conn
+def poll():
+    try:
+        conn = connected()
+    except OSError as err:
+        print("cannot connect:", err, file=sys.stderr, flush=True)
+        up.abort()
+        return
     up.wait()
     while not stop.is_set():
         try:
@@ -61,18 +77,20 @@ def poll():
             counts["errors"] += 1
             conn.close()
             try:
-                conn.connect()
+                conn = connected()
             except OSError:
                 pass
 threads = [threading.Thread(target=poll, daemon=True) for _ in range(count)]
 for t in threads:
     t.start()
-up.wait()
+try:
+    up.wait()
+except threading.BrokenBarrierError:
+    print("not ready", flush=True)
+    sys.exit(1)
 for _ in range(extra):
     try:
-        conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=context)
-        conn.connect()
-        conn.close()
+        connected().close()
     except OSError:
         counts["refused"] += 1
 print("ready", flush=True)
@@ -103,13 +121,13 @@ def test_64_keep_alive_pollers_of_another_account_shut_out_neither_a_worker_nor_
         finally:
             out, perr = pollers.communicate(timeout=60)
         state = server.state()
-    counts = json.loads(out.strip().splitlines()[-1])
-    assert counts["polls"] > 64, (counts, perr)  # they polled all along ...
-    assert counts["refused"] + counts["errors"] > 0, counts  # ... held to their share: more cost them their own
     assert status.returncode == 0 and ": staging" in status.stdout, status.stderr
     assert start.returncode == 0 and "start armed" in start.stdout, start.stderr
     assert code == 0, err
     assert state["phase"] == "done" and [m["host"] for m in state["roster"]] == ["door-worker"]
+    counts = json.loads(out.strip().splitlines()[-1])
+    assert counts["polls"] > 64, (counts, perr)  # they polled all along ...
+    assert counts["refused"] + counts["errors"] > 0, counts  # ... held to their share: more cost them their own
 
 
 def test_unadmitted_keep_alive_id_connections_cannot_fill_the_slots() -> None:
@@ -121,7 +139,10 @@ def test_unadmitted_keep_alive_id_connections_cannot_fill_the_slots() -> None:
         held: list = []
 
         def hold(source: str) -> None:
-            sock = tls_socket(server.port, source=source)
+            try:
+                sock = tls_socket(server.port, source=source)
+            except ssl.SSLError:  # a controller that does not speak TLS: plain HTTP then
+                sock = socket.create_connection(("127.0.0.1", server.port), timeout=10, source_address=(source, 0))
             held.append(sock)
             while not stop.is_set():
                 try:
@@ -197,7 +218,10 @@ def holder(source):
     while not stop.is_set():
         try:
             raw = socket.create_connection((host, port), timeout=10, source_address=(source, 0))
-            sock = context.wrap_socket(raw)
+            try:
+                sock = context.wrap_socket(raw)
+            except ssl.SSLError:  # a port that does not speak TLS: plain HTTP then
+                sock = socket.create_connection((host, port), timeout=10, source_address=(source, 0))
             sock.sendall(b"GET /state.json HTTP/1.1\r\nHost: x\r\n")
             opened["held"] += 1
             sock.settimeout(0.5)
@@ -214,9 +238,10 @@ def holder(source):
 threads = [threading.Thread(target=holder, args=(s,), daemon=True) for s in sources for _ in range(per)]
 for t in threads:
     t.start()
-while opened["held"] < per * len(sources):
+deadline = time.monotonic() + 60
+while opened["held"] < per * len(sources) and time.monotonic() < deadline:
     time.sleep(0.05)
-print("ready", flush=True)
+print("ready" if opened["held"] >= per * len(sources) else "not ready", flush=True)
 sys.stdin.read()
 stop.set()
 print(json.dumps(opened), flush=True)

@@ -153,6 +153,37 @@ def test_a_member_whose_address_was_shed_for_load_is_not_silent() -> None:
     assert m.members == {} and m.peers == {}  # once the shedding stops, silence counts again
 
 
+#: What the controller may use of aiohttp: its documented server API (the Server reference and the "Low Level
+#: Server" page: web.Server is the protocol factory for loop.create_server; AppRunner.server hands it out).
+AIOHTTP_DOCUMENTED = {"Application", "AppRunner", "BaseRequest", "Request", "Response", "StreamResponse", "Server",
+                      "middleware", "HTTPException", "HTTPNotFound", "HTTPMethodNotAllowed"}
+
+
+def test_the_controller_subclasses_nothing_of_aiohttp_and_uses_only_its_documented_api() -> None:
+    """regression (issue 39 item 6): gate.py subclassed aiohttp's `web.RequestHandler` and overrode methods that
+    are no documented extension point (connection_made, pause_writing, handle_error, log_exception...)."""
+    import ast
+    from pathlib import Path
+
+    import fdl.controller
+
+    for source in sorted(Path(fdl.controller.__file__).parent.glob("*.py")):
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+        from_aiohttp = {alias.asname or alias.name for node in ast.walk(tree)
+                        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("aiohttp")
+                        for alias in node.names}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for base in node.bases:
+                    root = base
+                    while isinstance(root, ast.Attribute):
+                        root = root.value
+                    assert not (isinstance(root, ast.Name) and root.id in from_aiohttp), \
+                        f"{source.name}:{node.lineno}: class {node.name} subclasses aiohttp's {ast.unparse(base)}"
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "web":
+                assert node.attr in AIOHTTP_DOCUMENTED, f"{source.name}:{node.lineno}: web.{node.attr}"
+
+
 def test_the_server_uses_aiohttps_public_api_and_enums() -> None:
     """regression: server.py subclassed aiohttp's private RequestHandler import and read `_connections`,
     `_kwargs` and `_loop` of web.Server; phases and switch states were bare strings."""
