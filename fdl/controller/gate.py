@@ -25,9 +25,10 @@ at its address, `max_trusted` in all. Strangers share `max_connections`:
   peer in it): an idle keep-alive connection first, the oldest otherwise; a
   group only one connection heavier gives up an idle one only (a swap of
   equals gains nothing). A newcomer from the heaviest group itself only
-  takes its own group's oldest idle connection, or is refused. Several addresses of one /24 therefore
-  cannot shut out a neighbour's walk-in, nor thousands of /24s a stranger
-  from another one; one account's pollers on loopback are its own share;
+  takes its own group's oldest idle connection, or is refused. Several
+  addresses of one /24 therefore cannot shut out a neighbour's walk-in, nor
+  thousands of /24s a stranger from another one; one account's pollers on
+  loopback are its own share;
 - a stranger's keep-alive connection idle for `stranger_idle_s` after an
   answer is closed.
 
@@ -110,10 +111,14 @@ class Entry:
         """TLS is up and nothing is under way: no request arriving or answered, no answer waiting to drain."""
         return self.transport is not None and not (self.inflight or self.pending or self.paused)
 
-    def close(self) -> None:
-        """Cut the connection now (an eviction, or idle for too long)."""
+    def close(self, *, gently: bool = False) -> None:
+        """Cut the connection now (an eviction), or close it with a TLS goodbye (gently: idle for too long, so a
+        client sees it go before it sends on it again; the goodbye waits at most SHUTDOWN_TIMEOUT_S)."""
         if self.transport is not None:
-            cast(asyncio.Transport, self.transport).abort()
+            if gently:
+                self.transport.close()
+            else:
+                cast(asyncio.Transport, self.transport).abort()
         elif self.task is not None:
             self.task.cancel()
 
@@ -520,7 +525,7 @@ class Gate:
         while True:
             await asyncio.sleep(every)
             for entry in self.shares.idle_strangers(time.monotonic() - self.stranger_idle_s):
-                entry.close()
+                entry.close(gently=True)
 
     # ------------------------------------------------------------------ from the endpoints
 
