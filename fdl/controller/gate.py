@@ -44,6 +44,7 @@ never reads holds no slot and no memory for long.
 from __future__ import annotations
 
 import asyncio
+import collections
 import ipaddress
 import itertools
 import logging
@@ -59,6 +60,7 @@ log = logging.getLogger("fdl.controller")
 ACCEPT_BATCH = 256  # connections accepted per wake-up of a listening socket
 SCAN_NETS = 64  # heaviest networks looked through for an idle victim when the strangers' total is reached
 SHUTDOWN_TIMEOUT_S = 2.0  # a TLS close waits this long for the peer's close_notify (asyncio's default: 30 s)
+MAX_HANDSHAKES = 64  # TLS handshakes under way at once; more accepted connections wait for a slot, unread
 
 
 def network_of(peer: str | None) -> str | None:
@@ -89,7 +91,7 @@ class Entry:
     """One accepted connection as the shares see it."""
 
     __slots__ = ("address", "answered", "inflight", "key", "last", "net", "opened", "paused", "pending", "released",
-                 "task", "transport", "trusted")
+                 "sock", "task", "transport", "trusted")
 
     def __init__(self, address: str, key: str, net: str, now: float):
         self.address = address  # the peer's IP address (what members are counted by)
@@ -105,6 +107,7 @@ class Entry:
         self.answered = False  # at least one answer went out (a keep-alive connection)
         self.transport: asyncio.BaseTransport | None = None  # set once TLS is up
         self.task: asyncio.Task[Any] | None = None  # the handshake
+        self.sock: socket.socket | None = None  # the accepted socket while it waits for a handshake slot
 
     @property
     def idle(self) -> bool:
@@ -121,6 +124,9 @@ class Entry:
                 cast(asyncio.Transport, self.transport).abort()
         elif self.task is not None:
             self.task.cancel()
+        elif self.sock is not None:  # still waiting for a handshake slot: nobody else owns the socket yet
+            self.sock.close()
+            self.sock = None
 
 
 class Tally:
@@ -410,8 +416,11 @@ class Gate:
     """Accepts on the listening sockets, applies the shares, runs the TLS handshake, hands over to aiohttp."""
 
     def __init__(self, shares: Shares, new_handler: Callable[[], asyncio.Protocol], context: ssl.SSLContext, *,
-                 handshake_timeout_s: float, write_timeout_s: float, send_buffer: int, stranger_idle_s: float):
+                 handshake_timeout_s: float, write_timeout_s: float, send_buffer: int, stranger_idle_s: float,
+                 max_handshakes: int = MAX_HANDSHAKES):
         self.shares = shares
+        self.max_handshakes = max_handshakes
+        self._waiting: collections.deque[Entry] = collections.deque()  # accepted, waiting for a handshake slot
         self.new_handler = new_handler
         self.context = context
         self.handshake_timeout_s = handshake_timeout_s
@@ -446,6 +455,9 @@ class Gate:
             except asyncio.CancelledError:
                 pass
             self._sweeper = None
+        for entry in self._waiting:
+            entry.close()
+        self._waiting.clear()
         handshakes = list(self._handshakes)
         for task in handshakes:
             task.cancel()
@@ -497,11 +509,29 @@ class Gate:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)
             except OSError:
                 pass
+        entry.sock = sock
+        self._waiting.append(entry)
+        self._start_handshakes()
+
+    def _start_handshakes(self) -> None:
+        """Start handshakes for waiting connections while fewer than max_handshakes run: a burst of thousands of
+        dials costs the memory of max_handshakes handshakes at once, not of thousands (OpenSSL's handshake state
+        is tens of KiB, and a heap that peaked does not shrink)."""
         assert self._loop is not None
-        task = self._loop.create_task(self._handshake(sock, entry))
-        entry.task = task
-        self._handshakes.add(task)
-        task.add_done_callback(self._handshakes.discard)
+        while self._waiting and len(self._handshakes) < self.max_handshakes:
+            entry = self._waiting.popleft()
+            sock, entry.sock = entry.sock, None
+            if sock is None or entry.released:  # evicted or timed out while waiting
+                continue
+            task = self._loop.create_task(self._handshake(sock, entry))
+            entry.task = task
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshake_done)
+
+    def _handshake_done(self, task: asyncio.Task[Any]) -> None:
+        self._handshakes.discard(task)
+        if self._waiting and self._loop is not None and not self._loop.is_closed():
+            self._start_handshakes()
 
     async def _handshake(self, sock: socket.socket, entry: Entry) -> None:
         assert self._loop is not None
@@ -524,8 +554,12 @@ class Gate:
         every = max(0.05, min(0.5, self.stranger_idle_s / 4))
         while True:
             await asyncio.sleep(every)
-            for entry in self.shares.idle_strangers(time.monotonic() - self.stranger_idle_s):
+            now = time.monotonic()
+            for entry in self.shares.idle_strangers(now - self.stranger_idle_s):
                 entry.close(gently=True)
+            for entry in [e for e in self._waiting if e.opened < now - self.handshake_timeout_s]:
+                self.shares.release(entry)  # waited a whole handshake's time for a slot: a flood, or a stall
+                entry.close()
 
     # ------------------------------------------------------------------ from the endpoints
 
