@@ -3,21 +3,28 @@
     python bench/controller.py [--joiners 4096] [--pollers 64] [--poll-seconds 5]
 
 The controller runs in its own process (as under a launcher); this process is
-one asyncio client (aiohttp) that plays every peer:
+one asyncio client (aiohttp) that plays every peer. Every connection is TLS 1.3
+(the controller's per-instance key, fdl.controller.tls):
 
 1. walk-ins: N simulated `fdl join` agents dial a discovery window with
    `start: auto` whose capacity is N, each asking the controller's id
-   (`GET /join/id`), sending a signed hello and then holding a signed world
+   (`GET /join/id` with a challenge; with a token it checks the answer's proof
+   and the key it names, as every worker does: here against the key the
+   controller reported when it started, since aiohttp's client hands out no
+   pooled connection's certificate), sending a signed hello and then holding a signed world
    long-poll. Timed from the first request to the moment every joiner holds
    its world. Also run with N/8 joiners: the ratio of the two times shows how
    the cost grows (8 is linear; 64 would be quadratic). The walk-ins come from
    N/16 loopback addresses, sixteen each, every address in a /24 of its own, as
-   N machines would (loopback is an address like any other: one address or one
-   /24 holds a stranger's share of the connections).
-2. state.json: 64 concurrent pollers hammer GET /state.json while a window
-   stays open (start: manual, quorum not met) with a small roster (16 hosts)
-   and with the full N-host roster.
-3. the controller's peak RSS (VmHWM from /proc) over all of the above.
+   N machines would (one address, one /24 and, on loopback, one account hold a
+   stranger's share of the connections).
+2. TLS handshakes alone: N connections opened, handshaken and closed, for the
+   controller's CPU per handshake (what each walk-in's first connection costs
+   beyond its requests).
+3. state.json: 64 concurrent pollers (keep-alive) hammer GET /state.json while a
+   window stays open (start: manual, quorum not met) with a small roster (16
+   hosts) and with the full N-host roster.
+4. the controller's peak RSS (VmHWM from /proc) over all of the above.
 
 Authentication is on (the window has a token; every join request carries its
 HMAC proof, made for this controller instance, and every answer is signed
@@ -31,7 +38,7 @@ with Python's cyclic GC paused (it stands in for thousands of machines; its
 own bookkeeping is not what is measured); the controller runs as it would
 under a launcher.
 
-Targets: walk-ins <= 3 s for 4096 joiners (authentication on), >= 3000 state.json req/s,
+Targets: walk-ins <= 4 s for 4096 joiners (TLS and authentication on), >= 3000 state.json req/s,
 <= 150 MB peak RSS.
 """
 
@@ -51,7 +58,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-TARGET_JOIN_S = 3.0
+TARGET_JOIN_S = 4.0
 TARGET_RPS = 3000.0
 TARGET_RSS_MB = 150.0
 
@@ -78,7 +85,7 @@ def serve(port: int, policy_json: str) -> int:
         done = asyncio.Event()
         threading.Thread(target=lambda: (sys.stdin.read(), loop.call_soon_threadsafe(done.set)),
                          daemon=True).start()
-        print(f"ready {server.port}", flush=True)
+        print(f"ready {server.port} {server.key.spki_hex if server.key else '-'}", flush=True)
         await done.wait()
         await server.stop_async()
 
@@ -99,7 +106,8 @@ class Controller:
         if not line or line[0] != "ready":
             raise SystemExit("bench: the controller did not start")
         self.port = int(line[1])
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.spki = line[2]  # the key the controller made (hex SPKI SHA-256)
+        self.url = f"https://127.0.0.1:{self.port}"
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the controller process has used so far."""
@@ -141,6 +149,7 @@ def run(coro):
 
 
 WALKINS_PER_ADDRESS = 16
+RESENT = [0]  # walk-in requests re-sent after the controller closed a pooled connection as idle
 
 
 def source(group: int) -> str:
@@ -160,37 +169,79 @@ def no_port_socket(addr_info):
     return sock
 
 
+_CONTEXT = None
+
+
+def tls_context():
+    """The client's TLS 1.3 context (no CA: the key is checked against the signed GET /join/id), shared."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        from fdl.controller.tls import client_context
+
+        _CONTEXT = client_context()
+    return _CONTEXT
+
+
 def session(aiohttp, local: str | None = None):
     extra = {"local_addr": (local, 0), "socket_factory": no_port_socket} if local else {}
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False, ttl_dns_cache=None, **extra)
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False, ttl_dns_cache=None,
+                                     ssl=tls_context(), **extra)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120),
                                  skip_auto_headers=("User-Agent",))
 
 
 class Signer:
     """Signs requests with a token at the controller instance a client asked about (GET /join/id), the way every
-    `fdl join` does; keys are made once per instance (the client plays many machines, its cost is not measured)."""
+    `fdl join` does: the id answer must prove the token for this client's challenge and name the TLS key its
+    connection presented. Keys are made once per instance (the client plays many machines, its cost is not
+    measured)."""
 
-    def __init__(self, token: str | None):
+    def __init__(self, token: str | None, spki: str = ""):
         from fdl.controller.auth import extract
 
         self.prk = extract(token) if token else None
+        self.spki = spki
         self._keys: dict[str, object] = {}
 
     async def identify(self, s, url: str) -> str:
-        async with s.get(url + "/join/id") as resp:
-            return str(json.loads(await resp.read())["controller_id"])
+        import aiohttp
+
+        from fdl.controller import auth
+
+        for attempt in range(4):
+            challenge = auth.new_challenge()
+            try:
+                async with s.get(url + "/join/id", headers={auth.CHALLENGE_HEADER: challenge}) as resp:
+                    raw = await resp.read()
+                    status, answer_headers = resp.status, resp.headers
+                break
+            except aiohttp.ClientConnectionError:
+                if attempt == 3:
+                    raise
+                RESENT[0] += 1
+        answer = json.loads(raw)
+        if self.prk is not None:
+            keys = self._keys_for(answer["controller_id"])
+            if not auth.identity_ok(keys, challenge, status, raw, answer_headers) \
+                    or answer["tls_spki_sha256"] != self.spki:
+                raise SystemExit("bench: the controller's GET /join/id did not prove its key")
+        return str(answer["controller_id"])
+
+    def _keys_for(self, controller_id: str):
+        from fdl.controller.auth import expand
+
+        keys = self._keys.get(controller_id)
+        if keys is None:
+            keys = self._keys[controller_id] = expand(self.prk, controller_id)
+        return keys
 
     def headers(self, controller_id: str, path: str, body: bytes, headers: dict) -> dict:
         """headers plus the request's proof (a fresh nonce each time), or headers when there is no token."""
         if self.prk is None:
             return headers
-        from fdl.controller.auth import expand, sign_request
+        from fdl.controller.auth import sign_request
 
-        keys = self._keys.get(controller_id)
-        if keys is None:
-            keys = self._keys[controller_id] = expand(self.prk, controller_id)
-        return {**headers, **sign_request(keys, "POST", path, body)}
+        return {**headers, **sign_request(self._keys_for(controller_id), "POST", path, body)}
 
 
 async def walk_ins(url: str, n: int, signer: Signer) -> tuple[float, int]:
@@ -205,19 +256,29 @@ async def walk_ins(url: str, n: int, signer: Signer) -> tuple[float, int]:
     join_url, world_url = URL(url + "/join"), URL(url + "/join/world")  # parsed once, not per request
     groups = [session(aiohttp, source(g)) for g in range((n + WALKINS_PER_ADDRESS - 1) // WALKINS_PER_ADDRESS)]
     try:
+        async def post(s, target, path: str, body: bytes, ident: str) -> dict:
+            """One signed POST; re-sent (signed anew) on a fresh connection when the controller had closed the
+            pooled one as an idle stranger's, as an agent re-dials (the sixteen walk-ins of one address share a
+            pool here, where each agent has its own)."""
+            for attempt in range(4):
+                try:
+                    async with s.post(target, data=body, headers=signer.headers(ident, path, body, headers)) as resp:
+                        return json.loads(await resp.read())
+                except aiohttp.ClientConnectionError:
+                    if attempt == 3:
+                        raise
+                    RESENT[0] += 1
+            raise AssertionError("unreachable")
+
         async def one(i: int) -> tuple[float, int]:
             s = groups[i // WALKINS_PER_ADDRESS]
             ident = await signer.identify(s, url)
-            async with s.post(join_url, data=hellos[i], headers=signer.headers(ident, "/join", hellos[i],
-                                                                               headers)) as resp:
-                answer = json.loads(await resp.read())
+            answer = await post(s, join_url, "/join", hellos[i], ident)
             if not answer.get("admitted"):
                 raise SystemExit(f"bench: walkin-{i} refused: {answer}")
             poll = json.dumps({"ticket": answer["ticket"], "wait_s": 60}).encode()
             while True:
-                async with s.post(world_url, data=poll, headers=signer.headers(ident, "/join/world", poll,
-                                                                               headers)) as resp:
-                    world = json.loads(await resp.read())
+                world = await post(s, world_url, "/join/world", poll, ident)
                 if world.get("formed"):
                     return time.perf_counter(), world["world"]["size"]
 
@@ -252,6 +313,28 @@ async def fill(url: str, n: int, signer: Signer) -> None:
     finally:
         for s in groups:
             await s.close()
+
+
+async def handshakes(port: int, n: int) -> None:
+    """n TLS connections to the controller, each handshaken and closed (sixteen per loopback address)."""
+    sem = asyncio.Semaphore(256)
+
+    async def one(i: int) -> None:
+        async with sem:
+            import socket
+
+            sock = no_port_socket((socket.AF_INET, socket.SOCK_STREAM, 0, "", ()))
+            sock.bind((source(i // WALKINS_PER_ADDRESS), 0))
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+            _, writer = await asyncio.open_connection(sock=sock, ssl=tls_context(), server_hostname="")
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except OSError:
+                pass
+
+    await asyncio.gather(*(one(i) for i in range(n)))
 
 
 async def pollers(url: str, count: int, seconds: float) -> tuple[float, int]:
@@ -319,7 +402,7 @@ def main() -> int:
                              silence_s=120, poll_s=60, token=token)
             try:
                 cpu0 = ctl.cpu_seconds()
-                seconds, _ = run(walk_ins(ctl.url, count, Signer(token)))
+                seconds, _ = run(walk_ins(ctl.url, count, Signer(token, ctl.spki)))
                 best = min(best, (seconds, ctl.cpu_seconds() - cpu0))
                 peak = max(peak, ctl.peak_rss_mb())
             finally:
@@ -337,11 +420,27 @@ def main() -> int:
     lines.append(f"walk-ins scaling: {small} joiners {t_small:.2f} s; x{n / small:.0f} joiners took "
                  f"x{t_full / t_small:.1f} the wall time and x{cpu_full / cpu_small:.1f} the controller CPU "
                  f"(linear: x{n / small:.0f}, quadratic: x{(n / small) ** 2:.0f})")
+    lines.append(f"walk-ins, controller CPU per walk-in: {cpu_full / n * 1e6:.0f} us (its TLS handshake, id, hello "
+                 f"and world); requests re-sent after an idle stranger's connection was closed, all runs: {RESENT[0]}")
     if token is not None:
         t_plain, cpu_plain = walk(n, None)
         lines.append(f"walk-ins without a token: {t_plain:.2f} s, controller CPU {cpu_plain / (3 * n) * 1e6:.0f} us "
                      f"per request; with authentication {cpu_full / (3 * n) * 1e6:.0f} us "
                      f"(x{cpu_full / cpu_plain:.2f})")
+
+    best_handshake = float("inf")
+    for _ in range(args.repeat):
+        ctl = Controller(discovery=True, start="manual", quorum_hosts=n, max_hosts=n, window_s=600, token=token)
+        try:
+            cpu0 = ctl.cpu_seconds()
+            run(handshakes(ctl.port, n))
+            best_handshake = min(best_handshake, (ctl.cpu_seconds() - cpu0) / n)
+            peak = max(peak, ctl.peak_rss_mb())
+        finally:
+            ctl.close()
+    lines.append(f"TLS handshakes alone ({n} connections: accept, shares, handshake, close): controller CPU "
+                 f"{best_handshake * 1e6:.0f} us per handshake, {best_handshake / (cpu_full / n) * 100:.0f} % of a "
+                 f"walk-in's")
 
     rps = {}
     for hosts in (16, n):
@@ -350,7 +449,7 @@ def main() -> int:
             ctl = Controller(discovery=True, start="manual", quorum_hosts=n, max_hosts=n, window_s=600,
                              silence_s=600, token=token)
             try:
-                run(fill(ctl.url, hosts, Signer(token)))
+                run(fill(ctl.url, hosts, Signer(token, ctl.spki)))
                 cpu0 = ctl.cpu_seconds()
                 rate, size, wire = run(pollers(ctl.url, args.pollers, args.poll_seconds))
                 cpu = ctl.cpu_seconds() - cpu0

@@ -72,9 +72,12 @@ def scrape_costs(hosts: int) -> tuple[float, float, int]:
 
 
 def stalled_reader(port: int, repeat: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", port))
+    from fdl.controller.tls import client_context
+
+    raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    raw.connect(("127.0.0.1", port))
+    sock = client_context().wrap_socket(raw)  # every dial is TLS
     sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nGET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * repeat)
     return sock
 

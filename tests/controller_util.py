@@ -39,13 +39,115 @@ def free_port(host: str = "127.0.0.1", pairs: bool = True, span: tuple[int, int]
 
 
 def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
+    """Whether a controller could hold host:port (in every family the bind implies: fdl.controller.listen)."""
+    from fdl.controller.listen import port_free
+
+    return port_free(host, port)
+
+
+def tls_context():
+    """A TLS 1.3 client context that takes any key (these tests talk to the controller's port itself; fdl's own
+    client pins the key through the token, fdl.controller.client)."""
+    from fdl.controller.tls import client_context
+
+    return client_context()
+
+
+def tls_socket(port: int, host: str = "127.0.0.1", *, source: str | None = None, timeout: float = 10.0):
+    """A TLS connection to a controller's port (the handshake done), optionally from a given source address."""
+    raw = socket.create_connection((host, port), timeout=timeout, source_address=(source, 0) if source else None)
+    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no delayed-ACK wait after the handshake
+    try:
+        return tls_context().wrap_socket(raw)
+    except BaseException:
+        raw.close()
+        raise
+
+
+def https(port: int, host: str = "127.0.0.1", *, source: str | None = None, timeout: float = 10.0):
+    """An http.client connection to a controller's port over TLS."""
+    import http.client
+
+    return http.client.HTTPSConnection(host, port, timeout=timeout, context=tls_context(),
+                                       source_address=(source, 0) if source else None)
+
+
+def tls_get(url: str, **kwargs):
+    """requests.get over TLS without a certificate authority (a controller's key is its own; these tests read
+    its port as curl -k would)."""
+    import warnings
+
+    import requests
+    import urllib3
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+        return requests.get(url, verify=False, **kwargs)
+
+
+def stand_in_pem(directory: Path) -> Path:
+    """A certificate and key (one PEM file, readable by every account: it is a test's stand-in's) for a stand-in
+    run by another account or another interpreter."""
+    from fdl.controller.tls import self_signed_pem
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "stand-in.pem"
+    path.write_bytes(self_signed_pem("stand-in")[0])
+    path.chmod(0o644)
+    directory.chmod(0o755)
+    return path
+
+
+def stand_in_context():
+    """A TLS server context with a key of its own, as anything answering on a port that is not the run's
+    controller would have (a squatter, an impostor, a relay)."""
+    return stand_in_key().context
+
+
+def stand_in_key():
+    """A stand-in's key (fdl.controller.tls.ServerKey: its context and SPKI hash)."""
+    from fdl.controller.tls import make_server_key
+
+    return make_server_key("stand-in")
+
+
+@contextlib.contextmanager
+def https_stand_in(handler, port: int, host: str = "127.0.0.1") -> Iterator:
+    """An http.server handler class served on host:port in a thread, over TLS with a key of its own, or over
+    plain HTTP to a client that starts with plain HTTP (the first byte says which): a regression test against
+    such a stand-in exercises the client before TLS the way it exercises it now."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    key = stand_in_key()
+    context = key.context
+
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        daemon_threads = True
+
+        def get_request(self):
+            sock, peer = self.socket.accept()
+            sock.settimeout(10)
+            try:
+                first = sock.recv(1, socket.MSG_PEEK)
+                if first == b"\x16":  # a TLS handshake record
+                    sock = context.wrap_socket(sock, server_side=True)
+            except OSError:
+                sock.close()
+                raise
+            return sock, peer
+
+    listener = Server((host, port), handler)
+    listener.spki = key.spki_hex  # type: ignore[attr-defined]  # a handler names it in a signed GET /join/id
+    thread = threading.Thread(target=listener.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield listener
+    finally:
+        listener.shutdown()
+        listener.server_close()
+        thread.join(10)
 
 
 @contextlib.contextmanager
@@ -62,7 +164,7 @@ def serving(policy, *, host: str = "127.0.0.1", limits=None, span: tuple[int, in
         try:
             server.start()
         except Exception as exc:  # lost a race for the port: try another
-            if "already in use" not in str(exc):
+            if "another process holds it" not in str(exc):
                 raise
             continue
         try:

@@ -23,15 +23,13 @@ SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port in PORTS nobody listens on right now."""
+    """A port in PORTS nobody listens on right now (in every family a controller bound to host holds)."""
+    from fdl.controller.listen import port_free
+
     candidates = list(PORTS)
     random.shuffle(candidates)
     for port in candidates:
-        with socket.socket() as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
+        if port_free(host, port):
             return port
     raise RuntimeError("no free port in 23000-23999")
 

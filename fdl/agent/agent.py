@@ -126,11 +126,19 @@ def _unreachable(exc: ControllerError, tunneled: bool) -> Unreachable:
                        reason="unverified" if isinstance(exc, UnverifiedController) else None)
 
 
-def likely_causes(address: str, failures: int, skew: float | None) -> str:
-    """The loud warning a --persist box prints every few failures that proved nothing either way."""
+def likely_causes(address: str, failures: int, skew: float | None, proven: bool = False) -> str:
+    """The loud warning a --persist box prints every few failures that proved nothing either way. The clock
+    advice is only as good as the answer it came in: proven when that answer proved the run's token, labelled
+    unverified otherwise (whatever answered may say anything)."""
     if skew is not None and CLOCK_WINDOW_S / 2 < abs(skew) < 365 * 86400:  # an absurd claim says nothing
-        clock = (f"this box's clock is {abs(skew):.0f} s {'behind' if skew > 0 else 'ahead of'} what {address} "
-                 f"says its clock is; a request more than {CLOCK_WINDOW_S:g} s off is refused")
+        side = "behind" if skew > 0 else "ahead of"
+        if proven:
+            clock = (f"this box's clock is {abs(skew):.0f} s {side} what {address} says its clock is (in an "
+                     f"answer that proved the run's token); a request more than {CLOCK_WINDOW_S:g} s off is refused")
+        else:
+            clock = (f"this box's clock may be off: whatever answers at {address} says (unverified: its answer "
+                     f"proved no token) that this box is {abs(skew):.0f} s {side} its clock; a request more than "
+                     f"{CLOCK_WINDOW_S:g} s off the controller's is refused")
     else:
         clock = f"this box's clock is more than {CLOCK_WINDOW_S:g} s off the controller's"
     return (f"WARNING: {failures} dials in a row reached no controller that proves the run's token at {address}. "
@@ -158,6 +166,7 @@ class JoinAgent:
         self.attempts = 0
         self.runs: dict[str, int] = {}  # TORCHELASTIC_RUN_ID -> worlds of that run this agent already ran
         self.skew: float | None = None  # the controller's clock minus this box's, as its GET /join/id claimed
+        self.skew_proven = False  # whether that answer proved the run's token
 
     # ------------------------------------------------------------------ the loop
 
@@ -182,7 +191,7 @@ class JoinAgent:
                 self.note(f"transient failure: {failure.message}" + (f" ({failure.hint})" if failure.hint else ""))
                 unproved = unproved + 1 if getattr(failure, "reason", None) in TRUST_REASONS else 0
                 if unproved and unproved % WARN_EVERY == 0:
-                    self.note(likely_causes(self.options.controller_text, unproved, self.skew))
+                    self.note(likely_causes(self.options.controller_text, unproved, self.skew, self.skew_proven))
                 self.note(f"persist: re-dialing in {wait:.1f} s (attempt {self.attempts + 1})")
             else:
                 unproved = 0
@@ -213,7 +222,8 @@ class JoinAgent:
                 except ControllerError as exc:
                     raise _unreachable(exc, tunnel is not None) from None
                 finally:
-                    self.skew = client.clock_skew if client.clock_skew is not None else self.skew
+                    if client.clock_skew is not None:
+                        self.skew, self.skew_proven = client.clock_skew, client.clock_proven
                 ticket = str(admitted["ticket"])
                 left = admitted.get("seconds_left")
                 self.note(f"admitted by {shown} as {admitted.get('host', self.host)} with {admitted.get('ranks')} "

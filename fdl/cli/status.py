@@ -38,7 +38,9 @@ def status(
     """Show a run's phase, who joined with what hardware, the window countdowns and the start switch.
 
     Exit 0 when the state was fetched and printed; 1 when no controller answered (connection refused
-    reads as "no run listening": the endpoint lives only as long as its launcher). With --watch: exit 0
+    reads as "no run listening": the endpoint lives only as long as its launcher), or, with the run's token
+    (--token-file, FDL_JOIN_TOKEN, the env or this user's own launcher run), when the answer does not prove
+    it. Without a token the state is printed marked unverified. With --watch: exit 0
     when the run ends and succeeded, as a state that proved the run's token said (signed requests, with
     the token from --token-file, FDL_JOIN_TOKEN, the env or this user's own launcher run), or on Ctrl-C;
     1 when it failed, its outcome is unknown or unverified (no token), no run was there to watch (without
@@ -60,7 +62,11 @@ def status(
     waiting = False
     while True:
         try:
-            address, state = ask(target, lambda client: client.state(), timeout=timeout)
+            # With a token (given, or found for the address) a plain look is signed and only a proved answer
+            # counts; --watch only finds the address here, and proves every look it takes afterwards.
+            address, (state, verified) = ask(
+                target, lambda client: (client.state(prove=not watch), client.proves and not watch),
+                timeout=timeout, token=presented)
             break
         except NoRunListening as exc:
             if not wait:
@@ -84,10 +90,14 @@ def status(
     if watch:
         return _watch(address, fire, interval=1.0 if interval is None else interval, timeout=timeout,
                       as_json=as_json, token=token)
+    if not verified:
+        typer.echo(f"fdl: note: unverified: no token for {address} ({FDL_JOIN_TOKEN}, --token-file, the env's "
+                   f"join.token or this user's own run), so this state proves nothing: anything that answers there "
+                   f"could have sent it", err=True)
     if as_json:
         print_json(state)
     else:
-        typer.echo(render_state(state, address, fire), nl=False)
+        typer.echo(render_state(state, address, fire, verified=verified), nl=False)
     return 0
 
 

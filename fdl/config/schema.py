@@ -62,7 +62,7 @@ class ControllerSpec(NamedTuple):
     bind: str = "0.0.0.0"
     join: JoinPolicy = JoinPolicy()
     master_port: int | None = None  # torch rendezvous port on rank 0's host (None: port + 1)
-    peer_connections: int = 64  # open connections one stranger's address may hold (members and loopback: no cap)
+    peer_connections: int = 64  # strangers' connections one peer may hold (an address; on loopback, per account)
 
     @property
     def address(self) -> str:

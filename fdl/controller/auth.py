@@ -29,7 +29,17 @@ matched (a refusal for a time outside the window included) carries::
 
 bound to the request's nonce, so a recorded answer cannot be replayed to
 another request. A worker holding a token acts only on answers whose proof
-matches. docs/controller.md holds the threat model.
+matches.
+
+`GET /join/id` comes before any key is known to the client (the keys name the
+controller instance it answers with). A client sends a fresh challenge with
+it (X-Fdl-Challenge: 32 hex digits), and the controller proves its answer,
+which names its TLS key (fdl.controller.tls), under its own label so that it
+can never stand for another answer::
+
+    X-Fdl-Answer-Proof: hex HMAC-SHA256(answer_key, "FDL4-IDENTITY\n" CHALLENGE "\n" STATUS "\n" BODY)
+
+docs/controller.md holds the threat model.
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ TIME_HEADER = "X-Fdl-Time"
 NONCE_HEADER = "X-Fdl-Nonce"
 PROOF_HEADER = "X-Fdl-Proof"
 ANSWER_HEADER = "X-Fdl-Answer-Proof"
+CHALLENGE_HEADER = "X-Fdl-Challenge"
 WINDOW_S = 60.0  # a request's time may be this far from the controller's clock
 MAX_NONCES = 1 << 19  # remembered nonces (about 60 MB at worst); more in one window: refused as overload
 _SALT = b"fdl join channel v1"
@@ -103,6 +114,28 @@ def request_proof(key: hmac.HMAC, method: str, path: str, stamp: str, nonce: str
 
 def answer_proof(key: hmac.HMAC, nonce: str, status: int, body: bytes) -> str:
     return _mac(key, f"FDL2-ANSWER\n{nonce}\n{int(status)}\n".encode(), body)
+
+
+def identity_proof(key: hmac.HMAC, challenge: str, status: int, body: bytes) -> str:
+    return _mac(key, f"FDL4-IDENTITY\n{challenge}\n{int(status)}\n".encode(), body)
+
+
+def new_challenge() -> str:
+    return secrets.token_hex(16)
+
+
+def challenge_of(headers: Mapping[str, str]) -> str | None:
+    """The client's challenge on a GET /join/id, when well formed."""
+    given = headers.get(CHALLENGE_HEADER) or ""
+    return given if _NONCE_RE.fullmatch(given) else None
+
+
+def identity_ok(keys: Keys, challenge: str, status: int, body: bytes, headers: Mapping[str, str]) -> bool:
+    """Whether a GET /join/id answer proves the token, for this client's challenge."""
+    given = headers.get(ANSWER_HEADER) or ""
+    if not _PROOF_RE.fullmatch(given):
+        return False
+    return hmac.compare_digest(given, identity_proof(keys.answer, challenge, status, body))
 
 
 def sign_request(keys: Keys, method: str, path: str, body: bytes, *,
@@ -197,3 +230,6 @@ class Verifier:
 
     def sign_answer(self, nonce: str, status: int, body: bytes) -> str:
         return answer_proof(self.keys.answer, nonce, status, body)
+
+    def sign_identity(self, challenge: str, status: int, body: bytes) -> str:
+        return identity_proof(self.keys.answer, challenge, status, body)

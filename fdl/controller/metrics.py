@@ -103,9 +103,14 @@ class RunCollector:
         for (endpoint, code), count in sorted(server.requests.items()):
             requests.add_metric([endpoint, str(code)], count)
         yield requests
-        yield CounterMetricFamily("fdl_http_connections_refused", "Connections answered 503 because the "
-                                                                  "connection limit was reached.",
+        yield CounterMetricFamily("fdl_http_connections_accepted", "Connections taken (a TLS handshake each).",
+                                  value=server.accepted)
+        yield CounterMetricFamily("fdl_http_connections_refused", "Connections closed before TLS because their "
+                                                                  "peer's or network's share was full.",
                                   value=server.overloaded)
+        yield CounterMetricFamily("fdl_http_connections_evicted", "Strangers' connections closed to make room for "
+                                                                  "a newcomer from a lighter peer or network.",
+                                  value=server.evicted)
         yield _gauge("fdl_http_connections", "Open HTTP connections.", server.open_connections)
 
 

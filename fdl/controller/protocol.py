@@ -28,7 +28,8 @@ from fdl.hostside.envvars import (
     FDL_RUN_ID,
 )
 
-PROTOCOL = 3  # 2: the token is proved by signing, never sent; 3: proofs name the controller instance (auth.py)
+PROTOCOL = 4  # 2: the token is proved by signing, never sent; 3: proofs name the controller instance (auth.py);
+#              4: every dial is TLS, and the signed GET /join/id names the controller's TLS key (tls.py)
 MAX_BODY = 16 * 1024  # bytes; a hello is a few hundred
 MAX_HOST = 253
 MAX_ID = 128  # run id, signature

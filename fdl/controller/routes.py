@@ -2,10 +2,14 @@
 
 Request handlers parse bodies, check proofs of the token (from every peer:
 loopback is not a credential, other accounts share it) and hold world
-long-polls on one shared event; one middleware turns `Refused`/`BadRequest`
-and bounds exceeded into the JSON envelope, signs the answer to a request
-whose proof matched (bound to its nonce and to this controller instance,
-fdl.controller.auth) and counts answers for /metrics.
+long-polls on one shared event; one middleware turns `Refused`/`BadRequest`,
+bounds exceeded and anything unexpected into the JSON envelope, signs the
+answer to a request whose proof matched (bound to its nonce and to this
+controller instance, fdl.controller.auth), moves the connection such a
+request came on into the trusted pool (fdl.controller.gate), tells the
+shares when a connection is busy, and counts answers for /metrics.
+`GET /join/id` is signed for a client's challenge, naming the controller's
+TLS key (fdl.controller.tls).
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import functools
 import gzip
 import hashlib
 import importlib.resources
+import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -25,11 +31,13 @@ from typing import Any, NamedTuple
 from aiohttp import web
 
 from fdl.controller import auth
+from fdl.controller.gate import Gate, Shares
 from fdl.controller.machine import RunMachine
 from fdl.controller.protocol import PROTOCOL, BadRequest, decode, parse_hello, parse_start, parse_ticketed
 from fdl.controller.states import OPEN, Refused
-from fdl.controller.wire import Limits, error_response, json_response
+from fdl.controller.wire import Limits, error_response, json_bytes, json_response
 
+log = logging.getLogger("fdl.controller")
 GZIP_FROM = 16 * 1024  # state.json bodies this large go gzipped to clients that accept it (a big roster)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -38,7 +46,8 @@ ENDPOINTS = {
     "GET /": "this run's status page (HTML; JSON with Accept: application/json)",
     "GET /state.json": "the run's live state (signed back when the request is signed)",
     "GET /metrics": "Prometheus metrics",
-    "GET /join/id": "this controller instance's id (every proof names it), its protocol and its clock",
+    "GET /join/id": "this controller instance's id (every proof names it), its protocol, its clock and its TLS key "
+                    "(signed for an X-Fdl-Challenge)",
     "POST /start": "fire the start switch", "POST /join": "hello: ask to join the window",
     "POST /join/world": "long-poll for your world", "POST /join/heartbeat": "stay on the roster",
     "POST /join/exit": "report your exit code"}
@@ -94,6 +103,8 @@ class Endpoints:
         self.limits = limits
         self.verifier = auth.Verifier(machine.policy.token, machine.controller_id) if machine.policy.token else None
         self.formed: asyncio.Event | None = None  # set once the world formed or the run ended (server-owned)
+        self.shares: Shares | None = None  # the connections' shares (server-owned): proved ones are promoted
+        self.tls_spki = ""  # hex SHA-256 of the controller's TLS key (server-owned), named in GET /join/id
         self.requests: dict[tuple[str, int], int] = {}  # (endpoint, status) -> answered requests
         self._new_registry = registry  # prometheus_client's CollectorRegistry maker, called at the first scrape
         self._registry: Any = None
@@ -127,8 +138,31 @@ class Endpoints:
         """Every refusal and error as the one JSON envelope; the answer to a request whose proof matched
         signed (bound to its nonce); answers counted by endpoint and status."""
         PROOF.set(NO_PROOF)  # this handler's task: set by authenticate while the request is read
+        entry = Gate.entry_of(request.transport)
+        if entry is not None:
+            entry.inflight += 1  # busy: not an idle keep-alive connection meanwhile
         try:
-            resp = await handler(request)
+            resp = await self._answer(request, handler)
+        finally:
+            if entry is not None:
+                entry.inflight -= 1
+                entry.answered, entry.pending, entry.last = True, False, time.monotonic()
+        proof = PROOF.get()
+        if proof.authed and entry is not None and self.shares is not None:
+            self.shares.promote(entry)  # a token holder's connection: capacity strangers cannot take
+        nonce = proof.nonce
+        if nonce is not None and self.verifier is not None and isinstance(resp, web.Response):
+            raw = resp.body
+            signed = bytes(raw) if isinstance(raw, bytes | bytearray) else b""  # every answer here is bytes
+            resp.headers[auth.ANSWER_HEADER] = self.verifier.sign_answer(nonce, resp.status, signed)
+        key = (request.path if request.path in self.routes else "other", resp.status)
+        self.requests[key] = self.requests.get(key, 0) + 1  # GET /metrics reports these
+        return resp
+
+    async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """The handler's answer, or the envelope of whatever it raised."""
+        try:
+            return await handler(request)
         except web.HTTPMethodNotAllowed as exc:
             allowed = ", ".join(sorted(m for m in exc.allowed_methods if m != "HEAD"))
             resp = error_response(405, "method_not_allowed", f"{request.path[:100]} answers {allowed} only.")
@@ -154,13 +188,12 @@ class Endpoints:
         except TimeoutError:
             resp = error_response(408, "timeout", f"the request body did not arrive within "
                                                   f"{self.limits.body_timeout_s:g} s.", close=True)
-        nonce = PROOF.get().nonce
-        if nonce is not None and self.verifier is not None and isinstance(resp, web.Response):
-            raw = resp.body
-            signed = bytes(raw) if isinstance(raw, bytes | bytearray) else b""  # every answer here is bytes
-            resp.headers[auth.ANSWER_HEADER] = self.verifier.sign_answer(nonce, resp.status, signed)
-        key = (request.path if request.path in self.routes else "other", resp.status)
-        self.requests[key] = self.requests.get(key, 0) + 1  # GET /metrics reports these
+        except web.HTTPException as exc:  # raised by aiohttp itself while reading a request
+            resp = error_response(exc.status, "bad_request" if exc.status < 500 else "internal",
+                                  (exc.reason or "the request could not be handled")[:200], close=True)
+        except Exception:  # a fault of the controller's own: logged here, one envelope for the peer
+            log.exception("controller: request failed")
+            resp = error_response(500, "internal", "the controller failed to handle this request", close=True)
         return resp
 
     # ------------------------------------------------------------------ reading requests
@@ -248,10 +281,17 @@ class Endpoints:
 
     async def identity(self, request: web.BaseRequest) -> web.Response:
         """Which controller instance answers here: the id every proof names (a client learns it before its first
-        signed request), the protocol and the controller's clock (a worker compares its own with it)."""
+        signed request), the protocol, the controller's clock (a worker compares its own with it) and its TLS
+        key. Signed for the client's challenge when the run has a token: a client pins the key through it."""
         m = self.machine
-        return json_response({"ok": True, "service": "fdl controller", "protocol": PROTOCOL,
-                              "controller_id": m.controller_id, "run_id": m.cohort_run_id, "now": round(m.now(), 3)})
+        body = json_bytes({"ok": True, "service": "fdl controller", "protocol": PROTOCOL,
+                           "controller_id": m.controller_id, "run_id": m.cohort_run_id, "now": round(m.now(), 3),
+                           "tls_spki_sha256": self.tls_spki})
+        resp = json_response(None, raw=body)
+        challenge = auth.challenge_of(request.headers)
+        if challenge is not None and self.verifier is not None:
+            resp.headers[auth.ANSWER_HEADER] = self.verifier.sign_identity(challenge, 200, body)
+        return resp
 
     async def state(self, request: web.BaseRequest) -> web.Response:
         body = self.machine.state_json()

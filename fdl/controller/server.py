@@ -1,23 +1,28 @@
-"""The controller endpoint: plain HTTP/1.1 + JSON on the training port, served by aiohttp.
+"""The controller endpoint: HTTP/1.1 + JSON over TLS on the training port, served by aiohttp.
 
-`ControllerServer` owns one run's `RunMachine` and serves it: it binds the
-port, ticks the machine's clock, wakes world long-polls when the world forms,
-and runs either inside a running loop or in a background thread. The pieces
-it assembles, each in its own module:
+`ControllerServer` owns one run's `RunMachine` and serves it: it makes the
+instance's TLS key, holds the port in every address family its bind implies,
+ticks the machine's clock, wakes world long-polls when the world forms, and
+runs either inside a running loop or in a background thread. The pieces it
+assembles, each in its own module:
 
-- `wire`: the bounds (`Limits`) on what any peer can make the server hold (body
-  size and read time, request line and header sizes and count, the time a
-  connection may take to send a complete request head, the time an answer may
-  take to drain, the number of open connections in all, per stranger's address
-  and per stranger's network), the loopback test and the JSON envelope;
-- `gate`: the protocol factory handed to asyncio, which admits a connection to
-  aiohttp's handler (a public `web.RequestHandler` subclass that keeps
-  malformed HTTP in the JSON envelope and holds every answer to a write
-  deadline) or answers it 503 before aiohttp sees a byte;
+- `tls`: the per-instance key and self-signed certificate, the TLS 1.3
+  contexts, the key's SPKI hash that the signed `GET /join/id` names;
+- `listen`: which sockets a bind address holds (both families), bound all or
+  nothing;
+- `wire`: the bounds (`Limits`) on what any peer can make the server hold
+  (body size and read time, request line and header sizes and count, the time
+  a connection may take to send a complete request head, the time an answer
+  may take to drain, the connections in all, per peer and per network, the
+  idle time of a stranger's keep-alive connection), the loopback test and the
+  JSON envelope;
+- `gate`: accepts connections, keeps the fair shares (`Shares`), runs the TLS
+  handshake and hands each connection to aiohttp through `web.Server`, the
+  protocol factory aiohttp documents for `loop.create_server`;
 - `routes`: aiohttp's public `web.Application` whose router holds every
   endpoint and whose one middleware turns errors into the JSON envelope, signs
-  answers to requests that proved the run's token (fdl.controller.auth) and
-  counts them, run here by `web.AppRunner`.
+  answers to requests that proved the run's token (fdl.controller.auth),
+  promotes their connections and counts them, run here by `web.AppRunner`.
 
 Two ways to run it::
 
@@ -29,9 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import errno
 import gc
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -39,11 +44,13 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from fdl.config.schema import ClusterSpec
-from fdl.controller.gate import ConnectionHandler, Gate, raise_fd_limit
+from fdl.controller.gate import Gate, Shares, raise_fd_limit
+from fdl.controller.listen import bind_all
 from fdl.controller.machine import RunMachine
 from fdl.controller.policy import RunPolicy
 from fdl.controller.routes import Endpoints
 from fdl.controller.states import TERMINAL
+from fdl.controller.tls import ServerKey, make_server_key
 from fdl.controller.wire import Limits
 from fdl.errors import FdlError
 
@@ -52,6 +59,23 @@ __all__ = ["ControllerServer", "new_event_loop"]
 GC_GEN0 = 50_000  # the cyclic GC's youngest-generation threshold while a controller serves (default 700)
 log = logging.getLogger("fdl.controller")
 T = TypeVar("T")
+
+
+class _PeerFaults(logging.Filter):
+    """aiohttp's own log lines (HTTP it cannot parse, a peer gone mid-answer) are the peer's problem: one line at
+    debug level, without a traceback per request. The controller's own faults are logged by its middleware."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        if record.exc_info and record.exc_info[1] is not None:
+            record.msg = f"{record.getMessage()}: {type(record.exc_info[1]).__name__}"
+            record.args = None
+        record.exc_info = record.exc_text = None
+        return True
+
+
+HTTP_LOG = logging.getLogger("fdl.controller.http")  # the logger aiohttp's protocol writes to
+HTTP_LOG.addFilter(_PeerFaults())
 
 
 class ControllerServer:
@@ -66,9 +90,10 @@ class ControllerServer:
         self.limits = limits or Limits()
         self.tick_s = min(0.25, self.policy.silence_s / 4)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: asyncio.base_events.Server | None = None
         self._runner: web.AppRunner | None = None
         self._gate: Gate | None = None
+        self._held: list[socket.socket] = []  # sockets that only keep the port from others (listen.Hold.serve)
+        self.key: ServerKey | None = None  # this instance's TLS key (made at start)
         self._ticker: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -114,35 +139,34 @@ class ControllerServer:
         self.endpoints.formed = asyncio.Event()
         self._wake = asyncio.Event()
         self._on_change(self.machine)
-        raise_fd_limit(self.limits.max_connections + self.limits.member_reserve + 256)
         lim = self.limits
+        raise_fd_limit(lim.max_connections + lim.max_trusted + 256)
+        self.key = key = await asyncio.to_thread(make_server_key, self.machine.controller_id)
+        self.endpoints.tls_spki = key.spki_hex
         handler_kwargs: dict[str, Any] = dict(keepalive_timeout=lim.head_timeout_s, max_line_size=lim.max_line,
                                               max_field_size=lim.max_field, max_headers=lim.max_headers,
-                                              access_log=None, lingering_time=1.0)
+                                              access_log=None, lingering_time=1.0, logger=HTTP_LOG)
         self._runner = web.AppRunner(self.endpoints.application(), handler_cancellation=True, **handler_kwargs)
         await self._runner.setup()
-        web_server = self._runner.server
+        web_server = self._runner.server  # aiohttp's protocol factory: one protocol per connection
         assert web_server is not None
-        def handler() -> ConnectionHandler:
-            made = ConnectionHandler(web_server, loop=loop, **handler_kwargs)
-            made.write_timeout_s, made.send_buffer = lim.write_timeout_s, lim.send_buffer
-            return made
-
-        self._gate = Gate(handler, max_connections=lim.max_connections, per_peer=lim.max_per_peer,
-                          per_net=min(lim.max_per_net, max(lim.max_per_peer, lim.max_connections // 4)),
-                          per_member=lim.per_member, reserve=lim.member_reserve,
-                          members_at=self._members_at, shed=self.machine.shed)
+        shares = Shares(max_connections=lim.max_connections, per_peer=lim.max_per_peer,
+                        per_net=min(lim.max_per_net, max(lim.max_per_peer, lim.max_connections // 4)),
+                        max_trusted=lim.max_trusted, per_member=lim.per_member, members_at=self._members_at,
+                        shed=self.machine.shed)
+        self.endpoints.shares = shares
+        self._gate = Gate(shares, web_server, key.context, handshake_timeout_s=lim.head_timeout_s,
+                          write_timeout_s=lim.write_timeout_s, send_buffer=lim.send_buffer,
+                          stranger_idle_s=lim.stranger_idle_s)
         try:
-            self._server = await loop.create_server(self._gate, self.host, self.port, backlog=lim.backlog,
-                                                    reuse_address=True)
-        except OSError as exc:
+            bound = await asyncio.to_thread(bind_all, self.host, self.port, backlog=lim.backlog)
+        except FdlError:
             await self._runner.cleanup()
             self._runner = None
-            why = "the address is already in use (another run, or another program, holds it)" \
-                if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
-            raise FdlError(f"the controller cannot listen on {self.address}: {why}.",
-                           hint="Stop whatever holds the port, or set cluster.controller.port.") from None
-        self.port = self._server.sockets[0].getsockname()[1]
+            raise
+        self.port = bound[0][1].getsockname()[1]
+        self._held = [sock for hold, sock in bound if not hold.serve]
+        self._gate.start(loop, [sock for hold, sock in bound if hold.serve])
         self._tune_gc()
         self._ticker = loop.create_task(self._tick_loop())
 
@@ -169,13 +193,17 @@ class ControllerServer:
             except asyncio.CancelledError:
                 pass
             self._ticker = None
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        if self._gate is not None:
+            await self._gate.stop()
+        for sock in self._held:
+            sock.close()
+        self._held = []
         if self._runner is not None:
             if self._runner.server is not None:
                 self._runner.server.pre_shutdown()
                 await self._runner.server.shutdown(0.5)
+            if self._gate is not None:
+                await self._gate.close_all()
             await self._runner.cleanup()
             self._runner = None
 
@@ -262,13 +290,28 @@ class ControllerServer:
         return self.endpoints.requests
 
     @property
+    def accepted(self) -> int:
+        """Connections taken (each one TLS handshake begun)."""
+        return self._gate.shares.accepted if self._gate is not None else 0
+
+    @property
     def overloaded(self) -> int:
-        """Connections answered 503 because the connection limit was reached."""
-        return self._gate.overloaded if self._gate is not None else 0
+        """Connections refused (closed before TLS) because their peer's or network's share was full."""
+        return self._gate.shares.refused if self._gate is not None else 0
+
+    @property
+    def evicted(self) -> int:
+        """Strangers' connections closed to make room for a newcomer from a lighter peer or network."""
+        return self._gate.shares.evicted if self._gate is not None else 0
 
     @property
     def open_connections(self) -> int:
-        return self._gate.total if self._gate is not None else 0
+        return self._gate.shares.total if self._gate is not None else 0
+
+    @property
+    def tls_pin(self) -> str | None:
+        """This instance's TLS key as curl pins it (`sha256//BASE64`), once started."""
+        return self.key.pin if self.key is not None else None
 
     def _new_registry(self) -> Any:
         """prometheus_client's CollectorRegistry over this server (imported at the first scrape, not at start)."""
@@ -276,9 +319,9 @@ class ControllerServer:
 
         return new_registry(self)
 
-    def _members_at(self, peer: str | None) -> int:
+    def _members_at(self, peer: str) -> int:
         """How many admitted members a peer address holds (0: a stranger's address, loopback included)."""
-        return self.machine.peers.get(peer, 0) if peer is not None else 0
+        return self.machine.peers.get(peer, 0)
 
     def wait_phase(self, *phases: str, timeout: float | None = None) -> bool:
         """Block until the run reaches one of phases; False on timeout."""

@@ -22,15 +22,16 @@ class Limits:
     max_line: int = 4096  # request line / header line length
     max_field: int = 4096  # one header value
     max_headers: int = 32  # header count
-    head_timeout_s: float = 10.0  # a connection's complete request head must arrive within this (also idle)
+    head_timeout_s: float = 10.0  # the TLS handshake, then each complete request head, within this (also idle)
     body_timeout_s: float = 10.0  # a request's body must arrive within this
     write_timeout_s: float = 10.0  # an answer the peer has not drained within this aborts its connection
     send_buffer: int = 64 * 1024  # SO_SNDBUF of accepted sockets (small and fixed: no autotuning for a non-reader)
-    max_connections: int = 10_000  # open connections from strangers; more are answered 503 and closed
-    max_per_peer: int = 64  # open connections one stranger's address may hold (loopback is an address like any)
+    max_connections: int = 10_000  # open connections of strangers (no request on them proved the run's token)
+    max_per_peer: int = 64  # strangers' connections of one peer: an address, on loopback an address and account
     max_per_net: int = 256  # strangers in one /24 (IPv4) or /64 (IPv6) together; never over a quarter of the total
-    per_member: int = 4  # an address holding members may hold max_per_peer plus this many per member there
-    member_reserve: int = 1024  # connections beyond max_connections kept for members' addresses
+    stranger_idle_s: float = 2.0  # a stranger's keep-alive connection idle this long after an answer is closed
+    max_trusted: int = 10_000  # connections that carried a proof of the token, beyond the strangers' ones
+    per_member: int = 4  # proved connections of one peer: max_per_peer plus this many per member at its address
     backlog: int = 4096
 
 

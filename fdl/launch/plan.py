@@ -143,24 +143,20 @@ def _gpu_count() -> int | None:
 
 
 def port_free(host: str, port: int) -> bool:
-    """Whether a listener could bind host:port right now."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # what the controller's server sets too
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
+    """Whether the controller could hold host:port right now, in every address family the bind implies
+    (127.0.0.1 holds ::1 too: fdl.controller.listen)."""
+    from fdl.controller.listen import port_free as holdable
+
+    return holdable(host, port)
 
 
 def free_port_pair(host: str = "127.0.0.1") -> int:
-    """A port P with P and P + 1 (the rendezvous port ranks use) both free now."""
+    """A port P with P and P + 1 (the rendezvous port ranks use) both free now (P in every family host implies)."""
     for _ in range(50):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((host, 0))
             port = int(sock.getsockname()[1])
-        if port < 65535 and port_free(host, port + 1):
+        if port < 65535 and port_free(host, port) and port_free(host, port + 1):
             return port
     raise UsageError("found no free pair of ports on this machine for the run's controller.")
 

@@ -294,6 +294,10 @@ class Launcher:
             self.printer.note(f"PROGRAM is what a walk-in's ranks run (a script's wrapper will do), DEVICES what "
                               f"it offers (0,1 or cpu:N); its ranks get the run's arguments{start}")
             self.printer.note(f"a walk-in joins with: {line}")
+        if plan.mode != SINGLE:  # for curl: the key a token-proved GET /join/id names too
+            self.printer.note(f"controller TLS key (this run only): {self.server.tls_pin}; curl reads the state "
+                              f"with `curl --insecure --pinnedpubkey '{self.server.tls_pin}' "
+                              f"https://{plan.controller_addr}/state.json`")
 
     def _run(self) -> int:
         plan = self.plan

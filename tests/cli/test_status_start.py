@@ -17,7 +17,7 @@ from fdl.controller.policy import RunPolicy
 from fdl.controller.protocol import Hello
 from fdl.hostside.checks.devices import parse_devices
 from tests.conftest import REPO, fdl_env, need_root_or_skip, run_fdl
-from tests.controller_util import TEST_TOKEN, PeerNamespace, free_port, serving
+from tests.controller_util import TEST_TOKEN, PeerNamespace, free_port, https_stand_in, serving
 
 TOKEN = "6af98521f67cd26e30c6c69fcf1e7b9d79088ef3422149f408ff3551c65f16b7"  # fdl refuses a token under 128 bits
 
@@ -42,17 +42,51 @@ def with_token(server) -> dict:
 def test_status_shows_phase_hardware_countdown_and_switch(tmp_path: Path) -> None:
     with serving(RunPolicy(start="manual", quorum_hosts=2, window_s=600)) as server:
         join(server, "node-a", "0,1", gpu_names=("NVIDIA H100", "NVIDIA H100"), run_id="r1")
-        result = run_fdl("status", "--addr", addr(server), cwd=tmp_path)
+        result = run_fdl("status", "--addr", addr(server), cwd=tmp_path, env=with_token(server))
         assert result.returncode == 0, result.stderr
         out = result.stdout
         assert f"run r1 at {addr(server)}: waiting" in out and "start: manual" in out
         assert "closes in 9m5" in out or "closes in 10m00s" in out  # a countdown from the 600 s window
         assert "quorum: not met: 1 host(s), 2 rank(s) joined; needs 2 host(s)" in out
         assert "node-a" in out and "2 x NVIDIA H100" in out
-        assert result.stderr == ""
+        assert result.stderr == "" and "UNVERIFIED" not in out  # the run's token proved this state
         join(server, "node-b", "cpu:2", run_id="r1")
-        out = run_fdl("status", "--addr", addr(server), cwd=tmp_path).stdout
+        out = run_fdl("status", "--addr", addr(server), cwd=tmp_path, env=with_token(server)).stdout
         assert ": staging" in out and "roster startable, fire with fdl start" in out and "2 CPU rank(s)" in out
+
+
+def test_plain_status_does_not_present_a_stand_ins_state_as_fact(tmp_path: Path) -> None:
+    """regression (issue 37 finding 8): `fdl status` without a token printed whatever answered at the address as
+    the run's state; with the run's token it asked unsigned and did the same. Now a tokenless look is labelled
+    unverified, and with a token only a state that proves it is shown."""
+    forged = {"schema": 1, "version": 1, "now": 1.0, "phase": "done", "reason": None, "run_id": "forged",
+              "start": {"mode": "auto", "switch": "none"}, "window": {}, "quorum": {"need": {}, "have": {}},
+              "roster": [{"host": "ghost", "status": "exited", "exit_code": 0}]}
+
+    class StandIn(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(forged if self.path == "/state.json" else
+                              {"ok": True, "controller_id": "ab" * 16}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    port = free_port(pairs=False)
+    with https_stand_in(StandIn, port):
+        plain = run_fdl("status", "--addr", f"127.0.0.1:{port}", cwd=tmp_path, env={"FDL_JOIN_TOKEN": ""})
+        plain_json = run_fdl("status", "--addr", f"127.0.0.1:{port}", "--json", cwd=tmp_path,
+                             env={"FDL_JOIN_TOKEN": ""})
+        holder = run_fdl("status", "--addr", f"127.0.0.1:{port}", cwd=tmp_path, env={"FDL_JOIN_TOKEN": TOKEN})
+    assert plain.returncode == 0 and "ghost" in plain.stdout
+    assert "UNVERIFIED: no token proved this answer" in plain.stdout and "unverified" in plain.stderr
+    assert json.loads(plain_json.stdout)["run_id"] == "forged" and "unverified" in plain_json.stderr
+    assert holder.returncode == 1 and "could not prove it holds the run's token" in holder.stderr
+    assert "ghost" not in holder.stdout + holder.stderr
 
 
 def test_status_json_is_the_raw_state(tmp_path: Path) -> None:
@@ -84,7 +118,8 @@ def test_status_with_no_run_says_no_run_listening_and_exits_1(tmp_path: Path) ->
 def test_status_reads_the_controller_from_the_active_env(tmp_path: Path) -> None:
     with serving(RunPolicy(quorum_hosts=1, window_s=600)) as server:
         (tmp_path / "fdl.yml").write_text("commands:\n  hello: {run: echo hi}\n")
-        (tmp_path / "fdl.farm.yml").write_text(f"cluster:\n  controller: 127.0.0.1:{server.port}\n")
+        (tmp_path / "fdl.farm.yml").write_text(f"cluster:\n  controller:\n    host: 127.0.0.1\n"
+                                               f"    port: {server.port}\n    join: {{token: {server.policy.token}}}\n")
         result = run_fdl("@farm", "status", cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         assert f"at 127.0.0.1:{server.port}: waiting" in result.stdout and result.stderr == ""
@@ -114,8 +149,12 @@ def test_status_refuses_a_bad_address_and_names_a_foreign_server(tmp_path: Path)
         httpd.shutdown()
         httpd.server_close()
     assert result.returncode == 1
-    assert f"fdl: error: 127.0.0.1:{port} answered HTTP 200 but not with the controller's JSON" in result.stderr
+    assert f"something answers at 127.0.0.1:{port} but not with TLS 1.3" in result.stderr
     assert "Traceback" not in result.stderr
+    with https_stand_in(Html, port):
+        result = run_fdl("status", "--addr", f"127.0.0.1:{port}", cwd=tmp_path, env={"FDL_JOIN_TOKEN": ""})
+    assert result.returncode == 1
+    assert f"fdl: error: 127.0.0.1:{port} answered HTTP 200 but not with the controller's JSON" in result.stderr
 
 
 # ---------------------------------------------------------------- fdl start
@@ -197,7 +236,7 @@ def test_start_from_another_host_uses_the_env_token_and_refuses_without_it(peer:
         result = peer.run([*fdl, "start", "--addr", address], env=fdl_env({"FDL_JOIN_TOKEN": "0" * 32}),
                           cwd=tmp_path)
         assert result.returncode == 1 and "could not prove it holds the run's token" in result.stderr
-        assert "does not match" in result.stderr and "0" * 32 not in result.stderr
+        assert "GET /join/id" in result.stderr and "0" * 32 not in result.stderr  # refused before any request
         result = peer.run([*fdl, "start", "--addr", address, "--token", "1" * 32], env=fdl_env(), cwd=tmp_path)
         assert result.returncode == 1 and "could not prove it holds the run's token" in result.stderr  # was 2
         result = peer.run([*fdl, "@farm", "start"], env=fdl_env(), cwd=tmp_path)
@@ -262,9 +301,9 @@ def test_status_and_start_import_neither_ansible_nor_the_server(tmp_path: Path) 
 def test_start_takes_no_unproved_answer_for_armed(tmp_path: Path) -> None:
     """regression: an impostor's unsigned answer exited 2 (permanent, against start's contract); and before the
     token was proved to the loopback fallback it went there bare. The env names 127.0.0.2 (nothing listens
-    there); a stand-in on 127.0.0.1:PORT answers every request "armed" without a proof and records every byte.
-    `fdl start` sends it a proof (bound to the id the stand-in claims, never the token) and does not take its
-    word: exit 1, nothing said armed."""
+    there); a stand-in on 127.0.0.1:PORT (TLS with a key of its own) answers every request "armed" without a
+    proof and records every byte. `fdl start` asks its id with a challenge, gets no proof back, and sends it
+    nothing more: exit 1, nothing said armed."""
     from fdl.controller import auth
 
     received = bytearray()
@@ -290,24 +329,19 @@ def test_start_takes_no_unproved_answer_for_armed(tmp_path: Path) -> None:
             pass
 
     port = free_port(pairs=False)
-    listener = HTTPServer(("127.0.0.1", port), Record)
-    thread = threading.Thread(target=listener.serve_forever, daemon=True)
-    thread.start()
-    try:
-        (tmp_path / "fdl.yml").write_text("commands:\n  hello: {run: echo hi}\n")
-        (tmp_path / "fdl.farm.yml").write_text(textwrap.dedent(f"""\
-            cluster:
-              controller:
-                host: 127.0.0.2
-                port: {port}
-                join: {{discovery: true, start: manual, token: "{TOKEN}"}}
-            """))
+    (tmp_path / "fdl.yml").write_text("commands:\n  hello: {run: echo hi}\n")
+    (tmp_path / "fdl.farm.yml").write_text(textwrap.dedent(f"""\
+        cluster:
+          controller:
+            host: 127.0.0.2
+            port: {port}
+            join: {{discovery: true, start: manual, token: "{TOKEN}"}}
+        """))
+    with https_stand_in(Record, port):
         result = run_fdl("@farm", "start", cwd=tmp_path)
-    finally:
-        listener.shutdown()
-        listener.server_close()
     assert result.returncode == 1, result.stderr
     assert "could not prove it holds the run's token" in result.stderr and "armed" not in result.stdout
-    assert received.count(b"POST /start") == 1 and TOKEN.encode() not in received
-    assert auth.PROOF_HEADER.lower().encode() in bytes(received).lower()  # a proof, worth nothing elsewhere
-    assert TOKEN not in result.stdout + result.stderr
+    # its GET /join/id answer proved nothing, so nothing that matters followed: not even a signed start
+    assert received.count(b"GET /join/id") == 1 and b"POST /start" not in received
+    assert auth.CHALLENGE_HEADER.lower().encode() in bytes(received).lower()
+    assert TOKEN.encode() not in received and TOKEN not in result.stdout + result.stderr

@@ -285,8 +285,8 @@ def test_a_kept_state_is_found_by_the_launch_id_and_only_for_the_controller_watc
 
 
 class Squatter:
-    """Whatever binds a run's port between runs (any account may: it is unprivileged): answers GET /join/id and
-    GET /state.json with a finished run, unsigned, and reports whether anyone asked with a proof."""
+    """Whatever binds a run's port between runs (any account may: it is unprivileged), over TLS with a key of its
+    own: answers GET /join/id and GET /state.json with a finished run, unsigned, and reports who asked what."""
 
     STATE: ClassVar[dict] = {"schema": 1, "version": 9, "phase": "done", "run_id": "r-squat", "reason": None,
                              "kind": "discovery",
@@ -297,13 +297,17 @@ class Squatter:
     def __init__(self, port: int):
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+        from tests.controller_util import stand_in_context
+
         outer = self
-        self.signed = 0
+        self.signed = self.challenged = 0
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 if "X-Fdl-Proof" in self.headers:
                     outer.signed += 1
+                if "X-Fdl-Challenge" in self.headers:
+                    outer.challenged += 1
                 body = json.dumps({"ok": True, "controller_id": "5a" * 16} if self.path == "/join/id"
                                   else Squatter.STATE).encode()
                 self.send_response(200)
@@ -316,6 +320,7 @@ class Squatter:
                 pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.httpd.socket = stand_in_context().wrap_socket(self.httpd.socket, server_side=True)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def stop(self) -> None:
@@ -348,7 +353,7 @@ def test_a_squatters_done_is_no_success(tmp_path: Path, token: bool) -> None:
     assert proc.returncode == 1, out + err
     assert "succeeded" not in out.replace("says it succeeded", "")
     if token:
-        assert squatter.signed > 0  # it was asked with a proof ...
+        assert squatter.challenged > 0 and squatter.signed == 0  # it was asked to prove itself, sent nothing else ...
         assert "outcome unknown" in out  # ... and no state of its was taken
     else:
         assert "unverified" in err  # said at the start ...

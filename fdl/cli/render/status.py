@@ -162,10 +162,13 @@ def roster_rows(state: State, limit: int = ROSTER_SHOWN) -> list[RosterRow]:
     return rows
 
 
-def render_state(state: State, address: str, start_cmd: str | None = None) -> str:
-    """A few lines for people: phase, window, quorum, switch, world, roster."""
+def render_state(state: State, address: str, start_cmd: str | None = None, *, verified: bool = True) -> str:
+    """A few lines for people: phase, window, quorum, switch, world, roster; marked unverified when the answer
+    proved no token (anything answering at that address could have sent it)."""
     state = clean_state(state)
     lines = [headline(state, address)]
+    if not verified:
+        lines.append("  UNVERIFIED: no token proved this answer; what follows is what the address claims")
     if state.get("reason"):
         lines.append(f"  reason: {state['reason']}")
     lines.append(f"  window: {window_text(state)}")

@@ -98,13 +98,20 @@ def read_status(sock: socket.socket) -> int:
 
 
 def send_all(host: str, port: int, count: int, seed: int, mode: str) -> dict[int, int]:
+    """count forged requests, each on a TLS connection of its own (the controller's port speaks only TLS)."""
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
     rng = random.Random(seed)
     statuses: dict[int, int] = {}
     for i in range(count):
         data = forged(rng, i, mode)
-        with socket.create_connection((host, port), timeout=10) as sock:
-            sock.sendall(data)
-            status = read_status(sock)
+        with socket.create_connection((host, port), timeout=10) as raw:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no delayed-ACK wait after the handshake
+            with context.wrap_socket(raw) as sock:
+                sock.sendall(data)
+                status = read_status(sock)
         statuses[status] = statuses.get(status, 0) + 1
     return statuses
 

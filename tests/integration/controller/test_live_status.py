@@ -16,24 +16,25 @@ import signal
 import socket
 import struct
 import subprocess
-import threading
 import time
 import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
-import requests
 
 from fdl.controller.client import ControllerClient, ControllerRefused
 from fdl.controller.policy import RunPolicy
 from fdl.controller.routes import status_page
 from fdl.controller.states import SNAPSHOT_S
-from tests.controller_util import free_port, serving
+from tests.controller_util import free_port, https_stand_in, serving, tls_context, tls_get
 from tests.prometheus import need_tool, promtool_accepts, samples
 
 PORTS = (25000, 25999)  # this suite's ports
+# --ignore-certificate-errors: the controller's key is its own, made per instance (no CA a browser knows); a person
+# accepts it once in the browser's warning page, or pins it (docs/controller.md).
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--ignore-certificate-errors",
                   "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
                   "--hide-scrollbars", "--mute-audio")
 
@@ -81,7 +82,7 @@ def test_status_page_in_headless_chromium(tmp_path: Path) -> None:
         agent_hello(server, "node-a", "0,1", gpu_names=["NVIDIA H100", "NVIDIA H100"])
         agent_hello(server, "node-b", "cpu:2")
         assert server.state()["phase"] == "staging"
-        url = f"http://127.0.0.1:{server.port}/"
+        url = f"https://127.0.0.1:{server.port}/"
 
         dom = chromium(tmp_path, url, "--dump-dom")
         assert text_of(dom, "phase") == "staging"
@@ -152,18 +153,12 @@ def test_status_page_says_run_ended_when_polling_fails(tmp_path: Path) -> None:
             pass
 
     port = free_port(span=PORTS)
-    httpd = ThreadingHTTPServer(("127.0.0.1", port), Gone)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        dom = chromium(tmp_path, f"http://127.0.0.1:{port}/", "--dump-dom", budget_ms=5000)
+    with https_stand_in(Gone, port):
+        dom = chromium(tmp_path, f"https://127.0.0.1:{port}/", "--dump-dom", budget_ms=5000)
         polls.clear()
         shot = tmp_path / "status-page-ended.png"
-        chromium(tmp_path, f"http://127.0.0.1:{port}/", f"--screenshot={shot}", "--window-size=1280,800",
+        chromium(tmp_path, f"https://127.0.0.1:{port}/", f"--screenshot={shot}", "--window-size=1280,800",
                  budget_ms=5000)
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
     assert len(polls) >= 2
     assert text_of(dom, "phase") == "run ended (last: waiting)"
     banner = text_of(dom, "ended")
@@ -174,15 +169,15 @@ def test_status_page_says_run_ended_when_polling_fails(tmp_path: Path) -> None:
 
 def test_index_answers_json_to_a_json_client_and_sets_a_strict_csp() -> None:
     with staging_run() as server:
-        base = f"http://127.0.0.1:{server.port}"
-        page = requests.get(base + "/", timeout=10)
+        base = f"https://127.0.0.1:{server.port}"
+        page = tls_get(base + "/", timeout=10)
         assert page.status_code == 200 and page.headers["Content-Type"] == "text/html; charset=utf-8"
         csp = page.headers["Content-Security-Policy"]
         assert "default-src 'none'" in csp and "connect-src 'self'" in csp and "unsafe-inline" not in csp
         assert re.search(r"https?://", page.text) is None  # nothing external: no CDN, font or script URL
-        listing = requests.get(base + "/", headers={"Accept": "application/json"}, timeout=10).json()
+        listing = tls_get(base + "/", headers={"Accept": "application/json"}, timeout=10).json()
         assert listing["ok"] is True and "GET /metrics" in listing["endpoints"]
-        missing = requests.get(base + "/nope", timeout=10)
+        missing = tls_get(base + "/nope", timeout=10)
         assert missing.status_code == 404 and "Accept: application/json" in missing.json()["message"]
 
 
@@ -191,7 +186,7 @@ def test_index_answers_json_to_a_json_client_and_sets_a_strict_csp() -> None:
 
 def scrape(server, accept: str | None = None) -> tuple[str, str]:
     headers = {"Accept": accept} if accept else {}
-    resp = requests.get(f"http://127.0.0.1:{server.port}/metrics", headers=headers, timeout=10)
+    resp = tls_get(f"https://127.0.0.1:{server.port}/metrics", headers=headers, timeout=10)
     assert resp.status_code == 200
     return resp.text, resp.headers["Content-Type"]
 
@@ -200,7 +195,7 @@ def consistent(server) -> tuple[dict, dict, str]:
     """/metrics and state.json at the same moment: the same state version on both sides."""
     for _ in range(20):
         text, _ = scrape(server)
-        state = requests.get(f"http://127.0.0.1:{server.port}/state.json", timeout=10).json()
+        state = tls_get(f"https://127.0.0.1:{server.port}/state.json", timeout=10).json()
         values = samples(text)
         if values[("fdl_state_version", ())] == state["version"]:
             return values, state, text
@@ -280,9 +275,10 @@ def test_slow_page_and_metrics_readers_do_not_hold_up_admission() -> None:
         ask = b"GET / HTTP/1.1\r\nHost: x\r\n\r\nGET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * repeat
         stuck = []
         for _ in range(readers):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.connect(("127.0.0.1", server.port))
+            raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            raw.connect(("127.0.0.1", server.port))
+            sock = tls_context().wrap_socket(raw)
             sock.sendall(ask)
             stuck.append(sock)
         try:
@@ -303,7 +299,7 @@ def test_slow_page_and_metrics_readers_do_not_hold_up_admission() -> None:
                 for i in range(12):
                     answer = client.hello({"host": f"walk-in-{i}", "devices": "cpu:1"})
                     assert answer["admitted"] is True
-                metrics = requests.get(f"http://127.0.0.1:{server.port}/metrics", timeout=30).text
+                metrics = tls_get(f"https://127.0.0.1:{server.port}/metrics", timeout=30).text
             assert "fdl_admissions_total 12.0" in metrics
             assert answered() < asked  # the readers were still stalled while all that happened
 

@@ -16,13 +16,15 @@ from tests.controller_util import PeerNamespace, serving
 
 TOKEN = "3bdf2b3b0a746622f538443aade3307762fffcff51a34b745cc7bbbb0bd916d4"  # fdl refuses a token under 128 bits
 PROBE = r"""
-import json, sys, urllib.request, urllib.error
+import json, ssl, sys, urllib.request, urllib.error
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # the controller's key is its own: read as curl -k would
+context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
 url, body = sys.argv[1], sys.argv[2]
 headers = {"Content-Type": "application/json", **json.loads(sys.argv[3])}
 req = urllib.request.Request(url, data=body.encode() if body != "-" else None, method="POST" if body != "-" else "GET",
                              headers=headers)
 try:
-    with urllib.request.urlopen(req, timeout=10) as resp:
+    with urllib.request.urlopen(req, timeout=10, context=context) as resp:
         raw, status, answer = resp.read(), resp.status, resp.headers
 except urllib.error.HTTPError as err:
     raw, status, answer = err.read(), err.code, err.headers
@@ -52,7 +54,7 @@ def from_peer(peer: PeerNamespace, server, path: str, body: dict | None,
     if token is not None:
         keys = auth.derive(token, server.machine.controller_id)
         headers.update(auth.sign_request(keys, "POST", path, text.encode()))
-    result = peer.run([sys.executable, "-c", PROBE, f"http://{peer.HOST_ADDR}:{port}{path}", text,
+    result = peer.run([sys.executable, "-c", PROBE, f"https://{peer.HOST_ADDR}:{port}{path}", text,
                        json.dumps(headers)], timeout=60)
     assert result.returncode == 0, result.stderr
     answer = json.loads(result.stdout)

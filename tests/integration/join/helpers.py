@@ -167,10 +167,11 @@ def results(stdout: str) -> list[dict]:
     return found
 
 
-# What another account binds on the run's port between runs (it is unprivileged): it names a controller id when
-# asked, and answers everything else with the refusal in argv[3] (JSON), unsigned.
+# What another account binds on the run's port between runs (it is unprivileged): TLS with a key of its own (argv[4],
+# a PEM file), or plain HTTP without one; on an IPv6 address, IPv6 only. It names a controller id when asked, and
+# answers everything else with the refusal in argv[3] (JSON), unsigned.
 SQUATTER = r"""
-import json, os, sys
+import json, os, socket, ssl, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 REFUSAL = json.loads(sys.argv[3])
 class H(BaseHTTPRequestHandler):
@@ -191,7 +192,18 @@ class H(BaseHTTPRequestHandler):
         self.answer(409, REFUSAL)
     def log_message(self, *a):
         pass
-server = ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), H)
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    address_family = socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET
+    def server_bind(self):
+        if self.address_family == socket.AF_INET6:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        super().server_bind()
+server = Server((sys.argv[1], int(sys.argv[2])), H)
+if len(sys.argv) > 4:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(sys.argv[4])
+    server.socket = context.wrap_socket(server.socket, server_side=True)
 print("ready", os.getpid(), flush=True)
 server.serve_forever()
 """
@@ -200,13 +212,21 @@ GO_AWAY = '{"ok": false, "reason": "window_closed", "message": "go away"}'
 
 class Squatter:
     """SQUATTER run by /usr/bin/python3 as another real account of this machine (default nobody), listening on
-    host:port once constructed; stop() kills it and waits for the port to be free again."""
+    host:port (TLS with a key of its own unless tls=False) once constructed; stop() kills it and waits for the
+    port to be free again."""
 
-    def __init__(self, port: int, refusal: str = GO_AWAY, *, host: str = "127.0.0.1", account: str = "nobody"):
+    def __init__(self, port: int, refusal: str = GO_AWAY, *, host: str = "127.0.0.1", account: str = "nobody",
+                 tls: bool = True):
         import shlex
+        import tempfile
 
-        line = " ".join(shlex.quote(a) for a in ["exec", "/usr/bin/python3", "-c", SQUATTER, host, str(port),
-                                                 refusal])
+        from tests.controller_util import stand_in_pem
+
+        self.keys = Path(tempfile.mkdtemp(prefix="fdl-squatter-"))
+        argv = ["exec", "/usr/bin/python3", "-c", SQUATTER, host, str(port), refusal]
+        if tls:
+            argv.append(str(stand_in_pem(self.keys)))
+        line = " ".join(shlex.quote(a) for a in argv)
         self.proc = subprocess.Popen(["su", account, "-s", "/bin/sh", "-c", line], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None and self.proc.stderr is not None
@@ -216,7 +236,7 @@ class Squatter:
         self.host, self.port = host, port
 
     def stop(self) -> None:
-        from tests.controller_util import _bindable as bindable
+        import shutil
 
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
@@ -224,7 +244,23 @@ class Squatter:
         for pipe in (self.proc.stdout, self.proc.stderr):
             if pipe is not None:
                 pipe.close()
-        wait_for(lambda: bindable(self.host, self.port), timeout=30, what="the squatter's port to be free")
+        shutil.rmtree(self.keys, ignore_errors=True)
+        wait_for(lambda: _bindable(self.host, self.port), timeout=30, what="the squatter's port to be free")
+
+
+def _bindable(host: str, port: int) -> bool:
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 __all__ = ["GO_AWAY", "JOIN_TOKEN", "REPO", "Lines", "Squatter", "agent_env", "controller", "finish", "policy",

@@ -24,18 +24,14 @@ CHECKSUM = re.compile(r"^\[(?P<host>[^/\]]+)/(?P<rank>\d+)\] rank (?P=rank)/(?P<
 def free_port(host: str = "127.0.0.1") -> int:
     """A port in this suite's range whose next one is free too (the controller's, and rank 0's rendezvous)."""
     import random
-    import socket
+
+    from fdl.controller.listen import port_free
 
     candidates = list(PORTS)[:-1]
     random.shuffle(candidates)
     for port in candidates:
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind((host, port))
-                b.bind((host, port + 1))
-        except OSError:
-            continue
-        return port
+        if port_free(host, port) and port_free(host, port + 1):  # in every family the bind holds
+            return port
     raise RuntimeError("no free port pair in 26000-26999")
 
 

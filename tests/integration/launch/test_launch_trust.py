@@ -23,20 +23,22 @@ from tests.integration.launch.helpers import final_state, free_port, write_proje
 pytestmark = pytest.mark.slow
 TOKEN = "8f810479fdb38f76b45781e23e881284a254df1549704c720132f2c0d85ae093"  # fdl refuses a token under 128 bits
 IMPOSTOR = r"""
-import json, sys, urllib.request, urllib.error
+import json, ssl, sys, urllib.request, urllib.error
 sys.path.insert(0, sys.argv[4])
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
 from fdl.controller import auth
 url, path, token = sys.argv[1], sys.argv[2], sys.argv[3]
 from fdl.controller.protocol import PROTOCOL
 body = json.dumps({"protocol": PROTOCOL, "host": "here", "devices": "cpu:4", "address": "10.66.66.66"}).encode()
 headers = {"Content-Type": "application/json"}
 if token != "-":
-    with urllib.request.urlopen(url + "/join/id", timeout=10) as resp:
+    with urllib.request.urlopen(url + "/join/id", timeout=10, context=context) as resp:
         ident = json.loads(resp.read())["controller_id"]
     headers.update(auth.sign_request(auth.derive(token, ident), "POST", path, body))
 req = urllib.request.Request(url + path, data=body, headers=headers, method="POST")
 try:
-    with urllib.request.urlopen(req, timeout=10) as resp:
+    with urllib.request.urlopen(req, timeout=10, context=context) as resp:
         print(json.dumps({"status": resp.status, "body": json.loads(resp.read())}))
 except urllib.error.HTTPError as err:
     print(json.dumps({"status": err.code, "body": json.loads(err.read())}))
@@ -82,7 +84,7 @@ def test_impostor_hellos_during_the_prebuild_are_refused_and_the_run_completes(t
     answers = []
     try:
         wait_for(lambda: marker.exists() or launcher.poll() is not None, timeout=60, what="the pre-flight build")
-        remote, local = f"http://{peer.HOST_ADDR}:{port}", f"http://127.0.0.1:{port}"
+        remote, local = f"https://{peer.HOST_ADDR}:{port}", f"https://127.0.0.1:{port}"
         for prefix, url in ((["ip", "netns", "exec", peer.name], remote), ([], local)):
             for token in (None, TOKEN):
                 answers.append(impostor(prefix, url, token))
