@@ -25,6 +25,21 @@ Prints the medians, the ratios to raw ssh, CPU per host, and a projection to
 1,000 hosts from the measured per-host controller CPU. Targets: fdl <= 1.5x
 raw ssh wall at every size, controller CPU <= 1.2x at N=16. Needs root (the
 testbed does); FDL_TESTBED_PREFIX / FDL_TESTBED_NET pick the testbed.
+
+    sudo python bench/cluster_probe.py --via [--sizes 16,32,64] [--nodes 1,2,4] [--runs 3]
+
+Execution nodes instead (docs/ansible.md, "At fleet scale"): one testbed of the
+largest size plus the largest node count (nodes are testbed hosts whose users
+have their own ssh setup, prepared once by the flodl.fdl.execution_node
+playbook from a wheelhouse), then, for every size N and node count k, the same
+N workers probed directly and through k nodes (workers assigned round-robin),
+all configurations sampled round-robin in one run. Per configuration: wall,
+controller CPU (as above: fdl's process tree and its detached ssh masters) and
+node CPU (every process in the nodes' network namespaces: user, system and
+reaped children's time). Fits controller CPU through nodes to a + b*k + c*N,
+direct to a0 + c0*N, node CPU per node to d + e*(its hosts), and projects a
+10,000-host probe with 40 nodes. Goals: c <= c0/4 (controller CPU per host
+through nodes at most a quarter of direct); the projection <= 60 s.
 """
 
 from __future__ import annotations
@@ -299,11 +314,17 @@ def main() -> int:
     parser.add_argument("--cold", action="store_true", help="also time fdl with an empty cache (no SSH masters)")
     parser.add_argument("--profile", metavar="DIR", help="instead: one warm run per size under cProfile (written to "
                                                         "DIR) and its phases from the runner's event stream")
+    parser.add_argument("--via", action="store_true", help="instead: direct against through execution nodes "
+                                                           "(--sizes default 16,32,64, --nodes 1,2,4)")
+    parser.add_argument("--nodes", default="1,2,4", help="with --via: the node counts")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench/cluster_probe.py needs root: it builds the network-namespace testbed", file=sys.stderr)
         return 2
     compile_package()
+    if args.via:
+        sizes = [int(s) for s in (args.sizes if args.sizes != "4,16,32,64" else "16,32,64").split(",")]
+        return via_main(sizes, [int(k) for k in args.nodes.split(",")], args.runs)
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.profile:
         for n in sizes:
@@ -335,6 +356,171 @@ def main() -> int:
     for line in projection(rows):
         print(line)
     return 0
+
+
+# --------------------------------------------------------------------------- --via: through execution nodes
+
+
+PROJECT_HOSTS = 10_000
+PROJECT_NODES = 40
+WALL_GOAL = 60.0
+
+
+def wheelhouse() -> Path:
+    """ansible-core and ansible-runner at fdl's releases (and their dependencies), downloaded once."""
+    from fdl.cluster.nodes import pinned_packages
+
+    pins = pinned_packages()
+    name = "wheelhouse-" + "-".join(f"{k}{v}" for k, v in sorted(pins.items()))
+    where = Path.home() / ".cache" / "fdl-bench" / name
+    if not (where / ".complete").is_file():
+        done = subprocess.run([PY, "-m", "pip", "download", "--quiet", "--dest", str(where), "--constraint",
+                               str(REPO / "constraints.txt"), *(f"{k}=={v}" for k, v in pins.items())],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        (where / ".complete").write_text("")
+    subprocess.run(["chmod", "-R", "a+rX", str(where)], check=True)
+    return where
+
+
+PREPARE = """\
+import sys
+from pathlib import Path
+from fdl.cluster import nodes
+from fdl.cluster.inventory import build_inventory
+from fdl.config.project import EnvSelection, load_config
+config = load_config(Path("."), EnvSelection("cluster", "bench"))
+result = nodes.prepare(build_inventory(config.cluster, config.root), wheelhouse=Path(sys.argv[1]), progress=False)
+bad = {n: h.message or h.status for n, h in result.hosts.items() if h.status != "ok"}
+sys.exit(f"nodes not prepared: {bad}" if bad else 0)
+"""
+
+
+def netns_cpu(hosts: list) -> float:
+    """CPU seconds of every process in the hosts' network namespaces so far: user + system, and what their reaped
+    children used (a node's job runs under its sshd, its ssh masters detach inside the namespace)."""
+    total = 0
+    for host in hosts:
+        for pid in host.pids():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+    return total / TICK
+
+
+def via_main(sizes: list[int], node_counts: list[int], runs: int) -> int:
+    n_max, k_max = max(sizes), max(node_counts)
+    print(f"--via: building a testbed of {n_max} workers and {k_max} execution nodes...", file=sys.stderr, flush=True)
+    with Testbed.up(n_max, prefix=PREFIX, net=NET, nodes=k_max) as bed:
+        work = Path(tempfile.mkdtemp(prefix="fdltb", dir="/tmp"))
+        try:
+            rows = _via_bench(bed, work, sizes, node_counts, runs)
+        finally:
+            for cp in work.glob("**/cp"):
+                close_masters(cp)
+            shutil.rmtree(work, ignore_errors=True)
+    _via_report(rows, sizes, node_counts)
+    return 0
+
+
+def _via_bench(bed: Testbed, work: Path, sizes: list[int], node_counts: list[int], runs: int) -> dict:
+    nvml = FakeNvml(build_fake_nvml(bed.shared / "nvml"))
+    libtorch = make_libtorch(bed.shared / "libtorch", nccl="2.27.5")
+    subprocess.run(["chmod", "-R", "a+rX", str(bed.shared)], check=True)
+    entries = bed.workers(env={**nvml.env("H100:9.0:80G"), "LIBTORCH": str(libtorch)}, data_path=str(bed.storage))
+    nodes = [n.execution_node() for n in bed.nodes]
+    env = env_for_fdl(bed.home_env(work / "home"))
+    fdl = [*fdl_command(), "@cluster", "probe", "--json"]
+
+    def project(n: int, k: int) -> Path:
+        root = work / f"p{n}-{k}"
+        root.mkdir()
+        (root / "fdl.yml").write_text("commands:\n  test: {run: 'true'}\n")
+        workers = [dict(e, via=f"n{1 + i % k}") if k else dict(e) for i, e in enumerate(entries[:n])]
+        for w in workers:
+            if k:
+                w.pop("identity")  # the node's own ssh setup reaches it
+        (root / "fdl.cluster.yml").write_text(yaml.safe_dump(bed.cluster(workers, nodes=nodes[:k] or None),
+                                                             sort_keys=False))
+        return root
+
+    configs = {(n, k): project(n, k) for n in sizes for k in [0, *node_counts]}
+    start = time.perf_counter()
+    done = subprocess.run([PY, "-c", PREPARE, str(wheelhouse())], cwd=configs[(sizes[-1], max(node_counts))],
+                          env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    print(f"--via: {len(bed.nodes)} nodes prepared in {time.perf_counter() - start:.1f} s", file=sys.stderr,
+          flush=True)
+    for key, root in configs.items():  # every configuration works (and warms its masters) before it is timed
+        _, _, done = timed(fdl, root, env)
+        assert done.returncode == 0 and json.loads(done.stdout)["ok"], (key, done.stdout[-2000:], done.stderr[-2000:])
+    samples: dict[tuple[int, int], list[tuple[float, float, float]]] = {key: [] for key in configs}
+    for i in range(runs):
+        print(f"--via: round {i + 1} of {runs}", file=sys.stderr, flush=True)
+        for key, root in configs.items():
+            used = bed.nodes[:key[1]]
+            before = netns_cpu(used)
+            wall, cpu, done = timed(fdl, root, env, masters=work)
+            node_cpu = netns_cpu(used) - before
+            assert done.returncode == 0, (key, done.stderr[-2000:])
+            samples[key].append((wall, cpu, node_cpu))
+    return {key: tuple(statistics.median(s[j] for s in values) for j in range(3)) for key, values in samples.items()}
+
+
+def _fit(points: list[tuple[list[float], float]]) -> list[float]:
+    """Least squares: coefficients x with row . x ~ y for (row, y) points (normal equations, Gauss-Jordan)."""
+    m = len(points[0][0])
+    a = [[sum(r[i] * r[j] for r, _ in points) for j in range(m)] + [sum(r[i] * y for r, y in points)]
+         for i in range(m)]
+    for col in range(m):
+        pivot = max(range(col, m), key=lambda row: abs(a[row][col]))
+        a[col], a[pivot] = a[pivot], a[col]
+        for row in range(m):
+            if row != col and a[col][col]:
+                f = a[row][col] / a[col][col]
+                a[row] = [x - f * y for x, y in zip(a[row], a[col], strict=True)]
+    return [a[i][m] / a[i][i] if a[i][i] else 0.0 for i in range(m)]
+
+
+def _via_report(rows: dict, sizes: list[int], node_counts: list[int]) -> None:
+    cores = os.cpu_count() or 1
+    print("medians; wall and CPU in seconds; per host in ms; k = execution nodes (0: direct)")
+    print(f"{'N':>3} {'k':>2} | {'wall':>6} {'ctl cpu':>7} {'ctl/host':>8} {'vs direct':>9} | "
+          f"{'node cpu':>8} {'node/host':>9}")
+    for n in sizes:
+        direct = rows[(n, 0)][1] / n
+        for k in [0, *node_counts]:
+            wall, cpu, node = rows[(n, k)]
+            ratio = "" if k == 0 else f"{cpu / n / direct:>8.2f}x"
+            node_cols = f"{'-':>8} {'-':>9}" if k == 0 else f"{node:>8.2f} {node / n * 1000:>9.1f}"
+            print(f"{n:>3} {k:>2} | {wall:>6.2f} {cpu:>7.2f} {cpu / n * 1000:>8.1f} {ratio:>9} | {node_cols}")
+    a0, c0 = _fit([([1.0, n], rows[(n, 0)][1]) for n in sizes])
+    a, b, c = _fit([([1.0, k, n], rows[(n, k)][1]) for n in sizes for k in node_counts])
+    d, e = _fit([([1.0, n / k], rows[(n, k)][2] / k) for n in sizes for k in node_counts])
+    print(f"fitted controller CPU: direct {a0:.2f} s + {c0 * 1000:.1f} ms per host; through nodes {a:.2f} s + "
+          f"{b * 1000:.0f} ms per node + {c * 1000:.2f} ms per host")
+    print(f"fitted node CPU: {d:.2f} s per node and job + {e * 1000:.1f} ms per host it drives")
+    verdict = "met" if c <= c0 / 4 else "MISSED"
+    print(f"goal: controller CPU per host through nodes <= 1/4 of direct: {c * 1000:.2f} against "
+          f"{c0 * 1000:.1f} ms ({c / c0:.3f}x), {verdict}")
+    for n in sizes:
+        per = [rows[(n, k)][1] / rows[(n, 0)][1] for k in node_counts]
+        print(f"  at N={n}, whole-command controller CPU through {'/'.join(map(str, node_counts))} node(s) against "
+              f"direct: {' / '.join(f'{r:.2f}x' for r in per)}")
+    hosts_per_node = PROJECT_HOSTS / PROJECT_NODES
+    ctl = a + b * PROJECT_NODES + c * PROJECT_HOSTS
+    node = d + e * hosts_per_node
+    print(f"projection to {PROJECT_HOSTS:,} hosts with {PROJECT_NODES} nodes ({hosts_per_node:.0f} hosts each):")
+    print(f"  controller CPU {ctl:.1f} s (fdl's one process: its events are parsed under one interpreter lock, so "
+          f"this much wall at least; direct it would be {a0 + c0 * PROJECT_HOSTS:.0f} s)")
+    for node_cores in sorted({cores, 8}):
+        wall = a + max(ctl - a, node / node_cores)
+        verdict = "met" if wall <= WALL_GOAL else "MISSED"
+        print(f"  each node {node:.1f} s of CPU -> {node / node_cores:.1f} s on {node_cores} cores; the probe "
+              f"~{wall:.1f} s (fdl's start, then the slower of the event stream and the nodes): goal <= "
+              f"{WALL_GOAL:.0f} s {verdict}")
 
 
 if __name__ == "__main__":

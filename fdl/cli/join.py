@@ -47,6 +47,7 @@ def join(
     """The options after CONTROLLER are the join settings' flags (`_flag_parameters`), passed as `flags`."""
     from fdl.agent.agent import JoinAgent, Stopped, print_note
     from fdl.agent.permanent import read_options
+    from fdl.agent.secrecy import seal
     from fdl.signals import die_of, stop_on
 
     g = globals_of(ctx)
@@ -60,6 +61,8 @@ def join(
         flags["devices"] = Devices(ids=g.gpus.ids)
     options = read_options(lambda: g.config(required=False), flags, tail(ctx))
     note = print_note()
+    for remains in seal():  # the token is read: out of the environment, and the agent closed to its account
+        note(f"warning: {remains}; ranks run as this account (docs/controller.md, \"What a rank can read\")")
     agent = JoinAgent(options, note=note, environ=dict(os.environ))
     try:
         with stop_on(Stopped):  # SIGTERM/SIGINT/SIGHUP stop the agent cleanly once; a second one kills

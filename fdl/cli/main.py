@@ -23,6 +23,7 @@ from fdl.cli.context import Globals, Invocation
 from fdl.cli.options import JSON_FLAG
 from fdl.errors import ExitCode, FdlError
 from fdl.hostside.envvars import FDL_DEBUG, FDL_ENV, read
+from fdl.hostside.redact import strip_userinfo
 
 if TYPE_CHECKING:
     from fdl.config.schema import CommandSpec
@@ -316,19 +317,20 @@ def report_error(exc: FdlError, debug: bool) -> None:
         lines.append(f"fdl: {exc.label}: {error}" if exc.label else f"fdl: {error}")
     if exc.hint:
         lines[-1] += f"\n  hint: {exc.hint}"
-    print("\n".join(lines), file=sys.stderr)
+    print(strip_userinfo("\n".join(lines)), file=sys.stderr)  # no URL's password, whichever message echoed it
 
 
 def failure_document(exc: BaseException | None, exit_code: int, message: str | None = None) -> dict[str, Any]:
     """The --json twin of a failure: `{"ok": false, "reason": CODE, "message": SENTENCE, ...}`, the envelope
     the controller's own refusals use. reason is the most specific kind of error known: the error's own code
     (a controller's refusal), else that of the error it re-words, else its class in snake_case."""
-    doc: dict[str, Any] = {"ok": False, "reason": failure_reason(exc), "message": message or str(exc),
-                           "hint": getattr(exc, "hint", None), "exit_code": int(exit_code)}
+    hint = getattr(exc, "hint", None)
+    doc: dict[str, Any] = {"ok": False, "reason": failure_reason(exc), "message": strip_userinfo(message or str(exc)),
+                           "hint": strip_userinfo(hint) if isinstance(hint, str) else hint, "exit_code": int(exit_code)}
     if isinstance(exc, FdlError) and len(getattr(exc, "errors", ())) > 1:
-        doc["errors"] = list(getattr(exc, "errors", ()))
+        doc["errors"] = [strip_userinfo(str(error)) for error in getattr(exc, "errors", ())]
     if getattr(exc, "warnings", None):
-        doc["warnings"] = list(getattr(exc, "warnings", ()))
+        doc["warnings"] = [strip_userinfo(str(warning)) for warning in getattr(exc, "warnings", ())]
     return doc
 
 

@@ -68,7 +68,12 @@ class RunnerEvent:
 
 
 class Collector:
-    """Turns runner events into HostResults (called live from ansible-runner's loop; keep it fast)."""
+    """Turns runner events into HostResults (called live from ansible-runner's loop; keep it fast).
+
+    A run in parts (the direct hosts, and each execution node's: fdl.cluster.nodes) feeds one Collector from a
+    thread per part: calls are serialized by `lock`, and `stats` is set once every part's final stats arrived
+    (or the part ended without them: `part_done()`).
+    """
 
     def __init__(self, hosts: Sequence[str], on_event: Callable[[RunnerEvent], None] | None,
                  progress: HostsProgress | None):
@@ -77,6 +82,16 @@ class Collector:
         self.progress = progress
         self.errors: list[str] = []
         self.stats = threading.Event()  # the play's final stats arrived: every host's result is in
+        self.lock = threading.RLock()
+        self.parts = 1  # how many playbook runs feed this collector
+        self._parts_done = 0
+
+    def part_done(self) -> None:
+        """One part of the run is over (its final stats arrived, or it ended without them)."""
+        with self.lock:
+            self._parts_done += 1
+            if self._parts_done >= self.parts:
+                self.stats.set()
 
     def _host(self, name: str) -> HostResult:
         if name not in self.hosts:  # a host the play added (add_host, delegate_to): track it too
@@ -84,6 +99,10 @@ class Collector:
         return self.hosts[name]
 
     def __call__(self, event: dict[str, Any]) -> bool:
+        with self.lock:
+            return self._take(event)
+
+    def _take(self, event: dict[str, Any]) -> bool:
         name = event.get("event", "")
         data = event.get("event_data") or {}
         host_name = data.get("host")
@@ -113,7 +132,7 @@ class Collector:
         elif name == "error" or (name == "verbose" and "ERROR!" in (event.get("stdout") or "")):
             self.errors.append(event.get("stdout") or "")
         elif name == "playbook_on_stats":
-            self.stats.set()
+            self.part_done()
         if self.progress is not None:
             self.progress.update(self.hosts)
         if self.on_event is not None:

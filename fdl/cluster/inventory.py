@@ -11,6 +11,14 @@ Groups: `fdl_workers` (every worker), `fdl_controller` (the worker that is
 the controller host, or a separate entry for it) and one `arch_<variant>` per
 libtorch variant (`precompiled/cu128` -> `arch_precompiled_cu128`).
 
+Execution nodes (`cluster.execution_nodes`) are hosts of the group
+`fdl_execution_nodes`, never workers. A worker (or node) that names `via: NODE`
+is in the group `fdl_via_<NODE>` and carries `fdl_via: NODE`; its connection
+variables are the ones Ansible uses *on that node*, where its playbooks run
+(fdl.cluster.nodes): its `identity:` is a path on the node, and without one the
+node's own ssh setup applies. How this machine's own ssh reaches it end to end
+(the rank session, through ProxyJump) is kept apart, in `InventoryHost.session`.
+
 Standard library and fdl.config only, imported relatively: no Ansible import, and the flodl.fdl collection
 carries this module for its inventory plugin (fdl/collection.py).
 """
@@ -28,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config.schema import ClusterSpec, SshDefaults, WorkerSpec
+from ..config.schema import ClusterSpec, ExecutionNodeSpec, SshDefaults, WorkerSpec
 from ..hostside.paths import DEFAULT_DATA_PATH, home
 
 if TYPE_CHECKING:
@@ -36,13 +44,21 @@ if TYPE_CHECKING:
 
 WORKERS_GROUP = "fdl_workers"
 CONTROLLER_GROUP = "fdl_controller"
+NODES_GROUP = "fdl_execution_nodes"
 ARCH_GROUP_PREFIX = "arch_"
+VIA_GROUP_PREFIX = "fdl_via_"
+VIA_VAR = "fdl_via"  # host variable: the execution node whose Ansible drives this host
 DEFAULT_PYTHON = "/usr/bin/python3"
 
 
 def arch_group(arch: str) -> str:
     """The Ansible group of a libtorch variant: letters, digits and '_' only."""
     return ARCH_GROUP_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", arch)
+
+
+def via_group(node: str) -> str:
+    """The Ansible group of the hosts an execution node drives: letters, digits and '_' only."""
+    return VIA_GROUP_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", node)
 
 
 def is_loopback(address: str) -> bool:
@@ -86,6 +102,10 @@ class InventoryHost:
     vars: dict[str, Any]
     groups: list[str] = field(default_factory=list)
     worker: WorkerSpec | None = None
+    # The execution node whose Ansible drives this host (vars are then as that node uses them), and how this
+    # machine's own ssh authenticates to the host end to end through it (identity, known hosts: paths here).
+    via: InventoryHost | None = field(default=None, repr=False)
+    session: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -155,9 +175,44 @@ def worker_vars(worker: WorkerSpec, root: Path | None, ssh: SshDefaults | None =
     identity = _project_path(worker.identity, root)
     if identity is not None:
         hostvars["ansible_ssh_private_key_file"] = identity
+    if worker.via is not None:  # reached from the node: a path there, and the node's own known_hosts
+        if worker.identity is not None:
+            hostvars["ansible_ssh_private_key_file"] = worker.identity
+        hostvars[VIA_VAR] = worker.via
+        return hostvars
     hostvars.update(_ssh_args(ssh, root))
     if local:
         hostvars.update(local_vars(hostvars["ansible_python_interpreter"]))
+    return hostvars
+
+
+def session_vars(ssh: SshDefaults | None, root: Path | None) -> dict[str, Any]:
+    """How this machine's own ssh authenticates to a host behind an execution node, end to end through ProxyJump:
+    cluster.ssh's identity and known_hosts (paths on this machine), or ssh's own defaults."""
+    out: dict[str, Any] = {}
+    identity = _project_path(ssh.identity if ssh is not None else None, root)
+    if identity is not None:
+        out["ansible_ssh_private_key_file"] = identity
+    out.update(_ssh_args(ssh, root))
+    return out
+
+
+def node_vars(node: ExecutionNodeSpec, root: Path | None, ssh: SshDefaults | None = None) -> dict[str, Any]:
+    """The host variables of an execution node: how Ansible and fdl's ssh reach it (from this machine, or from the
+    node named in its via:), and the interpreter that runs modules there."""
+    hostvars: dict[str, Any] = {"ansible_host": node.address, "ansible_port": node.port,
+                                "ansible_python_interpreter": node.python}
+    if node.user is not None:
+        hostvars["ansible_user"] = node.user
+    if node.via is not None:
+        if node.identity is not None:
+            hostvars["ansible_ssh_private_key_file"] = node.identity
+        hostvars[VIA_VAR] = node.via
+        return hostvars
+    identity = _project_path(node.identity, root)
+    if identity is not None:
+        hostvars["ansible_ssh_private_key_file"] = identity
+    hostvars.update(_ssh_args(ssh, root))
     return hostvars
 
 
@@ -191,9 +246,15 @@ def build_inventory(cluster: ClusterSpec, root: Path | None = None,
     inv.groups[CONTROLLER_GROUP] = []
     controller = cluster.controller
     inv.all_vars = {"fdl_controller_host": controller.host, "fdl_controller_port": controller.port}
+    nodes = _nodes(cluster, root)
     for worker in cluster.workers:
-        host = InventoryHost(name=worker.host, worker=worker,
-                             vars=worker_vars(worker, root, cluster.ssh, local=is_local(worker.address, worker.port)))
+        local = worker.via is None and is_local(worker.address, worker.port)
+        host = InventoryHost(name=worker.host, worker=worker, vars=worker_vars(worker, root, cluster.ssh, local=local))
+        if worker.via is not None:
+            host.via = nodes[worker.via]
+            host.session = session_vars(cluster.ssh, root)
+            host.groups.append(via_group(worker.via))
+            inv.groups.setdefault(via_group(worker.via), []).append(worker.host)
         host.groups.append(WORKERS_GROUP)
         inv.groups[WORKERS_GROUP].append(worker.host)
         if controller.host in (worker.host, worker.address):
@@ -204,6 +265,11 @@ def build_inventory(cluster: ClusterSpec, root: Path | None = None,
             host.groups.append(group)
             inv.groups.setdefault(group, []).append(worker.host)
         inv.hosts[worker.host] = host
+    for name, node in nodes.items():  # after the workers: the roster order stays the inventory's order
+        inv.hosts[name] = node
+        inv.groups.setdefault(NODES_GROUP, []).append(name)
+        if node.via is not None:
+            inv.groups.setdefault(via_group(node.via.name), []).append(name)
     if not inv.groups[CONTROLLER_GROUP] and controller.host not in inv.hosts:
         # The controller runs no ranks here: it is still a host playbooks can target (fdl_controller).
         hostvars: dict[str, Any] = {"ansible_host": controller.host, "ansible_python_interpreter": DEFAULT_PYTHON}
@@ -220,6 +286,19 @@ def build_inventory(cluster: ClusterSpec, root: Path | None = None,
         inv.hosts[controller.host] = InventoryHost(name=controller.host, vars=hostvars, groups=[CONTROLLER_GROUP])
         inv.groups[CONTROLLER_GROUP].append(controller.host)
     return inv
+
+
+def _nodes(cluster: ClusterSpec, root: Path | None) -> dict[str, InventoryHost]:
+    """The execution nodes as hosts of fdl_execution_nodes, each linked to the node of its via: (the schema checked
+    their names and via: chains)."""
+    nodes = {node.host: InventoryHost(name=node.host, vars=node_vars(node, root, cluster.ssh), groups=[NODES_GROUP])
+             for node in cluster.execution_nodes}
+    for node in cluster.execution_nodes:
+        if node.via is not None:
+            nodes[node.host].via = nodes[node.via]
+            nodes[node.host].session = session_vars(cluster.ssh, root)
+            nodes[node.host].groups.append(via_group(node.via))
+    return nodes
 
 
 _FILE_RE = re.compile(r"^fdl(?:\.(?P<env>[A-Za-z0-9][A-Za-z0-9_-]{0,63}))?\.(?:yml|yaml|json)$")

@@ -210,6 +210,12 @@ def unreachable_check(host: InventoryHost, message: str | None) -> CheckResult:
     """An `ssh` error naming the host and SSH's own reason, with the fix that reason points to."""
     reason = _ssh_reason(message or "unreachable")
     lowered = reason.lower()
+    if host.via is not None and lowered.startswith(f"unreachable through {host.via.name}:"):
+        # its execution node failed (fdl.cluster.nodes says how); the host itself was never asked
+        return CheckResult("ssh", ERROR, f"{host.name} ({_login(host)}) is {reason}", data={"reason": reason,
+                           "via": host.via.name},
+                           hint=f"check execution node {host.via.name} ({_login(host.via)}): it must answer ssh "
+                                f"from here and hold the ansible-runner of the flodl.fdl.execution_node playbook")
     if "permission denied" in lowered:
         what, hint = "SSH authentication failed", (
             f"check that the identity for {host.name} "

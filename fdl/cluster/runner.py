@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+import shutil
 import sys
 import threading
 import time
@@ -47,6 +48,7 @@ from typing import Any
 from fdl.cluster.connection import ansible_environment
 from fdl.cluster.events import MISSING, OK, PENDING, RUNNING, SKIPPED, Collector, HostResult, RunnerEvent, keep_event
 from fdl.cluster.inventory import ClusterInventory
+from fdl.cluster.nodes import split
 from fdl.errors import FdlError, RemoteError
 from fdl.hostside.fsio import atomic_write
 from fdl.hostside.paths import cache_dir
@@ -107,6 +109,7 @@ def run_playbook(
     timeout: float | None = None,
     title: str | None = None,
     return_at_stats: bool = False,
+    ship: dict[str, dict[str, Path]] | None = None,
 ) -> RunResult:
     """Run a playbook against the inventory's hosts (or `limit`) and return per-host results.
 
@@ -121,6 +124,10 @@ def run_playbook(
     few tenths of a second); the next run_playbook call, and the end of the process, wait for that. For a
     caller whose next step is on the critical path (the launcher's rank sessions). The result's status is then
     "successful" or "failed" from the hosts, and its rc 0 or 2.
+    ship: files a playbook reads on the machine that runs it, for hosts behind execution nodes: {host: {path
+    relative to the playbook's directory: the file here}}; they travel in the job stream of the host's node (once
+    per node), and a local task's command there runs in the playbook's directory, so those hosts' variables name
+    them by the relative path (direct hosts' name the files here).
 
     Raises RemoteError when ansible-playbook itself fails before any host ran
     (a playbook or inventory it cannot read), and KeyboardInterrupt after a
@@ -158,6 +165,10 @@ def run_playbook(
             if display is not None:
                 display.start()
             def start() -> Any:
+                direct, by_node = split(inventory, hosts)
+                if by_node:  # some hosts are driven from execution nodes: a run in parts
+                    return _run_split(inventory, direct, by_node, path, run_id, variables, vars_file, collector,
+                                      cancel.is_set, timeout, ship)
                 return _invoke(pdd, run_id, path, inventory_file, vars_file, len(hosts), timeout=timeout,
                                event_handler=collector, cancel_callback=cancel.is_set)
 
@@ -239,21 +250,72 @@ def _stdout_tail(artifact_dir: Path, errors: list[str], lines: int = 8) -> str:
 
 
 def _sweep(inventory: ClusterInventory, hosts: list[str], run_id: str) -> None:
-    """After a cancel: stop every process of this run left on the hosts (best effort, bounded)."""
+    """After a cancel: stop every process of this run left on the hosts (best effort, bounded); hosts behind an
+    execution node are swept from it."""
     if not hosts:
         return
     sub = inventory.subset(hosts)
     pdd = private_data_dir(sub)
     inventory_file = _write_private(pdd / "inventory" / "hosts.json", json.dumps(sub.to_ansible()))
     reap_id = uuid.uuid4().hex
-    vars_file = _write_private(pdd / "tmp" / f"{reap_id}.json",
-                               json.dumps({"fdl_reap_run_id": run_id, RUN_ID_VAR: reap_id}))
+    variables = {"fdl_reap_run_id": run_id, RUN_ID_VAR: reap_id}
+    vars_file = _write_private(pdd / "tmp" / f"{reap_id}.json", json.dumps(variables))
     deadline = time.monotonic() + REAP_TIMEOUT
     try:
-        _invoke(pdd, reap_id, shipped_playbook("reap.yml"), inventory_file, vars_file, len(hosts),
-                timeout=REAP_TIMEOUT, event_handler=None, cancel_callback=lambda: time.monotonic() > deadline)
+        direct, by_node = split(sub, list(sub.hosts))
+        if by_node:
+            _run_split(sub, direct, by_node, shipped_playbook("reap.yml"), reap_id, variables, vars_file,
+                       Collector(list(sub.hosts), None, None), lambda: time.monotonic() > deadline, REAP_TIMEOUT,
+                       None)
+        else:
+            _invoke(pdd, reap_id, shipped_playbook("reap.yml"), inventory_file, vars_file, len(hosts),
+                    timeout=REAP_TIMEOUT, event_handler=None, cancel_callback=lambda: time.monotonic() > deadline)
     finally:
         vars_file.unlink(missing_ok=True)
+
+
+def _run_split(inventory: ClusterInventory, direct: list[str], by_node: dict[str, list[str]], playbook: Path,
+               run_id: str, variables: dict[str, Any], vars_file: Path, collector: Collector,
+               cancel_callback: Callable[[], bool], timeout: float | None,
+               ship: dict[str, dict[str, Path]] | None) -> Any:
+    """One run in parts, all at once into `collector`: the direct hosts through ansible-playbook here, and each
+    execution node's hosts through ansible-runner's worker on that node (fdl.cluster.nodes)."""
+    from fdl.cluster import nodes
+
+    parts: list[nodes.Part] = []
+    if direct:
+        sub = inventory.subset(direct)
+        direct_pdd = private_data_dir(sub)
+        direct_inventory = _write_private(direct_pdd / "inventory" / "hosts.json", json.dumps(sub.to_ansible()))
+
+        def run_direct(handler: Callable[[dict[str, Any]], bool]) -> Any:
+            return _invoke(direct_pdd, run_id, playbook, direct_inventory, vars_file, len(direct), timeout=timeout,
+                           event_handler=handler, cancel_callback=cancel_callback)
+
+        parts.append(nodes.Part(name="", hosts=direct, direct=run_direct))
+    try:
+        variables_json = json.dumps(variables)
+        for node, names in by_node.items():
+            sub = inventory.subset(names)
+            node_pdd = private_data_dir(sub)
+            _rotate(node_pdd / "artifacts", KEEP_ARTIFACTS - 1)
+            files = {rel: path for name in names for rel, path in (ship or {}).get(name, {}).items()}
+            parts.append(nodes.node_part(inventory, node, names, node_pdd, run_id, playbook,
+                                         json.dumps(sub.to_ansible()), variables_json, files))
+        return nodes.run_parts(parts, run_id=run_id, collector=collector, cancel=cancel_callback, timeout=timeout)
+    finally:
+        for part in parts:
+            nodes.remove_job(part)
+
+
+def _rotate(artifacts: Path, keep: int) -> None:
+    """Keep the newest `keep` run directories under artifacts/ (ansible-runner rotates a direct run's itself)."""
+    try:
+        runs = sorted((p for p in artifacts.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    except OSError:
+        return
+    for old in runs[:-keep] if keep > 0 else runs:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _invoke(pdd: Path, ident: str, playbook: Path, inventory_file: Path, vars_file: Path, forks: int, *,

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from ..errors import ConfigError
 from ..hostside.checks.devices import Devices, parse_devices
+from ..hostside.redact import strip_userinfo
 from .join_fields import SETTINGS as JOIN_SETTINGS
 from .join_fields import JoinDefaults
 from .parse import DEFAULT_PORT, is_login_name, is_valid_host, split_host_port, unicast_problem
@@ -81,16 +82,30 @@ class WorkerSpec(NamedTuple):
     env: tuple[tuple[str, str], ...] = ()
     data_path: str | None = None
     python: str = "/usr/bin/python3"
+    via: str | None = None  # the execution node that reaches and drives this worker (None: this machine does)
 
     @property
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
 
 
+class ExecutionNodeSpec(NamedTuple):
+    """A machine that runs the playbooks for the workers that name it in `via:` (ansible-runner's worker)."""
+
+    host: str
+    address: str
+    user: str | None = None
+    port: int = 22
+    identity: str | None = None  # on this machine; on the via node when the node itself names via:
+    python: str = "/usr/bin/python3"  # the node's interpreter: Ansible's when preparing it, and the venv's base
+    via: str | None = None  # another execution node this one is reached through (ProxyJump)
+
+
 class ClusterSpec(NamedTuple):
     controller: ControllerSpec
     ssh: SshDefaults
     workers: tuple[WorkerSpec, ...]
+    execution_nodes: tuple[ExecutionNodeSpec, ...] = ()
 
 
 class CommandSpec(NamedTuple):
@@ -270,7 +285,7 @@ def _show(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    text = repr(value)
+    text = repr(strip_userinfo(value) if isinstance(value, str) else value)  # before cutting: no half password
     return text if len(text) <= 60 else text[:57] + "...'"
 
 
@@ -281,6 +296,7 @@ _CONTROLLER_KEYS = ControllerSpec._fields
 _JOIN_POLICY_KEYS = tuple(dict.fromkeys("quorum" if f.startswith("quorum_") else f for f in JoinPolicy._fields))
 _SSH_KEYS = SshDefaults._fields
 _WORKER_KEYS = WorkerSpec._fields
+_NODE_KEYS = ExecutionNodeSpec._fields
 _COMMAND_KEYS = tuple(f for f in CommandSpec._fields if f != "name")
 JOIN_KEYS = JoinDefaults._fields
 PUBLISH_KEYS = PublishDefaults._fields
@@ -318,7 +334,93 @@ def check_cluster(c: Checker, value: Any) -> ClusterSpec:
             continue
         seen[worker.host] = i
         workers.append(worker)
-    return ClusterSpec(controller=controller, ssh=ssh, workers=tuple(workers))
+    no_nodes: tuple[ExecutionNodeSpec, ...] = ()
+    nodes = c.soft(no_nodes, _execution_nodes, c, block.get("execution_nodes"), path + ("execution_nodes",), ssh, seen)
+    names = {node.host for node in nodes}
+    for worker in workers:
+        if worker.via is not None and worker.via not in names:
+            c.report(c.fail(path + ("workers", seen[worker.host], "via"),
+                            "the host name of an entry under cluster.execution_nodes", worker.via,
+                            _known_nodes(names)))
+    return ClusterSpec(controller=controller, ssh=ssh, workers=tuple(workers), execution_nodes=nodes)
+
+
+def _known_nodes(names: set[str]) -> str:
+    if not names:
+        return "cluster.execution_nodes lists no node; add the node there (host:, address:, user:) or drop via:."
+    return f"Execution nodes: {', '.join(sorted(names))}."
+
+
+def _execution_nodes(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults,
+                     workers: dict[str, int]) -> tuple[ExecutionNodeSpec, ...]:
+    """cluster.execution_nodes: every entry checked, names unique among nodes and workers, every via: naming a
+    node, and no via: chain that comes back to where it started."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise c.fail(path, "a list of execution node entries (- host: ...)", value)
+    if len(value) > MAX_WORKERS:
+        raise c.fail(path, f"at most {MAX_WORKERS} execution nodes", f"{len(value)} entries")
+    nodes: dict[str, tuple[int, ExecutionNodeSpec]] = {}
+    for i, entry in enumerate(value):
+        node = c.soft(None, _execution_node, c, entry, path + (i,), ssh)
+        if node is None:
+            continue
+        if node.host in nodes or node.host in workers:
+            where = f"execution node {nodes[node.host][0]}" if node.host in nodes else \
+                f"worker {workers[node.host]}"
+            c.report(c.fail(path + (i, "host"), "a host name used once among workers and execution nodes",
+                            node.host, f"It is already {where}."))
+            continue
+        nodes[node.host] = (i, node)
+    for i, node in nodes.values():
+        if node.via is not None and node.via not in nodes:
+            c.report(c.fail(path + (i, "via"), "the host name of another entry under cluster.execution_nodes",
+                            node.via, _known_nodes(set(nodes))))
+    reported: set[str] = set()
+    for name, (i, node) in nodes.items():
+        chain = [name]
+        hop = node.via
+        while hop is not None and hop in nodes and hop not in chain:
+            chain.append(hop)
+            hop = nodes[hop][1].via
+        if hop is not None and hop in chain and hop == name and not reported & set(chain):
+            reported.update(chain)
+            c.report(c.fail(path + (i, "via"), "a chain of via: that ends at a node this machine reaches directly",
+                            f"the cycle {' -> '.join(chain + [name])}",
+                            "Give one node of the cycle no via: (this machine reaches it over ssh)."))
+    return tuple(entry[1] for entry in nodes.values())
+
+
+def _execution_node(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults) -> ExecutionNodeSpec | None:
+    """One execution node entry; None when its host or address is missing or invalid. Without via: it is reached
+    from this machine (ssh defaults apply, identity included); with via:, from that node (its identity: is a
+    path there, and cluster.ssh.identity, a path here, does not apply)."""
+    block = c.mapping(value, path, _NODE_KEYS)
+    host = None
+    if block.get("host") is None:
+        c.report(c.fail(path + ("host",), "the execution node's host name", None, "Every execution node needs host:."))
+    else:
+        host = c.soft(None, c.host, block["host"], path + ("host",))
+    address = c.soft(None, c.host, block["address"], path + ("address",)) if block.get("address") is not None \
+        else host
+    problem = None if address is None else unicast_problem(address)
+    if problem is not None:
+        c.report(c.fail(path + ("address" if block.get("address") is not None else "host",),
+                        "a unicast address the node can be reached at, or a host name", address,
+                        f"That is {problem}."))
+    via = c.soft(None, c.host, block["via"], path + ("via",)) if block.get("via") is not None else None
+    spec = ExecutionNodeSpec(
+        host=host or "",
+        address=address or "",
+        user=c.soft(None, c.user, block["user"], path + ("user",)) if block.get("user") is not None else ssh.user,
+        port=c.soft(22, c.port, block["port"], path + ("port",)) if block.get("port") is not None else ssh.port,
+        identity=c.opt_string(block, "identity", path) or (None if via is not None else ssh.identity),
+        python=(c.soft("/usr/bin/python3", _python, c, block["python"], path + ("python",))
+                if block.get("python") is not None else "/usr/bin/python3"),
+        via=via,
+    )
+    return spec if host is not None and address is not None and problem is None else None
 
 
 def _controller(c: Checker, value: Any, path: KeyPath) -> ControllerSpec:
@@ -417,18 +519,22 @@ def _worker(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults) -> WorkerSp
     if block.get("local_devices") is not None:
         devices = _devices(c, block["local_devices"], path + ("local_devices",),
                            "GPU ids like [0, 1], 'all' or 'cpu:N'")
+    # A worker behind an execution node is reached from that node: its identity: is a path there, and
+    # cluster.ssh.identity (a path on this machine) is not its default.
+    via = c.soft(None, c.host, block["via"], path + ("via",)) if block.get("via") is not None else None
     spec = WorkerSpec(
         host=host or "",
         address=address or "",
         user=c.soft(None, c.user, block["user"], path + ("user",)) if block.get("user") is not None else ssh.user,
         port=c.soft(22, c.port, block["port"], path + ("port",)) if block.get("port") is not None else ssh.port,
-        identity=c.opt_string(block, "identity", path) or ssh.identity,
+        identity=c.opt_string(block, "identity", path) or (None if via is not None else ssh.identity),
         arch=c.opt_string(block, "arch", path),
         local_devices=Devices() if devices is None else devices,
         env=c.soft((), c.env_map, block["env"], path + ("env",)) if block.get("env") is not None else (),
         data_path=c.opt_string(block, "data_path", path),
         python=(c.soft("/usr/bin/python3", _python, c, block["python"], path + ("python",))
                 if block.get("python") is not None else "/usr/bin/python3"),
+        via=via,
     )
     return spec if host is not None and address is not None and problem is None else None
 

@@ -30,4 +30,7 @@ test_imports.py holds both rules; fdl/collection.py ships every file of this pac
                     once: the rest of fdl takes them from here too, and the probe and libtorch's core need them
     envvars.py      the registry of every FDL_* variable (name, meaning, kind, readers), through which all of
                     fdl reads them; here because the probe and libtorch's core read two of them on hosts
+    trust.py        whose files fdl believes: git's safe.directory rule for what discovery finds and the project's
+                    libtorch/ (the probe loads libraries from it), and the served directory's rule
+    redact.py       a URL as a message may show it: without its userinfo
 """

@@ -65,9 +65,10 @@ FDL_PORT = _register(
     "FDL_PORT", SETTING, ("fdl/launch/plan.py",),
     "The controller's port for a launcher run, under `--port` and over the configuration's.")
 FDL_JOIN_TOKEN = _register(
-    "FDL_JOIN_TOKEN", SETTING, ("fdl/config/join_fields.py", "fdl/cli/_controller.py", "fdl/controller/protocol.py"),
+    "FDL_JOIN_TOKEN", SETTING, ("fdl/config/join_fields.py", "fdl/cli/_controller.py", "fdl/controller/protocol.py",
+                                "fdl/agent/secrecy.py"),
     "The run's token, for `fdl join`, `fdl start` and `fdl status` (never on a command line: argv is public). "
-    "Removed from every rank's environment.")
+    "Removed from every rank's environment; `fdl join` takes it out of its own once read.")
 FDL_SSH_COMMAND = _register(
     "FDL_SSH_COMMAND", SETTING, ("fdl/agent/tunnel.py",),
     "The command `fdl join` runs in place of plain `ssh` for its tunnel and for sshfs (e.g. "
@@ -87,6 +88,11 @@ FDL_SIGNATURE_TIMEOUT_S = _register(
 FDL_LIBTORCH_MIRROR = _register(
     "FDL_LIBTORCH_MIRROR", SETTING, ("fdl/libtorch/source.py",),
     "Base URL of a libtorch mirror for downloads, under `--mirror` and over the configuration's `mirror:`.")
+FDL_SAFE_DIRECTORIES = _register(
+    "FDL_SAFE_DIRECTORIES", SETTING, ("fdl/hostside/trust.py",),
+    "Directories (separated by `:`; `DIR/*` covers everything below DIR) whose fdl.yml, overlays, `.fdl/` and "
+    "project `libtorch/` are to be believed though another account owns them or can write them; added to the "
+    "list in `~/.config/fdl/safe-directories` (docs/config.md, \"Whose files fdl reads\").")
 FDL_LIBTORCH_FROM_PYTORCH = _register(
     "FDL_LIBTORCH_FROM_PYTORCH", SETTING, ("fdl/hostside/libtorch/resolve.py",),
     "`0`: this Python environment's PyTorch is not a libtorch of last resort (the tests set it).")
@@ -158,6 +164,8 @@ _register("FDL_TESTBED_PREFIX", SUITE, ("tests/testbed/bed.py",),
           "The prefix of the testbed's namespaces, bridge and users, so that testbeds can run side by side.")
 _register("FDL_TESTBED_NET", SUITE, ("tests/testbed/bed.py",),
           "The testbed's /24, as its first three numbers (10.231.0).")
+_register("FDL_TESTBED_INNER_NET", SUITE, ("tests/testbed/bed.py",),
+          "The /24 of the testbed's hosts behind its execution nodes, which this machine has no route to (10.232.0).")
 _register("FDL_MATRIX", SUITE, ("tests/platforms.py",),
           "`all`: every Python and ansible-core combination of the platform matrix (scripts/test.sh --matrix).")
 _register("FDL_MATRIX_CACHE", SUITE, ("tests/platforms.py",),

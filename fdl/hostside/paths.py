@@ -9,11 +9,14 @@ In a user's home (a worker's, the launching machine's, the publishing machine's)
                                        and the root `fdl nccl build` builds into on a worker
     ~/.flodl/join/                     `fdl join`'s stage: the source tree and rank logs (FDL_JOIN_STAGE moves it)
     ~/.flodl/launch/                   a launcher's layout on every host: supervisor.py, bin/, runs/
-    ~/.flodl/launch/runs/RUN_ID/       one run: its token (0600), rank logs, final state.json, spec.json
+    ~/.flodl/launch/runs/RUN_ID/       one run: its token (0600, while the run lives), rank logs, final
+                                       state.json, spec.json
     ~/.flodl/launch/live/              records of the launchers running now, when there is no private
                                        $XDG_RUNTIME_DIR (else $XDG_RUNTIME_DIR/fdl/)
     ~/.flodl/run/                      `fdl publish`'s served directory (tree -> releases/a|b), the
                                        default of `fdl publish --to` and of join-config's door b
+    ~/.flodl/execution-node/venv/      on an execution node: the ansible-core and ansible-runner its jobs run
+                                       with (the flodl.fdl.execution_node playbook makes it)
 
 Per user, after the XDG base directory specification (a relative value is ignored, as the spec says):
 
@@ -21,6 +24,8 @@ Per user, after the XDG base directory specification (a relative value is ignore
                                        ControlPath sockets, when $XDG_RUNTIME_DIR is not private or too
                                        long), runner/ (ansible-runner)
     $XDG_STATE_HOME/fdl/               (~/.local/state/fdl) farms/: the farm credentials this user minted
+    $XDG_CONFIG_HOME/fdl/              (~/.config/fdl) safe-directories: the directories whose files this user
+                                       trusts though another account could write them (fdl.hostside.trust)
     $XDG_RUNTIME_DIR/                  used only when private (absolute, a directory, this user's, mode 0700):
                                        fdl/ (live-run records), fdl-cp/ (ControlPath sockets), fdl-tunnel-*/
 
@@ -44,6 +49,7 @@ LAUNCH = "launch"
 RUNS = "runs"  # under launch/
 LIVE = "live"  # under launch/
 SERVED = "run"
+EXECUTION_NODE = "execution-node"
 
 #: the same, spelled from the home (`~/...`): what messages and help texts show, and the defaults a remote host
 #: expands in its own home
@@ -53,12 +59,14 @@ JOIN_IN_HOME = f"{FLODL_IN_HOME}/{JOIN}"
 LAUNCH_IN_HOME = f"{FLODL_IN_HOME}/{LAUNCH}"
 RUNS_IN_HOME = f"{LAUNCH_IN_HOME}/{RUNS}"
 SERVED_IN_HOME = f"{FLODL_IN_HOME}/{SERVED}"
+NODE_VENV_IN_HOME = f"{FLODL_IN_HOME}/{EXECUTION_NODE}/venv"
 
 #: the dataset root on every host when nothing names one
 DEFAULT_DATA_PATH = "/flodl/data"
 
 XDG_CACHE_HOME = "XDG_CACHE_HOME"
 XDG_STATE_HOME = "XDG_STATE_HOME"
+XDG_CONFIG_HOME = "XDG_CONFIG_HOME"
 XDG_RUNTIME_DIR = "XDG_RUNTIME_DIR"
 
 
@@ -116,6 +124,11 @@ def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
 def state_dir(environ: Mapping[str, str] | None = None) -> Path:
     """fdl's state directory: $XDG_STATE_HOME/fdl, else ~/.local/state/fdl."""
     return _xdg(XDG_STATE_HOME, (".local", "state"), environ)
+
+
+def config_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """fdl's configuration directory: $XDG_CONFIG_HOME/fdl, else ~/.config/fdl."""
+    return _xdg(XDG_CONFIG_HOME, (".config",), environ)
 
 
 def runtime_dir(environ: Mapping[str, str] | None = None) -> Path | None:

@@ -15,6 +15,10 @@ canceled play leaves its children behind), so dispatch has two halves:
    its last line is the group's result. When the launcher goes away (Ctrl-C, a crash, a lost link) the
    supervisor sees EOF on stdin and takes its ranks down.
 
+A host behind an execution node (`via:`) is staged from that node, by the same playbook (fdl.cluster.nodes): the
+binary travels in the node's job stream once and the node rsyncs it to its hosts; its rank session is the same ssh
+through the node (ProxyJump, fdl.cluster.ssh).
+
 A host that is this machine (or a single-host run) needs neither: its supervisor runs in-process
 (`Supervisor`, the same class), its ranks in the project root.
 """
@@ -93,14 +97,21 @@ def stage_remote(plan: LaunchPlan, inventory: ClusterInventory, jobs: dict[str, 
     hosts = [h.name for h in plan.remote]
     digests: dict[str, str] = {}
     dispatch_plan: dict[str, dict[str, Any]] = {}
+    ship: dict[str, dict[str, Path]] = {}  # {host: binary}: it travels in its node's job, the node rsyncs it
     for name in hosts:
         job = jobs.get(name)
         artifact = str(job.artifact) if job is not None and job.artifact is not None else ""
         if artifact and artifact not in digests:
             digests[artifact] = _sha256(artifact)
         inv_host = inventory.hosts[name]
+        if artifact and inv_host.via is not None:  # staged from the node: the binary's path in the job there
+            from fdl.cluster.nodes import SHIP_DIR
+
+            relative = f"{SHIP_DIR}/{digests[artifact][:16]}/{Path(artifact).name}"
+            ship[name] = {relative: Path(artifact)}
         dispatch_plan[name] = {
-            "run_id": plan.run_id, "root": LAUNCH_IN_HOME, "artifact": artifact,
+            "run_id": plan.run_id, "root": LAUNCH_IN_HOME,
+            "artifact": relative if artifact and inv_host.via is not None else artifact,
             "artifact_sha256": digests.get(artifact, ""), "bin_dir": plan.command.name,
             "rsh": rsync_rsh(inv_host), "login": login(inv_host),
             "command": list(plan.args) if plan.command.bin is not None else plan.rank_argv(None),
@@ -108,7 +119,7 @@ def stage_remote(plan: LaunchPlan, inventory: ClusterInventory, jobs: dict[str, 
     # fdl checked every value it sends: the role's argument validation (a task per host) is left out
     result = run_playbook("dispatch.yml", inventory,
                           extravars={"fdl_dispatch_plan": dispatch_plan, "fdl_dispatch_validate": False},
-                          limit=hosts, progress=progress, title="dispatch", return_at_stats=True)
+                          limit=hosts, progress=progress, title="dispatch", return_at_stats=True, ship=ship or None)
     staged: dict[str, dict[str, Any]] = {}
     failures: list[str] = []
     for name in hosts:

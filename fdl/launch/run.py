@@ -15,6 +15,8 @@ training, done or failed), so `fdl status` shows it from anywhere.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
 import time
@@ -27,7 +29,7 @@ from fdl.controller.states import DONE, FAILED, FORMING, TERMINAL, TRAINING, Ref
 from fdl.controller.wire import is_loopback
 from fdl.errors import ExitCode, FdlError
 from fdl.hostside.envvars import FDL_JOIN_TOKEN, FDL_RUN_ID
-from fdl.hostside.paths import RUNS_IN_HOME
+from fdl.hostside.paths import RUNS_IN_HOME, launch_runs
 from fdl.launch.build import BuildJob, build_jobs, check_artifacts, prebuild
 from fdl.launch.dispatch import (
     GRACE_S,
@@ -145,6 +147,7 @@ class Launcher:
         self._beat_stop = threading.Event()
         self._beats: threading.Thread | None = None
         self.started = time.monotonic()
+        self._token_file: Path | None = None  # the token this run made, removed when it ends
 
     @property
     def server(self) -> ControllerServer:
@@ -160,10 +163,17 @@ class Launcher:
         plan = self.plan
         for text in plan.notes:
             self.printer.note(text)
+        swept = sweep_tokens()
+        if swept:
+            self.printer.note(f"removed the token file(s) of {swept} earlier run(s) whose launcher is gone")
         from fdl.controller.wire import Limits
 
         limits = Limits(max_per_peer=plan.cluster.controller.peer_connections) if plan.cluster is not None else None
-        self._server = ControllerServer(self._policy(), host=plan.bind, port=plan.port, limits=limits).start()
+        try:
+            self._server = ControllerServer(self._policy(), host=plan.bind, port=plan.port, limits=limits).start()
+        except BaseException:
+            forget_token(self._token_file)
+            raise
         record = None
         try:
             record = self._record_live()
@@ -176,6 +186,7 @@ class Launcher:
             self._keep_state()
             self.server.stop()
             live.remove_record(record)
+            forget_token(self._token_file)
 
     def _record_live(self) -> Path | None:
         """Say where this run's controller listens, for a plain `fdl status` and `fdl start` of this user on this
@@ -211,10 +222,9 @@ class Launcher:
         return policy
 
     def _mint_token(self) -> str:
-        """A random token for this run alone, kept 0600 in the run's directory (never printed, never on a command
-        line): this user's `fdl status`/`fdl start` find it there, walk-ins read it from there; the launcher's own
-        hosts need none (they are admitted in-process)."""
-        import os
+        """A random token for this run alone, kept 0600 in the run's directory while the run lives (never printed,
+        never on a command line; removed when the run ends): this user's `fdl status`/`fdl start` find it there,
+        walk-ins read it from there; the launcher's own hosts need none (they are admitted in-process)."""
         import secrets
 
         from fdl.hostside.fsio import atomic_write
@@ -223,7 +233,9 @@ class Launcher:
         path = live.token_path(self.plan.run_id)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(path.parent, 0o700)
+        atomic_write(path.parent / TOKEN_OWNER, f"{os.getpid()}\n".encode(), mode=0o600)  # before the token
         atomic_write(path, (token + "\n").encode(), mode=0o600)
+        self._token_file = path
         shown = f"~/{path.relative_to(Path.home())}" if path.is_relative_to(Path.home()) else str(path)
         self.printer.note(f"no join token is configured, so this run made its own (0600, in {shown}): this "
                           f"account's fdl status and fdl start find it; a walk-in joins with "
@@ -452,6 +464,63 @@ class Launcher:
         except (FdlError, KeyboardInterrupt) as exc:
             self.printer.note(f"the sweep did not finish ({exc}); check the hosts for processes with "
                               f"{FDL_RUN_ID}={self.plan.run_id}")
+
+
+#: beside a run's token file: the pid of the launcher that made it (the token goes when that process is gone)
+TOKEN_OWNER = "token.pid"
+
+
+def forget_token(path: Path | None) -> None:
+    """Remove a run's token file (and its owner record) once the run is over: the token admits nobody any more,
+    and ranks of this account should not find earlier runs' tokens lying about."""
+    if path is None:
+        return
+    for leftover in (path, path.parent / TOKEN_OWNER):
+        with contextlib.suppress(FileNotFoundError):
+            leftover.unlink()
+
+
+#: a token without an owner record (an fdl from before it) younger than this may belong to a launcher that has not
+#: written its live record yet: it stays
+UNOWNED_GRACE_S = 300
+
+
+def _launcher_alive(run_dir: Path, live_ids: set[str]) -> bool:
+    """Whether the launcher that made the token in run_dir may still run: the pid recorded beside the token is
+    alive; or, with no such record (an fdl from before it), a live run names this run or the token is recent."""
+    try:
+        pid = int((run_dir / TOKEN_OWNER).read_text().strip())
+    except FileNotFoundError:
+        try:
+            recent = time.time() - (run_dir / "token").stat().st_mtime < UNOWNED_GRACE_S
+        except OSError:
+            recent = False
+        return run_dir.name in live_ids or recent
+    except (OSError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError:  # no such process, or another account's: not the launcher that made it
+        return False
+    return True
+
+
+def sweep_tokens() -> int:
+    """Remove the token files of this user's earlier runs whose launcher is gone (killed, crashed, or from an
+    fdl that kept them); returns how many went. A running launcher's token stays."""
+    count = 0
+    try:
+        runs = list(launch_runs().iterdir())
+    except OSError:
+        return 0
+    live_ids = {run.run_id for run in live.live_runs()}
+    for run_dir in runs:
+        token = run_dir / "token"
+        if not token.is_file() or _launcher_alive(run_dir, live_ids):
+            continue
+        forget_token(token)
+        count += 1
+    return count
 
 
 def open_files_for(hosts: int) -> str | None:

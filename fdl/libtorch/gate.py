@@ -21,8 +21,16 @@ from pathlib import Path
 
 from fdl.errors import FdlError
 from fdl.hostside.envvars import FDL_GPU_FEATURE
-from fdl.hostside.libtorch.resolve import LibtorchNotFound, holds_libtorch, home_of, resolve_libtorch, roots
+from fdl.hostside.libtorch.resolve import (
+    LibtorchNotFound,
+    holds_libtorch,
+    home_of,
+    project_refusal,
+    resolve_libtorch,
+    roots,
+)
 from fdl.hostside.libtorch.variants import Libtorch
+from fdl.hostside.trust import tree_refusal
 
 VARIANT_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
 ROCM_ENV = ("ROCM_PATH", "HIP_PATH", "HSA_PATH")
@@ -40,7 +48,7 @@ def resolve_active(project_root: Path | None, env: Mapping[str, str] | None = No
     home_dir = str(home) if home is not None else home_of(env)
     project = None if project_root is None else str(project_root)
     given = any(env.get(name, "").strip() for name in ("LIBTORCH", "LIBTORCH_PATH"))
-    if not given and not any(holds_libtorch(root.path) for root in roots(project, home_dir)):
+    if not given and not any(root.refused or holds_libtorch(root.path) for root in roots(project, home_dir)):
         return None
     try:
         return resolve_libtorch(None, env, project, home_dir)
@@ -61,9 +69,15 @@ def resolve_variant(variant: str, project_root: Path | None, home: Path | None =
     home_dir = str(home) if home is not None else home_of()
     looked = []
     for root in roots(None if project_root is None else str(project_root), home_dir):
+        if root.refused:
+            refusal = project_refusal(root)
+            raise LibtorchError(f"{what}: {refusal.message}", hint=refusal.hint)
         path = root.path / variant
         looked.append(str(path))
         if (path / "lib").is_dir():
+            if root.scope == "project" and tree_refusal(root.path, path / "lib"):
+                refusal = project_refusal(root._replace(refused=tree_refusal(root.path, path / "lib")))
+                raise LibtorchError(f"{what}: {refusal.message}", hint=refusal.hint)
             try:
                 info = resolve_libtorch(str(path), {}, None, None)
             except LibtorchNotFound as exc:

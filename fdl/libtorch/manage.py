@@ -22,6 +22,7 @@ from fdl.hostside.libtorch.resolve import (
     home_of,
     home_root,
     installed_variants,
+    project_refusal,
     python_torch_dir,
     read_active,
     resolution_order,
@@ -77,6 +78,8 @@ def list_variants(project_root: str | None, environ: Mapping[str, str]) -> list[
     """Every variant under the project's and the user's libtorch roots, then the environment's PyTorch."""
     found: list[Listed] = []
     for root in roots(project_root, home_of(environ)):
+        if root.refused:  # another account's to fill: nothing is read from it (resolve() says why)
+            continue
         active = read_active(root.path)
         for label in installed_variants(root.path):
             found.append(Listed(describe_variant(root.path / label, root.scope, label), str(root.path),
@@ -160,6 +163,14 @@ class Removed(NamedTuple):
                 "removed": self.removed, "active_cleared": self.active_cleared, "remaining": self.remaining}
 
 
+def _refuse_untrusted(found: list[Root]) -> None:
+    """Stop at a project libtorch/ that another account could have planted (fdl.hostside.trust)."""
+    for root in found:
+        if root.refused:
+            refusal = project_refusal(root)
+            raise LibtorchMissing(refusal.message, hint=refusal.hint)
+
+
 def _label(name: str, found: list[Root]) -> str:
     """A variant name as the label of its directory (cpu -> precompiled/cpu); bad names are refused (exit 2)."""
     label = label_of(name)
@@ -182,6 +193,7 @@ def remove(name: str, project_root: str | None, environ: Mapping[str, str], *, f
     missing variant (dangling: its directory was deleted by hand) is cleared by removing that variant.
     """
     found = roots(project_root, home_of(environ))
+    _refuse_untrusted(found)
     label = _label(name, found)
     for root in found:
         vdir = root.path / label
@@ -244,6 +256,7 @@ def activate(name: str, project_root: str | None, environ: Mapping[str, str]) ->
     `name` is a label (precompiled/cu128, builds/sm86) or a download name (cu128 = precompiled/cu128).
     """
     found = roots(project_root, home_of(environ))
+    _refuse_untrusted(found)
     label = _label(name, found)
     for root in found:
         if (root.path / label / "lib").is_dir():

@@ -27,6 +27,7 @@ from typing import NamedTuple
 from ..errors import ConfigError, FdlError, UsageError
 from ..hostside.envvars import FDL_LIBTORCH_MIRROR
 from ..hostside.libtorch.variants import DOWNLOADS
+from ..hostside.redact import strip_userinfo
 
 #: the PyTorch release fdl downloads by default (the project's torch pin), and the variants it publishes as
 #: libtorch archives for Linux
@@ -79,8 +80,8 @@ def fdl_file(variant: str) -> str:
 def mirror_problem(url: str) -> str | None:
     """Why a mirror URL is unusable, or None when it is an http:// or https:// base URL."""
     if not _URL_RE.fullmatch(url):
-        return (f"{url!r} is not an http:// or https:// base URL (no spaces, query, fragment or user "
-                f"name; e.g. https://mirror.example/libtorch)")
+        return (f"{strip_userinfo(url)!r} is not an http:// or https:// base URL (no spaces, query, fragment or "
+                f"user name; e.g. https://mirror.example/libtorch)")
     return None
 
 

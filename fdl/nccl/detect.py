@@ -44,12 +44,18 @@ def bundled_nccl(root: Path) -> list[BundledNccl]:
     loads, else the versioned file name.
     """
     from fdl.hostside.checks.nccl import SONAME, library_version
-    from fdl.hostside.libtorch.resolve import installed_variants
+    from fdl.hostside.libtorch.resolve import installed_variants, project_refusal, roots
+    from fdl.hostside.trust import tree_refusal
 
-    libtorch = root / "libtorch"
+    project = roots(str(root), None)[0]
+    libtorch = project.path
     found = []
-    for variant in installed_variants(libtorch):
+    for variant in installed_variants(libtorch) if not project.refused else [""]:
         lib = libtorch / variant / "lib"
+        refused = project.refused or tree_refusal(libtorch, lib)
+        if refused:  # loading it would run another account's code as this user
+            refusal = project_refusal(project._replace(refused=refused))
+            raise PlanError(f"{refusal.message} ({refusal.hint})")
         candidates = [lib / SONAME] if (lib / SONAME).is_file() else sorted(lib.glob(SONAME + ".*"))
         if not candidates:
             continue

@@ -28,6 +28,7 @@ import fcntl
 import os
 import shlex
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,7 +41,9 @@ from fdl.errors import FdlError
 from fdl.hostside.fsio import fsync_dir
 from fdl.hostside.libtorch.variants import Libtorch
 from fdl.hostside.paths import FLODL_IN_HOME, SERVED_IN_HOME
+from fdl.hostside.paths import home as home_dir
 from fdl.hostside.paths import served as default_served
+from fdl.hostside.trust import open_bits, owner_name, served_refusal, trusted_uids
 from fdl.libtorch.gate import resolve_active, resolve_variant
 from fdl.publish import fetch as fetch_mod
 from fdl.publish.gate import GateResult, check_gate_headers, primary_gate, rustc_version, variant_gate
@@ -219,6 +222,7 @@ def preflight(request: PublishRequest, project_root: Path | None, note: Note) ->
     served = Path(os.path.realpath(request.served))
     if request.served.exists() and not request.served.is_dir():
         raise PublishError(f"the served directory {request.served} exists and is not a directory.")
+    check_served(request.served)
     if isinstance(source, FileSource):
         src = Path(os.path.realpath(source.path))
         if not src.is_dir():
@@ -257,6 +261,57 @@ def preflight(request: PublishRequest, project_root: Path | None, note: Note) ->
         check_gate_headers(variant)
         variants.append(variant)
     return libtorch, variants
+
+
+# --------------------------------------------------------------------------- who can write the served directory
+
+
+def check_served(served: Path) -> None:
+    """Refuse a served directory another account could write: every worker builds and runs what it holds, so
+    whoever can swap `tree` (or a release) after the build gate runs code as every worker's account.
+
+    The directory and its parents up to this user's home (or the first directory root owns) must be this user's
+    or root's and closed to group and others (a sticky parent such as /tmp aside: nobody renames what you own
+    there); inside it, `releases/`, its slots and the `tree` link must be this user's or root's, and the
+    directories closed too (fdl.hostside.trust.served_refusal)."""
+    problem = served_refusal(served, home_dir())
+    if problem is None:
+        uids = trusted_uids()
+        for inside in (served / RELEASES_NAME, *(served / RELEASES_NAME / slot for slot in SLOTS),
+                       served / TREE_NAME):
+            try:
+                info = os.lstat(inside)
+            except OSError:
+                continue
+            if info.st_uid not in uids:
+                problem = f"{inside} is owned by {owner_name(info.st_uid)}, which is neither you nor root"
+            elif not os.path.islink(inside) and open_bits(info):
+                problem = f"{inside} can be written by group or others (mode {stat.S_IMODE(info.st_mode):04o})"
+            if problem:
+                break
+    if problem is not None:
+        raise PublishError(
+            f"{problem}. fdl publish serves only from a directory nobody else can write: another account could "
+            f"swap the tree after the build gate, and every worker would build and run theirs. Nothing was "
+            f"published.",
+            hint=f"serve from a directory of your own (--to DIR; the default is {SERVED_IN_HOME}), or make this "
+                 f"one yours and closed (chown it to you, chmod go-w it and the directories above it)")
+
+
+def make_served(served: Path) -> None:
+    """Create the served directory and its missing parents, closed to group and others (0755 at most)."""
+    missing = []
+    here = served
+    while not os.path.lexists(here):
+        missing.append(here)
+        if here.parent == here:
+            break
+        here = here.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o755)
+        except FileExistsError:
+            pass
 
 
 # --------------------------------------------------------------------------- the lock
@@ -346,7 +401,7 @@ def _settle_layout(served: Path, say: Note) -> str | None:
     slot holds a whole run (a crash between those two steps) gets the link back.
     """
     releases = served / RELEASES_NAME
-    releases.mkdir(exist_ok=True)
+    releases.mkdir(mode=0o755, exist_ok=True)  # closed whatever the umask (check_served)
     for entry in os.scandir(served):
         if entry.name.startswith(f".{TREE_NAME}.") and entry.name.endswith(".tmp"):
             os.unlink(entry.path)
@@ -514,9 +569,10 @@ def publish(request: PublishRequest, *, project_root: Path | None = None, note: 
     libtorch, variants = preflight(request, project_root, say)
     served = request.served
     try:
-        served.mkdir(parents=True, exist_ok=True)
+        make_served(served)
     except OSError as exc:
         raise PublishError(f"cannot create the served directory {served}: {exc.strerror}.") from None
+    check_served(served)  # again: what was made, and what was there, as it is now
     gates: list[GateResult] = []
     with publish_lock(served, wait=request.wait, note=say):
         try:
@@ -526,7 +582,7 @@ def publish(request: PublishRequest, *, project_root: Path | None = None, note: 
                                f"published.") from None
         slot = SLOTS[1] if live == SLOTS[0] else SLOTS[0]
         stage = served / RELEASES_NAME / slot
-        stage.mkdir(exist_ok=True)
+        stage.mkdir(mode=0o755, exist_ok=True)
         kept = "the previous run stays served" if live else "nothing is served yet"
         # The staging slot is never what `tree` points at, so no worker can reach it
         # by name; its old manifest goes first all the same.

@@ -132,3 +132,71 @@ def test_secrets_in_names_urls_and_args_flags_are_masked_and_ordinary_values_sta
     for secret in LEAKS:
         assert secret in clear and secret in json.dumps(clear_doc), secret
     assert clear_doc["redacted"] == []
+
+
+# regression (issue 37, finding 9): `fdl config show` masked by flag name only, so `--bearer`, `--cookie` and `-p`
+# printed their values in clear, as did a token under a name that does not say secret; and the libtorch.mirror
+# validation error printed the URL's password.
+SHAPED = {
+    "hex": "9f" * 16 + "a1" * 16,                                        # a 256-bit token, as fdl mints them
+    "b64": "q3Vb8XkPz9Lr0Tn4Jm7Yc2Wd5Fs1Hg6Ae+/Ku0Ri3Oo=",             # 32 bytes of standard base64
+    "gh": "ghp_" + "R7kq2Zx9Lm4Np8Ws1Tv6Yb3Cd5Fg0Hj7Ka2M",
+    "bearer": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJvcCJ9.c2lnbmF0dXJlLXZhbHVl",
+    "cookie": "sid_9a8b7c6d5e4f",
+    "pw": "hunter2hunter2",
+    "curl": "op:s3cr3t-pass",
+}
+
+
+@pytest.fixture
+def shaped(tmp_path: Path) -> Path:
+    (tmp_path / "fdl.yml").write_text(textwrap.dedent(f"""\
+        commands:
+          fetch:
+            run: >-
+              curl -H 'Authorization: Bearer {SHAPED['bearer']}' --cookie {SHAPED['cookie']}
+              -u {SHAPED['curl']} https://models.example/x && sshpass -p {SHAPED['pw']} ssh op@box true
+          train:
+            run: python train.py
+            args: [--bearer, {SHAPED['gh']}, -p, {SHAPED['pw']}, --epochs, "3", --model, resnet50]
+            env:
+              RUN_NAME: bert-base-uncased-finetuned-squad2
+              MODEL_ID: {SHAPED['hex']}
+              SIGNING: "{SHAPED['b64']}"
+              CHECKPOINT: target/release/Train2Model
+        libtorch:
+          sha256:
+            cu128: {"ab" * 32}
+        """))
+    return tmp_path
+
+
+def test_values_shaped_like_secrets_and_common_secret_flags_are_masked(shaped: Path) -> None:
+    for argv in (["config", "show"], ["config", "show", "--json"]):
+        done = run_fdl(*argv, cwd=shaped)
+        assert done.returncode == 0, done.stderr
+        for name, secret in SHAPED.items():
+            assert secret not in done.stdout + done.stderr, name
+        for readable in ("bert-base-uncased-finetuned-squad2", "target/release/Train2Model", "resnet50", "ab" * 32,
+                         "--epochs", "https://models.example/x", "Authorization: Bearer"):
+            assert readable in done.stdout, readable
+    doc = json.loads(run_fdl("config", "show", "--json", cwd=shaped).stdout)
+    assert {"commands.train.args[1]", "commands.train.args[3]", "commands.train.env.MODEL_ID",
+            "commands.train.env.SIGNING", "commands.fetch.run"} <= set(doc["redacted"])
+    assert "libtorch.sha256.cu128" not in doc["redacted"]  # a digest pin is no secret
+
+
+def test_an_error_that_echoes_a_url_strips_its_password(tmp_path: Path) -> None:
+    (tmp_path / "fdl.yml").write_text('libtorch:\n  mirror: "https://op:mirror-pw-0001@mirror.example/libtorch?x=1"\n')
+    for argv in (["config", "show"], ["config", "show", "--json"]):
+        done = run_fdl(*argv, cwd=tmp_path)
+        assert done.returncode == 1 and "libtorch.mirror" in done.stdout + done.stderr
+        assert "mirror-pw-0001" not in done.stdout + done.stderr
+        assert "https://<redacted>@mirror.example/libtorch" in done.stdout + done.stderr
+    empty = tmp_path / "elsewhere"
+    empty.mkdir()
+    for how in ({"FDL_LIBTORCH_MIRROR": "https://op:env-pw-0002@mirror.example/l?x"}, {}):
+        argv = ["libtorch", "download", "cpu"] + ([] if how else ["--mirror", "ftp://op:flag-pw-0003@m.example/l"])
+        done = run_fdl(*argv, cwd=empty, env=how)
+        assert done.returncode in (1, 2), done.stdout + done.stderr
+        assert "<redacted>@" in done.stderr and "pw-000" not in done.stdout + done.stderr, done.stderr

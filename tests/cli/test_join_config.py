@@ -556,7 +556,8 @@ def test_credentials_owned_by_someone_else_are_refused(proj):
     token = proj.farm / "b300" / "token"
     os.chown(token, 65534, 65534)
     done = proj.run("join-config", "b300", "--yes")
-    assert done.returncode == 1 and "belongs to uid 65534" in done.stderr
+    # refused as soon as discovery finds it: another account's file in the project's .fdl/ (fdl.hostside.trust)
+    assert done.returncode == 1 and f"{token} is owned by nobody (uid 65534)" in done.stderr
 
 
 def test_regen_makes_the_overlay_holding_the_token_0600_and_says_so(proj):

@@ -535,3 +535,76 @@ def test_a_tree_from_before_staged_publishes_stays_served_and_becomes_a_release(
     result = box.publish(f"file://{box.src}", "--bin", "out/app", "--build", "exit 3")
     assert result.returncode == 1
     assert box.tree.is_symlink() and box.manifest() == before
+
+
+# --------------------------------------------------------------------------- who can write the served directory
+# regression (issue 37, finding 4): publish served from a directory another account owned or could write, so that
+# account could swap `tree` after the build gate and every worker ran its build recipe.
+
+
+def refused_served(result: subprocess.CompletedProcess, says: str) -> None:
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert says in result.stderr and "fdl publish serves only from a directory nobody else can write" in result.stderr
+    assert "Nothing was published" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_world_writable_served_directory_is_refused_and_left_untouched(box: Box) -> None:
+    served = box.root / "open"
+    served.mkdir()
+    os.chmod(served, 0o777)
+    refused_served(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD, "--to", str(served)),
+                   f"the served directory {served} can be written by others (mode 0777)")
+    assert sorted(os.listdir(served)) == []  # no lock, no releases, no tree
+    os.chmod(served, 0o1777)  # sticky is no better: others could still add releases/ or tree before you
+    refused_served(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD, "--to", str(served)),
+                   "can be written by others (mode 1777)")
+    twin = box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD, "--to", str(served), "--json")
+    document = json.loads(twin.stdout)
+    assert twin.returncode == 1 and document["ok"] is False and "nobody else can write" in document["message"]
+    os.chmod(served, 0o755)
+    ok(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD, "--to", str(served)))
+
+
+def test_a_served_directory_below_an_open_parent_is_refused(box: Box) -> None:
+    parent = box.root / "shared"
+    parent.mkdir()
+    os.chmod(parent, 0o777)  # not sticky: anyone may rename run/ away and put theirs in its place
+    served = parent / "run"
+    refused_served(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD, "--to", str(served)),
+                   f"{parent}, a parent of the served directory {served}, can be written by others (mode 0777)")
+    assert not served.exists()  # not even made
+
+
+def test_a_served_directory_another_account_owns_is_refused(box: Box) -> None:
+    import pwd
+
+    from tests.conftest import need_root_or_skip
+
+    need_root_or_skip("a directory of another real account is made with chown")
+    nobody = pwd.getpwnam("nobody").pw_uid
+    served = box.root / "theirs"
+    served.mkdir()
+    os.chown(served, nobody, -1)
+    refused_served(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD, "--to", str(served)),
+                   f"the served directory {served} is owned by nobody (uid {nobody})")
+    inner = served / "run"
+    inner.mkdir()  # root's own directory, in theirs: they can rename it and put another in its place
+    refused_served(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD, "--to", str(inner)),
+                   f"{served}, a parent of the served directory {inner}, is owned by nobody")
+    os.chown(served, 0, -1)
+    (served / "run" / "releases").mkdir(mode=0o755)
+    os.chown(served / "run" / "releases", nobody, -1)  # a release area someone else made in time
+    refused_served(box.publish(f"file://{box.src}", "--bin", "out/app", "--build", BUILD, "--to", str(inner)),
+                   f"{inner / 'releases'} is owned by nobody")
+
+
+def test_the_served_directory_publish_makes_is_closed_whatever_the_umask(box: Box) -> None:
+    served = box.root / "made" / "here" / "run"
+    for _ in range(2):  # the second publish finds what the first made, and believes it
+        done = subprocess.run(["sh", "-c", f'umask 000 && exec "$0" -m fdl publish file://{box.src} --bin out/app '
+                                           f'--build "{BUILD}" --to {served}', sys.executable],
+                              cwd=box.root, env=fdl_env(publish_env(box.home)), capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    for directory in (box.root / "made", box.root / "made" / "here", served, served / "releases",
+                      served / "releases" / "a", served / "releases" / "b"):
+        assert os.stat(directory).st_mode & 0o022 == 0, f"{directory} {oct(os.stat(directory).st_mode)}"

@@ -36,7 +36,8 @@ from tests.conftest import REPO, install_collection, real_cache
 
 pytestmark = [pytest.mark.testbed(hosts=1), pytest.mark.slow]
 
-ROLES = ("fdl_dispatch", "fdl_join_door", "fdl_join_worker", "fdl_nccl", "fdl_prebuild", "fdl_probe", "fdl_reap")
+ROLES = ("fdl_dispatch", "fdl_execution_node", "fdl_join_door", "fdl_join_worker", "fdl_nccl", "fdl_prebuild",
+         "fdl_probe", "fdl_reap")
 MODULES = ("fdl_authorized_key", "fdl_dispatch_stage", "fdl_join_door_plan", "fdl_nccl_install", "fdl_probe",
            "fdl_reap")
 CORE_LINES = ("2.17", "2.18", "2.19")

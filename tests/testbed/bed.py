@@ -19,6 +19,14 @@ Namespaces share the file system (and the UTS name) with the test machine:
 files a host should see go under `Testbed.shared` (world-readable), and hosts
 are told apart by address or user, not by `hostname`.
 
+Execution nodes and the hosts behind them (`Testbed.up(n, nodes=k,
+behind=m)`): k more hosts `n1..nk` whose users hold the testbed's key and a
+known_hosts of every host (their own ssh setup, for fdl's `via:`), and m hosts
+`b1..bm` on a second bridge `<prefix>br1` in another /24 (`inner_net`). Each
+node has a second leg on that bridge; this machine has none, and an
+`unreachable` route for that /24 for as long as the testbed lives, so the
+hosts behind the nodes are reachable from the nodes only.
+
 Needs root, iproute2 and openssh-server. Standard library only.
 """
 
@@ -45,6 +53,7 @@ SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 DEFAULT_PREFIX = "fdlt"
 DEFAULT_NET = "10.231.0"  # the first three octets of the testbed's /24
+DEFAULT_INNER_NET = "10.232.0"  # the /24 behind the execution nodes (FDL_TESTBED_INNER_NET)
 MAX_HOSTS = 200
 XDG_DIRS = ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR")
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{1,7}$")
@@ -106,6 +115,9 @@ class Host:
     veth: str  # the bridge-side leg, in the test machine's namespace
     port: int = 22
     sshd: subprocess.Popen | None = field(default=None, repr=False)
+    kind: str = "host"  # host (on the bridge), node (execution node: on both bridges), behind (inner bridge only)
+    inner_address: str | None = None  # a node's address on the inner bridge
+    inner_veth: str | None = None  # a node's bridge-side leg on the inner bridge
 
     @property
     def key(self) -> Path:
@@ -117,7 +129,17 @@ class Host:
         return self.bed.dir / "sshd" / self.name
 
     def worker(self, **overrides) -> dict:
-        """This host as an fdl.cluster.yml worker entry (override or add keys freely)."""
+        """This host as an fdl.cluster.yml worker entry (override or add keys freely). With via: NODE it has no
+        identity: unless given one (a path on the node): the node's own ssh setup reaches it."""
+        entry = {"host": self.name, "address": self.address, "user": self.user, "port": self.port,
+                 "identity": str(self.key)}
+        if overrides.get("via"):
+            del entry["identity"]
+        entry.update(overrides)
+        return entry
+
+    def execution_node(self, **overrides) -> dict:
+        """This host as an fdl.cluster.yml execution node entry (cluster.execution_nodes)."""
         entry = {"host": self.name, "address": self.address, "user": self.user, "port": self.port,
                  "identity": str(self.key)}
         entry.update(overrides)
@@ -163,11 +185,15 @@ class Host:
         return found
 
     def link_down(self) -> None:
-        """Cut the host off the bridge: packets to and from it are dropped from now on."""
-        _sh("ip", "link", "set", self.veth, "down")
+        """Cut the host off its bridges: packets to and from it are dropped from now on."""
+        for veth in (self.veth, self.inner_veth):
+            if veth:
+                _sh("ip", "link", "set", veth, "down")
 
     def link_up(self) -> None:
-        _sh("ip", "link", "set", self.veth, "up")
+        for veth in (self.veth, self.inner_veth):
+            if veth:
+                _sh("ip", "link", "set", veth, "up")
 
     def stop_sshd(self) -> None:
         """Kill the host's sshd and every session it serves (each session's sshd and sftp-server): what a crash or
@@ -199,18 +225,30 @@ class Testbed:
     __test__ = False
 
     def __init__(self, size: int, *, prefix: str | None = None, net: str | None = None,
-                 workdir: Path | None = None):
+                 workdir: Path | None = None, nodes: int = 0, behind: int = 0, inner_net: str | None = None):
         prefix = prefix or os.environ.get("FDL_TESTBED_PREFIX") or DEFAULT_PREFIX
         net = net or os.environ.get("FDL_TESTBED_NET") or DEFAULT_NET
+        inner_net = inner_net or os.environ.get("FDL_TESTBED_INNER_NET") or DEFAULT_INNER_NET
         if not _PREFIX_RE.match(prefix):
             raise TestbedError(f"testbed prefix {prefix!r}: use 2-8 lowercase letters/digits, starting "
                                f"with a letter (it names users, namespaces and links)")
-        if not re.fullmatch(r"10\.\d{1,3}\.\d{1,3}", net) or max(int(p) for p in net.split(".")) > 255:
-            raise TestbedError(f"testbed net {net!r}: expected the first three octets of a 10.x /24, "
-                               f"e.g. 10.231.0")
-        if not 1 <= size <= MAX_HOSTS:
-            raise TestbedError(f"testbed size {size}: expected 1 to {MAX_HOSTS} hosts")
+        for name, value in (("net", net), ("inner net", inner_net)):
+            if not re.fullmatch(r"10\.\d{1,3}\.\d{1,3}", value) or max(int(p) for p in value.split(".")) > 255:
+                raise TestbedError(f"testbed {name} {value!r}: expected the first three octets of a 10.x /24, "
+                                   f"e.g. 10.231.0")
+        if inner_net == net:
+            raise TestbedError(f"testbed inner net {inner_net!r} is the net itself: pick another /24")
+        if not 1 <= size + nodes + behind <= MAX_HOSTS or min(size, nodes, behind) < 0 or size < 0:
+            raise TestbedError(f"testbed size {size} + {nodes} nodes + {behind} behind: expected 1 to {MAX_HOSTS} "
+                               f"hosts in all")
+        if behind and not nodes:
+            raise TestbedError("hosts behind execution nodes need at least one node (nodes=1 or more)")
         self.size = size
+        self.node_count = nodes
+        self.behind_count = behind
+        self.inner_net = inner_net
+        self.inner_bridge = f"{prefix}br1"
+        self.inner_network = ipaddress.ip_network(f"{inner_net}.0/24")
         self.prefix = prefix
         self.net = net
         self.bridge = f"{prefix}br0"
@@ -221,15 +259,23 @@ class Testbed:
         self.storage = self.dir / "storage"  # a tmpfs every host sees mounted (shared storage, world-writable)
         self.key = self.dir / "client" / "id_ed25519"
         self.known_hosts = self.dir / "client" / "known_hosts"
-        self.hosts: list[Host] = []
+        self.hosts: list[Host] = []  # on the bridge, reachable from this machine
+        self.nodes: list[Host] = []  # execution nodes: on the bridge (and on the inner bridge when hosts are behind)
+        self.behind: list[Host] = []  # on the inner bridge only: reachable from the nodes, not from this machine
         self._lock_fd: int | None = None
+
+    @property
+    def every_host(self) -> list[Host]:
+        """hosts, nodes and the hosts behind them."""
+        return [*self.hosts, *self.nodes, *self.behind]
 
     # ------------------------------------------------------------------ lifecycle
 
     @classmethod
     @contextlib.contextmanager
     def up(cls, size: int, **kwargs) -> Iterator[Testbed]:
-        """Build a testbed of `size` hosts, yield it, and always tear it down."""
+        """Build a testbed of `size` hosts (plus `nodes=` execution nodes and `behind=` hosts behind them), yield it,
+        and always tear it down."""
         bed = cls(size, **kwargs)
         bed._lock()
         try:
@@ -257,9 +303,20 @@ class Testbed:
 
     def _host_names(self) -> list[tuple[int, str, str, str]]:
         out = []
-        for i in range(1, self.size + 1):
+        for i in range(1, self.size + self.node_count + self.behind_count + 1):
             out.append((i, f"{self.prefix}-h{i}", f"{self.prefix}{i}", f"{self.prefix}v{i}"))
         return out
+
+    def _kind(self, index: int) -> tuple[str, str]:
+        """(kind, logical name) of host `index`: h1.., then n1.. (nodes), then b1.. (behind)."""
+        if index <= self.size:
+            return "host", f"h{index}"
+        if index <= self.size + self.node_count:
+            return "node", f"n{index - self.size}"
+        return "behind", f"b{index - self.size - self.node_count}"
+
+    def inner_address_of(self, index: int) -> str:
+        return f"{self.inner_net}.{10 + index}"
 
     def address_of(self, index: int) -> str:
         """Host i (1-based) lives at <net>.<10 + i>."""
@@ -283,25 +340,58 @@ class Testbed:
         _sh("ip", "link", "add", self.bridge, "type", "bridge")
         _sh("ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge)
         _sh("ip", "link", "set", self.bridge, "up")
+        if self.behind_count:
+            # The inner bridge: no address here, and no route to its /24 from here either (not even the default).
+            _sh("ip", "link", "add", self.inner_bridge, "type", "bridge")
+            _sh("ip", "link", "set", self.inner_bridge, "up")
+            (self.dir / "route").write_text(f"{self.inner_network}\n")
+            _sh("ip", "route", "add", "unreachable", str(self.inner_network))
         for i, namespace, user, veth in self._host_names():
-            address = self.address_of(i)
-            host = Host(bed=self, index=i, name=f"h{i}", namespace=namespace, address=address, user=user,
-                        home=self.dir / "home" / user, veth=veth)
-            self.hosts.append(host)
+            kind, name = self._kind(i)
+            address = self.inner_address_of(i) if kind == "behind" else self.address_of(i)
+            host = Host(bed=self, index=i, name=name, namespace=namespace, address=address, user=user,
+                        home=self.dir / "home" / user, veth=veth, kind=kind)
+            {"host": self.hosts, "node": self.nodes, "behind": self.behind}[kind].append(host)
             _sh("ip", "netns", "add", namespace)
             _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", namespace)
-            _sh("ip", "link", "set", veth, "master", self.bridge, "up")
+            _sh("ip", "link", "set", veth, "master", self.inner_bridge if kind == "behind" else self.bridge, "up")
             _sh("ip", "-n", namespace, "addr", "add", f"{address}/24", "dev", "eth0")
             _sh("ip", "-n", namespace, "link", "set", "eth0", "up")
+            if kind == "node" and self.behind_count:
+                host.inner_address = self.inner_address_of(i)
+                host.inner_veth = f"{self.prefix}w{i}"
+                _sh("ip", "link", "add", host.inner_veth, "type", "veth", "peer", "name", "eth1", "netns", namespace)
+                _sh("ip", "link", "set", host.inner_veth, "master", self.inner_bridge, "up")
+                _sh("ip", "-n", namespace, "addr", "add", f"{host.inner_address}/24", "dev", "eth1")
+                _sh("ip", "-n", namespace, "link", "set", "eth1", "up")
             _sh("ip", "-n", namespace, "link", "set", "lo", "up")
             self._add_user(host, public)
         known = []
-        for host in self.hosts:
+        for host in self.every_host:
             known.append(self._start_sshd(host))
         self.known_hosts.write_text("".join(known))
+        for node in self.nodes:
+            self._give_client(node)
         self.verify()
-        for host in self.hosts:
-            self._wait_listening(host)
+        for host in self.every_host:
+            if host.kind != "behind":
+                self._wait_listening(host)
+        for host in self.behind:  # from a node: this machine has no route there
+            self.nodes[0].run(f"python3 -c 'import socket, time\nfor _ in range(100):\n    try:\n"
+                              f"        socket.create_connection((\"{host.address}\", {host.port}), 1).close(); break\n"
+                              f"    except OSError: time.sleep(0.1)'", as_user=False)
+
+    def _give_client(self, node: Host) -> None:
+        """A node's own ssh setup: the testbed's key as its user's default identity, and every host's key known."""
+        entry = pwd.getpwnam(node.user)
+        ssh_dir = node.home / ".ssh"
+        for name, text, mode in (("id_ed25519", self.key.read_text(), 0o600),
+                                 ("id_ed25519.pub", self.key.with_suffix(".pub").read_text(), 0o644),
+                                 ("known_hosts", self.known_hosts.read_text(), 0o644)):
+            path = ssh_dir / name
+            path.write_text(text)
+            os.chmod(path, mode)
+            os.chown(path, entry.pw_uid, entry.pw_gid)
 
     def _add_user(self, host: Host, public_key: str) -> None:
         for attempt in range(50):  # /etc/passwd is locked while other useradd runs finish
@@ -331,6 +421,7 @@ class Testbed:
         conf.write_text("\n".join([
             f"# testbed host {host.name}: {host.user}@{host.address}",
             f"ListenAddress {host.address}",
+            *([f"ListenAddress {host.inner_address}"] if host.inner_address else []),
             f"Port {host.port}",
             f"HostKey {key}",
             f"PidFile {d / 'sshd.pid'}",
@@ -352,7 +443,8 @@ class Testbed:
         _sh(SSHD, "-t", "-f", str(conf))
         self._launch_sshd(host)
         kind, blob = key.with_suffix(".pub").read_text().split()[:2]
-        return f"{host.address} {kind} {blob}\n"
+        names = host.address + (f",{host.inner_address}" if host.inner_address else "")
+        return f"{names} {kind} {blob}\n"
 
     def _launch_sshd(self, host: Host) -> None:
         conf, log = host.sshd_dir / "sshd_config", host.sshd_dir / "sshd.log"
@@ -378,23 +470,25 @@ class Testbed:
                 time.sleep(0.05)
 
     def verify(self) -> None:
-        """Check the bridge and every namespace exist (call before sending traffic)."""
-        if not self.hosts:
+        """Check the bridges and every namespace exist (call before sending traffic)."""
+        if not self.every_host:
             raise TestbedError("the testbed has no hosts (was it torn down?)")
-        if _sh("ip", "link", "show", self.bridge, check=False).returncode != 0:
-            raise TestbedError(f"bridge {self.bridge} does not exist")
+        for bridge in (self.bridge, *([self.inner_bridge] if self.behind else [])):
+            if _sh("ip", "link", "show", bridge, check=False).returncode != 0:
+                raise TestbedError(f"bridge {bridge} does not exist")
         have = set(_sh("ip", "netns", "list").stdout.split())
-        missing = [h.namespace for h in self.hosts if h.namespace not in have]
+        missing = [h.namespace for h in self.every_host if h.namespace not in have]
         if missing:
             raise TestbedError(f"namespaces missing: {', '.join(missing)}")
-        for host in self.hosts:
-            if ipaddress.ip_address(host.address) not in self.network:  # never aim outside the testbed
-                raise TestbedError(f"{host.name}: {host.address} is outside {self.network}")
+        for host in self.every_host:
+            network = self.inner_network if host.kind == "behind" else self.network
+            if ipaddress.ip_address(host.address) not in network:  # never aim outside the testbed
+                raise TestbedError(f"{host.name}: {host.address} is outside {network}")
 
     def down(self) -> None:
         """Stop every sshd and remove namespaces, links, users and files (errors collected, not fatal)."""
         problems: list[str] = []
-        for host in self.hosts:
+        for host in self.every_host:
             if host.sshd is not None and host.sshd.poll() is None:
                 host.sshd.terminate()
                 try:
@@ -402,7 +496,7 @@ class Testbed:
                 except subprocess.TimeoutExpired:
                     host.sshd.kill()
                     host.sshd.wait(5)
-        self.hosts = []
+        self.hosts, self.nodes, self.behind = [], [], []
         problems += self.clean_leftovers()
         if problems:
             raise TestbedError("testbed teardown left things behind: " + "; ".join(problems))
@@ -423,7 +517,7 @@ class Testbed:
             proc = _sh("ip", "netns", "del", namespace, check=False)
             if proc.returncode != 0:
                 problems.append(f"ip netns del {namespace}: {proc.stderr.strip()}")
-        link_re = re.compile(rf"^({re.escape(self.prefix)}v\d+|{re.escape(self.prefix)}br0)$")
+        link_re = re.compile(rf"^({re.escape(self.prefix)}[vw]\d+|{re.escape(self.prefix)}br[01])$")
         links = _sh("ip", "-o", "link", "show", check=False).stdout
         for line in links.splitlines():
             name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
@@ -449,6 +543,12 @@ class Testbed:
                 proc = _sh("groupdel", group.gr_name, check=False)
                 if proc.returncode != 0:
                     problems.append(f"groupdel {group.gr_name}: {proc.stderr.strip()}")
+        route = self.dir / "route"
+        if route.is_file():  # the unreachable route for the inner /24, recorded when it was added
+            network = route.read_text().strip()
+            proc = _sh("ip", "route", "del", "unreachable", network, check=False)
+            if proc.returncode != 0 and "No such process" not in proc.stderr:
+                problems.append(f"ip route del unreachable {network}: {proc.stderr.strip()}")
         for mount in reversed(_mounts_under(self.dir)):
             proc = _sh("umount", "-l", mount, check=False)
             if proc.returncode != 0:
@@ -462,7 +562,7 @@ class Testbed:
     # ------------------------------------------------------------------ helpers for tests
 
     def host(self, name: str) -> Host:
-        for host in self.hosts:
+        for host in self.every_host:
             if host.name == name:
                 return host
         raise KeyError(name)
@@ -472,19 +572,28 @@ class Testbed:
         self.verify()
         return [h.worker(**overrides) for h in self.hosts]
 
-    def cluster(self, workers: list[dict] | None = None, *, controller: str | None = None) -> dict:
-        """An fdl.cluster.yml document for these hosts (or `workers`), trusting exactly their host keys.
+    def cluster(self, workers: list[dict] | None = None, *, controller: str | None = None,
+                nodes: list[dict] | None = None) -> dict:
+        """An fdl.cluster.yml document for these hosts (or `workers`), trusting exactly their host keys; `nodes`:
+        its cluster.execution_nodes (Host.execution_node() entries).
 
         ssh reads known_hosts from the passwd home, not $HOME, so the file is
         named explicitly (cluster.ssh.known_hosts) instead of relying on ~/.ssh.
+        With nodes, cluster.ssh.identity is the testbed's key: what this
+        machine's own ssh authenticates with to a worker behind a node (its
+        rank session, through ProxyJump).
         Checks the bridge and namespaces first: a cluster file leads to traffic.
         """
         self.verify()
-        return {"cluster": {
+        doc: dict = {"cluster": {
             "controller": {"host": controller or self.gateway},
             "ssh": {"known_hosts": str(self.known_hosts)},
             "workers": self.workers() if workers is None else workers,
         }}
+        if nodes:
+            doc["cluster"]["ssh"]["identity"] = str(self.key)
+            doc["cluster"]["execution_nodes"] = nodes
+        return doc
 
     def home_env(self, home: Path) -> dict:
         """Environment overrides giving a controller-side process (fdl, ansible) its own HOME, cache and runtime

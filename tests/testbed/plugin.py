@@ -45,11 +45,19 @@ def require_testbed() -> None:
         pytest.skip(reason)
 
 
+def testbed_extras(request: pytest.FixtureRequest) -> dict:
+    """nodes= and behind= from the module's `testbed(...)` marker: execution nodes and the hosts behind them."""
+    marker = request.node.get_closest_marker("testbed")
+    kwargs = marker.kwargs if marker is not None else {}
+    return {key: int(kwargs[key]) for key in ("nodes", "behind") if key in kwargs}
+
+
 @pytest.fixture(scope="module")
 def testbed(request: pytest.FixtureRequest):
-    """A module-scoped testbed; size from the module's `testbed(hosts=N)` marker or the param."""
+    """A module-scoped testbed; size from the module's `testbed(hosts=N)` marker or the param, execution nodes and
+    the hosts behind them from its `nodes=K, behind=M`."""
     require_testbed()
-    with Testbed.up(testbed_size(request)) as bed:
+    with Testbed.up(testbed_size(request), **testbed_extras(request)) as bed:
         yield bed
 
 

@@ -43,7 +43,7 @@ def test_the_collection_and_each_role_declare_the_collections_lines():
     runtime = yaml.safe_load((REPO / "collection" / "meta" / "runtime.yml").read_text())
     assert runtime["requires_ansible"] == f">={ANSIBLE_CORE_LINES[0]}.0,<{_next(ANSIBLE_CORE_LINES[-1])}.0"
     roles = sorted(p.parent.parent.name for p in (REPO / "roles").glob("*/meta/main.yml"))
-    assert len(roles) == 7
+    assert len(roles) == 8
     for role in roles:
         meta = yaml.safe_load((REPO / "roles" / role / "meta" / "main.yml").read_text())
         assert meta["galaxy_info"]["min_ansible_version"] == ANSIBLE_CORE_LINES[0], role

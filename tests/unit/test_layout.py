@@ -34,7 +34,8 @@ def test_the_declared_top_level_holds_the_ansible_content():
     for name in TOP_LEVEL:
         assert (REPO / name).is_dir(), name
     assert sorted(p.name for p in (REPO / "roles").iterdir()) == [
-        "fdl_dispatch", "fdl_join_door", "fdl_join_worker", "fdl_nccl", "fdl_prebuild", "fdl_probe", "fdl_reap"]
+        "fdl_dispatch", "fdl_execution_node", "fdl_join_door", "fdl_join_worker", "fdl_nccl", "fdl_prebuild",
+        "fdl_probe", "fdl_reap"]
     assert (REPO / "playbooks" / "probe.yml").is_file() and (REPO / "library" / "fdl_probe.py").is_file()
     assert (REPO / "inventory_plugins" / "cluster.py").is_file()
     assert (REPO / collection.METADATA / "galaxy.yml").is_file()

@@ -71,7 +71,7 @@ def test_the_ansible_contents_defaults_are_the_paths_module():
 def test_every_directory_under_flodl_the_repository_names_is_one_the_paths_module_names():
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
                            text=True, check=True, timeout=60).stdout.split()
-    named = {paths.LIBTORCH, paths.JOIN, paths.LAUNCH, paths.SERVED}
+    named = {paths.LIBTORCH, paths.JOIN, paths.LAUNCH, paths.SERVED, paths.EXECUTION_NODE}
     strays = set()
     for rel in files:
         try:

@@ -11,6 +11,11 @@ Resolution, first match wins (an explicit location that is broken is an error, n
    under `torch/lib`, found without importing torch and described from `torch/version.py`. Last, because an
    environment's PyTorch is incidental. `FDL_LIBTORCH_FROM_PYTORCH=0` leaves it out.
 
+The project's root (3) is another account's to fill when someone else owns it or can write it (or the
+directory holding it, or any directory on the way down to a variant's `lib/`): then it is refused, naming why
+and the override, and the search stops there (fdl.hostside.trust; `fdl probe` as root would otherwise load
+another account's libnccl.so.2).
+
 A root (3, 4) counts only when it holds something: a variant directory with `lib/`, or an `.active`
 pointer. An empty or half-made root (a `precompiled/` with nothing complete in it) is nothing installed,
 and the search goes on. Each location may be a variant directory (it holds `lib/`), a libtorch root
@@ -37,6 +42,7 @@ from typing import Mapping, NamedTuple
 from ..envvars import FDL_LIBTORCH_FROM_PYTORCH, read
 from ..paths import LIBTORCH_IN_HOME, libtorch_root
 from ..paths import home as home_dir
+from ..trust import entry_refusal, override_hint, tree_refusal
 from .variants import VARIANT_GROUPS, Libtorch, is_variant_name, parse_archs
 
 #: the file in a root naming its active variant (precompiled/cu128); pointer files start with it too
@@ -62,6 +68,7 @@ class Root(NamedTuple):
 
     scope: str  # "project" | "home"
     path: Path
+    refused: str | None = None  # why fdl may not load from it (another account could have written it)
 
 
 def home_root(home: str | os.PathLike[str]) -> Path:
@@ -75,10 +82,13 @@ def home_of(environ: Mapping[str, str] | None = None) -> str:
 
 
 def roots(project_root: str | os.PathLike[str] | None, home: str | os.PathLike[str] | None) -> list[Root]:
-    """The libtorch roots, strongest first: the project's `libtorch/`, then the user's."""
+    """The libtorch roots, strongest first: the project's `libtorch/`, then the user's.
+
+    The project's carries `refused` when another account owns it or can write it (project_refusal says so)."""
     found = []
     if project_root is not None and str(project_root):
-        found.append(Root("project", Path(project_root) / "libtorch"))
+        path = Path(project_root) / "libtorch"
+        found.append(Root("project", path, entry_refusal(path)))
     if home is not None and str(home):
         found.append(Root("home", home_root(home)))
     return found
@@ -252,7 +262,8 @@ def resolution_order(explicit: str | None, environ: Mapping[str, str], project_r
     steps += [f"{var}: {environ.get(var) or 'unset'}" for var in ("LIBTORCH", "LIBTORCH_PATH")]
     for root in roots(project_root, home):
         what = "the project's libtorch/" if root.scope == "project" else "the user's libtorch root"
-        state = "" if holds_libtorch(root.path) else " (nothing installed)"
+        state = f" (refused: {root.refused})" if root.refused else \
+            "" if holds_libtorch(root.path) else " (nothing installed)"
         steps.append(f"{what}: {root.path}{state}")
     if not project_root:
         steps.insert(3, "the project's libtorch/: no project")
@@ -274,8 +285,10 @@ def resolve_libtorch(explicit: str | None, environ: Mapping[str, str], project_r
             return _at(Path(value).expanduser(), var)
     tried: list[str] = []
     for root in roots(project_root, home):
+        if root.refused:
+            raise project_refusal(root)
         if holds_libtorch(root.path):
-            return _at(root.path, root.scope)
+            return _at(root.path, root.scope, root if root.scope == "project" else None)
         tried.append(str(root.path))
     if pytorch and (Path(pytorch) / "lib").is_dir():
         return describe_pytorch(Path(pytorch))
@@ -285,27 +298,46 @@ def resolve_libtorch(explicit: str | None, environ: Mapping[str, str], project_r
                            DOWNLOAD_HINT, tried)
 
 
-def _at(path: Path, source: str) -> Libtorch:
+def project_refusal(root: Root) -> LibtorchNotFound:
+    """The error for a project's libtorch/ that another account could have written (root.refused says how)."""
+    return LibtorchNotFound(f"The project's libtorch is not loaded: {root.refused}. fdl loads no library another "
+                            f"account could have put there (it would run as you), and searches no further.",
+                            override_hint(root.path.parent), [str(root.path)])
+
+
+def _believed(vdir: Path, project: Root | None) -> Path:
+    """vdir, once every directory from the project's libtorch/ down to its lib/ is believed (nothing is read from
+    the variant before that); a root of the user's own (project None) is not judged."""
+    if project is not None:
+        problem = tree_refusal(project.path, vdir / "lib")
+        if problem:
+            raise project_refusal(project._replace(refused=problem))
+    return vdir
+
+
+def _at(path: Path, source: str, project: Root | None = None) -> Libtorch:
     label = f"{source} {path}" if source.startswith("--") else f"{source}={path}" if source.isupper() else str(path)
     if not path.exists():
         raise LibtorchNotFound(f"libtorch not found: {label} does not exist.",
                                f"correct the path, or unset it to let fdl search the project and {LIBTORCH_IN_HOME}")
     if path.is_file():
         if path.name.startswith(ACTIVE):
-            return _from_pointer(path, path.parent, source)
+            return _from_pointer(path, path.parent, source, project)
         raise LibtorchNotFound(f"libtorch not found: {label} is a file, not a libtorch directory.",
                                "point it at the directory holding lib/ (or at a libtorch root with .active)")
     if (path / "lib").is_dir():
         if is_torch_package(path):  # LIBTORCH=.../site-packages/torch: a wheel's libtorch
             return describe_pytorch(path, source)
-        return describe_variant(path, source, None)
+        return describe_variant(_believed(path, project), source, None)
     if (path / ACTIVE).exists() or any((path / group).is_dir() for group in VARIANT_GROUPS):
-        return _from_root(path, source)
+        return _from_root(path, source, project)
     raise LibtorchNotFound(f"libtorch not found: {label} has no lib/ directory.",
                            "point it at an unpacked libtorch (the directory holding lib/libtorch.so)")
 
 
-def _from_pointer(pointer: Path, root: Path, source: str) -> Libtorch:
+def _from_pointer(pointer: Path, root: Path, source: str, project: Root | None = None) -> Libtorch:
+    if project is not None and entry_refusal(pointer):
+        raise project_refusal(project._replace(refused=entry_refusal(pointer)))
     try:
         active = pointer.read_text(encoding="utf-8", errors="replace").strip()
     except OSError as exc:
@@ -322,16 +354,16 @@ def _from_pointer(pointer: Path, root: Path, source: str) -> Libtorch:
             f"install it, or point {pointer.name} at an installed variant"
             + (f" ({', '.join(installed)})" if installed else "")
             + f"; `fdl libtorch remove {active}` clears a pointer to a variant deleted by hand")
-    return describe_variant(vdir, source, active)
+    return describe_variant(_believed(vdir, project), source, active)
 
 
-def _from_root(root: Path, source: str) -> Libtorch:
+def _from_root(root: Path, source: str, project: Root | None = None) -> Libtorch:
     pointer = root / ACTIVE
     if pointer.exists():
-        return _from_pointer(pointer, root, source)
+        return _from_pointer(pointer, root, source, project)
     installed = installed_variants(root)
     if len(installed) == 1:
-        return describe_variant(root / installed[0], source, installed[0])
+        return describe_variant(_believed(root / installed[0], project), source, installed[0])
     if not installed:
         raise LibtorchNotFound(f"{root} holds no libtorch variant (nothing complete under precompiled/ or "
                                f"builds/).", DOWNLOAD_HINT)

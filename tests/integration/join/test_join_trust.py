@@ -479,3 +479,82 @@ def test_another_account_on_the_controller_box_can_neither_join_nor_start_nor_fa
     assert seen == {"hello": [403, "bad_token"], "start": [403, "bad_token"], "exit": [403]}, seen
     assert [m["host"] for m in state["roster"]] == ["member"] and state["phase"] == "staging"
     assert state["start"]["switch"] == "unarmed"
+
+
+# ---------------------------------------------------------------- what a rank of the agent's account can read
+
+# regression (issue 37, finding 7): the agent kept FDL_JOIN_TOKEN in its environment, and a rank of the same
+# account read it from /proc/<agent>/environ (or from the agent's memory through /proc/<agent>/mem).
+PEEK = r'''
+import json, os, re, sys
+if os.environ.get("FDL_SIGNATURE_PROBE") == "1":
+    print("fdl-signature: ab12cd34ef56ab12", flush=True)
+    sys.exit(0)
+out = os.environ["TEST_OUT"]
+agent = int(open(os.path.join(out, "agent.pid")).read())
+seen = {"uid": os.getuid()}
+try:
+    with open(f"/proc/{agent}/environ", "rb") as f:
+        seen["environ"] = f.read().decode("latin-1")
+except OSError as exc:
+    seen["environ_error"] = exc.strerror
+hits = set()
+try:
+    with open(f"/proc/{agent}/maps") as maps, open(f"/proc/{agent}/mem", "rb") as mem:
+        for line in maps:
+            span, perms = line.split()[:2]
+            if not perms.startswith("rw"):
+                continue
+            start, end = (int(x, 16) for x in span.split("-"))
+            try:
+                mem.seek(start)
+                hits.update(m.decode() for m in re.findall(rb"[0-9a-f]{64}", mem.read(end - start)))
+            except OSError:
+                pass
+    seen["mem_read"] = True
+except OSError as exc:
+    seen["mem_error"] = exc.strerror
+seen["mem_hits"] = sorted(hits)
+with open(os.path.join(out, "rank%s.json" % os.environ.get("RANK", "x")), "w") as f:
+    json.dump(seen, f)
+'''
+
+
+def test_a_rank_of_the_agents_account_cannot_read_the_token_from_the_agent(tmp_path):
+    import os
+    import pwd
+    import shutil
+    import tempfile
+
+    from tests.conftest import need_root_or_skip
+    from tests.integration.launch.helpers import fdl_python
+
+    need_root_or_skip("the agent and its rank run as another real account (setpriv), as a farm's worker does")
+    account = pwd.getpwnam(OTHER)
+    shared = Path(tempfile.mkdtemp(prefix="fdl-peek-", dir="/var/tmp"))
+    try:
+        os.chmod(shared, 0o755)
+        python = fdl_python(shared / "py")
+        binary = write_program(shared / "bin" / "peek", PEEK, python=str(python))
+        out, home = shared / "out", shared / "home"
+        for directory in (out, home):
+            directory.mkdir()
+            shutil.chown(directory, account.pw_uid, account.pw_gid)
+        env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1", "FDL_JOIN_TOKEN": TOKEN,
+               "TEST_OUT": str(out), "GLOO_SOCKET_IFNAME": "lo"}
+        with controller(policy(max_hosts=1, window_s=60, token=TOKEN)) as server:
+            agent = subprocess.Popen(["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}",
+                                      "--init-groups", str(python), "-m", "fdl", "join", server.address, "--bin",
+                                      str(binary), "--host", "solo", "--devices", "cpu:1"],
+                                     cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            (out / "agent.pid").write_text(str(agent.pid))
+            code, _, err = finish(agent, timeout=180)
+            assert server.state()["phase"] == "done", err
+        assert code == 0, err
+        seen = json.loads((out / "rank0.json").read_text())
+        assert seen["uid"] == account.pw_uid  # the rank ran as the agent's own account
+        assert TOKEN not in seen.get("environ", ""), "the rank read the token in /proc/<agent>/environ"
+        assert TOKEN not in seen["mem_hits"], "the rank read the token in the agent's memory"
+        assert "environ_error" in seen and "mem_error" in seen  # the agent is closed to its own account
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

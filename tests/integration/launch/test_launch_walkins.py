@@ -61,6 +61,7 @@ def test_the_launchers_worker_and_a_walk_in_train_as_one_world(tmp_path):
     ranks = {int(r["rank"]): r for r in results(out) + results(agent_out)}
     assert sorted(ranks) == [0, 1] and {r["sum"] for r in ranks.values()} == {"3"}
     assert ranks[0]["host"] == "here" and ranks[1]["host"] == "walker"  # admission order: the launcher's first
+    assert not token_file.exists()  # the run's token went with it (issue 37, finding 7)
     state = final_state(home)
     assert state["phase"] == "done" and state["kind"] == "discovery"
     assert {m["host"]: m["exit_code"] for m in state["roster"]} == {"here": 0, "walker": 0}

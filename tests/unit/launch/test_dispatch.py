@@ -236,3 +236,40 @@ def test_the_launcher_raises_its_open_files_limit_for_many_hosts():
     soft, hard = int(out[0]), int(out[1])
     assert soft == min(256 + 8 * 1000, hard) if hard != -1 else soft == 256 + 8 * 1000
     assert (out[2].strip() == "None") == (soft >= 256 + 8 * 1000)
+
+
+def test_a_host_behind_a_node_is_staged_with_the_binary_its_node_receives(tmp_path, monkeypatch):
+    """Its plan names the binary by its path in the node's job (beside the playbook), and the runner is told to ship
+    that file to its node alone; a direct host's plan names the file here, and its rsync is this machine's."""
+    from fdl.cluster import runner
+    from fdl.cluster.events import OK, HostResult, TaskOutcome
+    from fdl.launch.build import BuildJob
+    from fdl.launch.dispatch import stage_remote
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    binary = tmp_path / "train"
+    binary.write_text("#!/bin/sh\n")
+    node = schema.ExecutionNodeSpec(host="rack", address="10.0.0.5")
+    far = schema.WorkerSpec(host="far", address="192.168.1.7", local_devices=CPU2, via="rack")
+    cluster = spec()._replace(workers=(*spec().workers, far), execution_nodes=(node,))
+    plan = plan_launch(schema.CommandSpec(name="t", cluster=True, bin="train"), [], cluster, tmp_path,
+                       is_local=lambda a, p: False)
+    inventory = build_inventory(cluster, tmp_path)
+    jobs = {h: BuildJob(host=h, arch=None, recipe=None, target_dir=None, env={}, log=tmp_path / "log",
+                        artifact=binary, libtorch=None) for h in ("b", "far")}
+    seen = {}
+
+    def fake_run(playbook, inv, **kwargs):
+        seen.update(kwargs)
+        staged = {"ansible_facts": {"fdl_dispatch_staged": {"run_dir": "r", "supervisor": "s", "spec": "p"}}}
+        hosts = {h: HostResult(host=h, status=OK, tasks=[TaskOutcome("stage", OK, staged)]) for h in kwargs["limit"]}
+        return runner.RunResult(status="successful", rc=0, hosts=hosts, artifact_dir=tmp_path, run_id="x")
+
+    monkeypatch.setattr(runner, "run_playbook", fake_run)
+    stage_remote(plan, inventory, jobs, {"b": [], "far": []}, progress=False)
+    entries = seen["extravars"]["fdl_dispatch_plan"]
+    assert entries["b"]["artifact"] == str(binary)
+    relative = entries["far"]["artifact"]
+    assert relative.startswith("fdl-ship/") and relative.endswith("/train")
+    assert seen["ship"] == {"far": {relative: binary}}
+    assert "ControlPath=~/.cache/fdl/cp/%C" in entries["far"]["rsh"] and "~" not in entries["b"]["rsh"]

@@ -6,6 +6,7 @@ any peer could claim a roster host's name."""
 from __future__ import annotations
 
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,51 @@ def test_the_controller_refuses_a_tokenless_window_on_any_bind() -> None:
         pass
     with ControllerServer(RunPolicy(window_s=60, token="t" * 32), host="0.0.0.0", port=free_port()):
         pass
+
+
+# regression (issue 37, finding 7): a run's token file stayed in ~/.flodl/launch/runs/RUN/token after the run, and
+# every earlier run's beside it, readable by every rank of the account.
+
+
+def test_a_token_file_goes_with_its_run_and_earlier_runs_leftovers_are_swept(tmp_path, monkeypatch) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from fdl.launch.run import TOKEN_OWNER, forget_token, sweep_tokens
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    launcher = Launcher(plan(bind="127.0.0.1"), printer=Notes())
+    launcher._policy()
+    mine = launcher.run_dir / "token"
+    assert mine.is_file() and (launcher.run_dir / TOKEN_OWNER).read_text().strip() == str(os.getpid())
+    runs = mine.parent.parent
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for name, owner in (("killed", gone.stdout.strip()), ("older-fdl", None), ("older-fdl-starting", None)):
+        (runs / name).mkdir(mode=0o700)
+        (runs / name / "token").write_text("ab" * 32 + "\n")
+        (runs / name / "state.json").write_text("{}")
+        if owner is not None:
+            (runs / name / TOKEN_OWNER).write_text(owner + "\n")
+    os.utime(runs / "older-fdl" / "token", (1, 1))  # long ago: its launcher (an fdl without the record) is gone
+    assert sweep_tokens() == 2  # a launcher that is gone, and an old run from before the owner record
+    assert not (runs / "killed" / "token").exists() and not (runs / "older-fdl" / "token").exists()
+    assert (runs / "older-fdl-starting" / "token").exists()  # recent, unowned: its launcher may be starting
+    assert (runs / "killed" / "state.json").exists()  # the run's record stays; only its token goes
+    assert mine.is_file()  # this launcher still runs: its token stays
+    forget_token(mine)
+    assert sorted(p.name for p in launcher.run_dir.iterdir()) == []
+
+
+def test_a_launcher_that_cannot_listen_leaves_no_token_behind(tmp_path, monkeypatch) -> None:
+    import socket
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        launcher = Launcher(replace(plan(bind="127.0.0.1"), port=port), printer=Notes())
+        with pytest.raises(FdlError):
+            launcher.run()
+    assert list(launcher.run_dir.glob("token*")) == []

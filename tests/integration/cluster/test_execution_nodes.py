@@ -1,0 +1,304 @@
+"""Workers behind execution nodes, on the testbed: two nodes with a leg on this machine's bridge and one on a second
+bridge this machine has no route to, four workers on that second bridge only, and two workers on the first.
+
+The nodes are prepared by the flodl.fdl.execution_node playbook (a virtualenv with the ansible-core and
+ansible-runner fdl runs with, from a wheelhouse: the nodes have no index); then `fdl @cluster probe` reaches the
+workers behind them through ansible-runner's transmit | worker | process over ssh to each node, and gives one
+report with every worker; a node killed while it runs leaves its workers "unreachable through" it and the rest of
+the report standing; and a cluster of one direct worker and one behind a node trains with CPU ranks (gloo), the
+second's rank session riding ProxyJump through its node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import IN_CI, REPO, fdl_env, real_cache, run_fdl
+
+pytestmark = [pytest.mark.testbed(hosts=2, nodes=2, behind=4), pytest.mark.slow]
+
+PROBE_TIMEOUT = 180  # the run's bound: a dead node must be reported well inside it
+
+
+@pytest.fixture(scope="module")
+def wheelhouse() -> Path:
+    """The wheels of ansible-core and ansible-runner at fdl's releases (and their dependencies), downloaded once."""
+    from fdl.cluster.nodes import pinned_packages
+
+    pins = pinned_packages()
+    where = real_cache() / "fdl-test" / ("wheelhouse-" + "-".join(f"{k}{v}" for k, v in sorted(pins.items())))
+    if not (where / ".complete").is_file():
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(where),
+                               "--constraint", str(REPO / "constraints.txt"),
+                               *(f"{k}=={v}" for k, v in pins.items())], capture_output=True, text=True)
+        if done.returncode != 0:
+            reason = f"pip could not download the execution node's wheels: {done.stderr.strip()[-500:]}"
+            if IN_CI:
+                pytest.fail(reason)
+            pytest.skip(reason)
+        (where / ".complete").write_text("")
+    subprocess.run(["chmod", "-R", "a+rX", str(where)], check=True)
+    return where
+
+
+def workers(kit, *, behind: bool = True, direct: int = 2) -> list[dict]:
+    """h1.. direct, then b1..b4 alternating between n1 and n2, every one a green worker (fake GPU, libtorch, data)."""
+    out = [h.worker(env=kit.worker_env(), data_path=str(kit.data)) for h in kit.bed.hosts[:direct]]
+    if behind:
+        out += [b.worker(via=f"n{1 + i % 2}", env=kit.worker_env(), data_path=str(kit.data))
+                for i, b in enumerate(kit.bed.behind)]
+    return out
+
+
+def node_entries(bed) -> list[dict]:
+    return [n.execution_node() for n in bed.nodes]
+
+
+@pytest.fixture(scope="module")
+def prepared(testbed, kit, wheelhouse):
+    """The two nodes prepared by their playbook, once for the module; the run's per-host results."""
+    work = Path(tempfile.mkdtemp(prefix="fdln", dir="/tmp"))  # short: ssh control sockets live under it
+    try:
+        project = kit.project(work / "proj", workers(kit), execution_nodes=node_entries(testbed),
+                              ssh={"known_hosts": str(testbed.known_hosts), "identity": str(testbed.key)})
+        yield prepare(project, testbed.home_env(work / "home"), wheelhouse)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+PREPARE = """\
+import json, sys
+from pathlib import Path
+from fdl.cluster import nodes
+from fdl.cluster.inventory import build_inventory
+from fdl.config.project import EnvSelection, load_config
+config = load_config(Path("."), EnvSelection("cluster", "test"))
+result = nodes.prepare(build_inventory(config.cluster, config.root), wheelhouse=Path(sys.argv[1]), progress=False)
+print(json.dumps({name: {"status": host.status, "message": host.message,
+                         "changed": [t.task for t in host.tasks if (t.res or {}).get("changed")],
+                         "said": (host.res or {}).get("msg")} for name, host in result.hosts.items()}))
+"""
+
+
+def prepare(project: Path, home: dict, wheelhouse: Path) -> dict:
+    done = subprocess.run([sys.executable, "-c", PREPARE, str(wheelhouse)], cwd=project, env=fdl_env(home),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def probe(project: Path, env: dict) -> tuple[subprocess.CompletedProcess, dict]:
+    done = run_fdl("@cluster", "probe", "--json", cwd=project, env=env, timeout=PROBE_TIMEOUT)
+    return done, json.loads(done.stdout)
+
+
+def by_host(doc: dict) -> dict:
+    return {h["host"]: {c["name"]: c for c in h["checks"]} for h in doc["hosts"]}
+
+
+def test_the_nodes_are_prepared_by_their_playbook_and_a_second_run_installs_nothing(testbed, kit, prepared,
+                                                                                    wheelhouse, short_tmp):
+    from fdl.cluster.nodes import pinned_packages
+
+    pins = pinned_packages()
+    for node in testbed.nodes:
+        outcome = prepared[node.name]
+        assert outcome["status"] == "ok", outcome
+        assert outcome["said"] == (f"{node.name}: execution node ready: ansible-core {pins['ansible-core']}, "
+                                   f"ansible-runner {pins['ansible-runner']} in "
+                                   f"{node.home}/.flodl/execution-node/venv")
+        assert "Install the packages at their releases" in outcome["changed"]
+        runner = node.home / ".flodl" / "execution-node" / "venv" / "bin" / "ansible-runner"
+        assert runner.is_file() and runner.stat().st_uid == pwd.getpwnam(node.user).pw_uid
+    project = kit.project(short_tmp / "proj", workers(kit), execution_nodes=node_entries(testbed),
+                          ssh={"known_hosts": str(testbed.known_hosts), "identity": str(testbed.key)})
+    again = prepare(project, testbed.home_env(short_tmp / "home"), wheelhouse)
+    assert {n: o["status"] for n, o in again.items()} == {"n1": "ok", "n2": "ok"}
+    assert not any(o["changed"] for o in again.values()), again  # idempotent: the releases are there
+
+
+def test_this_machine_has_no_route_to_the_workers_behind_the_nodes(testbed):
+    for host in testbed.behind:
+        route = subprocess.run(["ip", "route", "get", host.address], capture_output=True, text=True)
+        assert route.returncode != 0, route.stdout  # "No route to host": not even the default route
+        assert testbed.nodes[0].run(f"ssh -o BatchMode=yes {host.user}@{host.address} id -un").stdout.strip() \
+            == host.user  # from a node, with its own ssh setup
+
+
+def test_a_probe_through_two_nodes_reports_every_worker(kit, prepared, short_tmp, testbed_home):
+    project = kit.project(short_tmp / "proj", workers(kit), execution_nodes=node_entries(kit.bed),
+                          ssh={"known_hosts": str(kit.bed.known_hosts), "identity": str(kit.bed.key)})
+    done, doc = probe(project, testbed_home)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert doc["ok"] is True
+    assert [h["host"] for h in doc["hosts"]] == ["h1", "h2", "b1", "b2", "b3", "b4"]  # one report, roster order
+    for host, checks in by_host(doc).items():
+        assert "ssh" not in checks, (host, checks.get("ssh"))
+        assert checks["gpu"]["status"] == "ok" and checks["gpu"]["data"]["devices"][0]["name"] == "H100", host
+        assert checks["data"]["data"]["path"] == str(kit.data)  # each worker's env: and data_path reached it
+    assert {c["name"]: c["status"] for c in doc["cluster"]}["nccl_match"] == "ok"
+    # each worker behind a node was driven from the node its via: names: its logins came from there
+    for i, host in enumerate(kit.bed.behind):
+        node = kit.bed.host(f"n{1 + i % 2}")
+        log = (host.sshd_dir / "sshd.log").read_text()
+        assert f"Accepted publickey for {host.user} from {node.inner_address} " in log, (host.name, log[-2000:])
+    human = run_fdl("@cluster", "probe", cwd=project, env=testbed_home, timeout=PROBE_TIMEOUT)
+    assert human.returncode == 0, human.stderr
+    assert "b3: ready:" in human.stdout
+
+
+def test_a_node_killed_mid_run_leaves_its_workers_unreachable_through_it(kit, prepared, short_tmp, testbed_home):
+    bed = kit.bed
+    slow = bed.shared / "slowpython"  # the workers behind n2 take their time, so n2 dies while its job runs
+    slow.write_text("#!/bin/sh\nsleep 20\nexec /usr/bin/python3 \"$@\"\n")
+    slow.chmod(0o755)
+    entries = workers(kit)
+    for entry in entries:
+        if entry.get("via") == "n2":
+            entry["python"] = str(slow)
+    project = kit.project(short_tmp / "proj", entries, execution_nodes=node_entries(bed),
+                          ssh={"known_hosts": str(bed.known_hosts), "identity": str(bed.key)})
+    n2 = bed.host("n2")
+    proc = subprocess.Popen([sys.executable, "-m", "fdl", "@cluster", "probe", "--json"], cwd=project,
+                            env=fdl_env(testbed_home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not _running(n2, "ansible-playbook"):  # n2's job is under way
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "n2 never started its job"
+            time.sleep(0.1)
+        time.sleep(1)
+        n2.link_down()  # power gone: nothing leaves n2 any more...
+        for pid in n2.user_pids():  # ...and nothing runs there
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        out, err = proc.communicate(timeout=PROBE_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        n2.link_up()
+    assert proc.returncode == 1, err
+    doc = json.loads(out)  # one JSON document, every worker in it
+    assert doc["ok"] is False
+    checks = by_host(doc)
+    assert list(checks) == ["h1", "h2", "b1", "b2", "b3", "b4"]
+    for name in ("b2", "b4"):  # behind n2
+        assert set(checks[name]) == {"ssh"}, checks[name]
+        message = checks[name]["ssh"]["message"]
+        assert message.startswith(f"{name} ({bed.host(name).user}@{bed.host(name).address}) is unreachable through "
+                                  f"n2: "), message
+        assert checks[name]["ssh"]["data"]["via"] == "n2"
+        assert "check execution node n2" in checks[name]["ssh"]["hint"]
+    for name in ("h1", "h2", "b1", "b3"):  # the rest of the report stands
+        assert "ssh" not in checks[name] and checks[name]["gpu"]["status"] == "ok", (name, checks[name])
+
+
+def _running(host, program: str) -> bool:
+    for pid in host.user_pids():
+        try:
+            if program in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+# --------------------------------------------------------------------------- a run across a direct and a via worker
+
+
+def test_a_mixed_cluster_trains_and_the_via_workers_session_goes_through_its_node(kit, prepared, short_tmp,
+                                                                                   testbed_home):
+    from tests.integration.launch.helpers import (
+        checksums,
+        free_port,
+        run_processes,
+        torch_python,
+        train_script,
+        write_project,
+    )
+
+    bed = kit.bed
+    h1, h2, n1 = bed.host("h1"), bed.host("h2"), bed.host("n1")
+    torchpy = torch_python(bed.shared / "py")
+    root = short_tmp / "train"
+    train_script(root, torchpy)
+    gloo = {"GLOO_SOCKET_IFNAME": "eth0"}
+    doc = bed.cluster([h1.worker(local_devices="cpu:1", env=gloo),
+                       h2.worker(local_devices="cpu:1", env=gloo, via="n1")], nodes=[n1.execution_node()])
+    port = free_port(bed.gateway)
+    doc["cluster"]["controller"] = {"host": bed.gateway, "port": port, "bind": bed.gateway}
+    project = write_project(root, {"train": {"cluster": True, "bin": "train.py", "args": ["--steps", "5"]}}, doc)
+    keys = h2.home / ".ssh" / "authorized_keys"
+    original = keys.read_text()
+    keys.write_text(f'from="{n1.address}" {original}')  # h2 takes ssh from its node only
+    try:
+        refused = subprocess.run([*h2.ssh_argv(), "true"], capture_output=True, text=True, timeout=30)
+        assert refused.returncode == 255  # this machine itself cannot log in to h2
+        done = run_fdl("@cluster", "train", cwd=project, env=testbed_home, timeout=300)
+    finally:
+        keys.write_text(original)
+    assert done.returncode == 0, done.stderr + done.stdout
+    ranks = checksums(done.stdout)
+    assert sorted(ranks) == [0, 1] and [ranks[i]["host"] for i in (0, 1)] == ["h1", "h2"]
+    assert len({r["sum"] for r in ranks.values()}) == 1 and {r["size"] for r in ranks.values()} == {2}
+    assert "run done: 2 rank(s) on 2 host(s) exited 0" in done.stderr
+    staged = list((h2.home / ".flodl" / "launch" / "bin" / "train").glob("train.py"))
+    assert staged, "the binary never reached h2"  # through the node's job stream, then rsync from the node
+    assert not run_processes(h2) and not run_processes(h1)
+
+
+def test_ctrl_c_on_a_mixed_run_leaves_nothing_on_the_worker_behind_the_node(kit, prepared, short_tmp,
+                                                                            testbed_home):
+    from tests.integration.launch.helpers import free_port, run_processes, torch_python, train_script, write_project
+
+    bed = kit.bed
+    h1, h2, n1 = bed.host("h1"), bed.host("h2"), bed.host("n1")
+    root = short_tmp / "train"
+    train_script(root, torch_python(bed.shared / "py"))
+    gloo = {"GLOO_SOCKET_IFNAME": "eth0"}
+    doc = bed.cluster([h1.worker(local_devices="cpu:1", env=gloo),
+                       h2.worker(local_devices="cpu:1", env=gloo, via="n1")], nodes=[n1.execution_node()])
+    doc["cluster"]["controller"] = {"host": bed.gateway, "port": free_port(bed.gateway), "bind": bed.gateway}
+    project = write_project(root, {"train": {"cluster": True, "bin": "train.py",
+                                             "args": ["--steps", "300", "--pause", "1"]}}, doc)
+    proc = subprocess.Popen([sys.executable, "-m", "fdl", "@cluster", "train"], cwd=project,
+                            env=fdl_env(testbed_home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not all(any("train.py" in p for p in run_processes(h)) for h in (h1, h2)):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the ranks did not start"
+            time.sleep(0.3)
+        time.sleep(2)
+        os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C at the terminal delivers to the launcher
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "every rank was stopped" in err
+    assert not run_processes(h2) and not run_processes(h1)
+    assert not [p for p in n1.user_pids() if _running_pid(p, "ansible-runner")]  # the node's worker is gone too
+
+
+def _running_pid(pid: int, program: str) -> bool:
+    try:
+        return program in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
