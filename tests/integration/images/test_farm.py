@@ -63,7 +63,7 @@ import yaml
 
 from tests.conftest import REPO
 from tests.integration.images import nspawn
-from tests.integration.images.test_systemd_boot import require_machines
+from tests.integration.images.conftest import require_machines
 from tests.integration.launch.helpers import DEMO, fdl_python
 
 pytestmark = [pytest.mark.testbed(hosts=3), pytest.mark.slow]
@@ -76,25 +76,23 @@ DATA_PATH = "/home/flodl/data"  # the worker's dataset root: in the agent's home
 HOME_SIZE = "16m"
 MISSING_BIN = "/opt/train/train-that-is-not-there"
 MSG_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"  # journald's catalogue: EXIT_CODE=, EXIT_STATUS=
-# The published tree's training script: it answers fdl's model-signature probe, says what the data its box
-# mounted holds, then runs the quickstart's DDP demo (copied beside it) under the torch.distributed variables.
-TRAIN = '''#!{python}
-"""The farm's training script: the signature, the data this box sees, then the quickstart's demo."""
+# The published tree's training script, one file (the launcher ships a roster host the bin alone): it answers
+# fdl's model-signature probe, says what the data its box mounted holds, then is the quickstart's DDP demo.
+TRAIN = """#!{python}
+# The farm's training script: the signature, the data this box sees, then the quickstart's demo below.
+__doc__ = "the quickstart's demo, published to a farm"  # the demo's argparse reads it (its own docstring follows)
 import os
-import runpy
 import sys
 
 if os.environ.get("FDL_SIGNATURE_PROBE") == "1":
     print("fdl-signature: {signature}", flush=True)
     sys.exit(0)
-data = os.environ.get("FDL_DATA_PATH")
 try:
-    with open(os.path.join(data, "shard-0")) as shard:
+    with open(os.path.join(os.environ["FDL_DATA_PATH"], "shard-0")) as shard:
         print("data:", shard.read().strip(), flush=True)
-except (TypeError, OSError) as exc:
+except (KeyError, OSError) as exc:
     print("data: none", type(exc).__name__, flush=True)
-runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.py"), run_name="__main__")
-'''
+"""
 CHECKSUM = re.compile(r"^\[(?P<host>[^/\]]+)/(?P<rank>\d+)\] rank (?P=rank)/2 on \S+: .*weights checksum "
                       r"(?P<sum>[0-9a-f]{16})$", re.M)
 
@@ -180,6 +178,11 @@ class Farm:
         self.machine: nspawn.Machine | None = None
         self.name = f"{bed.prefix}w1"
         self.reports: dict[str, dict] = {}
+        self.started = time.monotonic()
+
+    def phase(self, name: str) -> None:
+        """A line per phase with the seconds since the test began (pytest shows it with -s, or on a failure)."""
+        print(f"farm: +{time.monotonic() - self.started:6.1f} s  {name}", flush=True)
 
     # the controller box ----------------------------------------------------------------------------------
     def sshd_config(self) -> Path:
@@ -209,9 +212,8 @@ class Farm:
         """fdl.yml: the training command, in launcher mode (cluster: true, what opens a farm's window), and the
         roster worker (h2); the training tree under src/."""
         op, h2 = self.op, self.roster
-        train = TRAIN.format(python=op.python, signature=SIGNATURE)
-        op.write(op.project / "src" / "train.py", train, 0o755)
-        op.write(op.project / "src" / "demo.py", DEMO.read_text())
+        demo = DEMO.read_text().replace("from __future__ import annotations\n", "")
+        op.write(op.project / "src" / "train.py", TRAIN.format(python=op.python, signature=SIGNATURE) + demo, 0o755)
         doc = {"commands": {"train": {"cluster": True, "bin": "src/train.py", "args": ["--steps", STEPS]}},
                "cluster": {"ssh": {"known_hosts": str(op.home / ".ssh" / "known_hosts_testbed")},
                            "workers": [{"host": h2.name, "address": h2.address, "user": h2.user,
@@ -502,6 +504,7 @@ def _the_farm(farm: Farm) -> None:
     image = [nspawn.cloud_init_layer(base), base]
 
     # the controller box: three farms, their doors opened by the printed privileged lines, each self-tested
+    farm.phase("the controller box")
     farm.prepare_controller_box()
     farm.write_project()
     for door in farm.labels:
@@ -516,6 +519,7 @@ def _the_farm(farm: Farm) -> None:
         farm.selftest(door)
 
     # the worker boots from door b's user-data, with the real cloud-init
+    farm.phase("the worker boots")
     data_source = farm.serve_data()
     machine = farm.boot(image, farm.user_data(data_source))
     machine.wait_booted(timeout=180)
@@ -535,6 +539,7 @@ def _the_farm(farm: Farm) -> None:
     main_pid = first["MainPID"]
 
     # a 2-host run: the roster worker and the booted one, through door b with the farm key
+    farm.phase("the first run")
     farm.train("the first run")
     fdl = farm.fdl_lines()
     assert f"data: tokens from {farm.data.name}" in fdl, fdl  # the rank read the sshfs mount
@@ -542,10 +547,14 @@ def _the_farm(farm: Farm) -> None:
     farm.still_up("after the first run", main_pid)
 
     # (1) the controller restarts while the worker waits for the world
+    farm.phase("(1) the controller restarts")
+    admitted = farm.fdl_lines().count("admitted by 127.0.0.1:")
     farm.train("after the controller restarted", restart_controller=True)
+    assert farm.fdl_lines().count("admitted by 127.0.0.1:") == admitted + 2  # by the first, then the second
     farm.still_up("after the controller restarted", main_pid)
 
     # (2) the data host's sshd restarts: the sshfs session dies with it
+    farm.phase("(2) the data host's sshd restarts")
     farm.data.stop_sshd()
     try:
         marker = farm.fdl_lines().count("the data host")
@@ -558,6 +567,7 @@ def _the_farm(farm: Farm) -> None:
     farm.still_up("after the data host came back", main_pid)
 
     # (3) another account of the worker box fills /home, where the agent's stage is
+    farm.phase("(3) another account fills the disk")
     other = "debian"  # cloud-init's default user
     filled = machine.sh(f"setpriv --reuid={other} --regid={other} --init-groups sh -c "
                         f"'dd if=/dev/zero of=/home/{other}/filler bs=64k 2>/dev/null; exit 0'", timeout=120)
@@ -572,9 +582,10 @@ def _the_farm(farm: Farm) -> None:
     farm.still_up("after the disk was freed", main_pid)
 
     # (4) a publish whose bin was renamed reaches the worker (--no-build: nothing gates it)
+    farm.phase("(4) the published bin is renamed")
     src = farm.op.project / "src"
     (src / "train.py").rename(src / "train-renamed.py")
-    broken = farm.publish("--no-build", "--bin", "train.py")
+    broken = farm.publish("--no-build", "--build", "true", "--bin", "train.py")
     assert broken.returncode == 0, broken.stderr + broken.stdout
     marker = farm.fdl_lines().count("is not there")
     farm.wait_for_lines("is not there", marker + 2, 180, "two dials on the renamed bin")
@@ -588,6 +599,7 @@ def _the_farm(farm: Farm) -> None:
     assert "exited 2" not in fdl and farm.token() not in fdl
 
     # last: the worker's own configuration names a binary that is not there, and the box powers itself off
+    farm.phase("a missing binary of the worker's own configuration")
     overlay = machine.path(f"/etc/fdl/{farm.label}/fdl.{BOX_ENV}.yml")
     doc = yaml.safe_load(overlay.read_text())
     doc["join"].update(source=None, bin=MISSING_BIN)  # null deletes the generated source: key
@@ -600,3 +612,4 @@ def _the_farm(farm: Farm) -> None:
     assert exits[-1] == ("exited", "2"), exits
     said = "\n".join(str(e.get("MESSAGE")) for e in unit if e.get("_SYSTEMD_UNIT") == UNIT)
     assert f"the training binary {MISSING_BIN} is not on this box" in said, said[-3000:]
+    farm.phase("done")
