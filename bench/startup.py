@@ -53,7 +53,11 @@ def main() -> int:
               test: {run: cargo test}
             """))
         (root / "fdl.base.yml").write_text("cluster:\n  controller:\n    join: {discovery: true}\n")
-        (root / "fdl.farm.yml").write_text("inherit-from: base\ncluster:\n  controller:\n    join: {token: t}\n")
+        (root / "fdl.farm.yml").write_text("inherit-from: base\ncluster:\n  controller:\n"
+                                           "    join: {token_file: .fdl/farm/token}\n")
+        (root / ".fdl" / "farm").mkdir(parents=True)
+        (root / ".fdl" / "farm" / "token").write_text("5f0c1e8a9b2d4c6e8f0a1b3c5d7e9f1a\n")
+        (root / ".fdl" / "farm" / "token").chmod(0o600)
         env = env_for_fdl()
         fdl = fdl_command()
         commands = {"python3 -c pass": ([PY, "-c", "pass"], env)}

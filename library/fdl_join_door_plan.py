@@ -46,6 +46,12 @@ options:
     description: Door a, where the jailed account's home (BASE/LABEL) and chroot (BASE/LABEL/jail) go.
     type: str
     default: /var/lib/fdl-doors
+  config_required:
+    description:
+      - Fail when I(sshd_config) does not exist. False plans the drop-in as for a host with no Port lines of
+        its own (the role's render entry point, which writes a review copy on a box that may not run sshd yet).
+    type: bool
+    default: true
 author:
   - The fdl authors (@flodl)
 """
@@ -90,10 +96,15 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
-    from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import DoorError, dropin_name, dropin_vars
+    from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import (
+        DoorError,
+        dropin_name,
+        dropin_scan_lines,
+        dropin_vars,
+    )
     from ansible_collections.flodl.fdl.plugins.module_utils.farm.sshd_config import scan
 except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
-    from ansible.module_utils.fdl.hostside.farm.doors import DoorError, dropin_name, dropin_vars
+    from ansible.module_utils.fdl.hostside.farm.doors import DoorError, dropin_name, dropin_scan_lines, dropin_vars
     from ansible.module_utils.fdl.hostside.farm.sshd_config import scan
 
 
@@ -107,22 +118,23 @@ def main() -> None:
             door_port=dict(type="int", required=True),
             controller_port=dict(type="int", default=1337),
             jail_base=dict(type="str", default="/var/lib/fdl-doors"),
+            config_required=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
     )
     p = module.params
-    if not os.path.isfile(p["sshd_config"]):
+    present = os.path.isfile(p["sshd_config"])
+    if not present and p["config_required"]:
         module.fail_json(msg=f"{p['sshd_config']} does not exist: is the OpenSSH server installed?")
     try:
         path = os.path.join(os.path.abspath(p["dropin_dir"]), dropin_name(p["label"]))
-        explicit = scan(p["sshd_config"]).ports(exclude=(path,))
+        explicit = scan(p["sshd_config"]).ports(exclude=(path,)) if present else []
         values = dropin_vars(p["door"], label=p["label"], door_port=p["door_port"],
                              controller_port=p["controller_port"], explicit_ports=explicit,
                              jail_base=p["jail_base"])
     except DoorError as exc:
         module.fail_json(msg=str(exc))
-    lines = [f"Port {item['port']}" for item in values["ports"]] + [f"Match LocalPort {p['door_port']}"]
-    virtual = scan(p["sshd_config"], virtual=(path, lines))
+    virtual = scan(p["sshd_config"], virtual=(path, dropin_scan_lines(values)))
     module.exit_json(
         changed=False, dropin_path=path, dropin=values, read_by_sshd=virtual.virtual_read,
         shadowing=[f"{d.file}:{d.line} {d.keyword} {d.value}" for d in virtual.shadowing(path)],

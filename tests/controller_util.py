@@ -11,7 +11,7 @@ from pathlib import Path
 
 FIRST_PORT, LAST_PORT = 21000, 21999
 #: The token of a test window that names none: every window has one (loopback is not a credential).
-TEST_TOKEN = "7e57c0de" * 8
+TEST_TOKEN = "7bb9f2ab5311017a3befdfcc378eff301b4171e0ad8055ffefc14122a94b07c9"  # fdl refuses a token under 128 bits
 
 
 class FakeClock:

@@ -41,7 +41,7 @@ from fdl.agent.data import disk_error
 from fdl.agent.options import JoinOptions
 from fdl.agent.permanent import check
 from fdl.agent.prepare import Prepared, prepare
-from fdl.agent.tunnel import Tunnel, local_address_toward
+from fdl.agent.tunnel import Tunnel, local_address_toward, pinned_environ
 from fdl.errors import ExitCode, FdlError
 from fdl.hostside.envvars import FDL_JOIN_TOKEN
 from fdl.hostside.supervisor import GroupResult, Supervisor
@@ -150,7 +150,8 @@ class JoinAgent:
         self.options = options
         self.note = note
         self.on_line = on_line
-        self.environ = dict(os.environ if environ is None else environ)
+        # join.known_hosts pins the door for every ssh a dial starts (tunnel, sshfs, rsync, git)
+        self.environ = pinned_environ(os.environ if environ is None else environ, options.known_hosts)
         self.build_output = build_output
         self.sleep = sleep
         self.host = options.host or socket.gethostname().split(".")[0]
@@ -200,7 +201,7 @@ class JoinAgent:
         from fdl.controller.client import ControllerClient, ControllerError, ControllerRefused
 
         tunnel = Tunnel(opts.ssh, opts.controller, identity=opts.identity, note=self.note,
-                        environ=self.environ) if opts.ssh else None
+                        environ=self.environ, known_hosts=opts.known_hosts) if opts.ssh else None
         with tunnel if tunnel is not None else contextlib.nullcontext():
             shown = opts.controller_text + (f" (via ssh {opts.ssh})" if opts.ssh else "")
             with ControllerClient(opts.controller_text, timeout=10.0, token=opts.token,

@@ -12,6 +12,7 @@ checked by fdl.agent.permanent, before the first dial.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -20,6 +21,7 @@ from fdl.config.parse import DEFAULT_PORT, is_login_name, is_valid_host, split_h
 from fdl.config.schema import LibtorchDefaults
 from fdl.errors import FdlError, UsageError
 from fdl.hostside.checks.devices import Devices, parse_devices
+from fdl.hostside.envvars import FDL_JOIN_TOKEN
 from fdl.hostside.libtorch.variants import CHOICES
 from fdl.hostside.paths import DEFAULT_DATA_PATH
 from fdl.libtorch.source import Source, choose_source
@@ -69,7 +71,9 @@ class JoinOptions(NamedTuple):
     controller: tuple[str, int]  # as seen from the ssh host with --ssh, else as dialled
     ssh: SshHop | None = None
     identity: str | None = None
+    known_hosts: str | None = None  # the door's host key is checked against this file alone (no first-use trust)
     token: str | None = None
+    token_file: str | None = None  # where the token was read from (None: the block, the flag or the environment)
     bin: str | None = None
     source: str | None = None
     source_cwd: str | None = None
@@ -108,6 +112,28 @@ class JoinOptions(NamedTuple):
 
 def _bad(message: str, hint: str | None = None) -> UsageError:
     return UsageError(message, hint=hint)
+
+
+def _token(flags: Mapping[str, Any], merged: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(token, the file it came from): --token-file wins over FDL_JOIN_TOKEN (both reach the flags); the join:
+    block's token_file: was read when the configuration was checked. A token under 128 bits is refused."""
+    from pathlib import Path
+
+    from fdl.config.tokens import read_token_file, strength_problem
+
+    token, token_file = merged["token"] or None, merged["token_file"]
+    if flags.get("token_file") is not None:
+        token_file = os.path.abspath(os.path.expanduser(str(flags["token_file"])))
+        try:
+            token = read_token_file(Path(token_file))
+        except ValueError as exc:
+            raise _bad(f"--token-file: {exc}.") from None
+    if token is not None:
+        problem = strength_problem(token)
+        if problem is not None:
+            raise _bad(f"the join token is too weak: {problem}.",
+                       f"Give the run's real token ({FDL_JOIN_TOKEN}, --token-file or join.token_file).")
+    return token, token_file
 
 
 def parse_ssh_hop(text: str) -> SshHop:
@@ -232,6 +258,10 @@ def resolve_options(defaults: JoinDefaults | None, flags: dict[str, Any], tail: 
     identity = merged["identity"]
     if identity is not None:
         identity = os.path.expanduser(str(identity))
+    known_hosts = merged["known_hosts"]
+    if known_hosts is not None:
+        known_hosts = os.path.abspath(os.path.expanduser(str(known_hosts)))
+    token, token_file = _token(flags, merged)
     devices = Devices()
     if merged["devices"] is not None:
         try:
@@ -271,7 +301,8 @@ def resolve_options(defaults: JoinDefaults | None, flags: dict[str, Any], tail: 
     else:
         args, given = None, False
     return JoinOptions(
-        controller=controller, ssh=ssh, identity=identity, token=merged["token"] or None, bin=merged["bin"],
+        controller=controller, ssh=ssh, identity=identity, known_hosts=known_hosts, token=token,
+        token_file=token_file, bin=merged["bin"],
         source=merged["source"], source_cwd=merged["source_cwd"], source_build=merged["source_build"],
         source_bin=merged["source_bin"], libtorch=libtorch, host=host, devices=devices,
         persist=bool(merged["persist"]), data_path=data_path, data_source=data_source, gpu_ram_share=share,

@@ -19,9 +19,10 @@ itself, then `check`). The list, and nothing else:
    command a --source-build given here starts with, a --libtorch variant
    pinned by sha256 that is installed from other bytes;
 4. an identity file (--identity) that is missing or unreadable;
-5. no known_hosts entry for the --ssh door while ssh checks host keys
-   strictly (this box's files alone, through `ssh -G` and `ssh-keygen -F`;
-   what the door presents is never asked);
+5. a known_hosts file its own join.known_hosts names that this account
+   cannot read, or no known_hosts entry for the --ssh door while ssh checks
+   host keys strictly (this box's files alone, through `ssh -G` and
+   `ssh-keygen -F`; what the door presents is never asked);
 6. a stage this user cannot write because of its own permissions or a
    read-only file system: EROFS, or EACCES/EPERM from a directory this user
    or root owns. The stage is the join stage (its logs and source
@@ -82,6 +83,8 @@ def check(options: JoinOptions, *, environ: Mapping[str, str] | None = None, not
     _tools(options, env)
     if options.identity:
         check_identity(options.identity)
+    if options.known_hosts:
+        check_known_hosts(options.known_hosts)
     if options.ssh is not None:
         _door(options, env)
     _libtorch(options, offer, env)
@@ -182,6 +185,19 @@ def check_identity(identity: str) -> None:
         raise PermanentError(f"--identity {identity}: this account cannot read it ({exc.strerror or exc}).",
                              hint="The key must be readable by the account fdl join runs as (and by nobody "
                                   "else: chmod 600).") from None
+
+
+def check_known_hosts(path: str) -> None:
+    """The known_hosts file this box's own configuration pins the door with (join.known_hosts) must be there
+    and readable: without it ssh can never accept the door."""
+    try:
+        with open(path, "rb") as handle:
+            handle.read(1)
+    except OSError as exc:
+        raise PermanentError(f"join.known_hosts {path}: this account cannot read it ({exc.strerror or exc}), so "
+                             f"ssh could never accept the door's host key.",
+                             hint="Put the door's host key there (fdl join-config writes it as .fdl/LABEL/"
+                                  "known_hosts, and its cloud-init user-data installs it).") from None
 
 
 def _door(options: JoinOptions, env: Mapping[str, str]) -> None:

@@ -117,7 +117,7 @@ def prepare(options: JoinOptions, *, environ: Mapping[str, str] | None = None, n
 
         built = build(options.source, stage / "source" / "tree", cwd=options.source_cwd,
                       recipe=options.source_build, source_bin=options.source_bin, identity=options.identity,
-                      libtorch=libtorch, output=build_output, note=note)
+                      libtorch=libtorch, output=build_output, note=note, env=environ)
         binary, cwd, run_id, manifest_args = str(built.binary), str(built.cwd), built.run_id, built.args
     else:
         assert options.bin is not None

@@ -22,7 +22,7 @@ there yet (or a publish is under way) and the next dial looks again.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, NamedTuple, TypeVar
 
@@ -49,8 +49,10 @@ class Built(NamedTuple):
     origin: str
 
 
-def fetch(spec_text: str, tree: Path, *, identity: str | None, source_bin: str | None, note: Note) -> Manifest | None:
-    """Bring the source into `tree`; returns the run manifest, or None for an unpublished tree."""
+def fetch(spec_text: str, tree: Path, *, identity: str | None, source_bin: str | None, note: Note,
+          env: Mapping[str, str] | None = None) -> Manifest | None:
+    """Bring the source into `tree`; returns the run manifest, or None for an unpublished tree. `env`: the
+    environment the fetch runs in (the agent's, whose RSYNC_RSH and GIT_SSH_COMMAND may pin the door)."""
     from fdl.publish.fetch import check_tools, materialize, pull_run
     from fdl.publish.manifest import ManifestMissing, read_manifest
     from fdl.publish.spec import GitSource, parse_source_spec
@@ -58,16 +60,16 @@ def fetch(spec_text: str, tree: Path, *, identity: str | None, source_bin: str |
     spec = parse_source_spec(spec_text)
     check_tools(spec)
     if isinstance(spec, GitSource):
-        materialize(spec, tree, identity=identity, note=note)
+        materialize(spec, tree, identity=identity, note=note, env=env)
         return read_manifest(tree)
     try:
-        return pull_run(spec, tree, identity=identity, note=note)
+        return pull_run(spec, tree, identity=identity, note=note, env=env)
     except ManifestMissing:
         if source_bin is None:
             raise
         note(f"source: no run manifest at {spec.spec}; building it as a plain tree (--source-bin {source_bin})")
         # a plain tree is pulled like a published one: no link that points outside it comes along
-        materialize(spec, tree, identity=identity, note=note, safe_links=True, writable_dirs=True)
+        materialize(spec, tree, identity=identity, note=note, safe_links=True, writable_dirs=True, env=env)
         return None
 
 
@@ -81,14 +83,14 @@ def _pick(flag: _T | None, manifest_value: _T | None, default: _T, what: str, no
 
 def build(spec_text: str, tree: Path, *, cwd: str | None, recipe: str | None, source_bin: str | None,
           identity: str | None, libtorch: Libtorch | None, output: IO[str] | None = None,
-          note: Note = lambda _: None) -> Built:
+          note: Note = lambda _: None, env: Mapping[str, str] | None = None) -> Built:
     """Fetch and build; `libtorch` is a fdl.hostside.libtorch.variants.Libtorch (None: a recipe that links none)."""
     from fdl.libtorch.gate import build_env
     from fdl.publish.gate import header_install_line, headers_present, package_manager, run_recipe, vendor_header
     from fdl.publish.manifest import DEFAULT_BUILD, check_tree_path
     from fdl.publish.spec import anonymize_url
 
-    manifest = fetch(spec_text, tree, identity=identity, source_bin=source_bin, note=note)
+    manifest = fetch(spec_text, tree, identity=identity, source_bin=source_bin, note=note, env=env)
     if manifest is not None:
         age = "" if not manifest.published_epoch else f", published at epoch {manifest.published_epoch}"
         note(f"source: run {manifest.run[:12]} from {manifest.origin or anonymize_url(spec_text)}{age}")

@@ -89,6 +89,26 @@ class TunnelError(FdlError):
         self.reason = reason
 
 
+def pin_options(known_hosts: str) -> list[str]:
+    """ssh options that check a host against one known_hosts file, with no first-use trust."""
+    value = f'"{known_hosts}"' if any(c.isspace() for c in known_hosts) else known_hosts
+    return ["-o", f"UserKnownHostsFile={value}", "-o", "StrictHostKeyChecking=yes"]
+
+
+def pinned_environ(environ: Mapping[str, str], known_hosts: str | None) -> dict[str, str]:
+    """environ, with every ssh a dial starts (the tunnel and sshfs through FDL_SSH_COMMAND, an rsync:// pull
+    through RSYNC_RSH, a git+ssh fetch through GIT_SSH_COMMAND) checking hosts against known_hosts alone:
+    join.known_hosts, which a farm's worker.yml names (the door's host key, read when it was made)."""
+    out = dict(environ)
+    if not known_hosts:
+        return out
+    pin = pin_options(known_hosts)
+    out[FDL_SSH_COMMAND] = shlex.join(ssh_words(environ) + pin)
+    for name in ("RSYNC_RSH", "GIT_SSH_COMMAND"):
+        out[name] = shlex.join(shlex.split(environ.get(name, "").strip() or "ssh") + pin)
+    return out
+
+
 def ssh_words(environ: Mapping[str, str] | None = None) -> list[str]:
     """The ssh command to run: $FDL_SSH_COMMAND split like a shell would, else plain ssh."""
     text = read(FDL_SSH_COMMAND, environ).strip()
@@ -125,8 +145,9 @@ class Tunnel:
 
     def __init__(self, hop: SshHop, target: tuple[str, int], *, identity: str | None = None,
                  note: Callable[[str], None] = lambda _: None, connect_timeout_s: float = CONNECT_TIMEOUT_S,
-                 environ: Mapping[str, str] | None = None):
+                 environ: Mapping[str, str] | None = None, known_hosts: str | None = None):
         self.hop = hop
+        self.known_hosts = known_hosts  # the pinned known_hosts file (environ's ssh command carries the pin)
         self.environ = dict(os.environ if environ is None else environ)
         self.ssh = ssh_words(self.environ)
         self.target = target

@@ -20,6 +20,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from fdl import __version__
 from fdl.cli.context import Globals, Invocation
+from fdl.cli.contradictions import refuse_contradictions
 from fdl.cli.options import JSON_FLAG
 from fdl.errors import ExitCode, FdlError
 from fdl.hostside.envvars import FDL_DEBUG, FDL_ENV, read
@@ -200,12 +201,12 @@ class FdlGroup(TyperGroup):
             module = importlib.import_module(BUILTINS[cmd_name][0])
             command = typer.main.get_command(module.app)
             command.name = cmd_name
-            return argument_help(command)
+            return refuse_contradictions(argument_help(command), cmd_name)
         spec = self._user_commands(ctx).get(cmd_name)
         if spec is not None:
             from fdl.cli.usercmd import make_command
 
-            return argument_help(make_command(spec))
+            return refuse_contradictions(argument_help(make_command(spec)), cmd_name)
         return None
 
     def _user_commands(self, ctx: Any) -> dict[str, CommandSpec]:

@@ -13,3 +13,4 @@ TWIN = "Print the JSON twin on stdout."
 def json_option(help: str = TWIN) -> Any:
     """`--json`: the command's outcome as one JSON document on stdout; `help` says what that document is."""
     return typer.Option(JSON_FLAG, help=help)
+

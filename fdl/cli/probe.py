@@ -149,12 +149,11 @@ def probe(
 
 
 def declared_devices(devices: str | None, cpu: bool, *, gpus_given: bool) -> Devices | None:
-    """What --devices or --cpu declare this host offers (None: nothing declared); contradictions exit 2."""
+    """What --devices or --cpu declare this host offers (None: nothing declared); contradictions exit 2 (--cpu
+    with --devices is refused before this, with every contradictory pair: fdl.cli.contradictions.EXCLUSIVE)."""
     from fdl.errors import UsageError
     from fdl.hostside.checks.devices import DEVICE_FORMS, Devices, parse_declared
 
-    if cpu and devices is not None:
-        raise UsageError(f"--cpu and --devices {devices} both say what this host offers; give one of them.")
     if cpu:
         devices = CPU_FLAG_DEVICES
     if devices is None:

@@ -27,7 +27,8 @@ class Setting(NamedTuple):
 
     help: str
     metavar: str | None = None  # the flag's metavar; None with cli=False
-    check: str = "text"  # how the join: block's value is checked: text, host, address, devices, bool, fraction, args
+    check: str = "text"  # how the join: block's value is checked: text, host, address, devices, bool, fraction, args,
+    # path (a file: ~ expanded, relative to the file that sets it)
     cli: bool = True  # a `fdl join` flag (--name-with-dashes); False: only the join: block sets it
     off: str | None = None  # a bool flag's negative form (--no-persist)
     envvar: str | None = None  # the flag also reads this variable
@@ -45,9 +46,15 @@ class JoinDefaults(NamedTuple):
         "[USER@]HOST[:PORT]")] = None
     identity: Annotated[str | None, Setting(
         "Private key for the tunnel (ssh -i); also used by sshfs and rsync.", "KEY")] = None
+    known_hosts: Annotated[str | None, Setting(
+        "A known_hosts file holding the door's host key: ssh, sshfs and rsync check the door against it alone "
+        "(StrictHostKeyChecking=yes, no first-use trust).", "FILE", check="path")] = None
     token: Annotated[str | None, Setting(
-        f"The run's pre-shared token (controller.join.token). Prefer {FDL_JOIN_TOKEN}: argv is public.", "HEX",
-        envvar=FDL_JOIN_TOKEN, secret=True)] = None
+        f"The run's pre-shared token (controller.join.token). Prefer {FDL_JOIN_TOKEN} or --token-file: argv is "
+        "public.", "HEX", envvar=FDL_JOIN_TOKEN, secret=True)] = None
+    token_file: Annotated[str | None, Setting(
+        "A file holding the run's token, yours or root's and 0600 (exclusive with --token).", "FILE",
+        check="path")] = None
     bin: Annotated[str | None, Setting(
         "Training binary on this box (exclusive with --source).", "PATH")] = None
     source: Annotated[str | None, Setting(

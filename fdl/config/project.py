@@ -189,7 +189,8 @@ def validate(config: Config, *, keep_errors: bool = False) -> Config:
     Every block is checked even after an error, and every error found is raised at once (with the
     warnings, which often explain an error: a mistyped key is ignored, so what it meant to set is not).
     """
-    checker = Checker(config.origins, [display_path(p) for p in config.files])
+    shown = {display_path(p): p for p in config.files}
+    checker = Checker(config.origins, list(shown), paths=shown)
     data: Data = checker.soft({}, checker.mapping, config.data, (), TOP_KEYS)
     if data.get("cluster") is not None:
         config.cluster = checker.soft(None, check_cluster, checker, data["cluster"])

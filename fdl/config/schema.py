@@ -12,8 +12,10 @@ and raised together, with the warnings, as one ConfigError.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from ..errors import ConfigError
@@ -23,6 +25,7 @@ from .join_fields import SETTINGS as JOIN_SETTINGS
 from .join_fields import JoinDefaults
 from .parse import DEFAULT_PORT, is_login_name, is_valid_host, split_host_port, unicast_problem
 from .source import Data, KeyPath, Origin, Origins, format_path
+from .tokens import literal_token_warning, read_token_file, strength_problem
 
 START_MODES = ("auto", "manual", "hybrid")
 # Every pattern here is used with fullmatch: `$` also matches before a trailing
@@ -42,13 +45,14 @@ T = TypeVar("T")
 class JoinPolicy(NamedTuple):
     discovery: bool = False
     start: str = "auto"
-    token: str | None = None
+    token: str | None = None  # the token itself, also when token_file names the file it was read from
     quorum_hosts: int | None = None
     quorum_ranks: int | None = None
     window_s: float = 600.0
     tunnel_only: bool = False
     max_hosts: int | None = None  # discovery: roster capacity (None: the hard bound, MAX_WORKERS)
     insecure_no_token: bool = False  # opt out of the rule that a non-loopback window has a token
+    token_file: str | None = None  # the 0600 file the token was read from (absolute)
 
 
 class ControllerSpec(NamedTuple):
@@ -148,9 +152,12 @@ class LibtorchDefaults(NamedTuple):
 class Checker:
     """Checks values against the schema; collects warnings, ignored keys and (through soft) every error."""
 
-    def __init__(self, origins: Origins, files: list[str]):
+    def __init__(self, origins: Origins, files: list[str], *, paths: dict[str, Path] | None = None,
+                 read_files: bool = True):
         self.origins = origins
         self.files = files
+        self.paths = paths or {}  # a file as origins spell it -> the file itself (relative paths resolve there)
+        self.read_files = read_files  # False: check a document for another box (token files are not read here)
         self.warnings: list[str] = []
         self.errors: list[str] = []
         self.ignored: list[KeyPath] = []  # unknown keys: warned about, not in force
@@ -211,6 +218,59 @@ class Checker:
     def opt_string(self, block: Data, key: str, path: KeyPath) -> str | None:
         """block[key] as text; None when absent or (its error recorded) invalid."""
         return None if block.get(key) is None else self.soft(None, self.string, block[key], path + (key,))
+
+    def file_path(self, value: Any, path: KeyPath) -> str:
+        """A path to a file: ~ expanded, a relative one resolved against the directory of the file that set it."""
+        text = os.path.expanduser(self.string(value, path))
+        if os.path.isabs(text):
+            return text
+        origin = self.origins.get(path)
+        base = self.paths.get(origin.file) if origin is not None else None
+        return os.path.normpath(os.path.join(str(base.parent) if base is not None else os.getcwd(), text))
+
+    def token(self, block: Data, path: KeyPath) -> tuple[str | None, str | None]:
+        """(token, token_file) of a block that may set token: or token_file: (never both). The file is read
+        (it must be this user's or root's, 0600) unless this document is checked for another box; a token of
+        under 128 bits is refused. The token is never shown."""
+        literal = self.opt_string(block, "token", path)
+        if block.get("token_file") is None:
+            if literal is not None:
+                self._strong(literal, path + ("token",))
+                self._literal(path + ("token",))
+            return literal, None
+        file = self.soft(None, self.file_path, block["token_file"], path + ("token_file",))
+        if literal is not None:
+            self.report(ConfigError(
+                f"{self.where(path + ('token',))}: {format_path(path + ('token',))} and "
+                f"{format_path(path + ('token_file',))} ({self.where(path + ('token_file',))}) are both set, and "
+                f"they are two answers to one question. Keep token_file: (the token in a 0600 file) and remove "
+                f"token:, or set token: null in the overlay that sets token_file:."))
+            return None, file
+        if file is None or not self.read_files:
+            return None, file
+        try:
+            token = read_token_file(Path(file))
+        except ValueError as exc:
+            self.report(ConfigError(f"{self.where(path + ('token_file',))}: {format_path(path + ('token_file',))}: "
+                                    f"{exc}."))
+            return None, file
+        self._strong(token, path + ("token_file",))
+        return token, file
+
+    def _strong(self, token: str, path: KeyPath) -> None:
+        problem = strength_problem(token)
+        if problem is not None:
+            self.report(ConfigError(f"{self.where(path)}: {format_path(path)}: the token is too weak: {problem}."))
+
+    def _literal(self, path: KeyPath) -> None:
+        """Warn when the file that writes a literal token is tracked by git or readable by others."""
+        origin = self.origins.get(path)
+        file = self.paths.get(origin.file) if origin is not None else None
+        if file is None or not self.read_files:
+            return
+        warning = literal_token_warning(file, origin.file if origin is not None else str(file))
+        if warning is not None:
+            self.warnings.append(warning)
 
     def boolean(self, value: Any, path: KeyPath) -> bool:
         if not isinstance(value, bool):
@@ -475,7 +535,7 @@ def _join_policy(c: Checker, value: Any, path: KeyPath) -> JoinPolicy:
             quorum_hosts = c.soft(None, c.integer, q["hosts"], path + ("quorum", "hosts"), 1, MAX_WORKERS)
         if q.get("ranks") is not None:
             quorum_ranks = c.soft(None, c.integer, q["ranks"], path + ("quorum", "ranks"), 1, 1 << 20)
-    token = c.opt_string(block, "token", path)
+    token, token_file = c.token(block, path)
     return JoinPolicy(
         discovery=c.soft(False, c.boolean, block.get("discovery", False), path + ("discovery",)),
         start=start,
@@ -488,6 +548,7 @@ def _join_policy(c: Checker, value: Any, path: KeyPath) -> JoinPolicy:
                    else c.soft(None, c.integer, block["max_hosts"], path + ("max_hosts",), 1, MAX_WORKERS)),
         insecure_no_token=c.soft(False, c.boolean, block.get("insecure_no_token", False),
                                  path + ("insecure_no_token",)),
+        token_file=token_file,
     )
 
 
@@ -601,11 +662,18 @@ def check_join(c: Checker, value: Any) -> JoinDefaults:
     path = ("join",)
     block = c.mapping(value, path, JOIN_KEYS)
     kwargs: dict[str, Any] = {}
+    token, token_file = c.token(block, path)
     for key, setting in JOIN_SETTINGS:
+        if key in ("token", "token_file"):
+            continue
         if block.get(key) is not None:
             checked = c.soft(None, _join_value, c, setting.check, block[key], path + (key,))
             if checked is not None:
                 kwargs[key] = checked
+    if token is not None:
+        kwargs["token"] = token
+    if token_file is not None:
+        kwargs["token_file"] = token_file
     return JoinDefaults(**kwargs)
 
 
@@ -618,6 +686,8 @@ def _join_value(c: Checker, check: str, value: Any, here: KeyPath) -> Any:
         return c.str_list(value, here)
     if check == "host":
         return c.host(value, here)
+    if check == "path":
+        return c.file_path(value, here)
     if check == "devices":
         try:
             return parse_devices(value)

@@ -512,6 +512,7 @@ class RunMachine:
             "phase": self.phase,
             "reason": self.reason,
             "run_id": self.cohort_run_id,
+            "launch_id": p.launch_id,
             "controller_id": self.controller_id,
             "signature": self.cohort_signature,
             "kind": "discovery" if p.discovery else "roster",

@@ -43,13 +43,15 @@ def outcome(end: WatchEnd, kept: Callable[[str | None], State | None] = lambda _
 
     The last state seen tells it when the watch saw the run finish in an answer that proved the run's
     token; otherwise `kept` may hold the final state the run's launcher kept on this machine
-    (fdl.controller.live.kept_state: this user's own file, local evidence).
+    (fdl.controller.live.kept_state: this user's own file, local evidence), found by the launcher's own id
+    (`launch_id`: a discovery cohort's run id is its walk-ins', or none) and taken only when it is the final
+    state of the very controller watched (same `controller_id`).
     """
     state = end.state or {}
     run = state.get("run_id")
     final, proven = state, end.verified
     if not (proven and state.get("phase") in ("done", "failed")):
-        local = kept(run)
+        local = _kept_for(state, kept)
         if local is not None and local.get("phase") in ("done", "failed"):
             final, proven = local, True
     phase, label = final.get("phase"), f"run {run}" if run else "the run"
@@ -63,6 +65,20 @@ def outcome(end: WatchEnd, kept: Callable[[str | None], State | None] = lambda _
                 + ("" if proven else " (unverified: no answer proved the run's token)"), 1)
     return (f"{label}: outcome unknown: its controller went away while the run was {phase or 'not yet seen'} "
             f"(its launcher's output says how it ended).", 1)
+
+
+def _kept_for(state: State, kept: Callable[[str | None], State | None]) -> State | None:
+    """The kept final state of the controller `state` came from: by its launch id, else (a controller from
+    before launch ids) by its run id; one of another controller instance is not this run's."""
+    watched = state.get("controller_id")
+    for key in ("launch_id", "run_id"):
+        ident = state.get(key)
+        if not isinstance(ident, str) or not ident:
+            continue
+        local = kept(ident)
+        if local is not None and (watched is None or local.get("controller_id") == watched):
+            return local
+    return None
 
 
 class Watcher:

@@ -240,34 +240,73 @@ def _public_of(key: Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
 
 
-def mint(farm_dir: Path, label: str) -> Credentials:
-    """A new key pair and token, recorded as this user's own, then moved into place together (old ones replaced)."""
-    token = new_token()  # before anything touches the disk: an entropy failure writes nothing
-    keygen = _keygen()
-    try:
-        old_public: str | None = (farm_dir / PUB_NAME).read_text()
-    except (OSError, UnicodeDecodeError):
-        old_public = None
-    with tempfile.TemporaryDirectory(prefix=".keygen-", dir=farm_dir) as tmp:
-        tmp_key = Path(tmp) / "key"
+@dataclass
+class Staged:
+    """A new key pair and token, made in a private directory inside the farm directory and not in place yet:
+    what the farm's files are rendered with before anything is written (commit() puts them in place, after
+    recording them as this user's own; discard() drops them)."""
+
+    farm_dir: Path
+    label: str
+    directory: Path
+    token: str
+
+    @property
+    def key(self) -> Path:
+        return self.directory / KEY_NAME
+
+    @property
+    def public_key(self) -> str:
+        return (self.directory / PUB_NAME).read_text().strip()
+
+    def commit(self) -> Credentials:
+        """Record the pair and token as minted by this user here, then move them into place together."""
+        farm_dir = self.farm_dir
         try:
-            subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-C", f"fdl-farm-{label}",
-                            "-f", str(tmp_key)], capture_output=True, text=True, timeout=60, check=True)
-        except subprocess.CalledProcessError as exc:
-            raise FdlError(f"ssh-keygen failed: {(exc.stderr or exc.stdout).strip()}. Nothing was replaced.") from None
-        except (subprocess.SubprocessError, OSError) as exc:
-            raise FdlError(f"ssh-keygen could not run: {exc}. Nothing was replaced.") from None
-        os.chmod(tmp_key, 0o600)
+            old_public: str | None = (farm_dir / PUB_NAME).read_text()
+        except (OSError, UnicodeDecodeError):
+            old_public = None
         # The record first: a crash after it leaves a record of a key never put in place (harmless), never a
         # key in place without its record.
-        minted.record(tmp_key.with_suffix(".pub").read_text(), token, label=label, farm_dir=farm_dir)
-        atomic_write(str(farm_dir / TOKEN_NAME), (token + "\n").encode(), 0o600)
-        os.replace(tmp_key, farm_dir / KEY_NAME)
-        os.replace(tmp_key.with_suffix(".pub"), farm_dir / PUB_NAME)
+        minted.record(self.public_key, self.token, label=self.label, farm_dir=farm_dir)
+        atomic_write(str(farm_dir / TOKEN_NAME), (self.token + "\n").encode(), 0o600)
+        os.replace(self.key, farm_dir / KEY_NAME)
+        os.replace(self.directory / PUB_NAME, farm_dir / PUB_NAME)
         os.chmod(farm_dir / PUB_NAME, 0o600)
         fsync_dir(farm_dir)  # the renames themselves survive a crash
-    if old_public is not None and old_public.split()[:2] != (farm_dir / PUB_NAME).read_text().split()[:2]:
-        minted.forget(old_public)  # rotated out: that pair is no longer reused here
-    creds = load(farm_dir)
-    assert creds is not None
-    return creds
+        if old_public is not None and old_public.split()[:2] != (farm_dir / PUB_NAME).read_text().split()[:2]:
+            minted.forget(old_public)  # rotated out: that pair is no longer reused here
+        creds = load(farm_dir)
+        assert creds is not None
+        return creds
+
+    def discard(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def stage(farm_dir: Path, label: str) -> Staged:
+    """A new key pair (ssh-keygen) and token (OS entropy) in a private directory of farm_dir; nothing replaced."""
+    token = new_token()  # before anything touches the disk: an entropy failure writes nothing
+    keygen = _keygen()
+    directory = Path(tempfile.mkdtemp(prefix=".keygen-", dir=farm_dir))  # 0700
+    staged = Staged(farm_dir, label, directory, token)
+    try:
+        subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-C", f"fdl-farm-{label}", "-f", str(staged.key)],
+                       capture_output=True, text=True, timeout=60, check=True)
+        os.chmod(staged.key, 0o600)
+    except subprocess.CalledProcessError as exc:
+        staged.discard()
+        raise FdlError(f"ssh-keygen failed: {(exc.stderr or exc.stdout).strip()}. Nothing was replaced.") from None
+    except (subprocess.SubprocessError, OSError) as exc:
+        staged.discard()
+        raise FdlError(f"ssh-keygen could not run: {exc}. Nothing was replaced.") from None
+    return staged
+
+
+def mint(farm_dir: Path, label: str) -> Credentials:
+    """A new key pair and token, recorded as this user's own, then moved into place together (old ones replaced)."""
+    staged = stage(farm_dir, label)
+    try:
+        return staged.commit()
+    finally:
+        staged.discard()

@@ -1,10 +1,11 @@
-"""The farm overlay fdl.LABEL.yml: scaffold it once, afterwards touch only its token.
+"""The farm overlay fdl.LABEL.yml: scaffold it once; afterwards it is the operator's.
 
-A re-run (or a rotation) rewrites the token value in place and nothing else:
-the value's exact span is found from the YAML parser's marks and spliced, so
-comments, key order, quoting style, CRLF endings and every other byte stay
-as they were. An overlay with no token line was written by a person; fdl
-does not edit it and hands back a snippet to paste instead.
+The overlay names the farm's token file (`token_file: .fdl/LABEL/token`), so a rotation changes that 0600
+file and never the overlay, which holds no secret and may be committed. An overlay from an fdl that wrote
+the token itself into it (`token: "..."`) is moved off it once: each literal `token:` entry is replaced by
+`token_file:` in place, its exact span found from the YAML parser's marks, so comments, key order, flow or
+block style, CRLF endings and every other byte stay as they were. An overlay with neither line was written
+by a person; fdl does not edit it and hands back a snippet to paste instead.
 """
 
 from __future__ import annotations
@@ -49,52 +50,78 @@ def read_crate(root: Path) -> Crate | None:
     return None
 
 
-def _find(node: yaml.Node, path: tuple[str, ...]) -> yaml.ScalarNode | None:
+def _find(node: yaml.Node, path: tuple[str, ...]) -> tuple[yaml.ScalarNode, yaml.ScalarNode] | None:
+    """(key node, value node) of the scalar at path, or None."""
+    found: tuple[yaml.ScalarNode, yaml.ScalarNode] | None = None
     for key in path:
         if not isinstance(node, yaml.MappingNode):
             return None
         for key_node, value_node in node.value:
             if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
-                node = value_node
+                found, node = (key_node, value_node), value_node
                 break
         else:
             return None
-    return node if isinstance(node, yaml.ScalarNode) else None
+    if found is None or not isinstance(found[1], yaml.ScalarNode):
+        return None
+    return found
 
 
-def token_spans(text: str) -> list[tuple[int, int, str]]:
-    """(start, end, style) of every token value the overlay holds, in character offsets of text."""
+def _compose(text: str) -> yaml.Node | None:
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         problem = exc.problem if isinstance(exc, yaml.MarkedYAMLError) else None
         raise OverlayEditError(f"it does not parse as YAML ({problem or exc})") from None
+
+
+def token_spans(text: str) -> list[tuple[int, int]]:
+    """(start of the key, end of the value) of every literal `token:` entry the overlay holds, in character
+    offsets of text (cluster.controller.join.token, join.token)."""
+    root = _compose(text)
     if root is None:
         return []
     spans = []
     for path in TOKEN_PATHS:
-        node = _find(root, path)
-        if node is None:
+        found = _find(root, path)
+        if found is None:
             continue
-        start, end = node.start_mark.index, node.end_mark.index
-        chunk = text[start:end]
-        if "\n" in chunk or (node.style not in (None, '"', "'")):
+        key, value = found
+        chunk = text[key.start_mark.index:value.end_mark.index]
+        if "\n" in chunk or value.style not in (None, '"', "'"):
             raise OverlayEditError(f"its {'.'.join(path)} value spans lines or uses a block style")
-        spans.append((start, end, node.style or ""))
+        spans.append((key.start_mark.index, value.end_mark.index))
     return spans
 
 
-def has_token(data: bytes) -> bool:
+def token_files(text: str) -> list[str]:
+    """The values of every `token_file:` the overlay sets (cluster.controller.join, join)."""
     try:
-        return bool(token_spans(data.decode("utf-8")))
+        root = _compose(text)
+    except OverlayEditError:
+        return []
+    out = []
+    for path in TOKEN_PATHS:
+        found = _find(root, path[:-1] + ("token_file",)) if root is not None else None
+        if found is not None and found[1].value:
+            out.append(str(found[1].value))
+    return out
+
+
+def has_token(data: bytes) -> bool:
+    """The overlay sets a token: a literal one or a token_file: (what fdl may take over from it)."""
+    try:
+        text = data.decode("utf-8")
+        return bool(token_spans(text)) or bool(token_files(text))
     except (UnicodeDecodeError, OverlayEditError):
         return False
 
 
-def rewrite_token(data: bytes, token: str) -> bytes | None:
-    """data with every token value replaced by token, byte for byte otherwise; None when there is none."""
-    if not re.fullmatch(r"[0-9a-f]+", token):
-        raise OverlayEditError("a token is hex digits only")
+def point_at_token_file(data: bytes, token_file: str) -> bytes | None:
+    """data with every literal `token: ...` entry replaced by `token_file: <token_file>`, byte for byte
+    otherwise (comments, order, flow or block style, CRLF); None when it holds no literal token."""
+    if not re.fullmatch(r"[A-Za-z0-9._/@+-]+", token_file):
+        raise OverlayEditError(f"{token_file!r} is not a path fdl writes unquoted")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -103,26 +130,6 @@ def rewrite_token(data: bytes, token: str) -> bytes | None:
     if not spans:
         return None
     out = text
-    for start, end, style in sorted(spans, reverse=True):
-        if start == end:  # `token:` with no value: insert one after the colon
-            space = " " if start and out[start - 1] == ":" else ""
-            out = out[:start] + f'{space}"{token}"' + out[end:]
-            continue
-        quote = style if style in ('"', "'") else ""
-        value = f"{quote}{token}{quote}" if quote else f'"{token}"'
-        out = out[:start] + value + out[end:]
+    for start, end in sorted(spans, reverse=True):
+        out = out[:start] + f"token_file: {token_file}" + out[end:]
     return out.encode("utf-8")
-
-
-def current_token(data: bytes) -> str | None:
-    try:
-        doc = yaml.safe_load(data.decode("utf-8"))
-    except (UnicodeDecodeError, yaml.YAMLError):
-        return None
-    for path in TOKEN_PATHS:
-        node = doc
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
-        if node is not None:
-            return str(node)
-    return None

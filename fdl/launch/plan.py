@@ -104,7 +104,8 @@ class LaunchPlan:
                                           launch_id=self.run_id, args=self.args)
         host = self.hosts[0]
         return RunPolicy(discovery=False, start="auto", roster=(RosterHost(host.name, host.devices, host.address),),
-                         run_id=self.run_id, args=self.args, controller_addr=self.controller_addr,
+                         run_id=self.run_id, launch_id=self.run_id, args=self.args,
+                         controller_addr=self.controller_addr,
                          master_port=self.port + 1 if self.port < 65535 else self.port - 1)
 
     def rank_argv(self, artifact: str | None) -> list[str]:

@@ -148,6 +148,7 @@ class Launcher:
         self._beats: threading.Thread | None = None
         self.started = time.monotonic()
         self._token_file: Path | None = None  # the token this run made, removed when it ends
+        self._minted: str | None = None  # the made token's file, as shown (~/...), when the run made one
 
     @property
     def server(self) -> ControllerServer:
@@ -237,10 +238,24 @@ class Launcher:
         atomic_write(path, (token + "\n").encode(), mode=0o600)
         self._token_file = path
         shown = f"~/{path.relative_to(Path.home())}" if path.is_relative_to(Path.home()) else str(path)
+        self._minted = shown
         self.printer.note(f"no join token is configured, so this run made its own (0600, in {shown}): this "
-                          f"account's fdl status and fdl start find it; a walk-in joins with "
-                          f"{FDL_JOIN_TOKEN}=\"$(cat {shown})\" fdl join ...")
+                          f"account's fdl status and fdl start find it"
+                          + ("; walk-ins read it from there (the line below)" if self.plan.discovery else ""))
         return token
+
+    def walk_in_line(self) -> str | None:
+        """How a walk-in joins this run's discovery window (None: a roster run admits none): the command a box
+        runs, token included by reference (never the token itself), arguments left to the run."""
+        plan = self.plan
+        if not plan.discovery or plan.cluster is None:
+            return None
+        if plan.cluster.controller.join.tunnel_only:
+            dial = f"--ssh USER@THIS_BOX --identity KEY {plan.controller_addr}"  # the door: docs/join.md, Trust
+        else:
+            dial = plan.controller_addr
+        token = f"{FDL_JOIN_TOKEN}=\"$(cat {self._minted})\"" if self._minted else f"{FDL_JOIN_TOKEN}=<the run's token>"
+        return f"{token} fdl join {dial} --bin PROGRAM --devices DEVICES"
 
     @property
     def run_dir(self) -> Path:
@@ -271,6 +286,14 @@ class Launcher:
             watch = f"fdl @{self.env_name} status" if self.env_name else f"fdl status --addr {plan.controller_addr}"
         self.printer.note(f"run {plan.run_id} of '{plan.command.name}': {what}; controller on "
                           f"{self.server.address} (watch with `{watch}`)")
+        line = self.walk_in_line()
+        if line is not None:
+            assert plan.cluster is not None  # a discovery window is a cluster run's
+            start = (f"; once quorum is met, `{watch.replace(' status', ' start')}` fires the start"
+                     if plan.cluster.controller.join.start != "auto" else "")
+            self.printer.note(f"PROGRAM is what a walk-in's ranks run (a script's wrapper will do), DEVICES what "
+                              f"it offers (0,1 or cpu:N); its ranks get the run's arguments{start}")
+            self.printer.note(f"a walk-in joins with: {line}")
 
     def _run(self) -> int:
         plan = self.plan

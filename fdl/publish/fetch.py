@@ -139,14 +139,21 @@ def _tail(text: str, lines: int = 12) -> str:
     return "\n    ".join(kept) if kept else "(no output)"
 
 
+Vet = Callable[[list[tuple[str, str]]], None]
+
+
 def materialize(source: SourceSpec, tree: Path, *, identity: str | None = None, note: Note = lambda _: None,
                 env: Mapping[str, str] | None = None, excludes: tuple[str, ...] = EXCLUDES,
-                safe_links: bool = False, writable_dirs: bool = False) -> Fetched:
-    """Make `tree` hold the source, incrementally. `tree` is fdl's to manage: local edits there do not survive."""
+                safe_links: bool = False, writable_dirs: bool = False, vet: Vet | None = None) -> Fetched:
+    """Make `tree` hold the source, incrementally. `tree` is fdl's to manage: local edits there do not survive.
+
+    vet (git sources): called with the fetched commit's symbolic links, (path, link text) each, before anything
+    is checked out; when it raises, the tree's files are as they were (and a repository this call made is gone).
+    """
     tree = Path(tree)
     tree.mkdir(parents=True, exist_ok=True)
     if isinstance(source, GitSource):
-        return _git(source, tree, identity, note, env)
+        return _git(source, tree, identity, note, env, vet)
     if isinstance(source, FileSource):
         src = source.path.rstrip("/") + "/"
         argv = rsync_argv(src, tree, excludes=excludes, safe_links=safe_links, writable_dirs=writable_dirs)
@@ -237,7 +244,56 @@ def _git_env(source: GitSource, identity: str | None, env: Mapping[str, str] | N
 
 
 def _git(source: GitSource, tree: Path, identity: str | None, note: Note,
-         env: Mapping[str, str] | None) -> Fetched:
+         env: Mapping[str, str] | None, vet: Vet | None = None) -> Fetched:
+    made_repo = not (tree / ".git").is_dir()
+    try:
+        target = _git_fetch(source, tree, identity, note, env)
+        if vet is not None:
+            vet(commit_links(tree, target, env))
+    except BaseException:
+        if made_repo:  # a refused or failed fetch leaves the tree as it found it: no repository of its own
+            shutil.rmtree(tree / ".git", ignore_errors=True)
+        raise
+    return _git_checkout(source, tree, target, identity, note, env)
+
+
+def commit_links(tree: Path, rev: str, env: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """The symbolic links a commit of the repository in `tree` holds, (path, link text) each, read from git's
+    objects (`ls-tree`, `cat-file`): nothing is checked out, and no link is followed."""
+    listed = subprocess.run(["git", "-C", str(tree), "ls-tree", "-r", "-z", "--full-tree", rev],
+                            capture_output=True, env=None if env is None else dict(env), stdin=subprocess.DEVNULL)
+    if listed.returncode != 0:
+        raise FetchError(f"git failed to list the files of {rev} in {tree}:\n    "
+                         f"{_tail(listed.stderr.decode(errors='replace'))}")
+    links: list[tuple[str, bytes]] = []
+    for record in listed.stdout.split(b"\0"):
+        head, tab, raw = record.partition(b"\t")
+        fields = head.split()
+        if tab and len(fields) == 3 and fields[0] == b"120000" and fields[1] == b"blob":
+            links.append((os.fsdecode(raw), fields[2]))
+    if not links:
+        return []
+    read = subprocess.run(["git", "-C", str(tree), "cat-file", "--batch"], capture_output=True,
+                          input=b"".join(oid + b"\n" for _, oid in links), env=None if env is None else dict(env))
+    if read.returncode != 0:
+        raise FetchError(f"git failed to read the links of {rev} in {tree}:\n    "
+                         f"{_tail(read.stderr.decode(errors='replace'))}")
+    out, texts = read.stdout, []
+    for path, _oid in links:  # "<oid> blob <size>\n<contents>\n" per object, in the order asked
+        header, _, out = out.partition(b"\n")
+        fields = header.split()
+        if len(fields) != 3 or not fields[2].isdigit():
+            raise FetchError(f"git could not read the link {path} of {rev} in {tree} "
+                             f"({header.decode(errors='replace')}).")
+        size = int(fields[2])
+        texts.append(os.fsdecode(out[:size]))
+        out = out[size + 1:]
+    return [(path, text) for (path, _), text in zip(links, texts, strict=True)]
+
+
+def _git_fetch(source: GitSource, tree: Path, identity: str | None, note: Note,
+               env: Mapping[str, str] | None) -> str:
+    """Fetch the spec's ref into the repository in `tree` (made when missing); returns what to check out."""
     genv = _git_env(source, identity, env)
 
     def git(*args: str, what: str) -> subprocess.CompletedProcess[str]:
@@ -277,6 +333,20 @@ def _git(source: GitSource, tree: Path, identity: str | None, note: Note,
                 f"fetching {source.spec} failed (is '{source.ref}' a branch, tag or commit of {source.url}?):"
                 f"\n    {_tail(first_error)}",
                 hint="Check the URL, the ref and this box's access to the repository.")
+    return target
+
+
+def _git_checkout(source: GitSource, tree: Path, target: str, identity: str | None, note: Note,
+                  env: Mapping[str, str] | None) -> Fetched:
+    genv = _git_env(source, identity, env)
+
+    def git(*args: str, what: str) -> subprocess.CompletedProcess[str]:
+        return _run(["git", "-C", str(tree), *args], what, genv)
+
+    def must(result: subprocess.CompletedProcess[str], what: str) -> None:
+        if result.returncode != 0:
+            raise FetchError(f"git failed to {what} in {tree}:\n    {_tail(result.stderr)}")
+
     must(git("checkout", "--quiet", "--force", "--detach", target, what="check out"), f"check out {source.ref}")
     # Files that are not part of this commit (a previous source's) go; build output stays.
     must(git("clean", "--quiet", "-f", "-d", "-e", "target/", "-e", "/libtorch/", what="clean"),

@@ -11,7 +11,9 @@ The order is the whole design:
    does not point at) loses its old manifest;
 4. it is updated incrementally (rsync --delete, or git fetch + checkout); a
    manifest the source carries is removed, links out of the tree refuse the
-   publish, the warm build cache moves in;
+   publish (a file:// directory and a git commit are checked before they land,
+   so the slot stays as it was; links found later are removed with the
+   refusal), the warm build cache moves in;
 5. the gate builds it (and each --gate check-builds it), and the whole tree,
    build output included, is checked for links out of it once more;
 6. the manifest is written into it atomically, with a fresh run nonce;
@@ -23,6 +25,7 @@ whole; after 7 it is on the new one, whole.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -38,7 +41,7 @@ from typing import IO, Any
 
 from fdl.config.schema import PublishDefaults
 from fdl.errors import FdlError
-from fdl.hostside.fsio import fsync_dir
+from fdl.hostside.fsio import atomic_write, fsync_dir
 from fdl.hostside.libtorch.variants import Libtorch
 from fdl.hostside.paths import FLODL_IN_HOME, SERVED_IN_HOME
 from fdl.hostside.paths import home as home_dir
@@ -466,7 +469,31 @@ _WHY = {
 }
 
 
-def links_out_of_tree(tree: Path) -> list[EscapingLink]:
+def _escapes(link_dir: str, text: str) -> str | None:
+    """Why a link's text alone takes it out of its tree ("absolute", "climbs out"), or None."""
+    if text.startswith("/"):
+        return "absolute"
+    if not _inside_lexically(link_dir, text):
+        return "climbs out"
+    return None
+
+
+def commit_escaping(links: list[tuple[str, str]]) -> list[EscapingLink]:
+    """The links of a commit (fetch.commit_links: path, text) whose text takes them out of the tree."""
+    found = []
+    for path, text in links:
+        why = _escapes(path.rpartition("/")[0], text)
+        if why is not None:
+            found.append(EscapingLink(path, text, why))
+    return sorted(found, key=lambda link: link.path)
+
+
+def _not_copied(rel_dir: str, name: str) -> bool:
+    """The real directories a publish's rsync leaves out of a file:// source (fetch.PUBLISH_EXCLUDES)."""
+    return name in ("target", ".git") or (rel_dir == "" and name == "libtorch")
+
+
+def links_out_of_tree(tree: Path, skip: Callable[[str, str], bool] | None = None) -> list[EscapingLink]:
     """Every symbolic link anywhere in a staged tree that reaches outside it, sorted by path.
 
     A link is kept only when its text is relative, never climbs above the tree
@@ -475,6 +502,7 @@ def links_out_of_tree(tree: Path) -> list[EscapingLink]:
     (`target/` at any depth), `.git/` and the top-level `libtorch/` too, since a
     git source checks tracked files out there, a build writes there, and door b
     serves whatever the release directory holds. Links are listed, never followed.
+    skip(parent, name) leaves a real directory out of the walk (a source's parts that are never copied).
     """
     root = os.fspath(tree)
     real_tree = os.path.realpath(root)
@@ -490,20 +518,28 @@ def links_out_of_tree(tree: Path) -> list[EscapingLink]:
             rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
             if entry.is_symlink():
                 text = os.readlink(entry.path)
-                why = None
-                if text.startswith("/"):
-                    why = "absolute"
-                elif not _inside_lexically(rel_dir, text):
-                    why = "climbs out"
-                else:
+                why = _escapes(rel_dir, text)
+                if why is None:
                     real = os.path.realpath(entry.path)
                     if real != real_tree and not real.startswith(real_tree + os.sep):
                         why = "resolves outside"
                 if why is not None:
                     found.append(EscapingLink(rel, text, why))
-            elif entry.is_dir(follow_symlinks=False):
+            elif entry.is_dir(follow_symlinks=False) and not (skip is not None and skip(rel_dir, entry.name)):
                 pending.append(rel)
     return sorted(found, key=lambda link: link.path)
+
+
+def _take_back(stage: Path, escaping: list[EscapingLink]) -> None:
+    """Remove the refused links from the staging slot, so that the next publish finds none of them there (the
+    parts a fetch never replaces, target/ and libtorch/, would keep them). Links only: nothing is followed."""
+    for link in escaping:
+        path = stage / link.path
+        try:
+            if path.is_symlink():
+                path.unlink()
+        except OSError:
+            continue
 
 
 def _refuse_links(escaping: list[EscapingLink], what: str, kept: str) -> PublishError:
@@ -552,6 +588,20 @@ def carry_build_output(live: Path, stage: Path) -> int:
     return moved
 
 
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _put_back(path: Path, body: bytes | None) -> None:
+    """Restore a file removed a moment ago (the staging slot's manifest), as it was: 0644, written atomically."""
+    if body is not None:
+        with contextlib.suppress(OSError):
+            atomic_write(path, body, mode=0o644)
+
+
 def publish(request: PublishRequest, *, project_root: Path | None = None, note: Note = lambda _: None,
             output: IO[Any] | None = None) -> PublishResult:
     """Publish a run. Raises an FdlError (exit 1) when nothing new was published.
@@ -582,21 +632,42 @@ def publish(request: PublishRequest, *, project_root: Path | None = None, note: 
                                f"published.") from None
         slot = SLOTS[1] if live == SLOTS[0] else SLOTS[0]
         stage = served / RELEASES_NAME / slot
-        stage.mkdir(mode=0o755, exist_ok=True)
         kept = "the previous run stays served" if live else "nothing is served yet"
+        # A source with links out of its tree is refused before it reaches the staging slot where that can be
+        # told beforehand (a file:// directory, a git commit), so a refusal leaves the slot as it found it.
+        if isinstance(request.source, FileSource):
+            escaping = links_out_of_tree(Path(os.path.realpath(request.source.path)), skip=_not_copied)
+            if escaping:
+                raise _refuse_links(escaping, "the source holds", kept)
+        made_stage = not stage.exists()
+        stage.mkdir(mode=0o755, exist_ok=True)
         # The staging slot is never what `tree` points at, so no worker can reach it
-        # by name; its old manifest goes first all the same.
+        # by name; its old manifest goes first all the same (back in place if the source is refused unfetched).
+        old_manifest = _read_bytes(stage / MANIFEST_NAME)
         remove_manifest(stage)
+
+        def vet(links: list[tuple[str, str]]) -> None:
+            refused = commit_escaping(links)
+            if refused:
+                _put_back(stage / MANIFEST_NAME, old_manifest)
+                raise _refuse_links(refused, "the source holds", kept)
+
         try:
             fetched = fetch_mod.materialize(request.source, stage, identity=request.identity, note=say,
-                                            excludes=fetch_mod.PUBLISH_EXCLUDES)
-        except fetch_mod.FetchError as exc:
+                                            excludes=fetch_mod.PUBLISH_EXCLUDES, vet=vet)
+        except FdlError as exc:
+            if made_stage:  # a git source refused or not fetched left it empty: gone, as it was before
+                with contextlib.suppress(OSError):
+                    stage.rmdir()
+            if isinstance(exc, PublishError):
+                raise
             raise PublishError(f"{exc.message}\nNothing was published: {kept}.", hint=exc.hint) from None
         if remove_manifest(stage):
             say(f"the source carried its own {MANIFEST_NAME}; it was removed before the build (the run "
                 f"manifest is written by fdl publish alone)")
         escaping = links_out_of_tree(stage)
         if escaping:
+            _take_back(stage, escaping)
             raise _refuse_links(escaping, "the source holds", kept)
         if live is not None:
             try:
@@ -627,6 +698,7 @@ def publish(request: PublishRequest, *, project_root: Path | None = None, note: 
                 raise PublishError(f"{exc.message}\nNothing was published: {kept}.", hint=exc.hint) from None
         escaping = links_out_of_tree(stage)  # the build and the carried build output, checked like the source
         if escaping:
+            _take_back(stage, escaping)
             raise _refuse_links(escaping, "after the build, the tree holds", kept)
         rustc = rustc_version()
         manifest = Manifest(bin=request.bin, run=new_run_id(), published_epoch=int(time.time()),

@@ -29,6 +29,8 @@ def walk(command, path, parent):
     for param in command.get_params(ctx):
         record = param.get_help_record(ctx)
         params.append({"name": param.name, "kind": param.param_type_name, "opts": list(param.opts),
+                       "secondary": list(getattr(param, "secondary_opts", [])),
+                       "takes_value": param.param_type_name == "option" and not (param.is_flag or param.count),
                        "shown": record[0] if record else None})
     rows = [{"path": path, "group": isinstance(command, click.Group), "params": params}]
     if isinstance(command, click.Group):
@@ -41,7 +43,8 @@ print(json.dumps(walk(typer.main.get_command(app), [], None)))
 
 
 def command_tree(cwd: Path) -> list[dict[str, Any]]:
-    """[{path: [words], group: bool, params: [{name, kind, opts, shown}]}] for fdl and every command under it,
+    """[{path: [words], group: bool, params: [{name, kind, opts, secondary, takes_value, shown}]}] for fdl and every
+    command under it,
     project commands of the fdl.yml in cwd included."""
     done = subprocess.run([sys.executable, "-c", WALK], cwd=cwd, env=fdl_env(), capture_output=True, text=True,
                           timeout=120)

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import run_fdl
 
-TOKEN = "f3" * 32
+TOKEN = "7dcf04d5c6f41c04f0353caa17a146d7958843d4657ec47cb804489f50ccd43e"  # fdl refuses a token under 128 bits
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import fdl_env, run_fdl
+from tests.conftest import IN_CI, fdl_env, run_fdl
 from tests.controller_util import free_port
 from tests.runner_runs import runs_of
 
@@ -125,7 +126,11 @@ def test_the_overlay_is_a_working_env_with_a_cluster_command_named_after_the_cra
     doc = yaml.safe_load((proj.root / "fdl.b300.yml").read_text())
     join = doc["cluster"]["controller"]["join"]
     assert join["discovery"] is True and join["start"] == "manual"
-    assert join["token"] == (proj.farm / "b300" / "token").read_text().strip()
+    # the overlay names the farm's 0600 token file and holds no secret (issue 37, item 5)
+    assert join["token_file"] == ".fdl/b300/token" and "token" not in join
+    assert (proj.farm / "b300" / "token").read_text().strip() not in (proj.root / "fdl.b300.yml").read_text()
+    assert (proj.farm / ".gitignore").read_text().splitlines()[-1] == "*"
+    assert "token_file" in json.loads(shown.stdout)["config"]["cluster"]["controller"]["join"]
     assert doc["commands"]["train"] == {"cluster": True, "build": "cargo build --release --bin train",
                                         "bin": "target/release/train"}
 
@@ -167,8 +172,9 @@ def test_cloud_init_carries_the_farm_key_and_worker_config(proj):
     assert "RestartPreventExitStatus=2" in files["/etc/systemd/system/flodl-join.service"]["content"]
     assert "rsync" in doc["packages"]
     # the agent's account owns its secrets; they are written once cloud-init created it
-    assert {"name": "flodl", "gecos": "fdl join agent", "lock_passwd": True} in doc["users"]
-    for path in ("/etc/fdl/b300/key", "/etc/fdl/b300/fdl.yml"):
+    assert {"name": "flodl", "gecos": "fdl join agent", "shell": "/usr/sbin/nologin", "lock_passwd": True} \
+        in doc["users"]
+    for path in ("/etc/fdl/b300/key", "/etc/fdl/b300/fdl.yml", "/etc/fdl/b300/token"):
         assert files[path]["owner"] == "flodl:flodl" and files[path]["defer"] is True
     assert doc["runcmd"][-1] == ["systemctl", "enable", "--now", "flodl-join.service"]
 
@@ -195,6 +201,114 @@ def test_cloud_init_unit_is_the_shipped_template_and_systemd_accepts_it(proj, tm
     assert done.returncode == 0 and "flodl-join.service" not in done.stderr, done.stderr
 
 
+def test_the_roles_render_every_file_and_no_sshd_t_runs_outside_their_validate(proj, host_key):
+    """regression (issue 39, item 4): join-config rendered the roles' templates with a jinja2 environment of its
+    own (with copies of Ansible's comment and bool filters) and ran its own sshd -t beside the role's validate:.
+    Now one ansible-playbook run, the collection's join_config play, renders them: the fdl_join_door role's
+    module plans the drop-in, and the templates are Ansible's; the doctor has no sshd -t finding of its own."""
+    doc, _ = proj.json("join-config", "b300", "--controller", DOOR, "--cloud-init", "--yes")
+    (run,) = runs_of(proj.cache, "join_config.yml")
+    assert run.command[0] == "ansible-playbook"
+    assert "flodl.fdl.fdl_join_door_plan" in run.actions and "ansible.builtin.set_fact" in run.actions
+    assert run.hosts("failures") == {} and run.hosts("changed") == {"localhost": 1}  # the user-data, privately
+    assert "sshd -t" not in {check["name"] for check in doc["doctor"]}
+    assert runs_of(proj.cache, "join_door.yml") == []
+    token = (proj.farm / "b300" / "token").read_text().strip()
+    key_line = (proj.farm / "b300" / "key").read_text().splitlines()[1]
+    for artifact in run.artifact_dir.rglob("*"):  # no secret in the runner's artifacts
+        if artifact.is_file():
+            text = artifact.read_text(errors="replace")
+            assert token not in text and key_line not in text, artifact
+
+
+# --------------------------------------------------------------------------- what a worker boots from
+
+
+DOORS = {
+    "a": ("fdl-b300@127.0.0.1:{port}", {"data_source": "sshfs://fdl-b300@127.0.0.1:{port}:/data",
+                                        "data_path": "{served}"}),
+    "b": ("op@127.0.0.1:{port}", {"source": "rsync://op@127.0.0.1:{port}:/tree"}),
+    "tunnel-only": ("op@127.0.0.1:{port}", {}),
+}
+
+
+@pytest.mark.parametrize("door", list(DOORS))
+def test_every_key_reads_back_from_worker_yml_and_from_the_user_data_for_every_door(proj, host_key, door):
+    """regression (issue 36, findings 1 and 2): `identity:` landed inside the comment of the `ssh:` line (every
+    door, worker.yml and the fdl.yml inside cloud-init.yml), and the user-data pinned no door host key, so a
+    booted worker found no known_hosts entry for its door and exited 2."""
+    served = proj.root / "served"
+    served.mkdir()
+    controller, extra = DOORS[door]
+    args = ["join-config", "b300", "--door", door, "--controller", controller.format(port=DOOR_PORT),
+            "--cloud-init", "--yes"] + (["--served", str(served)] if door != "tunnel-only" else [])
+    done = proj.run(*args)
+    assert done.returncode == 0, done.stderr
+    farm = proj.farm / "b300"
+    pin = host_key.with_suffix(".pub").read_text().split()
+    known = f"[127.0.0.1]:{DOOR_PORT} {pin[0]} {pin[1]}"
+    want = {"controller": "127.0.0.1:1337", "ssh": controller.format(port=DOOR_PORT),
+            "identity": "/etc/fdl/b300/key", "known_hosts": "/etc/fdl/b300/known_hosts",
+            "token_file": "/etc/fdl/b300/token", "persist": True,
+            **{k: v.format(port=DOOR_PORT, served=served) for k, v in extra.items()}}
+    worker_yml = (farm / "worker.yml").read_text()
+    assert yaml.safe_load(worker_yml) == {"join": want}
+    assert (farm / "known_hosts").read_text() == known + "\n"
+    user_data = (farm / "cloud-init.yml").read_text()
+    doc = yaml.safe_load(user_data)
+    files = {f["path"]: f for f in doc["write_files"]}
+    assert files["/etc/fdl/b300/fdl.yml"]["content"] == worker_yml  # the very file, byte for byte
+    assert files["/etc/fdl/b300/known_hosts"]["content"] == known + "\n"
+    assert files["/etc/fdl/b300/known_hosts"]["permissions"] == "0644"
+    assert files["/etc/fdl/b300/key"]["content"] == (farm / "key").read_text()
+    assert files["/etc/fdl/b300/token"]["content"] == (farm / "token").read_text()
+    assert (files["/etc/fdl/b300/token"]["owner"], files["/etc/fdl/b300/token"]["permissions"]) == \
+        ("flodl:flodl", "0600")
+    assert "WorkingDirectory=/etc/fdl/b300" in files["/etc/systemd/system/flodl-join.service"]["content"]
+    # the shape re-runs recover the farm from
+    assert f"# fdl-farm-shape: door={door}" in worker_yml
+    # cloud-init's own schema accepts the user-data (it must be installed under CI: scripts/apt-test.txt)
+    if shutil.which("cloud-init") is None:
+        if IN_CI:
+            pytest.fail("cloud-init is not installed (scripts/apt-test.txt lists it)")
+    else:
+        schema = subprocess.run(["cloud-init", "schema", "--config-file", str(farm / "cloud-init.yml")],
+                                capture_output=True, text=True, timeout=120)
+        assert schema.returncode == 0, schema.stderr + schema.stdout
+
+
+def test_user_data_without_a_readable_door_host_key_is_refused_with_nothing_written(proj, tmp_path):
+    """A booted worker would find no known_hosts entry for its door and stop for good: join-config refuses."""
+    proj.sshd_config.write_text(proj.sshd_config.read_text().replace("HostKey ", f"HostKey {tmp_path}/none #"))
+    done = proj.run("join-config", "b300", "--controller", DOOR, "--cloud-init", "--yes")
+    assert done.returncode == 1 and "the door's host keys cannot be read" in done.stderr
+    assert "Nothing was written" in done.stderr and not proj.farm.exists()
+    plain = proj.run("join-config", "b300", "--controller", DOOR, "--yes")  # without user-data: a warning
+    assert plain.returncode == 0 and "workers could not pin the door" in plain.stdout
+    assert "known_hosts" not in yaml.safe_load((proj.farm / "b300" / "worker.yml").read_text())["join"]
+
+
+def test_the_worker_yml_is_what_fdl_join_reads(proj, tmp_path):
+    """The farm's worker.yml, installed where it says with its token, key and known_hosts, is a configuration
+    `fdl join` takes: every path it names resolves there and the token is read from its file."""
+    assert proj.run("join-config", "b300", "--controller", DOOR, "--yes").returncode == 0
+    farm = proj.farm / "b300"
+    where = tmp_path / "etc-fdl-b300"
+    where.mkdir()
+    text = (farm / "worker.yml").read_text().replace("/etc/fdl/b300/", f"{where}/")
+    (where / "fdl.yml").write_text(text)
+    for name in ("key", "token", "known_hosts"):
+        (where / name).write_bytes((farm / name).read_bytes())
+        os.chmod(where / name, 0o600)
+    shown = run_fdl("config", "show", "--json", cwd=where, env={"HOME": str(proj.home)})
+    assert shown.returncode == 0, shown.stderr
+    join = json.loads(shown.stdout)["config"]["join"]
+    assert join["identity"] == f"{where}/key" and join["known_hosts"] == f"{where}/known_hosts"
+    os.chmod(where / "token", 0o644)
+    refused = run_fdl("config", "show", cwd=where, env={"HOME": str(proj.home)})
+    assert refused.returncode == 1 and "group or others may read or change it" in refused.stderr
+
+
 # --------------------------------------------------------------------------- re-runs
 
 
@@ -216,7 +330,7 @@ def test_rerun_reuses_credentials_and_recovers_the_farm_shape(proj):
     assert changed["door"] == "b" and changed["controller"]["ssh"] == "op@10.9.8.7:2299"
 
 
-def test_regen_rotates_key_and_token_and_touches_only_the_token_line(proj):
+def test_regen_rotates_key_and_token_and_leaves_the_overlay_alone(proj):
     assert proj.run("join-config", "b300", "--controller", DOOR, "--yes").returncode == 0
     overlay = proj.root / "fdl.b300.yml"
     edited = overlay.read_bytes().replace(b"\n", b"\r\n") + b"# my own note\r\n"
@@ -229,8 +343,7 @@ def test_regen_rotates_key_and_token_and_touches_only_the_token_line(proj):
     assert done.returncode == 0, done.stderr
     new_token = (farm / "token").read_text().strip()
     assert new_token != old_token and (farm / "key.pub").read_text() != old_pub
-    after = overlay.read_bytes()
-    assert after == edited.replace(old_token.encode(), new_token.encode())
+    assert overlay.read_bytes() == edited  # it names the token file; the rotation changed that file alone
     assert "credentials: rotated" in done.stdout
 
 
@@ -248,10 +361,10 @@ def test_a_hand_written_overlay_without_token_is_never_edited(proj):
     assert doc["overlay"]["action"] == "snippet"
     snippet = Path(doc["overlay"]["snippet"])
     token = (proj.farm / "b300" / "token").read_text().strip()
-    assert mode(snippet) == 0o600 and f'token: "{token}"' in snippet.read_text()
+    assert "token_file: .fdl/b300/token" in snippet.read_text() and token not in snippet.read_text()
     human = proj.run("join-config", "b300", "--yes")
     assert human.returncode == 0 and overlay.read_bytes() == mine
-    assert 'token: "<the contents of .fdl/b300/token>"' in human.stdout  # the snippet, printed, secret left out
+    assert "token_file: .fdl/b300/token" in human.stdout  # the snippet, printed: it holds no secret
     assert token not in human.stdout
 
 
@@ -264,7 +377,8 @@ def test_a_hand_written_overlay_without_token_is_never_edited(proj):
     (["join-config", "lab", "--door", "tunnel-only", "--served", "/srv", "--controller", DOOR], "serves nothing"),
     (["join-config", "lab", "--authorized-keys", "/etc/ssh/authorized_keys.d/op", "--install-key", "--yes"],
      "/etc/ssh"),
-    (["join-config", "lab", "--authorized-keys", "/tmp/x", "--no-install-key", "--yes"], "Drop one of them"),
+    (["join-config", "lab", "--authorized-keys", "/tmp/x", "--no-install-key", "--yes"], "contradict each other"),
+    (["join-config", "lab", "--install-key", "--no-install-key", "--yes"], "contradict each other"),
     (["join-config", "lab", "--controller", "op@127.0.0.1:22", "--yes"], "cannot be port 22"),
     (["join-config", "lab", "--controller", "op@127.0.0.1:1337", "--yes"], "must differ"),
     (["join-config", "lab", "--inherit-from", "lab", "--yes"], "inherit from itself"),
@@ -560,19 +674,25 @@ def test_credentials_owned_by_someone_else_are_refused(proj):
     assert done.returncode == 1 and f"{token} is owned by nobody (uid 65534)" in done.stderr
 
 
-def test_regen_makes_the_overlay_holding_the_token_0600_and_says_so(proj):
-    """regression: --regen wrote the new token into a 0644 overlay without a word."""
+def test_an_old_overlay_holding_the_token_is_moved_onto_the_token_file_and_rotation_never_touches_it(proj):
+    """regression (issue 37, item 5): the overlay held the token, and --regen wrote the new one into it."""
     assert proj.run("join-config", "b300", "--controller", DOOR, "--yes").returncode == 0
     overlay = proj.root / "fdl.b300.yml"
+    token = (proj.farm / "b300" / "token").read_text().strip()
+    old = overlay.read_text().replace("token_file: .fdl/b300/token", f'token: "{token}"')
+    overlay.write_text(old)  # what an fdl from before token_file: wrote
     os.chmod(overlay, 0o644)
-    doc, _ = proj.json("join-config", "b300", "--regen", "--yes")
-    assert mode(overlay) == 0o600
-    assert doc["overlay"]["action"] == "token-rewritten" and doc["overlay"]["mode_changed"] == "0644"
-    human = proj.run("join-config", "b300", "--yes")  # unchanged token, mode already right: nothing to say
-    assert "mode changed" not in human.stdout
-    os.chmod(overlay, 0o640)
-    human = proj.run("join-config", "b300", "--yes")
-    assert "its mode changed from 0640 to 0600 (it holds the token)" in human.stdout and mode(overlay) == 0o600
+    warned = run_fdl("@b300", "config", "show", cwd=proj.root, env={"HOME": str(proj.home)})
+    assert warned.returncode == 0 and "holds a literal join token" in warned.stderr and token not in warned.stderr
+    doc, done = proj.json("join-config", "b300", "--yes")
+    assert doc["overlay"]["action"] == "token-rewritten"
+    assert overlay.read_text() == old.replace(f'token: "{token}"', "token_file: .fdl/b300/token")
+    assert "others could read it" in done.stderr and "--regen" in done.stderr
+    before = overlay.read_bytes()
+    rotated, _ = proj.json("join-config", "b300", "--regen", "--yes")
+    assert rotated["overlay"]["action"] == "unchanged" and overlay.read_bytes() == before
+    shown = run_fdl("@b300", "config", "show", cwd=proj.root, env={"HOME": str(proj.home)})
+    assert shown.returncode == 0 and "literal join token" not in shown.stderr
 
 
 def test_door_a_logs_workers_in_as_its_jailed_account_never_the_operators(proj):

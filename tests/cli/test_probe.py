@@ -205,7 +205,8 @@ def test_declared_gpus_on_a_host_without_gpus_still_fail(tmp_path: Path, fake_nv
 
 
 @pytest.mark.parametrize(("args", "words"), [
-    (("--cpu", "--devices", "0"), "--cpu and --devices 0 both say what this host offers; give one of them."),
+    (("--cpu", "--devices", "0"), "--cpu and --devices contradict each other (both say what this host offers): "
+                                  "give one of them."),
     (("--devices", "cpu:x"), "--devices 'cpu:x': cpu:N needs N from 1 to 256."),
     (("--devices", "0,0"), "--devices '0,0': GPU 0 is listed twice."),
 ])

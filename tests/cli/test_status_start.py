@@ -19,7 +19,7 @@ from fdl.hostside.checks.devices import parse_devices
 from tests.conftest import REPO, fdl_env, need_root_or_skip, run_fdl
 from tests.controller_util import TEST_TOKEN, PeerNamespace, free_port, serving
 
-TOKEN = "7a1e" * 8
+TOKEN = "6af98521f67cd26e30c6c69fcf1e7b9d79088ef3422149f408ff3551c65f16b7"  # fdl refuses a token under 128 bits
 
 
 def join(server, host: str, devices: str = "cpu:1", **kw) -> None:

@@ -265,6 +265,25 @@ def test_the_outcome_of_a_run_whose_end_was_not_seen_comes_from_its_kept_state(t
     assert kept_state("../../etc", env) is None  # an id from the wire is never a path
 
 
+def test_a_kept_state_is_found_by_the_launch_id_and_only_for_the_controller_watched(tmp_path: Path) -> None:
+    """A discovery cohort's run id is its walk-ins' (or none): the launcher keeps its final state under its own
+    launch id, which state.json names; a kept state of another controller instance is no evidence of this run."""
+    from fdl.controller.live import kept_state
+    from fdl.controller.watch import WatchEnd, outcome
+
+    env = {"HOME": str(tmp_path)}
+    kept = tmp_path / ".flodl" / "launch" / "runs" / "l-42"
+    kept.mkdir(parents=True)
+    (kept / "state.json").write_text(json.dumps({"run_id": None, "launch_id": "l-42", "controller_id": "c1",
+                                                 "phase": "done"}))
+    seen = {"run_id": None, "launch_id": "l-42", "controller_id": "c1", "phase": "training"}
+    assert outcome(WatchEnd("ended", seen, "run ended"), lambda run: kept_state(run, env)) == (
+        "the run succeeded: every rank exited 0.", 0)
+    other = {**seen, "controller_id": "c2"}  # the same id on another controller instance (or a stand-in's claim)
+    line, code = outcome(WatchEnd("ended", other, "run ended"), lambda run: kept_state(run, env))
+    assert code == 1 and "outcome unknown" in line
+
+
 class Squatter:
     """Whatever binds a run's port between runs (any account may: it is unprivileged): answers GET /join/id and
     GET /state.json with a finished run, unsigned, and reports whether anyone asked with a proof."""

@@ -11,6 +11,9 @@ ansible.cfg, everything by fully qualified name, on a real testbed host over rea
   converging on both hosts.
 - `ansible-test sanity` on the installed collection.
 
+The tarball is what `scripts/build-collection` builds (tests/conftest.py's collection_tarball), installed with
+`ansible-galaxy collection install`: docs/ansible.md's recipes for both are run here.
+
 The ansible-core virtual environments (and ansible-test's own, under their home) are cached outside the
 repository, in $FDL_TEST_CACHE or ~/.cache/fdl-test/, one per ansible-core line and Python, so only the
 first run needs the package index.

@@ -197,6 +197,48 @@ def test_the_forward_to_the_controller_port_goes_through(door):
     assert done.stdout == "fdl-controller-hello\n"
 
 
+def test_a_worker_checks_the_door_against_the_pinned_host_key_and_trusts_nothing_on_first_use(door, tmp_path):
+    """regression (issue 36, finding 2): the user-data pinned no door host key, so a booted worker had no
+    known_hosts entry for its door and exited 2. The farm's known_hosts (read from this sshd's HostKey) lets
+    fdl's own tunnel through with StrictHostKeyChecking=yes; an empty one is permanent; another key is not."""
+    import yaml
+
+    from fdl.agent.options import parse_ssh_hop
+    from fdl.agent.tunnel import Tunnel, TunnelError, pinned_environ
+
+    join = yaml.safe_load((door.farm / "worker.yml").read_text())["join"]
+    assert join["known_hosts"] == "/etc/fdl/lab/known_hosts" and join["identity"] == "/etc/fdl/lab/key"
+    pin = (door.farm / "known_hosts").read_text()
+    public = door.sshd.host_key.with_name(door.sshd.host_key.name + ".pub").read_text().split()
+    assert pin == f"[127.0.0.1]:{door.door_port} {public[0]} {public[1]}\n"
+
+    def tunnel(known_hosts: Path) -> str:
+        environ = pinned_environ({**os.environ, "HOME": str(tmp_path)}, str(known_hosts))
+        with Tunnel(parse_ssh_hop(join["ssh"]), ("127.0.0.1", door.controller_port), identity=str(door.key),
+                    environ=environ, known_hosts=str(known_hosts)) as opened:
+            import socket
+
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.settimeout(10)
+                sock.connect(opened.socket_path)
+                return sock.recv(64).decode()
+
+    assert tunnel(door.farm / "known_hosts") == "fdl-controller-hello\n"
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    with pytest.raises(TunnelError) as none:
+        tunnel(empty)
+    assert none.value.exit_code == 2 and "holds no host key for the door" in none.value.message
+    other = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    wrong = tmp_path / "wrong_known_hosts"
+    wrong.write_text(f"[127.0.0.1]:{door.door_port} " + " ".join(other.with_suffix(".pub").read_text().split()[:2])
+                     + "\n")
+    with pytest.raises(TunnelError) as impostor:
+        tunnel(wrong)
+    assert impostor.value.exit_code == 1  # what the network presents never stops a worker for good
+
+
 @pytest.mark.parametrize("target", ["base-port", "localhost-name", "controller-on-other-address"])
 def test_any_other_forward_is_refused(door, target):
     dest = {"base-port": f"127.0.0.1:{door.sshd.port}", "localhost-name": f"localhost:{door.controller_port}",

@@ -20,9 +20,8 @@ import pytest
 import yaml
 
 from fdl import resources
-from fdl.farm.render import render_dropin
-from fdl.hostside.farm.doors import dropin_vars
 from tests.conftest import need_root_or_skip
+from tests.farm_render import rendered_dropin
 from tests.integration.loopback_sshd import Listener, LoopbackSshd, free_ports
 
 pytestmark = pytest.mark.slow
@@ -104,8 +103,8 @@ def test_role_installs_the_door_reloads_sshd_and_keeps_foreign_lines(play, tmp_p
     installed = (play.sshd.dropins / "01-fdl-lab.conf").read_text()
 
     # the same drop-in the wizard renders, header aside
-    wizard = render_dropin(dropin_vars("tunnel-only", label="lab", door_port=play.door_port,
-                                       controller_port=play.controller_port, explicit_ports=[play.sshd.port]))
+    wizard = rendered_dropin("tunnel-only", label="lab", door_port=play.door_port,
+                             controller_port=play.controller_port, explicit_ports=[play.sshd.port])
     strip = lambda text: text.split("#\n", 2)[2]  # noqa: E731 - drop the '# managed' frame
     assert strip(installed) == strip(wizard)
 
@@ -151,8 +150,9 @@ def test_with_the_wizards_header_the_installed_dropin_is_its_review_copy_byte_fo
     public = _keygen(tmp_path / "key")
     rc, _, out = play.run(play.vars(public, fdl_join_door_managed=DROPIN_MANAGED))
     assert rc == 0, out
-    wizard = render_dropin(dropin_vars("tunnel-only", label="lab", door_port=play.door_port,
-                                       controller_port=play.controller_port, explicit_ports=[play.sshd.port]))
+    # the review copy is the role's render entry point's; the installed file, its main entry point's
+    wizard = rendered_dropin("tunnel-only", label="lab", door_port=play.door_port,
+                             controller_port=play.controller_port, explicit_ports=[play.sshd.port])
     assert (play.sshd.dropins / "01-fdl-lab.conf").read_text() == wizard
 
 
@@ -215,8 +215,8 @@ def test_the_validate_command_judges_the_candidate_inside_the_whole_configuratio
     sshd = LoopbackSshd()
     try:
         good = tmp_path / "good.conf"
-        good.write_text(render_dropin(dropin_vars("a", label="lab", door_port=22998, controller_port=1337,
-                                                  explicit_ports=[sshd.port])))
+        good.write_text(rendered_dropin("a", label="lab", door_port=22998, controller_port=1337,
+                                        explicit_ports=[sshd.port]))
         bad = tmp_path / "bad.conf"
         bad.write_text("Match LocalPort 22998\n    Subsystem sftp /x\n")  # Subsystem is not allowed in Match (9.2)
         dup = tmp_path / "dup.conf"

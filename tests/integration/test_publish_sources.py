@@ -235,6 +235,80 @@ def test_git_source_with_a_committed_link_out_of_the_tree_under_build_output_is_
     assert not (home / ".flodl" / "run" / "tree").exists()
 
 
+def _slot(path: Path) -> dict[str, str]:
+    """What a release slot holds, entry by entry (a link's text, a file's bytes, a directory), its git repository
+    aside (a fetch's objects are a cache): the picture a refused publish must leave as it found it."""
+    out = {}
+    for entry in sorted(path.rglob("*")):
+        rel = entry.relative_to(path).as_posix()
+        if rel == ".git" or rel.startswith(".git/"):
+            continue
+        out[rel] = (f"-> {os.readlink(entry)}" if entry.is_symlink() else "dir" if entry.is_dir()
+                    else entry.read_bytes().hex())
+    return out
+
+
+@pytest.mark.parametrize("clean", ["file", "git"])
+def test_a_refused_git_source_leaves_the_staging_slot_as_it_found_it(tmp_path: Path, repo: Path, clean: str) -> None:
+    """regression (issue 38 item 16): a git source whose committed target/ and libtorch/ link out of the tree was
+    refused after its checkout, and the kept target/ and libtorch/ of the staging slot carried its links on: the
+    next publish of a clean file:// source to the same --to failed listing them, every time."""
+    home, src, served = tmp_path / "home", tmp_path / "src", tmp_path / "served"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id").write_text("PRIVATE\n")
+    src.mkdir()
+    (src / "a.txt").write_text("from a directory\n")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    git(bad, "init", "-q", "-b", "main")
+    (bad / "a.txt").write_text("bad\n")
+    (bad / "target").mkdir()
+    (bad / "target" / "leak").symlink_to(home / ".ssh" / "id")
+    (bad / "libtorch").symlink_to(home)
+    git(bad, "add", "-f", ".")
+    git(bad, "commit", "-q", "-m", "links out")
+    spec = f"file://{src}" if clean == "file" else f"git+file://{repo}#v1"
+    args = ("--bin", "out/app", "--build", GIT_BUILD, "--to", str(served))
+    ok(publish(home, spec, *args, cwd=tmp_path))
+    ok(publish(home, spec, *args, cwd=tmp_path))  # both slots hold a run; the next publish stages into a
+    stage = served / "releases" / "a"
+    (stage / "target").mkdir(exist_ok=True)
+    (stage / "target" / "cache").write_text("warm")  # a failed build's output, kept in the slot for the next
+    before, had_repo = _slot(stage), (stage / ".git").is_dir()
+    assert read_manifest(stage) is not None
+
+    refused = publish(home, f"git+file://{bad}#main", *args, "--json", cwd=tmp_path)
+    assert refused.returncode == 1 and json.loads(refused.stdout)["ok"] is False
+    assert f"target/leak -> {home / '.ssh' / 'id'}  (absolute" in refused.stderr, refused.stderr
+    assert f"libtorch -> {home}  (absolute" in refused.stderr
+    assert "Nothing was published: the previous run stays served" in refused.stderr
+    assert _slot(stage) == before  # its files, its build output and its manifest, as they were
+    assert (stage / ".git").is_dir() == had_repo  # no repository of the refused source's own
+
+    again = ok(publish(home, spec, *args, "--json", cwd=tmp_path))
+    assert json.loads(again.stdout)["manifest"]["run"] and "reach outside the tree" not in again.stderr
+    assert (served / "tree" / "out" / "app").read_text() == ("from a directory\n" if clean == "file" else "v1\n")
+    assert not [p for p in (served / "releases").rglob("*") if p.is_symlink() and not p.resolve().is_relative_to(
+        served)]
+
+
+def test_links_taken_out_by_a_refusal_after_the_build_do_not_stay_in_the_slot(tmp_path: Path, repo: Path) -> None:
+    """A build that links out of the tree is refused, and the link goes with the refusal: the next publish, whose
+    build makes none, is not refused for it (the slot keeps a failed build's target/ for a warm rebuild)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    args = ("--bin", "out/app", "--to", str(tmp_path / "served"))
+    ok(publish(home, f"git+file://{repo}#v1", *args, "--build", GIT_BUILD, cwd=tmp_path))
+    refused = publish(home, f"git+file://{repo}#v2", *args, "--build",
+                      f"{GIT_BUILD} && mkdir -p target/release && echo warm > target/release/cache && "
+                      f"ln -s {home} target/release/home", cwd=tmp_path)
+    assert refused.returncode == 1 and f"target/release/home -> {home}  (absolute" in refused.stderr
+    stage = tmp_path / "served" / "releases" / "b"
+    assert not (stage / "target" / "release" / "home").is_symlink()
+    assert (stage / "target" / "release" / "cache").read_text() == "warm\n"
+    ok(publish(home, f"git+file://{repo}#v2", *args, "--build", GIT_BUILD, cwd=tmp_path))
+
+
 def test_a_link_out_of_the_tree_made_by_the_build_is_refused(tmp_path: Path, repo: Path) -> None:
     """regression: build output was never checked, so a recipe (or a build script) that links target/ to a place
     outside the tree published it."""

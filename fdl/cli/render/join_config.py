@@ -53,11 +53,14 @@ def _render_files(report: FarmReport, cwd: Path) -> list[str]:
     lines = ["", f"credentials: {cred.action} (key {cred.fingerprint}; the token is in {spell_path(cred.token, cwd)})",
              f"files in {spell_path(report.farm_dir, cwd)}/:",
              "  key, key.pub, token     the farm's key pair and admission token (0600)",
-             "  worker.yml              the worker's fdl.yml join block (holds the token)",
+             "  worker.yml              the worker's fdl.yml join block (it names the key, token and known_hosts "
+             "files; no secret)",
              f"  sshd-door.conf          the sshd drop-in (Match LocalPort {report.shape.door_port})",
              f"  authorized_keys.line    the key line for door {report.door}",
              "  join-door.yml           the fdl_join_door role's variables for the privileged step",
              "  door-selftest.sh        the door self-test"]
+    if report.files.known_hosts:
+        lines.append("  known_hosts             the door's host keys, which workers pin (join.known_hosts)")
     if report.files.cloud_init:
         lines.append("  cloud-init.yml          user-data for workers (holds the key and token)")
     lines.append(f"overlay: {report.overlay.message}")

@@ -1,28 +1,34 @@
 """Apply: the wizard's writes, each a small function, in the order apply() runs them.
 
-The farm's own files (the farm directory, credentials, worker.yml, the review copies of the drop-in and the
-key line, the self-test, cloud-init, the overlay, the privileged part's variables) are the project's: each
-is written to a temp file, fsynced and renamed into place (fdl.hostside.fsio.atomic_write); files that hold the key
-or the token are 0600. Outside the project only the key file is changed, only its farm lines, with the
-consent decide() recorded, and not by this code: the fdl_join_door role does it (role.py), the same task an
-Ansible user runs. The privileged part (drop-in, reload, door a's jail) is left to the operator's one
+The farm's files are rendered by Ansible first, before anything of the farm is replaced: the roles' render
+entry points and fdl's project templates, in one local playbook run (fdl.farm.render), into a private
+directory, with the credentials the farm will have (new ones are made beside it and not yet in place). Every
+rendered file is read back and checked (fdl.farm.readback); a render that lost or changed a key stops the
+wizard there, exit 1, with nothing written. Then the credentials go into place and the files are written,
+each to a temp file, fsynced and renamed (fdl.hostside.fsio.atomic_write); files that hold the key or the
+token are 0600. Outside the project only the key file is changed, only its farm lines, with the consent
+decide() recorded, and not by this code: the fdl_join_door role does it (role.py), the same task an Ansible
+user runs. The privileged part (drop-in, reload, door a's jail) is left to the operator's one
 `ansible-playbook ... --become` line.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import tempfile
 from pathlib import Path
-from typing import Any
 
+from fdl.config.tokens import tracked_by_git
 from fdl.farm import credentials as creds_mod
 from fdl.farm.doctor import probe_banner
-from fdl.farm.overlay import OverlayEditError, current_token, has_token, read_crate, rewrite_token
-from fdl.farm.render import render, render_unit
+from fdl.farm.overlay import OverlayEditError, has_token, point_at_token_file, read_crate, token_files
+from fdl.farm.render import Rendered
 from fdl.farm.wizard import role
 from fdl.farm.wizard.decide import Decisions
-from fdl.farm.wizard.plan import DROPIN, WORKER_YML, Plan
+from fdl.farm.wizard.files import Pending, check_rendered, overlay_token_file, render_farm
+from fdl.farm.wizard.plan import DROPIN, FARM_ROOT, WORKER_YML, Plan
 from fdl.farm.wizard.report import (
     AuthorizedKeysReport,
     CredentialAction,
@@ -36,145 +42,126 @@ from fdl.farm.wizard.report import (
     Unconfined,
     spell_path,
 )
-from fdl.farm.wizard.steps import CLOUD_INIT, KEY_LINE, SELFTEST, WORKER_DIR, setup_steps, worker_steps
-from fdl.hostside.farm.doors import DOOR_A, DOOR_B, DOOR_TUNNEL, JAIL_DATA, TITLES, jail
+from fdl.farm.wizard.steps import CLOUD_INIT, KEY_LINE, KNOWN_HOSTS, SELFTEST, setup_steps, worker_steps
+from fdl.hostside.farm.doors import DOOR_A, jail
 from fdl.hostside.fsio import atomic_write
 
 SNIPPET, INSTALLED = "overlay-snippet.yml", "installed-at"
-# cloud-init's unit: templates/fdl-join.service.j2 under the name the fdl_join_worker role gives it, running the
-# fdl the image put on PATH, as the account the role creates.
-CLOUD_UNIT = "flodl-join.service"
-CLOUD_USER = "flodl"
-CLOUD_FDL = "/usr/bin/env fdl"
-CLOUD_UNIT_MANAGED = "Written by fdl join-config {label} --cloud-init (templates/fdl-join.service.j2)."
+_IGNORE_ALL = "# written by fdl join-config: {what}\n*\n"
 
 
 # --------------------------------------------------------------------------- the farm directory
 
 
 def _secure_farm_dir(farm: Path, cwd: Path, notes: list[str]) -> Path:
-    """The farm directory, 0700, with a .gitignore that keeps all of it out of git; returns that file."""
+    """The farm directory, 0700, with a .gitignore that keeps all of it out of git (and one for .fdl/ as a
+    whole: every farm's token lives below it); returns the farm's."""
     farm.mkdir(parents=True, exist_ok=True, mode=0o700)
     before = stat.S_IMODE(os.stat(farm).st_mode)
     if before != 0o700:
         os.chmod(farm, 0o700)
         notes.append(f"changed the mode of {spell_path(farm, cwd)} from {before:04o} to 0700 (it holds the farm's "
                      f"key and token)")
+    top = farm.parent / ".gitignore"
+    if farm.parent.name == FARM_ROOT and not top.exists():
+        atomic_write(top, _IGNORE_ALL.format(what="every farm's private key and token live below this folder"),
+                     0o644)
     ignore = farm / ".gitignore"
     if not ignore.exists():
-        atomic_write(ignore, "# written by fdl join-config: this folder holds the farm's private key and token\n*\n",
-                     0o644)
+        atomic_write(ignore, _IGNORE_ALL.format(what="this folder holds the farm's private key and token"), 0o644)
     return ignore
 
 
-def _settle_credentials(plan: Plan) -> tuple[creds_mod.Credentials, CredentialsReport]:
-    """Reuse the farm's credentials (prepare() vetted them: this user minted them here), or mint new ones."""
+def _pending_credentials(plan: Plan) -> Pending:
     if plan.existing is not None and not plan.rotate:
+        return Pending(plan.existing.key, plan.existing.public_key, plan.existing.token(), None)
+    staged = creds_mod.stage(plan.farm_dir, plan.label)
+    return Pending(staged.key, staged.public_key, staged.token, staged)
+
+
+def _settle_credentials(plan: Plan, pending: Pending) -> tuple[creds_mod.Credentials, CredentialsReport]:
+    """Put new credentials in place (recorded as this user's own first), or keep the vetted ones."""
+    if pending.staged is None:
+        assert plan.existing is not None
         cred, action = plan.existing, CredentialAction.REUSED
     else:
-        cred = creds_mod.mint(plan.farm_dir, plan.label)
+        cred = pending.staged.commit()
         action = CredentialAction.ROTATED if plan.existing is not None else CredentialAction.CREATED
     return cred, CredentialsReport(action, cred.fingerprint, str(cred.key), str(cred.public), str(cred.token_file))
 
 
-def _worker_values(plan: Plan, token: str) -> dict[str, Any]:
-    """What the worker yml and the self-test are rendered from."""
-    shape, label = plan.shape, plan.label
-    return dict(label=label, door=shape.door, door_title=TITLES[shape.door],
-                worker_key=WORKER_DIR.format(label=label) + "/key", served=shape.served, user=shape.user,
-                host=shape.host, door_port=shape.door_port, controller_port=shape.controller_port, token=token,
-                jail_data=JAIL_DATA, jail_base=shape.jail_base if shape.door == DOOR_A else None)
+# --------------------------------------------------------------------------- the farm's files
 
 
-def _write_farm_files(plan: Plan, values: dict[str, Any], line: str, cwd: Path) -> str:
-    """worker.yml (0600: it holds the token), the drop-in, the key line and the self-test; the worker yml's text."""
+def _write_farm_files(plan: Plan, done: Rendered, line: str) -> str | None:
+    """worker.yml, known_hosts, the drop-in, the key line, the self-test and cloud-init (0600: key and token);
+    cloud-init.yml's path when written."""
     farm = plan.farm_dir
-    worker_yml = render("worker.yml.j2", **values)
-    atomic_write(farm / WORKER_YML, worker_yml, 0o600)
-    atomic_write(farm / DROPIN, plan.dropin_text, 0o644)
+    assert done.worker_yml is not None and done.dropin is not None and done.selftest is not None
+    atomic_write(farm / WORKER_YML, done.worker_yml, 0o600)
+    if done.known_hosts is not None and plan.host_keys:
+        atomic_write(farm / KNOWN_HOSTS, done.known_hosts, 0o644)
+    atomic_write(farm / DROPIN, done.dropin, 0o644)
     atomic_write(farm / KEY_LINE, line + "\n", 0o644)
-    selftest = {k: v for k, v in values.items() if k != "token"}
-    atomic_write(farm / SELFTEST, render("door-selftest.sh.j2", **selftest, script=spell_path(farm / SELFTEST, cwd)),
-                 0o755)
-    return worker_yml
-
-
-def _cloud_packages(door: str) -> list[str]:
-    return ["openssh-client"] + (["rsync"] if door == DOOR_B else ["sshfs"] if door == DOOR_A else [])
-
-
-def _write_cloud_init(plan: Plan, cred: creds_mod.Credentials, worker_yml: str) -> str:
-    """User-data that makes a fresh worker a member of the farm (0600: it holds the key and the token)."""
-    label = plan.label
-    worker_dir = WORKER_DIR.format(label=label)
-    unit = render_unit(managed=CLOUD_UNIT_MANAGED.format(label=label), fdl_join_exec=CLOUD_FDL,
-                       fdl_join_user=CLOUD_USER, fdl_join_workdir=worker_dir)
-    text = render("cloud-init.yml.j2", label=label, door=plan.shape.door, packages=_cloud_packages(plan.shape.door),
-                  worker_dir=worker_dir, private_key=cred.key.read_text().rstrip("\n"),
-                  worker_yml=worker_yml.rstrip("\n"), service_user=CLOUD_USER, unit_name=CLOUD_UNIT,
-                  unit=unit.rstrip("\n"))
-    path = plan.farm_dir / CLOUD_INIT
-    atomic_write(path, text, 0o600)
-    return str(path)
+    atomic_write(farm / SELFTEST, done.selftest, 0o755)
+    if not plan.cloud_init or done.cloud_init is None:
+        return None
+    atomic_write(farm / CLOUD_INIT, done.cloud_init, 0o600)
+    return str(farm / CLOUD_INIT)
 
 
 # --------------------------------------------------------------------------- the overlay
 
 
-def _private(path: Path) -> str | None:
-    """Make a file holding the token 0600; the old mode when it changed."""
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode == 0o600:
-        return None
-    os.chmod(path, 0o600)
-    return f"{mode:04o}"
-
-
-def _mode_note(changed: str | None) -> str:
-    return f"; its mode changed from {changed} to 0600 (it holds the token)" if changed else ""
-
-
-def _overlay_snippet(plan: Plan, values: dict[str, Any], cwd: Path, message: str) -> OverlayReport:
-    """Leave the overlay as it is: write the snippet to paste beside the farm (0600), print it token left out."""
+def _overlay_snippet(plan: Plan, done: Rendered, cwd: Path, message: str) -> OverlayReport:
+    """Leave the overlay as it is: write the snippet to paste beside the farm (it holds no secret)."""
+    assert done.overlay is not None
     snippet = plan.farm_dir / SNIPPET
-    atomic_write(snippet, render("overlay.yml.j2", **values), 0o600)
-    hidden = f"<the contents of {spell_path(plan.farm_dir / 'token', cwd)}>"
+    atomic_write(snippet, done.overlay, 0o644)
     return OverlayReport(str(plan.overlay), OverlayAction.SNIPPET, message, snippet=str(snippet),
-                         snippet_text=render("overlay.yml.j2", **dict(values, token=hidden)))
+                         snippet_text=done.overlay)
 
 
-def _write_overlay(plan: Plan, token: str, cwd: Path) -> OverlayReport:
-    """Create fdl.LABEL.yml, or rewrite only its token line, or leave it alone and write a snippet beside it."""
+def _write_overlay(plan: Plan, done: Rendered, cwd: Path, notes: list[str]) -> OverlayReport:
+    """Create fdl.LABEL.yml; move an old overlay's literal token onto the token file; or leave it alone (and
+    write a snippet beside it when it names no token at all)."""
     crate = read_crate(plan.root)
-    values = dict(label=plan.label, inherit_from=plan.inherit_from, host=plan.shape.host,
-                  controller_port=plan.shape.controller_port, tunnel=plan.shape.door == DOOR_TUNNEL, token=token,
-                  crate=crate)
     path, shown = str(plan.overlay), spell_path(plan.overlay, cwd)
+    token_file = overlay_token_file(plan)
     if not plan.overlay.exists():
-        atomic_write(plan.overlay, render("overlay.yml.j2", **values), 0o600)
+        assert done.overlay is not None
+        atomic_write(plan.overlay, done.overlay, 0o644)
         return OverlayReport(path, OverlayAction.CREATED, f"{shown} created" + (
             f" with command '{crate.name}' (cluster: true)" if crate else
             " (commands: left as a commented placeholder)"), command=crate.name if crate else None)
     data = plan.overlay.read_bytes()
     snippet = spell_path(plan.farm_dir / SNIPPET, cwd)
     if not has_token(data):
-        return _overlay_snippet(plan, values, cwd, f"{shown} has no token line, so fdl leaves it as you wrote it; "
-                                                   f"paste what you need from {snippet} (the same snippet with the "
-                                                   f"token in it)")
-    if current_token(data) == token:
-        changed = _private(plan.overlay)
-        return OverlayReport(path, OverlayAction.UNCHANGED, f"{shown} already holds the farm's token"
-                             + _mode_note(changed), mode_changed=changed)
+        return _overlay_snippet(plan, done, cwd, f"{shown} names no token, so fdl leaves it as you wrote it; "
+                                                 f"paste what you need from {snippet}")
     try:
-        new = rewrite_token(data, token)
+        new = point_at_token_file(data, token_file)
     except OverlayEditError as exc:
-        return _overlay_snippet(plan, values, cwd, f"{shown} was left alone ({exc}); set its token from {snippet}")
-    assert new is not None, "has_token() found a token line to rewrite"
+        return _overlay_snippet(plan, done, cwd, f"{shown} was left alone ({exc}); set token_file: "
+                                                 f"{token_file} from {snippet}")
+    if new is None:
+        named = token_files(data.decode("utf-8", "replace"))
+        ours = all(os.path.normpath(plan.overlay.parent / n) == os.path.normpath(plan.farm_dir / "token")
+                   for n in named)
+        if ours:
+            return OverlayReport(path, OverlayAction.UNCHANGED, f"{shown} already names the farm's token file")
+        return OverlayReport(path, OverlayAction.UNCHANGED, f"{shown} names another token file "
+                             f"({', '.join(named)}), so fdl leaves it as you wrote it: the farm's token is in "
+                             f"{token_file}")
+    was_tracked = tracked_by_git(plan.overlay)
     mode = stat.S_IMODE(plan.overlay.stat().st_mode)
-    atomic_write(plan.overlay, new, 0o600)  # it holds the token: never readable by others
-    changed = f"{mode:04o}" if mode != 0o600 else None
-    return OverlayReport(path, OverlayAction.TOKEN_REWRITTEN, f"{shown}: only its token line was rewritten"
-                         + _mode_note(changed), mode_changed=changed)
+    atomic_write(plan.overlay, new, mode)
+    if was_tracked or mode & 0o044:
+        notes.append(f"{shown} held the token itself and {'git tracks it' if was_tracked else 'others could read it'}"
+                     f": the old token may be known outside this box. Rotate it: fdl join-config {plan.label} "
+                     f"--regen.")
+    return OverlayReport(path, OverlayAction.TOKEN_REWRITTEN, f"{shown}: its token: line now names the farm's "
+                         f"token file (token_file: {token_file}); the overlay holds no secret any more")
 
 
 # --------------------------------------------------------------------------- the key file
@@ -268,12 +255,19 @@ def apply(plan: Plan, decisions: Decisions, cwd: Path | None = None) -> FarmRepo
     farm, label = plan.farm_dir, plan.label
     notes = [*plan.notes, *decisions.notes]
     ignore = _secure_farm_dir(farm, cwd, notes)
-    cred, credentials = _settle_credentials(plan)
-    token = cred.token()
-    line = plan.key_line(cred.public_key)
-    worker_yml = _write_farm_files(plan, _worker_values(plan, token), line, cwd)
-    cloud_init = _write_cloud_init(plan, cred, worker_yml) if plan.cloud_init else None
-    overlay = _write_overlay(plan, token, cwd)
+    pending = _pending_credentials(plan)
+    directory = Path(tempfile.mkdtemp(prefix=".render-", dir=farm))  # 0700
+    try:
+        done = render_farm(plan, pending, cwd, directory)
+        check_rendered(plan, pending, done)
+        cred, credentials = _settle_credentials(plan, pending)
+        line = plan.key_line(cred.public_key)
+        cloud_init = _write_farm_files(plan, done, line)
+        overlay = _write_overlay(plan, done, cwd, notes)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+        if pending.staged is not None:
+            pending.staged.discard()
     if plan.inherit_from and overlay.action != OverlayAction.CREATED:
         notes.append(f"inherit-from was not added to the existing {spell_path(plan.overlay, cwd)} (fdl only edits "
                      f"its token line): add 'inherit-from: {plan.inherit_from}' yourself.")
@@ -287,7 +281,8 @@ def apply(plan: Plan, decisions: Decisions, cwd: Path | None = None) -> FarmRepo
                   worker_yml=str(farm / WORKER_YML), dropin=str(farm / DROPIN),
                   authorized_keys_line=str(farm / KEY_LINE), selftest=str(farm / SELFTEST), gitignore=str(ignore),
                   overlay=str(plan.overlay), join_door_vars=str(door_vars), cloud_init=cloud_init,
-                  overlay_snippet=overlay.snippet)
+                  overlay_snippet=overlay.snippet,
+                  known_hosts=str(farm / KNOWN_HOSTS) if plan.host_keys else None)
     return FarmReport(label=label, shape=plan.shape, shape_from=plan.shape_from, farm_dir=farm, files=files,
                       credentials=credentials, overlay=overlay, authorized_keys=ak, doctor=plan.findings,
                       steps=setup_steps(plan, ak, cwd), worker_steps=worker_steps(plan, cwd), notes=tuple(notes))

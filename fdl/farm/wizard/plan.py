@@ -1,15 +1,15 @@
 """Plan: everything `prepare()` settles before a question about the key file is asked or a file is written.
 
-The farm's place and shape, its credentials (found and vetted, or to be minted), the sshd drop-in rendered
-and checked, the host observed by the doctor, and the authorized_keys file read once. The record is frozen:
-the decisions taken on it (decide.py) are a record of their own.
+The farm's place and shape, its credentials (found and vetted, or to be minted), the sshd drop-in planned
+(its values, from the library the fdl_join_door role's module shares; the role renders it, in apply()), the
+door's host keys workers will pin, the host observed by the doctor, and the authorized_keys file read once.
+The record is frozen: the decisions taken on it (decide.py) are a record of their own. sshd -t runs in one
+place only, the role's validate: where the drop-in is installed.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -18,7 +18,6 @@ from fdl.config.discover import find_base, overlay_file
 from fdl.errors import FdlError
 from fdl.farm import credentials as creds_mod
 from fdl.farm.doctor import HostFacts, diagnose, gather_facts
-from fdl.farm.render import render_dropin
 from fdl.farm.wizard.shape import (
     Origins,
     Prompter,
@@ -29,9 +28,18 @@ from fdl.farm.wizard.shape import (
     settle_label,
     settle_shape,
 )
-from fdl.hostside.checks.report import ERROR, OK, SKIPPED, WARNING, CheckResult
+from fdl.hostside.checks.report import ERROR, WARNING, CheckResult
 from fdl.hostside.farm.authorized_keys import KeyIdentity, find_key, under_forbidden_root
-from fdl.hostside.farm.doors import DOOR_A, DoorError, check_label, dropin_name, dropin_vars, key_line
+from fdl.hostside.farm.doors import (
+    DOOR_A,
+    DoorError,
+    check_label,
+    dropin_name,
+    dropin_scan_lines,
+    dropin_vars,
+    key_line,
+    known_hosts_lines,
+)
 from fdl.hostside.farm.sshd_config import scan
 
 FARM_ROOT = ".fdl"
@@ -91,7 +99,7 @@ class Plan:
     rotate: bool
     facts: HostFacts
     findings: tuple[CheckResult, ...]
-    dropin_text: str
+    dropin: dict[str, object]  # the drop-in's values (doors.dropin_vars): what the role's render must show
     dropin_target: str
     sshd_config: str  # the main sshd configuration (absolute): the drop-in goes to its sshd_config.d/
     rrsync: str
@@ -99,35 +107,12 @@ class Plan:
     inherit_from: str | None
     cloud_init: bool
     notes: tuple[str, ...]
+    host_keys: tuple[str, ...] = ()  # the door's known_hosts lines ([host]:port TYPE KEY), read from its sshd
 
     def key_line(self, public_key: str) -> str:
         """The door's authorized_keys line for a public key."""
         return key_line(self.shape.door, public_key, label=self.label, controller_port=self.shape.controller_port,
                         served=self.shape.served, rrsync=self.rrsync)
-
-
-# --------------------------------------------------------------------------- drop-in check
-
-
-def validate_dropin(sshd: str, main_config: str, text: str) -> CheckResult:
-    """`sshd -t` over this box's configuration with the new drop-in read first (as root)."""
-    if os.geteuid() != 0:
-        return CheckResult("sshd -t", SKIPPED, "the drop-in was not checked with sshd -t (that needs root, to read "
-                           "the host keys)", hint="the privileged step runs sshd -t before the drop-in goes live")
-    with tempfile.TemporaryDirectory(prefix="fdl-dropin-") as tmp:
-        dropin = Path(tmp) / "door.conf"
-        dropin.write_text(text)
-        wrapper = Path(tmp) / "sshd_config"
-        wrapper.write_text(f"Include {dropin}\nInclude {os.path.abspath(main_config)}\n")
-        try:
-            done = subprocess.run([sshd, "-t", "-f", str(wrapper)], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.SubprocessError) as exc:
-            return CheckResult("sshd -t", WARNING, f"sshd -t could not run: {exc}")
-    if done.returncode == 0:
-        return CheckResult("sshd -t", OK, "the drop-in passes sshd -t together with this box's configuration")
-    detail = (done.stderr or done.stdout).strip().replace(str(dropin), DROPIN)
-    return CheckResult("sshd -t", ERROR, f"sshd -t rejects the configuration with the drop-in: {detail}",
-                       hint="fix what sshd names in your configuration, then run the wizard again")
 
 
 # --------------------------------------------------------------------------- prepare, step by step
@@ -191,26 +176,45 @@ def _credentials(req: Request, prompter: Prompter | None, farm_dir: Path, notes:
     return existing, not keep
 
 
-def _observe(req: Request, label: str, shape: Shape, observe: Observe) -> tuple[str, str, HostFacts]:
-    """(drop-in text, where it goes, the host's facts): the drop-in is rendered and scanned in place."""
+def _observe(req: Request, label: str, shape: Shape, observe: Observe) -> tuple[dict[str, object], str, HostFacts]:
+    """(the drop-in's values, where it goes, the host's facts): the drop-in is planned and scanned in place,
+    as the role's fdl_join_door_plan module plans it (the same library)."""
     target_dir = os.path.join(os.path.dirname(os.path.abspath(req.sshd_config)), "sshd_config.d")
     target = os.path.join(target_dir, dropin_name(label))
     explicit = scan(req.sshd_config).ports(exclude=(target,)) if os.path.exists(req.sshd_config) else []
-    text = render_dropin(dropin_vars(shape.door, label=label, door_port=shape.door_port,
-                                     controller_port=shape.controller_port, explicit_ports=explicit,
-                                     jail_base=shape.jail_base))
+    values = dropin_vars(shape.door, label=label, door_port=shape.door_port, controller_port=shape.controller_port,
+                         explicit_ports=explicit, jail_base=shape.jail_base)
     facts = observe(door_port=shape.door_port, served=shape.served, sshd_config=req.sshd_config,
-                    dropin_target=target, dropin_lines=text.splitlines(), probe_host=shape.host)
+                    dropin_target=target, dropin_lines=dropin_scan_lines(values), probe_host=shape.host)
     if shape.door == DOOR_A and facts.macos:
         raise refusal("door a jails its account with a read-only bind mount, which this fdl builds on Linux only.",
                       hint="serve the data from a Linux box, or use door b (rrsync) for what it can carry")
-    return text, target, facts
+    return values, target, facts
 
 
-def _findings(req: Request, shape: Shape, facts: HostFacts, dropin_text: str, ak_explicit: bool) -> list[CheckResult]:
+def _host_keys(req: Request, shape: Shape, facts: HostFacts) -> tuple[tuple[str, ...], CheckResult]:
+    """The door's host keys as known_hosts lines for the address workers dial, and the doctor's word on them.
+    Read from the public halves of the keys the door's sshd serves (its HostKey lines, else sshd's defaults)."""
+    config = facts.sshd_config if facts.sshd_config is not None else (
+        scan(req.sshd_config) if os.path.exists(req.sshd_config) else None)
+    keys = config.public_host_keys() if config is not None else []
+    lines = tuple(known_hosts_lines(shape.host, shape.door_port, keys))
+    if lines:
+        kinds = ", ".join(line.split()[1] for line in lines)
+        return lines, CheckResult("host-keys", "ok", f"workers pin the door's host keys ({kinds}): known_hosts "
+                                                     f"for [{shape.host}]:{shape.door_port}")
+    where = ", ".join(f + ".pub" for f in config.host_key_files()) if config is not None else req.sshd_config
+    status = ERROR if req.cloud_init else WARNING
+    return lines, CheckResult(
+        "host-keys", status,
+        f"the door's host keys cannot be read ({where}): workers could not pin the door, and one booted from "
+        f"cloud-init user-data would find no known_hosts entry for it and stop for good",
+        hint="install and start the OpenSSH server (its first start makes the host keys), or name the sshd "
+             "configuration that serves the door with --sshd-config")
+
+
+def _findings(req: Request, shape: Shape, facts: HostFacts, ak_explicit: bool) -> list[CheckResult]:
     findings = diagnose(facts, door=shape.door, door_port=shape.door_port)
-    if facts.sshd_path is not None:
-        findings.append(validate_dropin(facts.sshd_path, req.sshd_config, dropin_text))
     ak_files = facts.sshd_config.authorized_keys_files() if facts.sshd_config is not None else None
     if shape.door != DOOR_A and not ak_explicit and ak_files is not None \
             and not any(f in _DEFAULT_KEY_FILES for f in ak_files):
@@ -235,15 +239,19 @@ def prepare(req: Request, prompter: Prompter | None = None, observe: Observe = g
         notes.append(f"farm shape recovered from {farm_dir / WORKER_YML}: door {shape.door}, {shape.controller} "
                      f"(name --door or --controller to change it).")
     existing, rotate = _credentials(req, prompter, farm_dir, notes)
-    dropin_text, dropin_target, facts = _observe(req, label, shape, observe)
-    findings = _findings(req, shape, facts, dropin_text, req.authorized_keys is not None)
+    dropin, dropin_target, facts = _observe(req, label, shape, observe)
+    findings = _findings(req, shape, facts, req.authorized_keys is not None)
+    host_keys, host_key_finding = _host_keys(req, shape, facts)
+    findings.append(host_key_finding)
+    if req.cloud_init and not host_keys:
+        raise refusal(f"{host_key_finding.message}. Nothing was written.", hint=host_key_finding.hint)
     key_file, unreadable = KeyFile.read(ak_path, req.authorized_keys is not None)
     if unreadable:
         notes.append(unreadable)
     return Plan(
         label=label, root=root, farm_dir=farm_dir, overlay=overlay_file(root, label) or root / f"fdl.{label}.yml",
         shape=shape, shape_from=shape_from, existing=existing, rotate=rotate, facts=facts,
-        findings=tuple(findings), dropin_text=dropin_text, dropin_target=dropin_target,
+        findings=tuple(findings), dropin=dropin, dropin_target=dropin_target, host_keys=host_keys,
         sshd_config=os.path.abspath(req.sshd_config),
         rrsync=facts.rrsync_path or "rrsync", key_file=key_file, inherit_from=req.inherit_from,
         cloud_init=req.cloud_init, notes=tuple(notes))

@@ -40,13 +40,14 @@ class Files:
     join_door_vars: str  # the fdl_join_door role's variables for the privileged step
     cloud_init: str | None = None
     overlay_snippet: str | None = None
+    known_hosts: str | None = None  # the door's host keys, for the worker's join.known_hosts
 
     def to_dict(self) -> dict[str, str | None]:
         out: dict[str, str | None] = {
             "farm_dir": self.farm_dir, "key": self.key, "public_key": self.public_key, "token": self.token,
             "worker_yml": self.worker_yml, "dropin": self.dropin, "authorized_keys_line": self.authorized_keys_line,
             "selftest": self.selftest, "gitignore": self.gitignore, "join_door_vars": self.join_door_vars,
-            "cloud_init": self.cloud_init, "overlay": self.overlay}
+            "cloud_init": self.cloud_init, "overlay": self.overlay, "known_hosts": self.known_hosts}
         if self.overlay_snippet is not None:
             out["overlay_snippet"] = self.overlay_snippet
         return out
@@ -73,8 +74,8 @@ class CredentialsReport:
 
 class OverlayAction(StrEnum):
     CREATED = "created"  # a new fdl.LABEL.yml
-    UNCHANGED = "unchanged"  # it already holds the farm's token
-    TOKEN_REWRITTEN = "token-rewritten"  # only its token line changed
+    UNCHANGED = "unchanged"  # it already names a token file
+    TOKEN_REWRITTEN = "token-rewritten"  # its literal token: line became token_file: (nothing else changed)
     SNIPPET = "snippet"  # left alone; the snippet to paste was written beside the farm
 
 
@@ -84,9 +85,8 @@ class OverlayReport:
     action: OverlayAction
     message: str
     command: str | None = None  # created: the cluster command named after the crate
-    snippet: str | None = None  # snippet: where it was written (holds the token)
-    snippet_text: str | None = None  # snippet: its text with the token left out
-    mode_changed: str | None = None  # unchanged, token-rewritten: the mode it had before 0600
+    snippet: str | None = None  # snippet: where it was written
+    snippet_text: str | None = None  # snippet: its text (it names the token file; no secret)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"path": self.path, "action": self.action.value}
@@ -94,8 +94,6 @@ class OverlayReport:
             out["command"] = self.command
         elif self.action == OverlayAction.SNIPPET:
             out.update(snippet=self.snippet, snippet_text=self.snippet_text)
-        else:
-            out["mode_changed"] = self.mode_changed
         out["message"] = self.message
         return out
 

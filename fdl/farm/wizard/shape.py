@@ -160,7 +160,7 @@ def parse_controller(text: str, default_user: str) -> tuple[str, str, int]:
     return user, host, port
 
 
-def _marker(text: str) -> dict[str, str]:
+def shape_marker(text: str) -> dict[str, str]:
     """door, served and jail from the `# fdl-farm-shape:` line the wizard writes."""
     found = _SHAPE_RE.search(text)
     out: dict[str, str] = {}
@@ -186,7 +186,7 @@ def recover_shape(worker_yml: Path) -> Recovered:
         text = worker_yml.read_text(encoding="utf-8")
     except OSError:  # no worker yml (a first run) or none readable: the shape comes from flags and defaults
         return Recovered()
-    marker = _marker(text)
+    marker = shape_marker(text)
     join = _join_block(text)
     if join is None:
         return Recovered(door=marker.get("door"), served=marker.get("served"), jail=marker.get("jail"))

@@ -17,7 +17,8 @@ from fdl.farm.wizard.role import VARS_FILE, privileged_command
 from fdl.hostside.checks.report import ERROR, OK
 from fdl.hostside.farm.doors import DOOR_A, jail
 
-KEY_LINE, CLOUD_INIT, SELFTEST = "authorized_keys.line", "cloud-init.yml", "door-selftest.sh"
+KEY_LINE, CLOUD_INIT, SELFTEST, KNOWN_HOSTS = "authorized_keys.line", "cloud-init.yml", "door-selftest.sh", \
+    "known_hosts"
 WORKER_DIR = "/etc/fdl/{label}"  # where the setup steps and cloud-init put a worker's copy
 
 
@@ -76,7 +77,7 @@ def setup_steps(plan: Plan, ak: AuthorizedKeysReport, cwd: Path) -> tuple[Step, 
     steps.add("Review what the wizard wrote (nothing below repeats it: every command reads these files)",
               f"ls -l {spell_path(plan.farm_dir, cwd)} && cat {rel(DROPIN)} {rel(KEY_LINE)} {rel(VARS_FILE)}")
     for finding in plan.findings:
-        if finding.status == ERROR and finding.hint and finding.name not in ("listener", "sshd -t"):
+        if finding.status == ERROR and finding.hint and finding.name != "listener":
             steps.add(f"Fix: {finding.message}", finding.hint)
     _privileged_step(plan, steps, rel, cwd)
     _key_step(plan, ak, steps)
@@ -93,8 +94,10 @@ def worker_steps(plan: Plan, cwd: Path) -> tuple[str, ...]:
     """What to do on each worker."""
     rel = _in_farm(plan, cwd)
     worker_dir = WORKER_DIR.format(label=plan.label)
-    first = (f"copy {rel(WORKER_YML)} to {worker_dir}/fdl.yml and {rel('key')} to {worker_dir}/key (mode 0600) "
-             f"on the worker, then run `fdl join` in {worker_dir}")
+    pinned = f", {rel(KNOWN_HOSTS)} to {worker_dir}/known_hosts" if plan.host_keys else ""
+    first = (f"copy {rel(WORKER_YML)} to {worker_dir}/fdl.yml, {rel('key')} to {worker_dir}/key and {rel('token')} "
+             f"to {worker_dir}/token (both mode 0600, owned by the account that runs fdl join){pinned} on the "
+             f"worker, then run `fdl join` in {worker_dir}")
     if plan.cloud_init:
         return first, f"or boot workers with {rel(CLOUD_INIT)} as their cloud-init user-data"
     return first, "or add --cloud-init to get user-data that does this at boot"

@@ -204,6 +204,29 @@ def dropin_vars(door: str, *, label: str, door_port: int, controller_port: int,
     }
 
 
+def dropin_scan_lines(values: dict[str, object]) -> list[str]:
+    """What of the drop-in (dropin_vars' values) sshd's reading order depends on, as lines a scan can take for
+    the file (sshd_config.scan's virtual=): its Port lines, then its Match block. The doctor and the
+    fdl_join_door_plan module ask "what if it were installed?" with these."""
+    ports = values.get("ports") or []
+    lines = [f"Port {item['port']}" for item in ports]  # type: ignore[attr-defined]
+    return lines + [f"Match LocalPort {values['door_port']}"]
+
+
+def known_hosts_lines(host: str, port: int, public_keys: list[str]) -> list[str]:
+    """The known_hosts lines that pin a door: `[host]:port TYPE BLOB` for each of its public host keys
+    (`TYPE BLOB [comment]` lines; the comment is dropped), the name ssh looks up for a door off port 22."""
+    name = host if int(port) == 22 else f"[{host}]:{int(port)}"
+    out = []
+    for key in public_keys:
+        fields = key.split()
+        if len(fields) >= 2:
+            line = f"{name} {fields[0]} {fields[1]}"
+            if line not in out:
+                out.append(line)
+    return out
+
+
 def dropin_name(label: str) -> str:
     """File name in sshd_config.d: sorts early, since for most keywords sshd keeps the first value it reads."""
     return f"01-fdl-{check_label(label)}.conf"

@@ -27,6 +27,8 @@ DOOR_KEYWORDS = ("passwordauthentication", "kbdinteractiveauthentication", "auth
                  "allowtcpforwarding", "permitopen", "allowstreamlocalforwarding", "gatewayports",
                  "permittunnel", "x11forwarding", "allowagentforwarding", "permittty", "permituserrc",
                  "forcecommand", "disableforwarding")
+# The host keys sshd loads when the configuration names none (sshd_config(5), HostKey).
+DEFAULT_HOST_KEYS = ("/etc/ssh/ssh_host_rsa_key", "/etc/ssh/ssh_host_ecdsa_key", "/etc/ssh/ssh_host_ed25519_key")
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,30 @@ class SshdConfigScan:
     def authorized_keys_files(self) -> list[str] | None:
         found = self.top("authorizedkeysfile")
         return found[0].value.split() if found else None
+
+    def host_key_files(self) -> list[str]:
+        """The private host key files sshd serves (HostKey lines, else sshd's defaults), absolute."""
+        found = [d.value for d in self.top("hostkey") if d.value]
+        if not found:
+            return list(DEFAULT_HOST_KEYS)
+        base = os.path.dirname(self.main)
+        return [os.path.join(base, os.path.expanduser(p)) for p in found]
+
+    def public_host_keys(self) -> list[str]:
+        """`TYPE BLOB` of each host key sshd serves, read from its `.pub` beside it (world-readable, unlike the
+        private key); keys whose public half cannot be read are left out."""
+        out = []
+        for path in self.host_key_files():
+            try:
+                with open(path + ".pub", encoding="ascii") as handle:
+                    fields = handle.read(16384).split()
+            except (OSError, UnicodeDecodeError):
+                continue
+            if len(fields) >= 2 and fields[0].startswith(("ssh-", "ecdsa-", "sk-")):
+                key = f"{fields[0]} {fields[1]}"
+                if key not in out:
+                    out.append(key)
+        return out
 
     def shadowing(self, path: str) -> list[Directive]:
         """Top-level door keywords read before the file at path: sshd keeps them over its Match block."""

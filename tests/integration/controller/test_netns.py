@@ -14,7 +14,7 @@ from fdl.controller.policy import RunPolicy
 from tests.conftest import REPO, fdl_env, need_root_or_skip
 from tests.controller_util import PeerNamespace, serving
 
-TOKEN = "5f0c" * 8
+TOKEN = "3bdf2b3b0a746622f538443aade3307762fffcff51a34b745cc7bbbb0bd916d4"  # fdl refuses a token under 128 bits
 PROBE = r"""
 import json, sys, urllib.request, urllib.error
 url, body = sys.argv[1], sys.argv[2]

@@ -336,11 +336,11 @@ def test_from_cluster_reads_the_cluster_block(tmp_path) -> None:
 
     (tmp_path / "fdl.yml").write_text(
         "cluster:\n  controller:\n    host: 10.0.0.1\n    port: 2000\n    join: {discovery: true, start: hybrid,"
-        " token: abc, quorum: {hosts: 2, ranks: 4}, window_s: 30, max_hosts: 8}\n")
+        f" token: {TEST_TOKEN}, quorum: {{hosts: 2, ranks: 4}}, window_s: 30, max_hosts: 8}}\n")
     config = load_config(tmp_path)
     policy = RunPolicy.from_cluster(config.cluster, run_id="r9", args=("--x",))
     assert (policy.start, policy.token, policy.need_hosts, policy.need_ranks, policy.capacity) == \
-        ("hybrid", "abc", 2, 4, 8)
+        ("hybrid", TEST_TOKEN, 2, 4, 8)
     assert (policy.controller_addr, policy.master_port, policy.window_s, policy.run_id) == \
         ("10.0.0.1:2000", 2001, 30, "r9")
 

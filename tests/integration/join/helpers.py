@@ -17,7 +17,7 @@ from tests.join_util import free_port, write_program
 PYTHON = sys.executable
 #: The token of a test window that names none, handed to every agent unless a test says otherwise
 #: (FDL_JOIN_TOKEN="" for an agent without one): every window has a token, loopback is not a credential.
-JOIN_TOKEN = "10ad" * 16
+JOIN_TOKEN = "a05a8e11480079f431e47c6ceb9abbf100240bcafe0126201b711216af2b14e0"  # fdl refuses a token under 128 bits
 
 # A training binary for CPU ranks: answers the signature probe, then runs one gloo all-reduce
 # across the whole world and reports what it saw.

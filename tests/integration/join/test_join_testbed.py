@@ -86,7 +86,7 @@ def test_three_walk_ins_stage_start_and_train(bed, door, tmp_path):
     (exported / "shard-0").write_text("tokens")
     os.chmod(exported, 0o755)
     port = free_port("0.0.0.0")
-    token = "5f0c" * 8
+    token = "95a0ae6b3f27b9ed9a6f1210f6d3c56509371bc13df238c2e8e590e051db63d8"  # fdl refuses a token under 128 bits
     run_policy = policy(start="manual", quorum_hosts=3, window_s=180, token=token, poll_s=5.0)
     with controller(run_policy, host="0.0.0.0", port=port) as server:
         one = join_on(h1, f"{bed.gateway}:{port}", "--bin", str(binary), "--host", "h1", "--devices", "cpu:1",

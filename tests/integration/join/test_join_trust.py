@@ -36,7 +36,7 @@ from tests.integration.join.helpers import (
 from tests.join_util import free_port, write_program
 
 pytestmark = pytest.mark.slow
-TOKEN = "7e57" * 16
+TOKEN = "10581b2235869fb45a88854335c5d2d68636aefd2836a9d44619b553bd7615c6"  # fdl refuses a token under 128 bits
 ATTACK_ENV = {"LD_PRELOAD": "/tmp/evil.so", "PATH": "/tmp/evil-bin", "MASTER_ADDR": "127.0.0.1",
               "MASTER_PORT": "1", "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}
 # Runs only if an agent starts a rank: leaves a marker and its environment.

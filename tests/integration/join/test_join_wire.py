@@ -27,7 +27,7 @@ from tests.integration.join.helpers import controller, finish, policy, results, 
 from tests.join_util import free_port, write_program
 
 pytestmark = [pytest.mark.testbed(hosts=3), pytest.mark.slow]
-TOKEN = "c0ffee42" * 8
+TOKEN = "3fb74f4757c33d83dfbf5e53c40bda0358474a27cf7485347fa5fa6bf5ae40dc"  # fdl refuses a token under 128 bits
 ETH_P_ALL = 0x0003
 
 # A rank that trains for TEST_TRAIN_S seconds (all-reduce after all-reduce), so a flood can hit a live run.

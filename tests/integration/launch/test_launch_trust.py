@@ -21,7 +21,7 @@ from tests.integration.join.helpers import agent_env, results, train_binary, wai
 from tests.integration.launch.helpers import final_state, free_port, write_project
 
 pytestmark = pytest.mark.slow
-TOKEN = "b0a7" * 16
+TOKEN = "8f810479fdb38f76b45781e23e881284a254df1549704c720132f2c0d85ae093"  # fdl refuses a token under 128 bits
 IMPOSTOR = r"""
 import json, sys, urllib.request, urllib.error
 sys.path.insert(0, sys.argv[4])

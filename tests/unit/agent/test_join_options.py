@@ -11,19 +11,21 @@ from fdl.errors import ExitCode, UsageError
 from fdl.hostside.checks.devices import Devices
 from fdl.libtorch.source import Source
 
+STRONG = "5f0c1e8a9b2d4c6e8f0a1b3c5d7e9f1a"  # 128 bits: fdl refuses less
+
 
 def flags(**given):
     return given
 
 
 def test_flags_win_field_by_field_over_the_block():
-    block = JoinDefaults(controller="10.0.0.1:1337", token="abc", bin="/opt/train", devices=Devices(ids=(0, 1)),
+    block = JoinDefaults(controller="10.0.0.1:1337", token=STRONG, bin="/opt/train", devices=Devices(ids=(0, 1)),
                          persist=True,
                          host="node-a")
     opts = resolve_options(block, flags(controller="10.0.0.9:2000", devices="cpu:2"), None, environ={})
     assert opts.controller == ("10.0.0.9", 2000)
     assert opts.devices == Devices(kind="cpu", count=2)
-    assert opts.token == "abc" and opts.bin == "/opt/train" and opts.persist and opts.host == "node-a"
+    assert opts.token == STRONG and opts.bin == "/opt/train" and opts.persist and opts.host == "node-a"
 
 
 def test_tail_semantics_none_empty_and_verbatim():
@@ -87,9 +89,10 @@ def test_bad_values_are_permanent_with_a_reason(field, value, says):
 
 
 def test_the_token_never_shows_in_the_options_repr():
-    opts = resolve_options(None, flags(controller="h", bin="/x", token="s3cr3t-token"), None, environ={})
-    assert opts.token == "s3cr3t-token"
-    assert "s3cr3t-token" not in repr(opts) and "token=(set)" in repr(opts) and "bin='/x'" in repr(opts)
+    secret = "s3cr3t-" + STRONG
+    opts = resolve_options(None, flags(controller="h", bin="/x", token=secret), None, environ={})
+    assert opts.token == secret
+    assert secret not in repr(opts) and "token=(set)" in repr(opts) and "bin='/x'" in repr(opts)
     assert "token=None" in repr(resolve_options(None, flags(controller="h", bin="/x"), None, environ={}))
 
 

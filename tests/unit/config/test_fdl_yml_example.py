@@ -5,6 +5,7 @@ too, is a configuration fdl accepts without a warning. Issue 38 item 6: the file
 from __future__ import annotations
 
 import re
+import secrets
 from pathlib import Path
 
 import pytest
@@ -17,16 +18,35 @@ EXAMPLE = REPO / "fdl.yml.example"
 KEY_LINE = re.compile(r"^(\s+)(?:# )?([a-z_]+):(.*)$")
 
 
-def uncommented(text: str) -> str:
-    """The example with every `# field:` line of a join field taken in."""
+#: join fields that exclude each other in one block: the example takes one in, the other stays a comment
+EXCLUSIVE = {"token": "token_file"}
+
+
+def uncommented(text: str, *, instead: tuple[str, ...] = ()) -> str:
+    """The example with every `# field:` line of a join field taken in; a field of `instead` is taken in in
+    place of the one it excludes (EXCLUSIVE), which is commented out."""
+    dropped = {EXCLUSIVE[name] for name in instead}
     out = []
     for line in text.splitlines():
-        m = re.match(r"^(\s+)# ([a-z_]+):(.*)$", line)
-        out.append(f"{m.group(1)}{m.group(2)}:{m.group(3)}" if m and m.group(2) in JOIN_KEYS else line)
+        m = re.match(r"^(\s+)(# )?([a-z_]+):(.*)$", line)
+        if m and m.group(3) in dropped:
+            out.append(f"{m.group(1)}# {m.group(3)}:{m.group(4)}")
+        elif m and m.group(2) and m.group(3) in JOIN_KEYS and (m.group(3) not in EXCLUSIVE or m.group(3) in instead):
+            out.append(f"{m.group(1)}{m.group(3)}:{m.group(4)}")
+        else:
+            out.append(line)
     return "\n".join(out) + "\n"
 
 
 def load(tmp_path: Path, text: str):
+    """Load the example as a project's fdl.yml, with the token file and known_hosts it names in place."""
+    farm = tmp_path / ".fdl" / "farm"
+    farm.mkdir(parents=True, exist_ok=True)
+    token = farm / "token"
+    token.write_text(secrets.token_hex(32) + "\n")
+    token.chmod(0o600)
+    (farm / "known_hosts").write_text("[10.0.0.1]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample\n")
+    text = re.sub(r"^(\s+token:) \S+", lambda m: f"{m.group(1)} {secrets.token_hex(32)}", text, flags=re.M)
     (tmp_path / "fdl.yml").write_text(text)
     return load_config(tmp_path, EnvSelection())
 
@@ -50,13 +70,22 @@ def test_every_join_field_is_there_once_with_what_it_does() -> None:
 def test_the_example_with_every_field_taken_in_is_a_configuration_fdl_accepts(tmp_path: Path) -> None:
     config = load(tmp_path, uncommented(EXAMPLE.read_text()))
     assert config.warnings == [] and config.join is not None
-    unset = [name for name in JOIN_KEYS if getattr(config.join, name) in (None, False)]
+    unset = [name for name in JOIN_KEYS if getattr(config.join, name) in (None, False) and name not in EXCLUSIVE]
     assert unset == [], f"fields the example leaves unset or off: {unset}"
     assert str(config.join.devices) == "0,1" and config.join.args == ("--model", "resnet")
+
+
+def test_the_token_itself_is_the_alternative_to_the_token_file(tmp_path: Path) -> None:
+    config = load(tmp_path, uncommented(EXAMPLE.read_text(), instead=("token",)))
+    # a literal token in a file others can read (the test's fdl.yml is 0644) is accepted, with a warning
+    assert len(config.warnings) == 1 and "fdl.yml" in config.warnings[0] and config.join is not None
+    from_file = (tmp_path / ".fdl" / "farm" / "token").read_text().strip()
+    assert config.join.token is not None and config.join.token != from_file  # the literal one, not the file's
 
 
 def test_the_example_as_it_stands_is_a_configuration_fdl_accepts(tmp_path: Path) -> None:
     config = load(tmp_path, EXAMPLE.read_text())
     assert config.warnings == [] and config.join is not None
     assert config.join.controller == "10.0.0.1:1337" and config.join.persist is True
-    assert config.join.token is None  # a token is never in a file people commit: FDL_JOIN_TOKEN
+    # a token is never in a file people commit: the example reads it from a 0600 file beside the project
+    assert config.join.token == (tmp_path / ".fdl" / "farm" / "token").read_text().strip()

@@ -23,7 +23,7 @@ from fdl.agent.options import JoinOptions, resolve_options
 from fdl.config import schema
 from fdl.config.join_fields import CLI_FIELDS, JOIN_KEYS, SETTINGS, JoinDefaults, Setting, flag_of
 from fdl.config.project import load_config
-from fdl.errors import ConfigError
+from fdl.errors import ConfigError, UsageError
 from fdl.hostside.checks.devices import Devices
 from fdl.hostside.libtorch.variants import CHOICES as LIBTORCH_CHOICES
 
@@ -32,6 +32,9 @@ ROLE = REPO / "roles" / "fdl_join_worker"
 # The `fdl join` fields of the original command (its JoinArgs), in their order.
 JOIN_ARGS = ("controller", "ssh", "identity", "token", "bin", "source", "source_cwd", "source_build", "source_bin",
              "libtorch", "host", "devices", "persist", "data_path", "data_source", "gpu_ram_share", "no_sig_probe")
+STRONG = "5f0c1e8a9b2d4c6e8f0a1b3c5d7e9f1a"  # 32 hex digits: 128 bits
+# Flags fdl adds to them (docs/join.md): the door's pinned host key, and the token read from a 0600 file.
+ADDED = ("known_hosts", "token_file")
 
 
 def load(tmp_path: Path, text: str):
@@ -43,7 +46,9 @@ def test_every_field_is_declared_once_with_a_setting():
     assert JoinDefaults._fields == JOIN_KEYS
     assert [name for name, _ in SETTINGS] == list(JOIN_KEYS)
     assert all(isinstance(setting, Setting) and setting.help for _, setting in SETTINGS)
-    assert CLI_FIELDS == JOIN_ARGS  # every JoinArgs field is a flag; args and libtorch_mirror are block-only
+    # every JoinArgs field is a flag, in its order, and so are fdl's additions; args and libtorch_mirror are
+    # block-only
+    assert tuple(f for f in CLI_FIELDS if f not in ADDED) == JOIN_ARGS and set(ADDED) <= set(CLI_FIELDS)
     assert set(JOIN_KEYS) - set(CLI_FIELDS) == {"args", "libtorch_mirror"}
     assert [name for name, setting in SETTINGS if setting.secret] == ["token"]
 
@@ -57,12 +62,16 @@ def test_the_schema_knows_exactly_the_declared_keys(tmp_path):
 
 
 def test_every_declared_key_is_read_from_the_block_into_its_type(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("5f0c1e8a9b2d4c6e8f0a1b3c5d7e9f1a\n")
+    os.chmod(token, 0o600)
     config = load(tmp_path, """
         join:
           controller: 10.0.0.1:1337
           ssh: op@door:2222
           identity: ~/.ssh/farm
-          token: abc
+          known_hosts: door_known_hosts
+          token_file: token
           bin: /opt/train
           source_cwd: sub
           source_build: make
@@ -84,6 +93,9 @@ def test_every_declared_key_is_read_from_the_block_into_its_type(tmp_path):
     assert all(getattr(join, name) is not None for name in JOIN_KEYS)
     assert join.devices == Devices(ids=(0, 1))  # parsed once, here: a typed value, not text
     assert join.persist is True and join.gpu_ram_share == 0.5 and join.args == ("--epochs", "3")
+    # token_file: is read (the token itself is the token: field), relative paths resolve against fdl.yml's folder
+    assert join.token == "5f0c1e8a9b2d4c6e8f0a1b3c5d7e9f1a" and join.token_file == str(token)
+    assert join.known_hosts == str(tmp_path / "door_known_hosts")
 
 
 @pytest.mark.parametrize(("key", "value", "says"), [
@@ -126,8 +138,9 @@ def test_the_agent_options_are_the_declared_fields_and_every_flag_reaches_them()
     # libtorch_mirror is resolved, with the libtorch: block and FDL_LIBTORCH_MIRROR, into where downloads come from
     assert JoinOptions._fields == (*(k if k != "libtorch_mirror" else "libtorch_source" for k in JOIN_KEYS),
                                    "args_given")
-    given = {"controller": "10.0.0.9:2000", "ssh": "op@door:2222", "identity": "/k", "token": "t", "bin": None,
-             "source": "file:///srv/tree", "source_cwd": "sub", "source_build": "make", "source_bin": "out/train",
+    given = {"controller": "10.0.0.9:2000", "ssh": "op@door:2222", "identity": "/k", "known_hosts": "/kh",
+             "token": STRONG, "token_file": None, "bin": None, "source": "file:///srv/tree", "source_cwd": "sub",
+             "source_build": "make", "source_bin": "out/train",
              "libtorch": "cpu", "host": "node-z", "devices": "cpu:2", "persist": True, "data_path": "/d",
              "data_source": "sshfs://op@ctl:/d", "gpu_ram_share": 0.25, "no_sig_probe": True}
     assert tuple(given) == CLI_FIELDS
@@ -136,13 +149,31 @@ def test_the_agent_options_are_the_declared_fields_and_every_flag_reaches_them()
                          data_source="sshfs://x@y:/b", gpu_ram_share=0.5)
     opts = resolve_options(block, given, None, environ={})
     assert opts.controller == ("10.0.0.9", 2000) and str(opts.ssh) == "op@door:2222"
-    assert (opts.identity, opts.token, opts.bin, opts.source) == ("/k", "t", None, "file:///srv/tree")
+    assert (opts.identity, opts.token, opts.bin, opts.source) == ("/k", STRONG, None, "file:///srv/tree")
+    assert opts.known_hosts == "/kh"
     assert (opts.source_cwd, opts.source_build, opts.source_bin) == ("sub", "make", "out/train")
     assert (opts.libtorch, opts.host, opts.devices) == ("cpu", "node-z", Devices(kind="cpu", count=2))
     assert opts.persist and opts.no_sig_probe and opts.gpu_ram_share == 0.25
     assert opts.data_path == "/d" and opts.data_source is not None and opts.data_source.spec == "sshfs://op@ctl:/d"
     with pytest.raises(ValueError, match="unknown join fields"):
         resolve_options(block, {"args": ["x"]}, None, environ={})
+
+
+def test_a_token_file_flag_is_read_and_a_weak_token_is_refused_with_the_mint_command(tmp_path):
+    """regression (issue 37, item 5): `hunter2` was accepted as a join token."""
+    block = JoinDefaults(controller="h", bin="/x")
+    path = tmp_path / "token"
+    path.write_text(STRONG + "\n")
+    os.chmod(path, 0o600)
+    opts = resolve_options(block, {"token_file": str(path), "token": None}, None, environ={})
+    assert (opts.token, opts.token_file) == (STRONG, str(path))
+    for weak in ("hunter2", "0123456789abcdef"):  # 7 characters; 16 hex digits = 64 bits
+        with pytest.raises(UsageError, match=r"too weak.*at least 128.*secrets.token_hex\(32\)") as refused:
+            resolve_options(block, {"token": weak}, None, environ={})
+        assert weak not in refused.value.message
+    os.chmod(path, 0o640)
+    with pytest.raises(UsageError, match="group or others may read or change it"):
+        resolve_options(block, {"token_file": str(path)}, None, environ={})
 
 
 def test_devices_travel_parsed_from_the_block_and_from_gpus():

@@ -23,7 +23,10 @@ def load(tmp_path: Path, body: str):
     return load_config(project(tmp_path, body), EnvSelection())
 
 
-@pytest.mark.parametrize("written", ["0755", "0o17", "0x1f", "1_000", "12:30:05", "0b101"])
+# YAML 1.1's octal, hex, underscore and base-60 forms, long enough to be tokens of 128 bits and more
+@pytest.mark.parametrize("written", ["07551234567012345670123456701234", "0o1734567012345670123456701",
+                                     "0x1f2e3d4c5b6a7980a1b2c3d4e5f6", "1_000_234_567_890_123_456_789",
+                                     "12:30:05:41:52:33:14:25:36"])
 def test_a_number_looking_token_stays_the_text_written(tmp_path: Path, written: str) -> None:
     cfg = load(tmp_path, f"""
         cluster:
@@ -33,6 +36,12 @@ def test_a_number_looking_token_stays_the_text_written(tmp_path: Path, written: 
         """)
     assert cfg.data["cluster"]["controller"]["join"]["token"] == written
     assert cfg.cluster.controller.join.token == written
+
+
+def test_a_short_number_looking_token_is_refused_without_being_shown(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="the token is too weak") as caught:
+        load(tmp_path, "cluster:\n  controller:\n    join: {discovery: true, token: 0b101}\n")
+    assert "0b101" not in caught.value.message and "fdl.yml:3" in caught.value.message
 
 
 def test_plain_decimal_numbers_still_read_as_numbers(tmp_path: Path) -> None:

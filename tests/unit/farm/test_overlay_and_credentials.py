@@ -10,42 +10,44 @@ import yaml
 
 from fdl.errors import FdlError
 from fdl.farm import credentials, minted
-from fdl.farm.overlay import OverlayEditError, current_token, has_token, read_crate, rewrite_token
+from fdl.farm.overlay import OverlayEditError, has_token, point_at_token_file, read_crate, token_files
 
-NEW = "ab" * 32
+FILE = ".fdl/b300/token"
 
 
 @pytest.mark.parametrize("before, after", [
     (b'# mine\ncluster:\n  controller:\n    join:\n      token: "old"  # keep this comment\n      start: manual\n',
-     b'# mine\ncluster:\n  controller:\n    join:\n      token: "' + NEW.encode() + b'"  # keep this comment\n'
+     b'# mine\ncluster:\n  controller:\n    join:\n      token_file: .fdl/b300/token  # keep this comment\n'
      b"      start: manual\n"),
     (b"cluster:\r\n  controller:\r\n    join: {start: manual, token: 'x'}\r\n",
-     b"cluster:\r\n  controller:\r\n    join: {start: manual, token: '" + NEW.encode() + b"'}\r\n"),
-    (b"join:\n  token: 1234\n", b'join:\n  token: "' + NEW.encode() + b'"\n'),
-    (b"cluster:\n  controller:\n    join:\n      token:\n", b'cluster:\n  controller:\n    join:\n      token: "'
-     + NEW.encode() + b'"\n'),
+     b"cluster:\r\n  controller:\r\n    join: {start: manual, token_file: .fdl/b300/token}\r\n"),
+    (b"join:\n  token: 1234\n", b"join:\n  token_file: .fdl/b300/token\n"),
+    (b"cluster:\n  controller:\n    join:\n      token:\n", b"cluster:\n  controller:\n    join:\n      token_file: "
+     b".fdl/b300/token\n"),
 ])
-def test_only_the_token_value_changes(before, after):
-    assert rewrite_token(before, NEW) == after
-    assert current_token(after) == NEW
+def test_a_literal_token_becomes_token_file_and_nothing_else_changes(before, after):
+    assert point_at_token_file(before, FILE) == after
+    assert token_files(after.decode()) == [FILE] and has_token(after)
+    assert yaml.safe_load(after)  # still YAML
 
 
-def test_both_token_lines_of_a_farm_overlay_are_rewritten_and_nothing_else():
+def test_both_token_lines_of_an_old_farm_overlay_move_to_the_file_and_nothing_else():
     before = (b"inherit-from: base\n# c\ncluster:\n  controller:\n    join:\n      token: aa\n"
               b"join:\n  token: 'bb'   # worker default\ncommands: {x: {run: y}}")
-    after = rewrite_token(before, NEW)
-    assert after == before.replace(b"token: aa", b'token: "' + NEW.encode() + b'"').replace(
-        b"'bb'", b"'" + NEW.encode() + b"'")
+    after = point_at_token_file(before, FILE)
+    assert after == before.replace(b"token: aa", b"token_file: " + FILE.encode()).replace(
+        b"token: 'bb'", b"token_file: " + FILE.encode())
+    assert point_at_token_file(after, FILE) is None  # nothing literal left: a re-run changes nothing
 
 
 def test_an_overlay_without_a_token_is_left_alone():
     data = b"cluster:\n  controller: 10.0.0.1:1337\n"
-    assert not has_token(data) and rewrite_token(data, NEW) is None
+    assert not has_token(data) and point_at_token_file(data, FILE) is None
 
 
 def test_a_block_scalar_token_is_not_edited():
     with pytest.raises(OverlayEditError):
-        rewrite_token(b"join:\n  token: |\n    abc\n", NEW)
+        point_at_token_file(b"join:\n  token: |\n    abc\n", FILE)
 
 
 def test_crate_name_from_bin_then_package(tmp_path):
@@ -142,16 +144,3 @@ def test_half_a_credential_is_refused(tmp_path):
     (tmp_path / "token").unlink()
     with pytest.raises(FdlError, match="incomplete: token missing"):
         credentials.load(tmp_path)
-
-
-def test_overlay_template_parses_and_quotes_the_token(tmp_path):
-    from fdl.farm.overlay import Crate
-    from fdl.farm.render import render
-
-    token = "0123" + "0" * 60  # all digits: must stay a string, leading zero and all
-    text = render("overlay.yml.j2", label="b300", inherit_from="base", host="10.0.0.1", controller_port=1337,
-                  tunnel=True, token=token, crate=Crate("train", "train"))
-    doc = yaml.safe_load(text)
-    assert doc["cluster"]["controller"]["join"]["token"] == token
-    assert doc["inherit-from"] == "base" and doc["cluster"]["controller"]["bind"] == "127.0.0.1"
-    assert doc["commands"]["train"]["cluster"] is True

@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import stat
+import subprocess
 from dataclasses import FrozenInstanceError, replace
 from pathlib import Path
 
@@ -74,7 +75,10 @@ class Box:
         monkeypatch.setenv("HOME", str(self.home))
         monkeypatch.delenv("XDG_STATE_HOME", raising=False)  # fdl's record of minted credentials: in this HOME
         self.sshd_config = self.etc / "sshd_config"
-        self.sshd_config.write_text(f"Include {self.etc}/sshd_config.d/*.conf\nPort 22\nUsePAM no\n")
+        self.host_key = self.etc / "ssh_host_ed25519_key"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.host_key)], check=True)
+        self.sshd_config.write_text(f"Include {self.etc}/sshd_config.d/*.conf\nPort 22\nHostKey {self.host_key}\n"
+                                    f"UsePAM no\n")
         (self.root / "fdl.yml").write_text("commands:\n  test:\n    run: 'true'\n")
         self.door_port = free_port()  # nothing listens there
         self.controller = f"op@127.0.0.1:{self.door_port}"
@@ -131,11 +135,15 @@ def test_a_fresh_scripted_farm_plans_from_flags_and_defaults_and_asks_nothing(bo
     assert plan.existing is None and plan.rotate is False and plan.key_file.data is None
     assert plan.farm_dir == box.root / ".fdl" / "lab" and plan.overlay == box.root / "fdl.lab.yml"
     assert plan.dropin_target == str(box.etc / "sshd_config.d" / "01-fdl-lab.conf")
-    assert f"LocalPort {box.door_port}" in plan.dropin_text
+    assert plan.dropin["door_port"] == box.door_port
     # the doctor saw the drop-in in place and probed where workers dial
     (seen,) = box.observed
     assert seen["door_port"] == box.door_port and seen["probe_host"] == "127.0.0.1"
-    assert seen["dropin_target"] == plan.dropin_target and seen["dropin_lines"] == plan.dropin_text.splitlines()
+    assert seen["dropin_target"] == plan.dropin_target
+    assert seen["dropin_lines"] == ["Port " + str(box.door_port), f"Match LocalPort {box.door_port}"]
+    # the door's host key, read from the public half of the sshd's HostKey, pinned for the address workers dial
+    key = (box.etc / "ssh_host_ed25519_key.pub").read_text().split()
+    assert plan.host_keys == (f"[127.0.0.1]:{box.door_port} {key[0]} {key[1]}",)
     assert {f.name for f in plan.findings} >= {"sshd", "listener"}
     assert not box.farm.exists(), "prepare wrote something"
     with pytest.raises(FrozenInstanceError):
@@ -154,9 +162,11 @@ def test_a_fresh_farm_is_written_with_private_modes_and_reported(box):
                        ("cloud-init.yml", 0o600), ("sshd-door.conf", 0o644), ("authorized_keys.line", 0o644),
                        ("door-selftest.sh", 0o755)):
         assert mode(farm / name) == want, name
-    assert mode(box.root / "fdl.lab.yml") == 0o600
-    token = (farm / "token").read_text().strip()
-    assert f'token: "{token}"' in (box.root / "fdl.lab.yml").read_text()
+    # the overlay names the token file and holds no secret
+    overlay = (box.root / "fdl.lab.yml").read_text()
+    assert mode(box.root / "fdl.lab.yml") == 0o644 and (farm / "token").read_text().strip() not in overlay
+    assert yaml.safe_load(overlay)["cluster"]["controller"]["join"]["token_file"] == ".fdl/lab/token"
+    assert (box.root / ".fdl" / ".gitignore").read_text().splitlines()[-1] == "*"
     assert "rrsync" in (farm / "authorized_keys.line").read_text()
     assert not list(farm.glob("*.fdl-tmp")) and not box.ak.exists()
 
@@ -214,7 +224,7 @@ def test_a_rerun_recovers_the_shape_reuses_everything_and_changes_nothing(box, m
     assert len(reads) == 1
 
     assert report.credentials.action == CredentialAction.REUSED
-    assert report.overlay.action == OverlayAction.UNCHANGED and report.overlay.mode_changed is None
+    assert report.overlay.action == OverlayAction.UNCHANGED
     assert report.authorized_keys.action == KeyAction.ALREADY_PRESENT and report.authorized_keys.line == 1
     assert any(s.done and s.title.startswith("Key line installed") for s in report.steps)
     assert {p.name: p.read_bytes() for p in box.farm.iterdir() if p.is_file()} == before
@@ -368,20 +378,25 @@ def test_an_overlay_without_a_token_line_is_left_alone_and_a_snippet_written(box
     assert overlay.read_text() == "# mine\ncommands: {}\n"
     assert report.overlay.action == OverlayAction.SNIPPET and report.files.overlay_snippet == report.overlay.snippet
     token = (box.farm / "token").read_text().strip()
-    assert report.overlay.snippet_text is not None and token not in report.overlay.snippet_text
-    assert token in Path(str(report.overlay.snippet)).read_text() and mode(Path(str(report.overlay.snippet))) == 0o600
+    snippet = Path(str(report.overlay.snippet))
+    assert report.overlay.snippet_text == snippet.read_text() and token not in snippet.read_text()
+    assert "token_file: .fdl/lab/token" in snippet.read_text()
     assert any("add 'inherit-from: base' yourself" in note for note in report.notes)
 
 
-def test_an_overlay_with_another_token_gets_only_its_token_line_rewritten(box):
+def test_an_overlay_that_holds_a_token_itself_is_moved_onto_the_token_file(box):
+    """regression (issue 37, item 5): the overlay held the token, and a re-run only rewrote it in place."""
     overlay = box.root / "fdl.lab.yml"
-    overlay.write_text('# mine\ncluster:\n  controller:\n    join:\n      token: "00ff"\n')
+    overlay.write_text('# mine\ncluster:\n  controller:\n    join:\n      token: "00ff"  # old\n')
     os.chmod(overlay, 0o644)
     report = box.run(controller=box.controller, assume_yes=True)
-    token = (box.farm / "token").read_text().strip()
-    assert overlay.read_text() == f'# mine\ncluster:\n  controller:\n    join:\n      token: "{token}"\n'
-    assert report.overlay.action == OverlayAction.TOKEN_REWRITTEN and report.overlay.mode_changed == "0644"
-    assert mode(overlay) == 0o600
+    assert overlay.read_text() == ("# mine\ncluster:\n  controller:\n    join:\n"
+                                   "      token_file: .fdl/lab/token  # old\n")
+    assert report.overlay.action == OverlayAction.TOKEN_REWRITTEN and mode(overlay) == 0o644
+    assert any("others could read it" in note and "--regen" in note for note in report.notes)
+    again = box.run()
+    assert again.overlay.action == OverlayAction.UNCHANGED and "already names the farm's token file" in \
+        again.overlay.message
 
 
 def test_where_the_line_went_cannot_be_recorded_it_is_said_not_swallowed(box):
@@ -418,3 +433,29 @@ def test_a_key_file_the_role_refuses_is_the_wizards_refusal_with_the_farm_writte
     refused(excinfo)
     assert (box.farm / "key").is_file() and (box.farm / "join-door.yml").is_file()
     assert box.ak.is_dir() and list(box.ak.iterdir()) == []
+
+
+def test_a_render_that_lost_a_key_stops_the_wizard_with_nothing_written(box, monkeypatch):
+    """regression (issue 36, finding 1): worker.yml and the user-data came out with `identity:` inside the comment
+    of the `ssh:` line, and the wizard wrote them and reported success. The real render runs; its worker.yml is
+    then broken the way that template broke it (no shipped template can be made to do it any more)."""
+    from dataclasses import replace as with_field
+
+    from fdl.farm.wizard import files
+
+    real = files.render
+
+    def as_the_old_template_did(*args, **kwargs):
+        done = real(*args, **kwargs)
+        assert done.worker_yml is not None and "\n  identity:" in done.worker_yml
+        return with_field(done, worker_yml=done.worker_yml.replace(
+            "\n  identity:", "  # the door on the controller box  identity:"))
+
+    monkeypatch.setattr(files, "render", as_the_old_template_did)
+    with pytest.raises(FdlError, match=r"join\.identity missing \(lost or commented out\)") as excinfo:
+        box.run(controller=box.controller, assume_yes=True, cloud_init=True)
+    refused(excinfo)
+    assert sorted(p.name for p in box.farm.iterdir()) == [".gitignore"]  # no key, token, worker.yml, user-data
+    assert not (box.root / "fdl.lab.yml").exists()
+    assert not (box.home / ".local" / "state" / "fdl" / "farms").exists() or \
+        list((box.home / ".local" / "state" / "fdl" / "farms").iterdir()) == []  # nothing recorded as minted

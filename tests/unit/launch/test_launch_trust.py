@@ -133,3 +133,21 @@ def test_a_launcher_that_cannot_listen_leaves_no_token_behind(tmp_path, monkeypa
         with pytest.raises(FdlError):
             launcher.run()
     assert list(launcher.run_dir.glob("token*")) == []
+
+
+def test_a_discovery_launcher_prints_the_line_a_walk_in_joins_with_and_never_the_token(tmp_path, monkeypatch) -> None:
+    """issue 38 item 10: the walk-in line named no address ("fdl join ..."), and a roster run offered it too."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    launcher = Launcher(plan(discovery=True), printer=Notes())
+    token = launcher._policy().token
+    shown = f"~/{launcher.run_dir.relative_to(tmp_path)}/token"
+    assert launcher.walk_in_line() == (f'FDL_JOIN_TOKEN="$(cat {shown})" fdl join 127.0.0.1:1337 --bin PROGRAM '
+                                       f"--devices DEVICES")
+    assert token not in launcher.walk_in_line()
+    configured = Launcher(plan(discovery=True, token="abc" * 11), printer=Notes())
+    configured._policy()
+    assert configured.walk_in_line() == "FDL_JOIN_TOKEN=<the run's token> fdl join 127.0.0.1:1337 --bin PROGRAM " \
+                                        "--devices DEVICES"
+    roster = Launcher(plan(), printer=Notes())
+    roster._policy()
+    assert roster.walk_in_line() is None  # nobody walks into a roster run

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from fdl.farm.render import render_dropin
 from fdl.hostside.farm.authorized_keys import line_identity, parse_public_key
-from fdl.hostside.farm.doors import DoorError, door_account, dropin_name, dropin_vars, jail, key_line, port_lines
+from fdl.hostside.farm.doors import (
+    DoorError,
+    door_account,
+    dropin_name,
+    dropin_scan_lines,
+    dropin_vars,
+    jail,
+    key_line,
+    known_hosts_lines,
+    port_lines,
+)
+from tests.farm_render import rendered_dropin
 
 PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOursOursOursOursOursOursOursOursOursOurs01 fdl-farm-b300"
 
@@ -32,7 +42,7 @@ def test_door_a_jail_is_a_root_owned_chain_for_an_account_of_its_own():
 
 
 def test_door_a_dropin_jails_its_account_on_every_port():
-    text = render_dropin(dropin_vars("a", label="b300", door_port=2222, controller_port=1337, explicit_ports=[22]))
+    text = rendered_dropin("a", label="b300", door_port=2222, controller_port=1337, explicit_ports=[22])
     block = text.split("Match User fdl-b300\n", 1)[1]
     directives = [ln.strip() for ln in block.splitlines() if ln.strip() and not ln.strip().startswith("#")]
     assert "ChrootDirectory /var/lib/fdl-doors/b300/jail" in directives
@@ -109,8 +119,7 @@ def test_port_lines_keep_the_implicit_22_only_when_no_port_is_set_anywhere():
 
 @pytest.mark.parametrize("door, forced", [("a", False), ("b", False), ("tunnel-only", True)])
 def test_dropin_scopes_with_match_localport_and_forces_a_command_only_for_tunnel_only(door, forced):
-    text = render_dropin(dropin_vars(door, label="b300", door_port=2222, controller_port=1337,
-                                     explicit_ports=[22]))
+    text = rendered_dropin(door, label="b300", door_port=2222, controller_port=1337, explicit_ports=[22])
     directives = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
     assert directives[:2] == ["Port 2222", "Match LocalPort 2222"]
     assert ("Match User fdl-b300" in text) is (door == "a")
@@ -122,3 +131,15 @@ def test_dropin_scopes_with_match_localport_and_forces_a_command_only_for_tunnel
 
 def test_dropin_name_sorts_early():
     assert dropin_name("b300") == "01-fdl-b300.conf"
+
+
+def test_the_scan_lines_are_the_drop_ins_port_lines_and_match_block():
+    values = dropin_vars("b", label="b300", door_port=2222, controller_port=1337, explicit_ports=[])
+    assert dropin_scan_lines(values) == ["Port 22", "Port 2222", "Match LocalPort 2222"]
+
+
+def test_known_hosts_lines_pin_the_door_under_the_name_ssh_looks_up():
+    keys = ["ssh-ed25519 AAAAC3Nza host@box", "ecdsa-sha2-nistp256 AAAAE2Vj", "ssh-ed25519 AAAAC3Nza again"]
+    assert known_hosts_lines("10.0.0.1", 2222, keys) == ["[10.0.0.1]:2222 ssh-ed25519 AAAAC3Nza",
+                                                         "[10.0.0.1]:2222 ecdsa-sha2-nistp256 AAAAE2Vj"]
+    assert known_hosts_lines("door", 22, keys[:1]) == ["door ssh-ed25519 AAAAC3Nza"]
