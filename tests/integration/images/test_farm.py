@@ -288,12 +288,6 @@ class Farm:
         generated = (self.farm_dir() / "cloud-init.yml").read_text()
         known = [line for line in self.bed.known_hosts.read_text().splitlines()
                  if line.startswith(self.data.address + " ")]
-        # TEMPORARY (issue 36 findings 1 and 2, until h36b's render lands; remove with it): the generated join
-        # block carries `identity:` inside the ssh: line's comment, and no host key for the door.
-        generated = re.sub(r"^( *)(ssh: [^\n]*?) +identity: (\S+)$", r"\1\2\n\1identity: \3", generated, flags=re.M)
-        door_key = next(line for line in self.bed.known_hosts.read_text().splitlines()
-                        if line.startswith(self.ctl.address + " "))
-        known.append(f"[{self.ctl.address}]:{self.door_port['b']} " + door_key.split(" ", 1)[1])
         operator = {
             "merge_how": [{"name": "list", "settings": ["append"]},
                           {"name": "dict", "settings": ["no_replace", "recurse_list"]}],
@@ -534,6 +528,14 @@ def _the_farm(farm: Farm) -> None:
             f"cloud-init schema, {name}: {checked.stdout}{checked.stderr}"
     machine.sh("rm -f /root/check.yml")
     assert machine.sh(f"systemctl is-enabled {UNIT}").stdout.strip() == "enabled"
+    # what cloud-init wrote is what join-config says a worker holds: its worker.yml as fdl.yml, and the door's
+    # host key as the testbed's own sshd presents it (pinned when the wizard ran, no first-use trust)
+    worker_dir = f"/etc/fdl/{farm.label}"
+    assert machine.path(f"{worker_dir}/fdl.yml").read_text() == (farm.farm_dir() / "worker.yml").read_text()
+    door_key = next(line.split()[1:3] for line in farm.bed.known_hosts.read_text().splitlines()
+                    if line.startswith(farm.ctl.address + " "))
+    pinned = machine.path(f"{worker_dir}/known_hosts").read_text()
+    assert f"[{farm.ctl.address}]:{farm.door_port['b']} {' '.join(door_key)}" in pinned, pinned
     first = farm.show()
     assert first["ActiveState"] == "active" and first["MainPID"] != "0", first
     main_pid = first["MainPID"]
