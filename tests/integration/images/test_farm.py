@@ -21,8 +21,8 @@ generated one: the generated part byte for byte, and the operator's part (merged
 `merge_how`), which adds what join-config does not know about: a dataset on a data host (testbed host h3,
 whose account trusts the farm key read-only) and one CPU rank (the box has no GPU) as an env overlay of the
 worker's fdl.yml (`fdl.box.yml`, selected with FDL_ENV in the unit's environment file), quick re-dials
-(FDL_JOIN_BACKOFF_*), the gloo
-interface, and the data host's key in known_hosts. /home is a small file system of its own (16 MB).
+(FDL_JOIN_BACKOFF_*), the gloo interface, and the data host's key in known_hosts. /home is a small file
+system of its own (16 MB).
 
 The worker joins through door b with the farm key: the forward to the controller and the published tree pulled
 through rrsync. A 2-host run trains (`fdl @<farm> train`, start: manual, so the operator fires `fdl @<farm>
@@ -172,8 +172,7 @@ class Farm:
         ports = iter(range(24000 + int(nspawn.digest(bed.prefix), 16) % 500 * 2, 26000))
         self.door_port = {door: next(ports) for door in self.labels}
         self.controller_port = {door: next(ports) + 100 for door in self.labels}
-        self.jail_base = Path(tempfile.mkdtemp(prefix=f"{bed.prefix}-jail-", dir="/var/lib"))
-        os.chmod(self.jail_base, 0o755)
+        self.jail_base = work / "doors"  # door a's jail: every directory above it root's alone (sshd's rule)
         self.served_a = work / "door-a-data"
         self.machine: nspawn.Machine | None = None
         self.name = f"{bed.prefix}w1"
@@ -191,6 +190,8 @@ class Farm:
     def prepare_controller_box(self) -> None:
         """What a Debian box has and a testbed host lacks: an Include of sshd_config.d/ first (and the jailed
         account of door a allowed in); the operator's ssh key and known hosts for the roster worker."""
+        self.drop_jailed_account()  # a crashed run's
+        self.jail_base.mkdir(mode=0o755)
         config = self.sshd_config()
         dropins = config.parent / "sshd_config.d"
         dropins.mkdir(exist_ok=True)
@@ -442,8 +443,10 @@ class Farm:
             self.ctl.start_sshd()
         data = self.jail_base / self.labels["a"] / "jail" / "data"
         subprocess.run(["umount", str(data)], capture_output=True, timeout=30)
-        if not os.path.ismount(data):
-            shutil.rmtree(self.jail_base, ignore_errors=True)
+        assert not os.path.ismount(data), f"door a's bind on {data} is still mounted"
+        self.drop_jailed_account()
+
+    def drop_jailed_account(self) -> None:
         account = f"fdl-{self.labels['a']}"
         subprocess.run(["userdel", account], capture_output=True, timeout=30)
         subprocess.run(["groupdel", account], capture_output=True, timeout=30)
@@ -478,11 +481,13 @@ def farm(testbed):
         assert not any(path.is_relative_to(p) for p in ("/tmp", "/var/tmp")), f"{path} is below a temp directory"
     work = Path(tempfile.mkdtemp(prefix=f"{testbed.prefix}-farm-", dir="/var/lib"))
     os.chmod(work, 0o755)
-    built = Farm(testbed, work)
+    built: Farm | None = None
     try:
+        built = Farm(testbed, work)
         yield built
     finally:
-        built.close()
+        if built is not None:
+            built.close()
         subprocess.run(["rm", "-rf", str(work)], check=False)
 
 
