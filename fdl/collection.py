@@ -6,6 +6,7 @@ A clone holds the collection's parts at the top level, each once, where Ansible 
 changelogs, sanity ignores). `assemble()` writes the complete collection tree from them:
 
     galaxy.yml, meta/, README.md, ...       collection/
+    LICENSE                                 LICENSE (the repository's, MIT)
     roles/                                  roles/
     playbooks/                              playbooks/
     plugins/modules/                        library/
@@ -77,6 +78,23 @@ PARTS = (
     ("plugins/inventory", "inventory_plugins"),
 )
 METADATA = "collection"  # the part holding galaxy.yml
+LICENSE = "LICENSE"  # the repository's licence file (MIT, as galaxy.yml says), also at the collection's root
+
+#: A clone used in place holds the collection too, with no build step: REPO_ROOT / RELATIVE is a committed tree
+#: of relative links to the parts (ansible.cfg puts the repository root on the collections path), so that the
+#: roles' FQCNs (flodl.fdl.fdl_probe) and the inventory plugin resolve to the clone's own files. {path in that
+#: tree: what it links to, from the repository root}. The fdl package itself stands for plugin_utils/fdl (the
+#: reader) and fdl/hostside for module_utils; pynvml is not there (a host without nvidia-ml-py says so).
+IN_PLACE = {
+    "galaxy.yml": f"{METADATA}/galaxy.yml",
+    "meta": f"{METADATA}/meta",
+    "roles": "roles",
+    "playbooks": "playbooks",
+    "plugins/modules": "library",
+    "plugins/inventory": "inventory_plugins",
+    "plugins/module_utils": "fdl/hostside",
+    "plugins/plugin_utils/fdl": "fdl",
+}
 
 HOST_SIDE = PACKAGE_DIR / "hostside"  # the code that runs on managed hosts: plugins/module_utils/, file for file
 READER_ROOT = "cluster/inventory.py"  # what the inventory plugin imports; reader() follows its relative imports
@@ -188,9 +206,10 @@ def reader() -> list[str]:
 def check_source(source: Path) -> None:
     """Raise CollectionError unless `source` holds the collection's parts (collection/galaxy.yml and the rest)."""
     missing = [part for _, part in PARTS if not (source / part).is_dir()]
-    if missing or not (source / METADATA / "galaxy.yml").is_file():
+    missing += [name for name in (f"{METADATA}/galaxy.yml", LICENSE) if not (source / name).is_file()]
+    if missing:
         raise CollectionError(f"the {FQCN} collection's source is incomplete in {source} (missing: "
-                              f"{', '.join(missing) or METADATA + '/galaxy.yml'})",
+                              f"{', '.join(missing)})",
                               hint="use a complete clone of fdl, or reinstall fdl")
 
 
@@ -202,6 +221,7 @@ def _inputs(source: Path) -> list[tuple[str, Path]]:
             if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
                 rel = path.relative_to(source / part).as_posix()
                 files.append((f"{where}/{rel}" if where else rel, path))
+    files.append((LICENSE, source / LICENSE))
     for rel, origin in module_utils().items():
         files.append((f"plugins/module_utils/{rel}", origin))
     for rel in reader():

@@ -1,10 +1,12 @@
 # Copyright (c) the fdl authors. MIT License.
 """Ansible inventory plugin flodl.fdl.cluster: an fdl project's cluster as an inventory.
 
-One file, two ways in: the flodl.fdl collection's plugins/inventory/cluster.py (assembled from this file by
-fdl/collection.py), and a clone used in place, where the repository's ansible.cfg enables it as `cluster`
-from inventory_plugins/. Either way it reads the project with fdl's own configuration reader: the copy the
-collection carries (plugins/plugin_utils/fdl/), or the clone's fdl package beside this directory.
+It is always loaded as the collection's plugin, flodl.fdl.cluster: from the installed collection
+(plugins/inventory/cluster.py, assembled from this file by fdl/collection.py), or from a clone used in place,
+whose ansible.cfg puts the repository's ansible_collections/ on the collections path (a tree of links to these
+directories). Either way it reads the project with fdl's own configuration reader, the collection's
+plugins/plugin_utils/fdl/ (a copy of the fdl package's reader in the built collection; the clone's fdl package
+itself in place).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ EXAMPLES = r"""
 #   ansible-inventory -i hosts.fdl.yml --graph
 plugin: flodl.fdl.cluster
 
+---
 # prod.fdl.yml, anywhere: another project's cluster under its env "prod", with constructed variables and groups
 plugin: flodl.fdl.cluster
 project_dir: ../training
@@ -74,29 +77,20 @@ keyed_groups:
 """
 
 import os
-import sys
+from pathlib import Path
 
 from ansible.errors import AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin, Constructable
-from ansible.utils.vars import combine_vars, load_extra_vars
+
+try:
+    from ansible_collections.flodl.fdl.plugins.plugin_utils.fdl.cluster.inventory import inventory_from_file
+    from ansible_collections.flodl.fdl.plugins.plugin_utils.fdl.errors import FdlError
+except ImportError as exc:  # a broken install: the parse names it for the source, never a traceback at load
+    READER_ERROR = exc
+else:
+    READER_ERROR = None
 
 _SUFFIXES = ("fdl.yml", "fdl.yaml")
-
-
-def _reader():
-    """fdl's configuration reader: (inventory_from_file, FdlError)."""
-    if __name__.startswith("ansible_collections."):
-        # the collection: the reader it was built with (fdl/collection.py copies it in, reader())
-        from ansible_collections.flodl.fdl.plugins.plugin_utils.fdl.cluster.inventory import inventory_from_file
-        from ansible_collections.flodl.fdl.plugins.plugin_utils.fdl.errors import FdlError
-    else:
-        # a clone used in place: the fdl package beside inventory_plugins/, ahead of any other fdl on sys.path
-        clone = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        if os.path.isfile(os.path.join(clone, "fdl", "cluster", "inventory.py")) and clone not in sys.path:
-            sys.path.insert(0, clone)
-        from fdl.cluster.inventory import inventory_from_file
-        from fdl.errors import FdlError
-    return inventory_from_file, FdlError
 
 
 class InventoryModule(BaseInventoryPlugin, Constructable):
@@ -109,24 +103,14 @@ class InventoryModule(BaseInventoryPlugin, Constructable):
         """Claim a YAML source whose name ends in fdl.yml or fdl.yaml (hosts.fdl.yml)."""
         return super().verify_file(path) and os.path.basename(path).endswith(_SUFFIXES)
 
-    def _read_config_data(self, path):
-        # In a clone the plugin is loaded as `cluster` (ansible.cfg's enable_plugins) and reads the very source
-        # files the collection's plugin reads, whose `plugin:` names flodl.fdl.cluster: accept that name too.
-        names = getattr(self, "_redirected_names", None)
-        if names and self.NAME not in names:
-            self._redirected_names = [*names, self.NAME]
-        return super()._read_config_data(path)
-
     def parse(self, inventory, loader, path, cache=True):
         super().parse(inventory, loader, path, cache)
         self._read_config_data(path)
-        try:
-            inventory_from_file, fdl_error = _reader()
-        except ImportError as exc:
+        if READER_ERROR is not None:
             raise AnsibleParserError(
-                f"{path}: the flodl.fdl.cluster inventory plugin could not load fdl's configuration reader ({exc}). "
-                f"Use the plugin from the installed flodl.fdl collection (it carries the reader), or from a "
-                f"complete clone of fdl (inventory_plugins/ beside fdl/)") from exc
+                f"{path}: the flodl.fdl.cluster inventory plugin could not load fdl's configuration reader "
+                f"({READER_ERROR}). Reinstall the flodl.fdl collection (it carries the reader), or use a complete "
+                f"clone of fdl") from READER_ERROR
 
         source_dir = os.path.dirname(os.path.abspath(path))
         project_dir = self.get_option("project_dir") or source_dir
@@ -134,11 +118,9 @@ class InventoryModule(BaseInventoryPlugin, Constructable):
             project_dir = os.path.join(source_dir, project_dir)
         env = self.get_option("env") or None
         try:
-            from pathlib import Path
-
             project = Path(project_dir)
             cluster, config = inventory_from_file(project / "fdl.yml", env=env, project_dir=project)
-        except fdl_error as exc:
+        except FdlError as exc:
             raise AnsibleParserError(f"{path}: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")) from exc
 
         for warning in config.warnings:
@@ -160,9 +142,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable):
             for key, value in host.vars.items():
                 self.inventory.set_variable(name, key, value)
         strict = self.get_option("strict")
-        extra = load_extra_vars(self.loader) if self.get_option("use_extra_vars") else {}
         for name in cluster.hosts:
-            hostvars = combine_vars(combine_vars(cluster.all_vars, self.inventory.get_host(name).get_vars()), extra)
+            # the host's variables over the all-hosts ones (Constructable adds the extra vars under use_extra_vars,
+            # and what compose set before it forms the groups)
+            hostvars = {**cluster.all_vars, **self.inventory.get_host(name).get_vars()}
             self._set_composite_vars(self.get_option("compose"), hostvars, name, strict=strict)
             self._add_host_to_composed_groups(self.get_option("groups"), hostvars, name, strict=strict)
             self._add_host_to_keyed_groups(self.get_option("keyed_groups"), hostvars, name, strict=strict)

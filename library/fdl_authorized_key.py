@@ -81,7 +81,7 @@ author:
 
 EXAMPLES = r"""
 - name: Open door b of farm b300 for the farm key
-  fdl_authorized_key:
+  flodl.fdl.fdl_authorized_key:
     path: ~op/.ssh/authorized_keys
     public_key: "{{ lookup('ansible.builtin.file', '.fdl/b300/key.pub') }}"
     door: b
@@ -119,26 +119,17 @@ import pwd
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
-    from ansible_collections.flodl.fdl.plugins.module_utils.farm.authorized_keys import (
-        AuthorizedKeysError,
-        check_permissions,
-        fix_permissions,
-        install_line,
-        parse_public_key,
-        remove_keys,
-    )
-    from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import DoorError, key_line
-except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
-    from ansible.module_utils.fdl.hostside.farm.authorized_keys import (
-        AuthorizedKeysError,
-        check_permissions,
-        fix_permissions,
-        install_line,
-        parse_public_key,
-        remove_keys,
-    )
-    from ansible.module_utils.fdl.hostside.farm.doors import DoorError, key_line
+# The code fdl shares with its hosts, fdl/hostside/: this collection's module_utils (copied in when the
+# collection is built, fdl/collection.py; the fdl package itself in a clone used in place).
+from ansible_collections.flodl.fdl.plugins.module_utils.farm.authorized_keys import (
+    AuthorizedKeysError,
+    check_permissions,
+    fix_permissions,
+    install_line,
+    parse_public_key,
+    remove_keys,
+)
+from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import DoorError, key_line
 
 
 def main() -> None:

@@ -72,7 +72,7 @@ author:
 
 EXAMPLES = r"""
 - name: Stage run 3f2a... for two CPU ranks of a shell line
-  fdl_dispatch_stage:
+  flodl.fdl.fdl_dispatch_stage:
     run_id: 3f2a9c0e7b1d4e6f
     command: [/bin/sh, -c, python3 train.py]
     ranks: [{rank: 0, env: {RANK: "0"}}, {rank: 1, env: {RANK: "1"}}]
@@ -110,12 +110,10 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
-    from ansible_collections.flodl.fdl.plugins.module_utils import hoststage, supervisor
-    from ansible_collections.flodl.fdl.plugins.module_utils.fsio import atomic_write
-except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
-    from ansible.module_utils.fdl.hostside import hoststage, supervisor
-    from ansible.module_utils.fdl.hostside.fsio import atomic_write
+# The code fdl shares with its hosts, fdl/hostside/: this collection's module_utils (copied in when the
+# collection is built, fdl/collection.py; the fdl package itself in a clone used in place).
+from ansible_collections.flodl.fdl.plugins.module_utils import hoststage, supervisor
+from ansible_collections.flodl.fdl.plugins.module_utils.fsio import atomic_write
 
 
 def supervisor_source():

@@ -58,7 +58,7 @@ author:
 
 EXAMPLES = r"""
 - name: Plan the drop-in of farm b300
-  fdl_join_door_plan:
+  flodl.fdl.fdl_join_door_plan:
     label: b300
     door: b
     door_port: 2222
@@ -95,17 +95,15 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
-    from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import (
-        DoorError,
-        dropin_name,
-        dropin_scan_lines,
-        dropin_vars,
-    )
-    from ansible_collections.flodl.fdl.plugins.module_utils.farm.sshd_config import scan
-except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
-    from ansible.module_utils.fdl.hostside.farm.doors import DoorError, dropin_name, dropin_scan_lines, dropin_vars
-    from ansible.module_utils.fdl.hostside.farm.sshd_config import scan
+# The code fdl shares with its hosts, fdl/hostside/: this collection's module_utils (copied in when the
+# collection is built, fdl/collection.py; the fdl package itself in a clone used in place).
+from ansible_collections.flodl.fdl.plugins.module_utils.farm.doors import (
+    DoorError,
+    dropin_name,
+    dropin_scan_lines,
+    dropin_vars,
+)
+from ansible_collections.flodl.fdl.plugins.module_utils.farm.sshd_config import scan
 
 
 def main() -> None:

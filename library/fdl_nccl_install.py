@@ -35,7 +35,7 @@ author:
 
 EXAMPLES = r"""
 - name: Move the staged build into place
-  fdl_nccl_install:
+  flodl.fdl.fdl_nccl_install:
     staging: /srv/flodl/libtorch/nccl/builds/.v2.27.5-sm61.partial-x1y2z3
     dest: /srv/flodl/libtorch/nccl/builds/v2.27.5-sm61
     version: 2.27.5

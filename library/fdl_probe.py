@@ -68,14 +68,14 @@ author:
 
 EXAMPLES = r"""
 - name: Probe a worker with its cluster settings
-  fdl_probe:
+  flodl.fdl.fdl_probe:
     host: "{{ inventory_hostname }}"
     data_path: "{{ fdl_data_path }}"
     local_devices: "{{ fdl_local_devices }}"
   environment: "{{ fdl_env }}"
 
 - name: Probe without the shared-data check, NCCL from a compose service
-  fdl_probe:
+  flodl.fdl.fdl_probe:
     skip_mount: true
     docker: cuda
 """
@@ -105,18 +105,15 @@ verdict:
 
 from ansible.module_utils.basic import AnsibleModule
 
-try:  # the flodl.fdl collection: module_utils copied from the fdl package when it is built (fdl/collection.py)
-    from ansible_collections.flodl.fdl.plugins.module_utils.checks.devices import (
-        DEVICE_FORMS,
-        parse_declared,
-        probe_declaration,
-    )
-    from ansible_collections.flodl.fdl.plugins.module_utils.checks.probe import ProbeOptions, run_probe
-    from ansible_collections.flodl.fdl.plugins.module_utils.checks.verdict import verdict
-except ImportError:  # a clone used in place: ansible.cfg's module_utils = . serves the fdl package
-    from ansible.module_utils.fdl.hostside.checks.devices import DEVICE_FORMS, parse_declared, probe_declaration
-    from ansible.module_utils.fdl.hostside.checks.probe import ProbeOptions, run_probe
-    from ansible.module_utils.fdl.hostside.checks.verdict import verdict
+# The code fdl shares with its hosts, fdl/hostside/: this collection's module_utils (copied in when the
+# collection is built, fdl/collection.py; the fdl package itself in a clone used in place).
+from ansible_collections.flodl.fdl.plugins.module_utils.checks.devices import (
+    DEVICE_FORMS,
+    parse_declared,
+    probe_declaration,
+)
+from ansible_collections.flodl.fdl.plugins.module_utils.checks.probe import ProbeOptions, run_probe
+from ansible_collections.flodl.fdl.plugins.module_utils.checks.verdict import verdict
 
 
 def main():

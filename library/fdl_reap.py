@@ -32,7 +32,7 @@ author:
 
 EXAMPLES = r"""
 - name: Stop what run 3f2a... left behind
-  fdl_reap:
+  flodl.fdl.fdl_reap:
     run_id: 3f2a9c0e7b1d4e6f8a5b2c1d0e9f8a7b
 """
 

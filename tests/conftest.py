@@ -242,8 +242,11 @@ def install_collection(tarball: Path, collections: Path, python: str | None = No
     # The test venv holds fdl as an editable install, so this clone (and its collection source) is on sys.path,
     # where ansible-galaxy would find flodl.fdl "already installed"; a user's Python has no clone on it.
     env["ANSIBLE_COLLECTIONS_SCAN_SYS_PATH"] = "False"
+    # Run away from the clone: from its root, its ansible.cfg puts its own flodl.fdl (the links in
+    # ansible_collections/) on the collections path, and ansible-galaxy would find it "already installed".
+    collections.parent.mkdir(parents=True, exist_ok=True)
     done = subprocess.run([str(galaxy), "collection", "install", "--offline", "-p", str(collections), str(tarball)],
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, env=env, cwd=collections.parent, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (collections / "ansible_collections" / "flodl" / "fdl" / "MANIFEST.json").is_file()
     return collections

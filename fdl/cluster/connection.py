@@ -141,8 +141,8 @@ def ansible_environment(forks: int) -> dict[str, str]:
         "ANSIBLE_CONFIG": str(cfg),
         # The flodl.fdl collection fdl ships (the wheel's, or a clone's built into the cache), and no other.
         "ANSIBLE_COLLECTIONS_PATH": str(collections),
-        # A clone's ansible.cfg serves the fdl package as module_utils for Ansible users in place; fdl's runs use
-        # the collection's copies of that code alone (else AnsiballZ would bundle both into every module).
+        # The modules import their shared code from the collection (ansible_collections...module_utils); the
+        # legacy module_utils search path holds the same directory and nothing else, whatever ~/.ansible has.
         "ANSIBLE_MODULE_UTILS": str(collections / RELATIVE / "plugins" / "module_utils"),
         "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "False",
         "ANSIBLE_SSH_CONTROL_PATH_DIR": str(cp_dir),

@@ -12,6 +12,7 @@ and raised together, with the warnings, as one ConfigError.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from collections.abc import Callable
@@ -293,7 +294,7 @@ class Checker:
         return self.integer(value, path, 1, 65535, "a TCP port")
 
     def number(self, value: Any, path: KeyPath, lo: float, hi: float) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
             raise self.fail(path, f"a number from {lo:g} to {hi:g}", value)
         if not lo <= value <= hi:
             raise self.fail(path, f"a number from {lo:g} to {hi:g}", value)

@@ -1,7 +1,8 @@
 """A clone used in place by an Ansible user: from the repository root, with the repository's ansible.cfg,
-`ansible-playbook -i INVENTORY playbooks/probe.yml` finds the roles, modules, module_utils (the clone's fdl
-package) and the inventory plugin right there, with no build step and no collection anywhere, on a real
-testbed host over real SSH, and on this machine over the local connection."""
+`ansible-playbook -i INVENTORY playbooks/probe.yml` finds the roles right there, and the flodl.fdl collection
+their tasks call by FQCN (modules, module_utils: the clone's fdl package, and the inventory plugin) in the
+clone's ansible_collections/, committed links to those directories: no build step and no other collection, on
+a real testbed host over real SSH, and on this machine over the local connection."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fdl import collection
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.testbed(hosts=1), pytest.mark.slow]
@@ -30,7 +32,10 @@ def clone(short_tmp) -> Path:
                            capture_output=True, check=True, timeout=60).stdout.decode().split("\0")
     dest = short_tmp / "clone"
     for name in filter(None, files):
-        if (REPO / name).is_file():
+        if (REPO / name).is_symlink():  # the in-place collection's links, as git checks them out
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.readlink(REPO / name), dest / name)
+        elif (REPO / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, dest / name)
     verdict = dest / "fdl" / "hostside" / "checks" / "verdict.py"
@@ -40,13 +45,25 @@ def clone(short_tmp) -> Path:
 
 
 def user_env(home: Path) -> dict:
-    """An Ansible user's shell in the clone: Ansible on PATH, no ANSIBLE_* setting, no collection to find."""
+    """An Ansible user's shell in the clone: Ansible on PATH, no ANSIBLE_* setting, a fresh home (no
+    ~/.ansible/collections): the one flodl.fdl to find is the clone's (ansible.cfg's collections_path)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "PYTHON", "FDL_", "XDG_"))}
-    empty = home / "no-collections"
-    empty.mkdir(parents=True)
+    home.mkdir(parents=True)
+    # The suite's venv holds this checkout as an editable fdl, so its root is on sys.path, where Ansible would
+    # also look for collections; a user's Python has no checkout there.
     env.update(HOME=str(home), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", NO_COLOR="1",
-               ANSIBLE_COLLECTIONS_PATH=str(empty), ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="False")
+               ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="False")
     return env
+
+
+def nothing_built(clone: Path) -> None:
+    """The clone's ansible_collections/ holds its committed links and nothing else (no tree was assembled)."""
+    found = []
+    for root, dirs, files in os.walk(clone / "ansible_collections"):  # links are not followed
+        found += [Path(root, name) for name in files + dirs if Path(root, name).is_symlink() or name in files]
+    found = sorted(p.relative_to(clone).as_posix() for p in found)
+    links = sorted(f"{collection.RELATIVE.as_posix()}/{path}" for path in collection.IN_PLACE)
+    assert found == links, found
 
 
 def playbook(clone: Path, env: dict, inventory: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -74,7 +91,7 @@ def test_a_static_inventory_probes_a_host_in_place(testbed, clone, short_tmp):
     assert said[host.name].startswith("NOT READY") and said[host.name].endswith(MARK), said
     assert "gpu: " in said[host.name] and "unreachable=0" in out
     assert "fdl_probe : Say whether the host is ready" in done.stdout
-    assert not list(clone.rglob("ansible_collections")), "something was built in the clone"
+    nothing_built(clone)
 
     passed = playbook(clone, env, inventory, "-e", "fdl_probe_skip_mount=true", "-e", "fdl_probe_fail_on_error=false")
     assert passed.returncode == 0, (passed.stdout + passed.stderr)[-4000:]
@@ -108,4 +125,4 @@ def test_the_inventory_plugin_in_place_reaches_a_host_and_this_machine(testbed, 
     assert all(line.endswith(MARK) for line in said.values()), said
     recap = done.stdout[done.stdout.index("PLAY RECAP"):]
     assert re.search(r"here\s+: ok=\d+ .*unreachable=0", recap), recap
-    assert not list(clone.rglob("ansible_collections")), "something was built in the clone"
+    nothing_built(clone)

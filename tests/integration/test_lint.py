@@ -23,9 +23,10 @@ def lint_env(home: Path) -> dict:
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", HOME=str(home),
                XDG_CACHE_HOME=str(home / ".cache"), NO_COLOR="1", ANSIBLE_NOCOLOR="1", PY_COLORS="0")
     env.pop("ANSIBLE_CONFIG", None)
-    # No collection anywhere: the roles and modules resolve in place, through the repository's ansible.cfg
-    (home / "no-collections").mkdir(exist_ok=True)
-    env["ANSIBLE_COLLECTIONS_PATH"] = str(home / "no-collections")
+    # No collection but the clone's own: the roles resolve in place and their modules by FQCN through the
+    # repository's ansible.cfg (its collections_path puts ansible_collections/, the links, first), and the
+    # fresh home has no ~/.ansible/collections
+    env.pop("ANSIBLE_COLLECTIONS_PATH", None)
     env["ANSIBLE_COLLECTIONS_SCAN_SYS_PATH"] = "False"
     return env
 

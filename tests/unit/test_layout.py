@@ -4,6 +4,7 @@ assembled from it (fdl/collection.py), carrying what its plugins import so that 
 from __future__ import annotations
 
 import ast
+import configparser
 import hashlib
 import shutil
 import subprocess
@@ -18,12 +19,22 @@ from tests.conftest import REPO
 TOP_LEVEL = ("roles", "playbooks", "library", "inventory_plugins", "templates", "molecule")
 
 
-def tracked() -> list[str]:
+IN_PLACE = {f"{collection.RELATIVE.as_posix()}/{path}": target for path, target in collection.IN_PLACE.items()}
+
+
+def git_entries() -> list[tuple[str, str]]:
+    """(mode, path) of every tracked file."""
     done = subprocess.run(["git", "ls-files", "-s"], cwd=REPO, capture_output=True, text=True, timeout=60,
                           check=True)
-    entries = [line.split("\t", 1) for line in done.stdout.splitlines()]
-    assert not [path for meta, path in entries if meta.startswith("120000")], "a symbolic link is committed"
-    return [path for _, path in entries]
+    return [(meta.split()[0], path) for meta, path in (line.split("\t", 1) for line in done.stdout.splitlines())]
+
+
+def tracked() -> list[str]:
+    """Every tracked file but the in-place collection's links (the only symbolic links committed)."""
+    entries = git_entries()
+    links = sorted(path for mode, path in entries if mode == "120000")
+    assert links == sorted(IN_PLACE), f"symbolic links committed outside the in-place collection: {links}"
+    return [path for mode, path in entries if mode != "120000"]
 
 
 def digest(path: str) -> str:
@@ -44,6 +55,7 @@ def test_the_declared_top_level_holds_the_ansible_content():
 def test_git_holds_each_role_playbook_and_plugin_once_and_nothing_generated():
     paths = tracked()
     assert not [p for p in paths if "ansible_collections" in Path(p).parts], "a collection tree is committed"
+    # ... but for the links that make a clone the collection in place (below)
     assert not [p for p in paths if "module_utils" in Path(p).parts or "plugin_utils" in Path(p).parts]
     content = [p for p in paths if Path(p).parts[0] in ("roles", "playbooks", "library", "inventory_plugins")]
     assert len(content) > 60
@@ -57,6 +69,25 @@ def test_git_holds_each_role_playbook_and_plugin_once_and_nothing_generated():
     shipped_elsewhere = [p for p in paths if not p.startswith(("fdl/", "tests/")) and digest(p) in shipped
                          and (REPO / p).stat().st_size > 0]
     assert not shipped_elsewhere, shipped_elsewhere
+
+
+def test_a_clone_in_place_is_the_collection_through_links_to_its_parts():
+    """ansible_collections/flodl/fdl/ holds relative links and nothing else, each to the part it stands for, and
+    the repository's ansible.cfg puts the root on the collections path first (tests/integration/test_in_place.py
+    runs it)."""
+    for link, target in IN_PLACE.items():
+        path = REPO / link
+        assert path.is_symlink(), link
+        assert not Path(path.readlink()).is_absolute(), f"{link} -> {path.readlink()}: an absolute link"
+        assert path.resolve() == (REPO / target).resolve(), f"{link} -> {path.readlink()}, not {target}"
+    on_disk = {p.relative_to(REPO).as_posix() for p in (REPO / collection.RELATIVE).rglob("*")
+               if p.is_symlink() or not p.is_dir()}
+    on_disk = {p for p in on_disk if not any(p.startswith(link + "/") for link in IN_PLACE)}
+    assert on_disk == set(IN_PLACE), on_disk ^ set(IN_PLACE)
+    config = configparser.ConfigParser()
+    config.read(REPO / "ansible.cfg")
+    assert config["defaults"]["collections_path"].split(":")[0] == "."
+    assert "library" not in config["defaults"] and "module_utils" not in config["defaults"]
 
 
 def test_the_collection_tree_maps_every_part_once(tmp_path):
@@ -123,3 +154,28 @@ def test_the_reader_reads_a_project_from_the_collection_alone(tmp_path):
                           text=True, timeout=60, cwd=tmp_path, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["10.0.0.9 op", "[]"]
+
+
+def _tasks(node):
+    """Every mapping in a parsed play or task file that is a task (block, rescue and always entered)."""
+    if isinstance(node, list):
+        for item in node:
+            yield from _tasks(item)
+    elif isinstance(node, dict):
+        yield node
+        for key in ("tasks", "pre_tasks", "post_tasks", "handlers", "block", "rescue", "always"):
+            yield from _tasks(node.get(key))
+
+
+def test_the_roles_and_playbooks_call_the_collections_modules_by_fqcn():
+    """flodl.fdl.fdl_probe, never fdl_probe: how ansible-lint (and any user of the installed collection) resolves
+    them, and what a clone resolves in place through ansible_collections/ (docs/ansible.md)."""
+    modules = {p.stem for p in (REPO / "library").glob("*.py")}
+    files = [p for top in ("roles", "playbooks", "molecule") for p in sorted((REPO / top).rglob("*.yml"))]
+    called = []
+    for path in files:
+        for task in _tasks(yaml.safe_load(path.read_text())):
+            short = sorted(set(task) & modules)
+            assert not short, f"{path.relative_to(REPO)}: calls {short} by short name; call flodl.fdl.{short[0]}"
+            called += [key.rsplit(".", 1)[1] for key in task if key.startswith(f"{collection.FQCN}.")]
+    assert set(called) == modules, f"modules no role calls, or unknown ones: {set(called) ^ modules}"

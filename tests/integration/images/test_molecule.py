@@ -2,8 +2,8 @@
 
 The default driver creates nothing: the testbed is the machine. Each scenario's inventory names one host
 of the module's testbed, with the paths and inputs its converge and verify read. The scenarios run the
-roles in place, from this clone (its ansible.cfg: roles/, library/, the fdl package as module_utils), as
-`molecule test -s NAME` does on its own (tests/integration/images/test_molecule_alone.py).
+roles in place, from this clone (its ansible.cfg: roles/, and the clone as flodl.fdl through
+ansible_collections/), as `molecule test -s NAME` does on its own (tests/integration/images/test_molecule_alone.py).
 """
 
 from __future__ import annotations

@@ -172,15 +172,14 @@ def test_a_worker_that_is_this_machine_is_reached_locally(project):
 
 
 def test_a_clone_in_place_reads_the_same_source_with_its_ansible_cfg(project, tmp_path):
-    """From the repository root, with its ansible.cfg and no collection anywhere: the plugin in
-    inventory_plugins/ (enabled as `cluster`) claims the same hosts.fdl.yml and reads it with the clone's fdl."""
+    """From the repository root, with its ansible.cfg and no other collection anywhere: the clone is flodl.fdl
+    itself (ansible_collections/, links to its parts), so the stock auto plugin loads this very file as
+    flodl.fdl.cluster, and it reads the project with the clone's fdl package (no ansible.cfg enable list, no
+    sys.path edit)."""
     project("fdl.cluster.yml", CLUSTER.replace("node-c, address: 10.0.0.13", "node-c, address: 127.0.0.1"))
     source = project("hosts.fdl.yml", "plugin: flodl.fdl.cluster\ncompose:\n  reach: ansible_host\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "PYTHON"))}
-    empty = tmp_path / "no-collections"
-    empty.mkdir()
-    env.update(HOME=str(tmp_path / "home"), ANSIBLE_COLLECTIONS_PATH=str(empty),
-               ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="False")
+    env.update(HOME=str(tmp_path / "home"), ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="False")
     done = subprocess.run([str(BIN / "ansible-inventory"), "-i", str(source), "--list"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -190,7 +189,36 @@ def test_a_clone_in_place_reads_the_same_source_with_its_ansible_cfg(project, tm
     hostvars = data["_meta"]["hostvars"]
     assert hostvars["node-b"]["reach"] == "10.0.0.12" and hostvars["node-b"]["ansible_user"] == "op"
     assert hostvars["node-c"]["ansible_connection"] == "local"
-    # and no collection was involved: the collection's name does not resolve here
-    doc = subprocess.run([str(BIN / "ansible-doc"), "-t", "inventory", "flodl.fdl.cluster"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert "flodl.fdl.cluster was not found" in doc.stderr, doc.stdout + doc.stderr
+    # the plugin Ansible found is the clone's own file, through the links (nothing built, nothing installed)
+    doc = subprocess.run([str(BIN / "ansible-doc"), "-t", "inventory", "flodl.fdl.cluster", "--json"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert doc.returncode == 0, doc.stderr
+    found = Path(json.loads(doc.stdout)["flodl.fdl.cluster"]["doc"]["filename"])
+    assert found.resolve() == (REPO / "inventory_plugins" / "cluster.py").resolve(), found
+    assert found.parent == REPO / "ansible_collections" / "flodl" / "fdl" / "plugins" / "inventory", found
+
+
+def test_the_plugin_uses_ansibles_public_plugin_api_only():
+    """No private Ansible name (a documented extension point of inventory plugins aside: Ansible's developer
+    guide shows _read_config_data and the Constructable helpers), no override of a private method, and no edit
+    of sys.path: the collection loader finds the reader beside it, in a clone and in the installed collection."""
+    import ast
+
+    from ansible.plugins.inventory import BaseInventoryPlugin, Constructable
+
+    tree = ast.parse((REPO / "inventory_plugins" / "cluster.py").read_text())
+    documented = {"_read_config_data", "_set_composite_vars", "_add_host_to_composed_groups",
+                  "_add_host_to_keyed_groups"}
+    own = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+    bases = (BaseInventoryPlugin, Constructable)
+    overridden = sorted(name for name in own - {"verify_file", "parse"} if any(hasattr(b, name) for b in bases))
+    assert overridden == [], f"overrides Ansible's plugin methods beyond verify_file and parse: {overridden}"
+    private = sorted({node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                      and node.attr.startswith("_") and not node.attr.startswith("__")} - documented - own)
+    assert private == [], f"private Ansible names: {private}"
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert "sys" not in imported, "the plugin imports sys (to edit sys.path?)"
+    for module in sorted(imported):
+        if module.startswith("ansible.") and not module.startswith("ansible_collections."):
+            assert module in ("ansible.errors", "ansible.plugins.inventory"), module

@@ -42,7 +42,7 @@ def test_settings_come_from_the_shipped_config_and_beat_stray_environment(monkey
     assert env["ANSIBLE_COLLECTIONS_SCAN_SYS_PATH"] == "False"
     tree = Path(env["ANSIBLE_COLLECTIONS_PATH"]) / "ansible_collections" / "flodl" / "fdl"
     assert (tree / "plugins" / "module_utils" / "checks" / "probe.py").is_file()
-    # the clone's ansible.cfg serves the fdl package as module_utils (in place); fdl's runs see the tree's only
+    # the legacy module_utils path holds the tree's module_utils and nothing else
     assert env["ANSIBLE_MODULE_UTILS"] == str(tree / "plugins" / "module_utils")
 
 
@@ -108,6 +108,7 @@ def test_a_clone_runs_the_collection_built_into_the_cache_once_per_content(monke
 
     for _, part in collection.PARTS:
         shutil.copytree(collection.REPO_ROOT / part, source / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(collection.REPO_ROOT / collection.LICENSE, source / collection.LICENSE)
     first = collection.built_in_cache(source)
     tree = first / "ansible_collections" / "flodl" / "fdl"
     utils = tree / "plugins" / "module_utils"

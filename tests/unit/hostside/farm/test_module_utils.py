@@ -31,8 +31,10 @@ def test_the_key_file_writes_through_the_shipped_fsio_in_the_collection(tmp_path
             "from ansible_collections.flodl.fdl.plugins.module_utils import fsio\n"
             "assert ak.atomic_write is fsio.atomic_write, ak.atomic_write.__module__\n"
             "print(fsio.__file__)\n")
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c")], capture_output=True, text=True,
-                          timeout=60, cwd=tmp_path)
+    # -S and no PYTHONPATH: this venv's editable fdl puts the clone on sys.path, and with it the clone's own
+    # ansible_collections/ (the in-place links), which would answer first
+    done = subprocess.run([sys.executable, "-S", "-c", code, str(tmp_path / "c")], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path, env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()) == root / "plugins" / "module_utils" / "fsio.py"
 
