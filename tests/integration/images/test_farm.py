@@ -76,6 +76,7 @@ DATA_PATH = "/home/flodl/data"  # the worker's dataset root: in the agent's home
 HOME_SIZE = "16m"
 MISSING_BIN = "/opt/train/train-that-is-not-there"
 MSG_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"  # journald's catalogue: EXIT_CODE=, EXIT_STATUS=
+MSG_RESTART_SCHEDULED = "5eb03494b6584870a536b337290809b3"  # ... and a restart systemd scheduled
 # The published tree's training script, one file (the launcher ships a roster host the bin alone): it answers
 # fdl's model-signature probe, says what the data its box mounted holds, then is the quickstart's DDP demo.
 TRAIN = """#!{python}
@@ -617,6 +618,8 @@ def _the_farm(farm: Farm) -> None:
     unit = [e for e in machine.saved_journal() if UNIT in (e.get("UNIT"), e.get("_SYSTEMD_UNIT"))]
     exits = [(e.get("EXIT_CODE"), e.get("EXIT_STATUS")) for e in unit if e.get("MESSAGE_ID") == MSG_PROCESS_EXIT]
     assert exits[-1] == ("exited", "2"), exits
+    restarts = [e for e in unit if e.get("MESSAGE_ID") == MSG_RESTART_SCHEDULED]
+    assert not restarts, restarts  # RestartPreventExitStatus=2: no restart, the poweroff instead
     said = "\n".join(str(e.get("MESSAGE")) for e in unit if e.get("_SYSTEMD_UNIT") == UNIT)
     assert f"the training binary {MISSING_BIN} is not on this box" in said, said[-3000:]
     farm.phase("done")
