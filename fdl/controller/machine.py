@@ -241,7 +241,10 @@ class RunMachine:
             raise self.refuse(
                 "host_joined", f"host {hello.host!r} has already joined this window; a host joins once (a silent "
                                f"member is dropped after {p.silence_s:g} s, then it may join again).")
-        if (self.members or p.run_id is not None) and hello.run_id != self.cohort_run_id:
+        # The launcher's own hosts (in_process) run what it staged and carry no publish's run id: the cohort's
+        # run id is the walk-ins' (docs/launcher.md, "Discovery windows"), so only walk-ins are held to it.
+        walk_ins = self._walk_ins()
+        if not in_process and (walk_ins or p.run_id is not None) and hello.run_id != self.cohort_run_id:
             raise self.refuse(
                 "run_id_differs", f"run id {hello.run_id!r} differs from the cohort's {self.cohort_run_id!r}: this "
                                   f"box holds a different publish than the hosts already in the window. Fetch the "
@@ -266,7 +269,7 @@ class RunMachine:
             agent=hello.agent, admitted_at=now, last_seen=now, peer_ip=None if in_process else normalize_ip(peer))
         if member.peer_ip is not None:
             self.peers[member.peer_ip] = self.peers.get(member.peer_ip, 0) + 1
-        if not self.members:
+        if not in_process and not walk_ins:
             self.cohort_run_id = hello.run_id if p.run_id is None else p.run_id
         if self.cohort_signature is None and hello.signature is not None:
             self.cohort_signature = hello.signature
@@ -293,9 +296,13 @@ class RunMachine:
         del self._by_id[member.id]
         self.ranks -= member.ranks
         self.departed.append({"host": member.host, "reason": reason, "at": round(now + self._epoch, 3)})
-        if not self.members:
+        if not self._walk_ins():
             self.cohort_run_id = self.policy.run_id
             self.cohort_signature = None
+
+    def _walk_ins(self) -> list[Member]:
+        """The members that dialled in (the launcher's own hosts join in-process, from no peer address)."""
+        return [m for m in self.members.values() if m.peer_ip is not None]
 
     def closed_text(self) -> str:
         if self.phase in (FORMING, TRAINING):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import IN_CI, REPO, need_root_or_skip
+from tests.integration.images import nspawn
 
 BIN = Path(sys.executable).parent
 
@@ -47,3 +48,14 @@ def tool_env(home: Path, extra: dict | None = None) -> dict:
     env.update(extra or {})
     home.mkdir(parents=True, exist_ok=True)
     return env
+
+
+def require_machines() -> None:
+    """Booting a machine needs root and nspawn's tools: skip without them, fail under CI=true."""
+    need_root_or_skip("systemd-nspawn boots a root file system and mounts overlays")
+    missing = nspawn.missing_tools()
+    if missing:
+        reason = f"booting a worker image needs the Debian packages {', '.join(missing)} (scripts/apt-test.txt)"
+        if IN_CI:
+            pytest.fail(reason)
+        pytest.skip(reason)

@@ -193,6 +193,57 @@ def base_rootfs() -> Path:
     return cached(f"rootfs-{key}", build) / "root"
 
 
+# Debian 12's cloud-init and what the farm's generated user-data has a worker install (rsync for door b's
+# pulls; openssh-client and sshfs are in the base already): a worker image that boots from user-data.
+CLOUD_PACKAGES = ("cloud-init", "rsync")
+CLOUD_RECIPE = "1"  # bump when the preparation below changes: it is part of the cache key
+# The image's own cloud-init settings, as a cloud image carries them in /etc/cloud/cloud.cfg.d/.
+CLOUD_IMAGE_CFG = """\
+# The fdl test image under systemd-nspawn (tests/integration/images/nspawn.py, cloud_init_layer):
+# user-data comes from a NoCloud seed (/var/lib/cloud/seed/nocloud/) written before each boot;
+datasource_list: [NoCloud]
+# the network is systemd-networkd's (a .network file written per boot), not cloud-init's;
+network: {config: disabled}
+# the image has no locales package, so there is no locale for cloud-init's locale module to set.
+locale: false
+"""
+
+
+def cloud_init_layer(base: Path) -> Path:
+    """A cached layer over the base root file system (the upper directory of an overlay on it): Debian 12's
+    cloud-init and rsync installed with the base's own apt from the mirror its sources name, the image's
+    cloud-init settings (CLOUD_IMAGE_CFG), and no apt source left, since a booted machine on the testbed's
+    bridge reaches no mirror: the packages a user-data's `packages:` names are baked in, and cloud-init's
+    `apt-get update` then has nothing to fetch. Keyed by the base, the packages and the recipe."""
+    key = digest(base.parent.name, CLOUD_PACKAGES, CLOUD_RECIPE, CLOUD_IMAGE_CFG)
+
+    def build(tmp: Path) -> None:
+        upper, work, root = tmp / "upper", tmp / "ovlwork", tmp / "root"
+        for sub in (upper, work, root):
+            sub.mkdir()
+        _run(["mount", "-t", "overlay", "fdl-cloud-init-layer", "-o",
+              f"lowerdir={base},upperdir={upper},workdir={work}", str(root)])
+        try:
+            # nspawn without a network option shares this machine's network: the mirror is reachable
+            install = ("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                       f"--no-install-recommends {' '.join(CLOUD_PACKAGES)} && apt-get clean")
+            _run(["systemd-nspawn", "--register=no", "--keep-unit", "--quiet", "-D", str(root), "--as-pid2",
+                  "/bin/sh", "-c", install], timeout=1800)
+            (root / "etc" / "cloud" / "cloud.cfg.d" / "90-fdl-test-image.cfg").write_text(CLOUD_IMAGE_CFG)
+            (root / "etc" / "apt" / "sources.list").write_text("# no mirror reachable from the testbed\n")
+            for stale in ("cloud", "cloud-init.log", "cloud-init-output.log"):  # nothing of a boot yet
+                path = root / ("var/lib" if stale == "cloud" else "var/log") / stale
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
+        finally:
+            _run(["umount", str(root)], check=False)
+        subprocess.run(["rm", "-rf", str(work), str(root)], check=True)
+
+    return cached(f"cloudinit-{key}", build) / "upper"
+
+
 # ---------------------------------------------------------------------------------------------- a machine
 
 class Machine:
@@ -250,11 +301,14 @@ class Machine:
                    f"IPv6AcceptRA=no\n")
 
     # the nspawn process -------------------------------------------------------------------------------
-    def boot(self, *, binds: tuple[str, ...] = (), command: tuple[str, ...] | None = None) -> Machine:
-        """Start systemd-nspawn: `-b` (systemd as PID 1) unless a command is given (then a stub init runs it)."""
+    def boot(self, *, binds: tuple[str, ...] = (), command: tuple[str, ...] | None = None,
+             tmpfs: tuple[str, ...] = ()) -> Machine:
+        """Start systemd-nspawn: `-b` (systemd as PID 1) unless a command is given (then a stub init runs it).
+        `binds`: SRC:DST (read-only with a leading `ro:`); `tmpfs`: PATH[:OPTIONS], a file system of its own."""
         argv = ["systemd-nspawn", "--register=no", "--keep-unit", "--quiet", "-D", str(self.root),
                 f"--machine={self.name}", f"--network-bridge={self.bridge}", "--console=read-only"]
         argv += [f"--bind={b}" if not b.startswith("ro:") else f"--bind-ro={b[3:]}" for b in binds]
+        argv += [f"--tmpfs={t}" for t in tmpfs]
         argv += ["-b"] if command is None else ["--as-pid2", *command]
         log = self.console.open("ab")
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

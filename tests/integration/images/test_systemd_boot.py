@@ -39,9 +39,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import IN_CI, REPO, need_root_or_skip
+from tests.conftest import REPO
 from tests.integration.images import nspawn
-from tests.integration.images.conftest import BIN, fdl_wheel, tool_env
+from tests.integration.images.conftest import BIN, fdl_wheel, require_machines, tool_env
 from tests.integration.join.helpers import Squatter, controller, policy
 from tests.prometheus import promtool_accepts, samples
 
@@ -88,16 +88,6 @@ MSG_UNIT_STARTED = "39f53479d3a045ac8e11786248231fbf"  # JOB_RESULT= (a oneshot'
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
-
-def require_machines() -> None:
-    need_root_or_skip("systemd-nspawn boots a root file system and mounts overlays")
-    missing = nspawn.missing_tools()
-    if missing:
-        reason = f"booting a worker image needs the Debian packages {', '.join(missing)} (scripts/apt-test.txt)"
-        if IN_CI:
-            pytest.fail(reason)
-        pytest.skip(reason)
-
 
 class Site:
     """The testbed side of every boot: addresses, the data host, the libtorch mirror, the controller's port."""

@@ -323,6 +323,29 @@ def test_pinned_run_id_is_the_cohort_from_the_start() -> None:
     join(m, "a", run_id="pub-7")
 
 
+def test_the_launchers_own_hosts_leave_the_cohorts_run_id_to_the_walk_ins() -> None:
+    """regression (found by the farm end to end): in a discovery window the launcher's own hosts join first,
+    in-process and without a run id, and the first of them fixed the cohort's run id at None, so every walk-in
+    holding a published run was refused (run_id_differs) and a farm run with a roster worker never formed. The
+    cohort's run id is the walk-ins' (docs/launcher.md, "Discovery windows"); they are held to it alone."""
+    clock = FakeClock()
+    m = machine(clock, silence_s=5, start="manual", reserved=frozenset({"node-a"}))
+    m.hello(hello("node-a"), peer="launcher", trusted=True, in_process=True)
+    assert m.cohort_run_id is None
+    join(m, "w1", run_id="pub-1", peer=PEER)
+    assert m.state()["run_id"] == "pub-1"
+    assert refused(join, m, "w2", run_id="pub-2", peer=PEER).reason == "run_id_differs"
+    assert refused(join, m, "w2", run_id=None, peer=PEER).reason == "run_id_differs"
+    join(m, "w2", run_id="pub-1", peer=PEER)
+    # the walk-ins fall silent (the launcher's host beats in-process): the next publish's walk-ins set it anew
+    clock.advance(6)
+    m.heartbeat(m.members["node-a"].ticket)
+    m.tick()
+    assert set(m.members) == {"node-a"} and m.cohort_run_id is None
+    join(m, "w3", run_id="pub-2", peer=PEER)
+    assert m.cohort_run_id == "pub-2"
+
+
 def test_host_joins_once_and_roster_has_a_capacity() -> None:
     m = machine(max_hosts=2, start="manual")
     join(m, "a")
