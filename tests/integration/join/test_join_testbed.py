@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 from pathlib import Path
@@ -38,6 +39,11 @@ from tests.join_util import LoopbackSshd, free_port, reworded_ssh
 pytestmark = [pytest.mark.testbed(hosts=3), pytest.mark.slow]
 PREFIX = os.environ.get("FDL_TESTBED_PREFIX") or "fdlj7"
 NET = os.environ.get("FDL_TESTBED_NET") or "10.207.0"
+
+# tokens as strong as fdl join asks (>= 128 bits; a weaker one is the worker's own mistake: exit 2)
+RIGHT_TOKEN = secrets.token_hex(32)
+WRONG_TOKEN = secrets.token_hex(32)
+TUNNEL_TOKEN = secrets.token_hex(32)
 
 
 @pytest.fixture(scope="module")
@@ -187,15 +193,15 @@ def test_a_wrong_or_missing_token_from_another_host_is_transient(bed, tmp_path):
     h1 = bed.hosts[0]
     binary = train_binary(bed.shared / "bin-token")
     port = free_port(bed.gateway)
-    with controller(policy(token="right-token", window_s=60), host=bed.gateway, port=port) as server:
+    with controller(policy(token=RIGHT_TOKEN, window_s=60), host=bed.gateway, port=port) as server:
         code, _, err = finish(join_on(h1, f"{bed.gateway}:{port}", "--bin", str(binary), "--host", "h1",
-                                      "--devices", "cpu:1", bed=bed, env={"FDL_JOIN_TOKEN": "wrong-token"}))
+                                      "--devices", "cpu:1", bed=bed, env={"FDL_JOIN_TOKEN": WRONG_TOKEN}))
         missing, _, err_missing = finish(join_on(h1, f"{bed.gateway}:{port}", "--bin", str(binary), "--host", "h1",
                                                  "--devices", "cpu:1", bed=bed, env={"FDL_JOIN_TOKEN": ""}))
         state = server.state()
     # a wrong token cannot check the controller's signed GET /join/id: nothing that matters is sent at all
     assert code == 1 and "could not prove it holds the run's token" in err and "GET /join/id" in err
-    assert "wrong-token" not in err  # the secret is never echoed
+    assert WRONG_TOKEN not in err  # the secret is never echoed
     assert missing == 1 and "refused this box (bad_token)" in err_missing \
         and "no proof of the run's token" in err_missing
     assert state["refusals"] == {"bad_token": 1} and state["roster"] == []
@@ -205,13 +211,13 @@ def test_tunnel_only_controller_admits_through_the_door_only(bed, door):
     h1, h2 = bed.hosts[0], bed.hosts[1]
     binary = train_binary(bed.shared / "bin-tunnel")
     port = free_port()
-    with controller(policy(max_hosts=1, window_s=60, token="t0k"), host="127.0.0.1", port=port) as server:
+    with controller(policy(max_hosts=1, window_s=60, token=TUNNEL_TOKEN), host="127.0.0.1", port=port) as server:
         direct, _, err_direct = finish(join_on(h2, f"{bed.gateway}:{port}", "--bin", str(binary), "--host", "h2",
-                                               "--devices", "cpu:1", bed=bed, env={"FDL_JOIN_TOKEN": "t0k"}))
+                                               "--devices", "cpu:1", bed=bed, env={"FDL_JOIN_TOKEN": TUNNEL_TOKEN}))
         code, out, err = finish(join_on(h1, "--ssh", f"root@{bed.gateway}:{door.port}", "--identity",
                                         str(door.key), "--controller", f"127.0.0.1:{port}", "--bin", str(binary),
                                         "--host", "h1", "--devices", "cpu:1", bed=bed,
-                                        env={"FDL_SSH_COMMAND": door.ssh_command, "FDL_JOIN_TOKEN": "t0k"}),
+                                        env={"FDL_SSH_COMMAND": door.ssh_command, "FDL_JOIN_TOKEN": TUNNEL_TOKEN}),
                                 timeout=180)
         state = server.state()
     assert direct == 1 and "no run listening" in err_direct  # loopback-bound: the bridge cannot reach it
@@ -264,12 +270,12 @@ def test_another_account_on_a_tunnel_worker_cannot_reach_the_controller(bed, doo
     intruder = bed.shared / "intruder.py"
     intruder.write_text(INTRUDER)
     intruder.chmod(0o644)
-    manual = policy(start="manual", quorum_hosts=2, window_s=120, token="tunnel-token")
+    manual = policy(start="manual", quorum_hosts=2, window_s=120, token=TUNNEL_TOKEN)
     with controller(manual, host="127.0.0.1", port=port) as server:
         agent = join_on(h1, "--ssh", f"root@{bed.gateway}:{door.port}", "--identity", str(door.key),
                         "--controller", f"127.0.0.1:{port}", "--bin", str(binary), "--host", "h1",
                         "--devices", "cpu:1", bed=bed,
-                        env={"FDL_SSH_COMMAND": door.ssh_command, "FDL_JOIN_TOKEN": "tunnel-token"})
+                        env={"FDL_SSH_COMMAND": door.ssh_command, "FDL_JOIN_TOKEN": TUNNEL_TOKEN})
         try:
             wait_for(lambda: server.state()["roster"] or agent.poll() is not None, timeout=120, what="h1's admission")
             assert agent.poll() is None, finish(agent)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fdl.cluster.inventory import worker_vars
 from fdl.config.project import EnvSelection, load_config
 from fdl.errors import ConfigError
 
@@ -82,7 +83,11 @@ def test_an_absolute_python_path_is_taken_as_it_is(tmp_path: Path) -> None:
     (tmp_path / "fdl.yml").write_text("cluster:\n  workers:\n    - {host: b, python: /opt/venv-3.12/bin/python3.12}\n"
                                       "    - {host: c}\n")
     workers = load_config(tmp_path, EnvSelection()).cluster.workers
-    assert [w.python for w in workers] == ["/opt/venv-3.12/bin/python3.12", "/usr/bin/python3"]
+    # c names none: the interpreter is chosen where the worker is known (/usr/bin/python3 over ssh, fdl's own on
+    # this machine), not in the config
+    assert [w.python for w in workers] == ["/opt/venv-3.12/bin/python3.12", None]
+    assert [worker_vars(w, tmp_path)["ansible_python_interpreter"] for w in workers] == [
+        "/opt/venv-3.12/bin/python3.12", "/usr/bin/python3"]
 
 
 def test_an_error_does_not_breed_errors_about_what_it_left_unknown(tmp_path: Path) -> None:
