@@ -138,17 +138,17 @@ def _run(argv: list[str], what: str, env: Mapping[str, str] | None = None,
 
 # The program rsync runs as its remote shell, in front of ssh, to report ssh's own exit status (its docstring
 # says why rsync's status cannot be trusted to carry it).
-RSH_STATUS = Path(__file__).resolve().with_name("rsh_status.py")
+RSH_STATUS = "fdl.hostside.rsh_status"
 
 
 def _rsync_over_ssh(argv_for: Callable[[str], list[str]], rsh: str, what: str,
                     env: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
     """Run the rsync command line `argv_for(remote shell)` with `rsh` (ssh_command()) as its remote shell, started
-    through rsh_status.py. The result is rsync's, except that its returncode is SSH_FAILED whenever rsync failed and
-    the remote shell itself exited 255 (ssh could not connect or log in), which rsync reports as 12 about as often
-    as it passes the 255 on: it takes ssh's status only if ssh is already gone when it exits."""
+    through fdl/hostside/rsh_status.py. The result is rsync's, except that its returncode is SSH_FAILED whenever
+    rsync failed and the remote shell itself exited 255 (ssh could not connect or log in), which rsync reports as
+    12 about as often as it passes the 255 on: it takes ssh's status only if ssh is already gone when it exits."""
     read_end, write_end = os.pipe()
-    wrapper = " ".join(shlex.quote(word) for word in (sys.executable, "-I", "-S", str(RSH_STATUS), str(write_end)))
+    wrapper = " ".join(shlex.quote(word) for word in (sys.executable, "-I", "-m", RSH_STATUS, str(write_end)))
     with os.fdopen(read_end, "rb") as status:
         try:
             result = _run(argv_for(f"{wrapper} {rsh}"), what, env, pass_fds=(write_end,))

@@ -120,6 +120,7 @@ def test_status_reads_the_controller_from_the_active_env(tmp_path: Path) -> None
         (tmp_path / "fdl.yml").write_text("commands:\n  hello: {run: echo hi}\n")
         (tmp_path / "fdl.farm.yml").write_text(f"cluster:\n  controller:\n    host: 127.0.0.1\n"
                                                f"    port: {server.port}\n    join: {{token: {server.policy.token}}}\n")
+        (tmp_path / "fdl.farm.yml").chmod(0o600)  # a literal token, readable by this account only: no warning
         result = run_fdl("@farm", "status", cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         assert f"at 127.0.0.1:{server.port}: waiting" in result.stdout and result.stderr == ""

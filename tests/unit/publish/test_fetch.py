@@ -1,4 +1,5 @@
-"""How a failed rsync over ssh is told apart: by ssh's own exit status, learnt from ssh itself (rsh_status.py).
+"""How a failed rsync over ssh is told apart: by ssh's own exit status, learnt from ssh itself
+(fdl/hostside/rsh_status.py).
 
 rsync passes ssh's 255 on only when ssh is already gone as rsync exits; otherwise it exits 12, like a forced command
 that refuses. The remote shell here is a stand-in for ssh, written to lose that race every time: it closes the

@@ -1,6 +1,6 @@
-"""rsync's remote shell, run so that fdl learns the shell's own exit status (fdl/publish/fetch.py runs it by path).
+"""rsync's remote shell, run so that fdl learns the shell's own exit status (fdl/publish/fetch.py runs it).
 
-    python -I -S rsh_status.py FD COMMAND [ARGS...]     (as rsync's -e, with ssh and its options as COMMAND)
+    python -I -m fdl.hostside.rsh_status FD COMMAND [ARGS...]   (as rsync's -e, with ssh and its options as COMMAND)
 
 Why: rsync exits with ssh's status 255 (could not connect or log in) only when ssh is already gone by the time
 rsync cleans up, and it checks that without waiting (rsync's cleanup.c: waitpid with WNOHANG). ssh that is refused
@@ -15,7 +15,8 @@ its end, which comes only once this program is gone: what it reads is the remote
 COMMAND does not inherit FD. The signals rsync sends its remote shell (SIGUSR1 when it exits on an error) and the
 usual termination signals are passed on to COMMAND, which exits as before; this program waits for it either way.
 
-Standard library only, no import from fdl (it runs with -I -S, by path).
+Standard library and its siblings only (it is host-side code: the signals go through supervisor.py, fdl's one
+process sweep).
 """
 
 from __future__ import annotations
@@ -25,12 +26,18 @@ import signal
 import subprocess
 import sys
 
+from .supervisor import signal_processes
+
 PASSED_ON = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
 def main(argv: list[str]) -> int:
+    # A program of its own (rsync's remote shell on the machine that runs fdl publish or fdl join): it prints,
+    # exits and starts a process as a program does. It is shipped with the collection's module_utils, where
+    # ansible-test's pylint wants module code to call exit_json and run_command instead, but no module runs it.
+    # pylint: disable=ansible-bad-function
     if len(argv) < 3 or not argv[1].isdigit():
-        print("usage: rsh_status.py FD COMMAND [ARGS...]", file=sys.stderr)
+        print("usage: python -m fdl.hostside.rsh_status FD COMMAND [ARGS...]", file=sys.stderr)
         return 2
     status_fd, command = int(argv[1]), argv[2:]
     try:
@@ -40,7 +47,7 @@ def main(argv: list[str]) -> int:
         code = 127
     else:
         for number in PASSED_ON:
-            signal.signal(number, lambda received, _frame: child.send_signal(received))
+            signal.signal(number, lambda received, _frame: signal_processes([child.pid], received))
         # The stream is COMMAND's alone from here: rsync sees its end when COMMAND closes it, as without this program.
         quiet = os.open(os.devnull, os.O_RDWR)
         os.dup2(quiet, 0)
@@ -55,4 +62,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main(sys.argv))  # pylint: disable=ansible-bad-function
