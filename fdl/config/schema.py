@@ -599,8 +599,8 @@ def _worker(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults) -> WorkerSp
         local_devices=Devices() if devices is None else devices,
         env=c.soft((), c.env_map, block["env"], path + ("env",)) if block.get("env") is not None else (),
         data_path=c.opt_string(block, "data_path", path),
-        python=c.soft(None, _python, c, block["python"], path + ("python",)) if block.get("python") is not None \
-        else None,
+        python=(c.soft(None, _python, c, block["python"], path + ("python",)) if block.get("python") is not None
+                else None),
         via=via,
     )
     return spec if host is not None and address is not None and problem is None else None

@@ -99,8 +99,11 @@ class TorchCheck:
         self.proc: subprocess.Popen[bytes] | None = None
         self.error: str | None = None
         try:
-            self.proc = subprocess.Popen([python, program, "--check"], stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            # ansible-bad-function (a module should call run_command, ansible-test 2.21): run_command waits for
+            # its child and has no timeout, and this check runs beside the probe's own checks, bounded by one
+            self.proc = subprocess.Popen(  # pylint: disable=ansible-bad-function
+                [python, program, "--check"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, env=env)
         except OSError as exc:
             self.error = f"cannot run {python}: {exc.strerror or exc}"
 
