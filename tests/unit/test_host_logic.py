@@ -4,8 +4,7 @@
   install_dir, retire_dir, write_probe): nothing else in fdl/, library/ or inventory_plugins/ fsyncs, renames
   or replaces on its own;
 - processes are signalled and /proc is walked only by the process sweep in fdl/hostside/supervisor.py
-  (signal_processes, end_processes, processes_with_env, stop_process_group); passing a signal on (a handler
-  that sends its child the very signal it received, as fdl/publish/rsh_status.py does for rsync) is no sweep;
+  (signal_processes, end_processes, processes_with_env, stop_process_group);
 - a module in library/ is a thin Ansible wrapper: argument handling, check mode and exit_json over fdl/hostside
   code, and nothing else. The rule, exactly: its top level is the docstring, `from __future__` imports,
   DOCUMENTATION/EXAMPLES/RETURN, imports (a `try:` of imports with an `except ImportError:` of imports for the
@@ -84,30 +83,15 @@ def own_moves(path: Path) -> list[str]:
     return found
 
 
-def _passed_on(tree: ast.AST, modules: dict[str, str], names: dict[str, str]) -> set[int]:
-    """ids of the calls that pass a received signal on: in a lambda given to signal.signal as the handler, a call
-    with the lambda's first parameter (the signal received) as an argument."""
-    relays = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and _called(node, modules, names) == "signal.signal" and len(node.args) == 2 \
-                and isinstance(node.args[1], ast.Lambda) and node.args[1].args.args:
-            received = node.args[1].args.args[0].arg
-            relays |= {id(call) for call in ast.walk(node.args[1].body) if isinstance(call, ast.Call)
-                       and any(isinstance(a, ast.Name) and a.id == received for a in call.args)}
-    return relays
-
-
 def own_sweeps(path: Path) -> list[str]:
     """Every place a module signals processes or walks /proc on its own: os.killpg, os.kill with a real signal
     (kill(pid, 0) only asks whether a process exists; a process re-raising a signal at itself is no sweep),
-    Popen.terminate()/send_signal(), and a listing of /proc. A signal handler passing the signal it received on
-    (`_passed_on`) is no sweep either."""
+    Popen.terminate()/send_signal(), and a listing of /proc."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     modules, names = _aliases(tree)
-    relays = _passed_on(tree, modules, names)
     found = []
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Call) or id(node) in relays:
+        if not isinstance(node, ast.Call):
             continue
         called = _called(node, modules, names)
         if called == "os.killpg":
@@ -215,10 +199,7 @@ SAMPLES = {
                  "'x'.replace('a', 'b')\n"),  # the last is str.replace: not a move
     "fdl/b.py": ("import ctypes\nimport os as o\nimport signal\n"
                  "ctypes.CDLL(None).renameat2\no.killpg(1, 9)\no.kill(1, signal.SIGTERM)\no.kill(1, 0)\n"
-                 "o.kill(o.getpid(), 15)\no.listdir('/proc')\nproc.terminate()\n"
-                 # the first passes on the signal received (no sweep), the second sends one of its own
-                 "signal.signal(signal.SIGUSR1, lambda got, _f: child.send_signal(got))\n"
-                 "signal.signal(signal.SIGUSR1, lambda got, _f: child.send_signal(9))\n"),
+                 "o.kill(o.getpid(), 15)\no.listdir('/proc')\nproc.terminate()\n"),
     "library/m.py": ('"""doc"""\nDOCUMENTATION = "x"\nimport os\n'
                      "try:\n    from ansible_collections.flodl.fdl.plugins.module_utils.reap import reap\n"
                      "except ImportError:\n    from ansible.module_utils.fdl.hostside.reap import reap\n"
@@ -245,7 +226,7 @@ def test_the_checker_finds_each_kind_of_breach_and_nothing_else(tmp_path: Path) 
     found = offenders(tmp_path)
     lines = {rel: [int(f.split("line ")[1].split(":")[0].split()[0]) for f in items] for rel, items in found.items()}
     assert sorted(lines["fdl/a.py"]) == [5, 6, 7, 8, 9, 10, 11], found
-    assert sorted(lines["fdl/b.py"]) == [4, 5, 6, 9, 10, 12], found
+    assert sorted(lines["fdl/b.py"]) == [4, 5, 6, 9, 10], found
     assert sorted(lines["library/m.py"]) == [3, 9, 12, 14], found
     assert lines["inventory_plugins/p.py"] == [2]
     assert "library/ok.py" not in found
