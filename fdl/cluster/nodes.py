@@ -37,7 +37,7 @@ from types import SimpleNamespace
 from typing import IO, Any
 
 from fdl.cluster.connection import ansible_environment
-from fdl.cluster.events import PENDING, RUNNING, UNREACHABLE, Collector
+from fdl.cluster.events import OK, PENDING, RUNNING, SKIPPED, UNREACHABLE, Collector
 from fdl.cluster.inventory import ClusterInventory, InventoryHost
 from fdl.cluster.ssh import NODE_CONTROL_PATH_DIR, node_ssh_argv
 from fdl.collection import RELATIVE
@@ -54,6 +54,8 @@ EXIT_GRACE_S = 10.0  # after its stream ends, how long ssh gets to exit before i
 TIMEOUT_GRACE_S = 15.0  # past the run's timeout (which the node enforces itself), the controller cuts the stream
 SHIP_DIR = "fdl-ship"  # beside the job's playbook: files it reads on the node (run_playbook's ship=)
 _STDERR_LINES = 20
+_OUTPUT_LINES = 40
+_ENDED = ("successful", "failed", "timeout", "canceled")  # ansible-runner's final statuses
 PEXPECT_TIMEOUT = 0.2
 
 
@@ -207,7 +209,10 @@ class NodeRun:
     received: bool = False  # the node's worker answered (anything, keepalives included)
     artifact_dir: Path | None = None
     stderr: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)  # ansible-playbook's errors on the node, or fdl's sending one
+    output: list[str] = field(default_factory=list)  # the last lines ansible-playbook printed on the node, outside
+    # its events (its errors and warnings): quoted in a problem, never parsed
+    ended: str | None = None  # the final status the node's own ansible-runner sent (successful, failed, ...), if any
+    unsent: str | None = None  # why fdl could not send the job, when it could not
 
 
 def run_on_node(node: str, argv: list[str], job: Path, rel_playbook: str, pdd: Path, run_id: str,
@@ -226,12 +231,15 @@ def run_on_node(node: str, argv: list[str], job: Path, rel_playbook: str, pdd: P
         kind = event.get("event")
         if kind == "playbook_on_stats":
             seen_stats.set()
-        elif kind == "error" or (kind == "verbose" and _is_error(str(event.get("stdout") or ""))):
-            out.errors.append(str(event.get("stdout") or "").strip())  # ansible-playbook's own, on the node
+        elif kind in ("verbose", "error"):  # what ansible-playbook printed outside its callback's events
+            out.output.extend(line.rstrip() for line in str(event.get("stdout") or "").splitlines() if line.strip())
+            del out.output[:-_OUTPUT_LINES]
         return collector(event)
 
     def on_status(data: dict[str, Any], runner_config: Any = None) -> None:
         final.update(data)
+        if data.get("runner_ident") is not None and data.get("status") in _ENDED:
+            out.ended = str(data["status"])  # sent by the node's ansible-runner once its ansible-playbook exited
 
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -256,8 +264,8 @@ def run_on_node(node: str, argv: list[str], job: Path, rel_playbook: str, pdd: P
         except OSError:  # the node went away while the job was sent: the reader says why
             pass
         except Exception as exc:  # this thread's end: said as the node's failure, and its worker, which would wait
-            out.errors.append(f"the job could not be sent ({type(exc).__name__}: {exc})")  # for the rest of the
-            _kill(proc)  # job, is cut off
+            out.unsent = f"{type(exc).__name__}: {exc}"  # for the rest of the job, is cut off
+            _kill(proc)
         finally:
             try:
                 proc.stdin.close()  # type: ignore[union-attr]
@@ -320,11 +328,6 @@ def run_on_node(node: str, argv: list[str], job: Path, rel_playbook: str, pdd: P
     return out
 
 
-def _is_error(text: str) -> bool:
-    """ansible-playbook's own error line: `[ERROR]: ...` (ansible-core 2.19 and later) or `ERROR! ...` (before)."""
-    return text.lstrip().startswith("[ERROR]") or "ERROR!" in text
-
-
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         signal_processes([proc.pid], signal.SIGKILL, group=True)
@@ -340,8 +343,9 @@ def _rc(artifact_dir: Path | None, ssh_rc: int | None) -> int:
 
 
 def _problem(out: NodeRun, final: dict[str, Any], stopped: list[str], ssh_rc: int | None) -> str:
-    """Why a node delivered no result, from what fdl did (stopped), ssh's exit status and ansible-runner's own
-    explanation; the last line ssh or the node wrote to stderr is quoted, never parsed."""
+    """Why a node delivered no result. Decided by what fdl did (stopped), ssh's exit status and ansible-runner's
+    structured status (the final one the node's worker sent, or the explanation of the process side); what ssh, the
+    node or its ansible-playbook wrote is quoted, never parsed."""
     said = out.stderr[-1] if out.stderr else "no message"
     if stopped and stopped[0] == "idle":
         return (f"the execution node sent nothing for {IDLE_LIMIT_S:.0f} s (not even its keepalive), so its link or "
@@ -350,9 +354,13 @@ def _problem(out: NodeRun, final: dict[str, Any], stopped: list[str], ssh_rc: in
         return f"the connection to the execution node was lost while the job ran (ssh exit 255: {said})"
     if ssh_rc == 255:
         return f"ssh to the execution node failed (exit 255): {said}"
-    if out.errors:
-        first = [line for line in out.errors[0].splitlines() if line.strip()]
-        return f"the job failed on the execution node: {first[0] if first else out.errors[0]}"
+    if out.unsent is not None:
+        return f"the job could not be sent to the execution node ({out.unsent})"
+    if out.ended is not None:  # the node's ansible-playbook ran and exited before its play's final stats
+        if out.output:
+            return f"the job failed on the execution node: {_quote(out.output)}"
+        return (f"the execution node ended the job without a result (ansible-runner status {out.ended}, "
+                f"ansible-playbook exit {out.rc}: {said})")
     if ssh_rc in (126, 127):
         return (f"the execution node cannot run {NODE_VENV}/bin/ansible-runner (exit {ssh_rc}: {said}); prepare it "
                 f"with the flodl.fdl.execution_node playbook")
@@ -362,15 +370,31 @@ def _problem(out: NodeRun, final: dict[str, Any], stopped: list[str], ssh_rc: in
     return f"the execution node ended the job without a result (ssh exit {ssh_rc}: {said})"
 
 
+def _quote(lines: list[str]) -> str:
+    """The line of ansible-playbook's output to show in a problem: its error line when it printed one (`[ERROR]:`
+    from ansible-core 2.19, `ERROR!` before), else its last. For display only: what decides that the job failed is
+    ansible-runner's status."""
+    for line in lines:
+        if line.lstrip().startswith("[ERROR]") or "ERROR!" in line:
+            return line.strip()
+    return lines[-1].strip()
+
+
 def _settle(out: NodeRun, collector: Collector, seen_stats: threading.Event) -> None:
-    """The hosts this node never answered for become unreachable through it (when it failed), and its part of the
-    run counts as done for the callers waiting on every part's final stats."""
+    """When the node failed, the hosts it did not answer for become unreachable through it; and its part of the run
+    counts as done for the callers waiting on every part's final stats.
+
+    A host's answer is final only at the play's final stats: before them, a host that is "ok" has passed the
+    tasks so far (the role's argument validation, which runs on the node itself, passes at once) and may still
+    be inside its next one. So a node whose stats never came leaves every one of its hosts unreachable through it,
+    but for those Ansible had already failed or found unreachable: that verdict is final, and its reason stands."""
     if out.problem is not None:
         now = time.monotonic()
+        unanswered = (PENDING, RUNNING) if seen_stats.is_set() else (PENDING, RUNNING, OK, SKIPPED)
         with collector.lock:
             for name in out.hosts:
                 host = collector.hosts[name]
-                if host.status in (PENDING, RUNNING):
+                if host.status in unanswered:
                     host.status = UNREACHABLE
                     host.message = f"unreachable through {out.node}: {out.problem}"
                     host.current_task = None

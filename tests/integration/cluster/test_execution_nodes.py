@@ -272,10 +272,20 @@ def test_a_probe_through_two_nodes_reports_every_worker(kit, prepared, short_tmp
     assert "b3: ready:" in human.stdout
 
 
-def test_a_node_killed_mid_run_leaves_its_workers_unreachable_through_it(kit, prepared, short_tmp, testbed_home):
+@pytest.mark.parametrize("moment", ["as_its_job_starts", "while_its_workers_are_inside_the_probe"])
+def test_a_node_killed_mid_run_leaves_its_workers_unreachable_through_it(kit, prepared, short_tmp, testbed_home,
+                                                                         moment):
+    """n2 dies at two moments of its job: as soon as its ansible-playbook runs, and once both its workers are inside
+    the probe module (the role's argument validation, which runs on the node itself, already passed for them: the
+    moment of issue 40's CI failure, where they came out "ok" without a report). The workers behind n2 wait for the
+    test before their Python starts, so n2's job cannot end before it dies, however loaded the machine."""
     bed = kit.bed
-    slow = bed.shared / "slowpython"  # the workers behind n2 take their time, so n2 dies while its job runs
-    slow.write_text("#!/bin/sh\nsleep 20\nexec /usr/bin/python3 \"$@\"\n")
+    b2, b4 = bed.host("b2"), bed.host("b4")
+    slow = bed.shared / f"slowpython-{moment}"
+    release = bed.shared / f"released-{moment}"
+    release.unlink(missing_ok=True)
+    slow.write_text(f"#!/bin/sh\ni=0\nwhile [ ! -e {release} ] && [ $i -lt {PROBE_TIMEOUT * 10} ]; do\n"
+                    f"  sleep 0.1; i=$((i + 1))\ndone\nexec /usr/bin/python3 \"$@\"\n")
     slow.chmod(0o755)
     entries = workers(kit)
     for entry in entries:
@@ -287,12 +297,17 @@ def test_a_node_killed_mid_run_leaves_its_workers_unreachable_through_it(kit, pr
     proc = subprocess.Popen([sys.executable, "-m", "fdl", "@cluster", "probe", "--json"], cwd=project,
                             env=fdl_env(testbed_home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not _running(n2, "ansible-playbook"):  # n2's job is under way
+        deadline = time.monotonic() + PROBE_TIMEOUT
+
+        def ready() -> bool:
+            if moment == "as_its_job_starts":
+                return _running(n2, "ansible-playbook")
+            return _running(b2, slow.name) and _running(b4, slow.name)
+
+        while not ready():
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "n2 never started its job"
+            assert time.monotonic() < deadline, f"n2's job never reached the moment {moment}"
             time.sleep(0.1)
-        time.sleep(1)
         n2.link_down()  # power gone: nothing leaves n2 any more...
         for pid in n2.user_pids():  # ...and nothing runs there
             try:
@@ -301,6 +316,7 @@ def test_a_node_killed_mid_run_leaves_its_workers_unreachable_through_it(kit, pr
                 pass
         out, err = proc.communicate(timeout=PROBE_TIMEOUT)
     finally:
+        release.write_text("")  # what still waits on b2 and b4 goes on (and ends: its ssh from n2 is gone)
         if proc.poll() is None:
             proc.kill()
             proc.communicate()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import signal
 import stat
 import sys
 import textwrap
@@ -17,7 +19,7 @@ import yaml
 
 from fdl.cluster import nodes
 from fdl.cluster.connection import ansible_bin_dir
-from fdl.cluster.events import OK, PENDING, UNREACHABLE, Collector
+from fdl.cluster.events import FAILED, OK, PENDING, UNREACHABLE, Collector
 from fdl.cluster.inventory import ClusterInventory, InventoryHost, inventory_from_file, local_vars
 from fdl.cluster.ssh import node_ssh_argv, rsync_rsh, ssh_argv, ssh_options
 from fdl.collection import RELATIVE
@@ -186,9 +188,9 @@ def local_worker(tmp_path: Path) -> list[str]:
             "worker", "--keepalive-seconds", "1"]
 
 
-def job(tmp_path: Path, hosts: list[str]) -> tuple[nodes.Part, Collector]:
+def job(tmp_path: Path, hosts: list[str], text: str = PLAY) -> tuple[nodes.Part, Collector]:
     play = tmp_path / "play.yml"
-    play.write_text(PLAY)
+    play.write_text(text)
     note = tmp_path / "note.txt"
     note.write_text("shipped in the stream\n")
     inv = ClusterInventory(hosts={h: InventoryHost(name=h, vars=local_vars(sys.executable)) for h in hosts})
@@ -231,18 +233,101 @@ def test_a_job_streams_through_ansible_runners_worker_and_comes_back_as_the_same
 
 def test_a_node_that_cannot_run_the_worker_leaves_its_hosts_unreachable_through_it(tmp_path):
     part, collector = job(tmp_path, ["w1", "w2"])
-    collector.hosts["w2"].status = OK  # already answered for before the node failed: it stands
     part.argv = ["sh", "-c", "cat >/dev/null; echo 'ansible-runner: not found' >&2; exit 127"]
     out = run(part, collector)
     assert out.status == "failed"
-    w1 = collector.hosts["w1"]
-    assert w1.status == UNREACHABLE
-    assert w1.message is not None and w1.message.startswith("unreachable through node-x: the execution node cannot "
-                                                            "run ~/.flodl/execution-node/venv/bin/ansible-runner "
-                                                            "(exit 127: ansible-runner: not found)")
-    assert "flodl.fdl.execution_node" in w1.message
-    assert collector.hosts["w2"].status == OK
+    for name in ("w1", "w2"):
+        host = collector.hosts[name]
+        assert host.status == UNREACHABLE
+        assert host.message is not None and host.message.startswith(
+            "unreachable through node-x: the execution node cannot run ~/.flodl/execution-node/venv/bin/ansible-runner "
+            "(exit 127: ansible-runner: not found)")
+        assert "flodl.fdl.execution_node" in host.message
     assert collector.stats.is_set()  # the part is over: nobody waits for its stats
+
+
+DIES = """\
+- name: A node that dies while its hosts are inside a task
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Answered by the node itself
+      ansible.builtin.debug:
+        msg: at once, as the probe role's argument validation is
+    - name: Still running on the hosts
+      ansible.builtin.command: sh -c 'for i in $(seq 1200); do [ -e {release} ] && exit 0; sleep 0.1; done'
+      changed_when: false
+"""
+
+
+@pytest.mark.slow
+def test_a_node_that_dies_after_its_hosts_passed_a_task_leaves_every_one_unreachable_through_it(tmp_path,
+                                                                                               monkeypatch):
+    """The CI failure of issue 40's testbed test: the node died after its hosts had passed the role's first task (so
+    they were "ok" so far) and before its play's final stats; they stayed "ok" without a probe report, and the probe
+    said "could not run: no result" instead of "unreachable through n2"."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    release = tmp_path / "release"
+    part, collector = job(tmp_path, ["w1", "w2", "w3"], DIES.format(release=release))
+    pidfile = tmp_path / "worker.pid"
+    part.argv = ["sh", "-c", f'echo $$ > {pidfile}; exec "$@"', "sh", *part.argv]  # the node's session leader
+    collector.hosts["w3"].status = FAILED  # Ansible's own verdict before the node died: final, it stands
+    collector.hosts["w3"].message = "its own failure"
+    killed: list[bool] = []
+
+    def on_event(event) -> None:  # both hosts passed the first task and are inside the second: the node dies
+        inside = [h for h in ("w1", "w2") if collector.hosts[h].current_task == "Still running on the hosts"]
+        if len(inside) == 2 and not killed:
+            killed.append(True)
+            os.killpg(int(pidfile.read_text()), signal.SIGKILL)
+
+    collector.on_event = on_event
+    try:
+        out = run(part, collector)
+    finally:
+        release.write_text("")  # the hosts' commands end (ansible-playbook has a session of its own)
+    assert killed, "the hosts never got inside the second task"
+    assert out.status == "failed" and out.problem is not None
+    for name in ("w1", "w2"):
+        host = collector.hosts[name]
+        assert [t.status for t in host.tasks] == [OK]  # passed the first task on the node...
+        assert host.status == UNREACHABLE  # ...and have no answer: the node never sent its final stats
+        assert host.message == f"unreachable through node-x: {out.problem}"
+    assert (collector.hosts["w3"].status, collector.hosts["w3"].message) == (FAILED, "its own failure")
+    assert collector.stats.is_set()
+
+
+def _stream(tmp_path: Path, *lines: dict) -> list[str]:
+    """A node whose worker takes the job and sends `lines` (ansible-runner's stream format), then exits."""
+    script = tmp_path / "stream.sh"
+    script.write_text("cat >/dev/null\n" + "".join(f"echo {shlex.quote(json.dumps(line))}\n" for line in lines))
+    return ["sh", str(script)]
+
+
+def _event(counter: int, kind: str, **data) -> dict:
+    return {"event": kind, "uuid": f"u{counter}", "counter": counter, "event_data": data}
+
+
+def test_after_the_final_stats_a_broken_stream_leaves_the_hosts_answers_standing(tmp_path):
+    part, collector = job(tmp_path, ["w1"])
+    part.argv = _stream(tmp_path, _event(1, "runner_on_ok", host="w1", task="t", res={"changed": False}),
+                        _event(2, "playbook_on_stats"))  # then the link drops: no status, no end of stream
+    out = run(part, collector)
+    assert out.problem is not None  # the node's part failed...
+    assert collector.hosts["w1"].status == OK  # ...after w1's answer was final
+
+
+def test_the_nodes_failed_job_is_told_by_its_status_not_by_the_wording_of_its_output(tmp_path):
+    """The node's ansible-runner says its ansible-playbook failed (a final status, no final stats): the job failed
+    there, whatever the words it printed, which are quoted as they are."""
+    part, collector = job(tmp_path, ["w1"])
+    said = "the inventory could not be read, sorry"  # no `[ERROR]` or `ERROR!` in it
+    part.argv = _stream(tmp_path, {"event": "verbose", "uuid": "u1", "counter": 1, "stdout": said},
+                        {"status": "failed", "runner_ident": "r1"}, {"eof": True})
+    out = run(part, collector)
+    assert out.status == "failed"
+    assert collector.hosts["w1"].status == UNREACHABLE
+    assert collector.hosts["w1"].message == f"unreachable through node-x: the job failed on the execution node: {said}"
 
 
 def test_a_stream_that_is_not_ansible_runners_is_the_nodes_failure(tmp_path):
