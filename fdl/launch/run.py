@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 from fdl import __version__
 from fdl.controller import live
 from fdl.controller.states import DONE, FAILED, Refused
-from fdl.controller.wire import is_loopback
 from fdl.errors import ExitCode, FdlError
 from fdl.hostside.paths import RUNS_IN_HOME
 from fdl.launch.build import build_for_run
@@ -32,6 +31,7 @@ from fdl.launch.hosts import HostSessions
 from fdl.launch.notes import RunNotes
 from fdl.launch.plan import SINGLE, LaunchPlan
 from fdl.launch.printer import Printer
+from fdl.launch.record import RunRecord
 from fdl.launch.supervise import Beats, Watch, wait_world
 from fdl.launch.tokens import RunToken, sweep_tokens
 from fdl.signals import Interrupts
@@ -48,9 +48,10 @@ class RunFailed(FdlError):
 class Launcher:
     """Runs one plan. `run()` returns the exit code or raises an FdlError saying why the run failed.
 
-    The façade of a run's parts, each one job: its token (fdl.launch.tokens), its notes (fdl.launch.notes), the
-    build (fdl.launch.build), the sessions on its hosts (fdl.launch.hosts) and the supervision of the world
-    (fdl.launch.supervise). What stays here is the run's order: controller up, build, join, wait, run, end."""
+    The façade of a run's parts, each one job: its token (fdl.launch.tokens), its notes (fdl.launch.notes), this
+    machine's record of it (fdl.launch.record), the build (fdl.launch.build), the sessions on its hosts
+    (fdl.launch.hosts) and the supervision of the world (fdl.launch.supervise). What stays here is the run's
+    order: controller up, build, join, wait, run, end."""
 
     def __init__(self, plan: LaunchPlan, *, no_prebuild: bool = False, printer: Printer | None = None,
                  progress: bool | None = None, env_name: str | None = None):
@@ -60,6 +61,7 @@ class Launcher:
         self.progress = progress
         self.env_name = env_name
         self._server: ControllerServer | None = None
+        self.record = RunRecord(plan, self.printer)
         self.token = RunToken(plan.run_id, self.printer)
         self.notes = RunNotes(plan, self.printer, self.token, env_name=env_name)
         self.hosts = HostSessions(plan, self.printer, progress=progress)
@@ -75,7 +77,7 @@ class Launcher:
     @property
     def run_dir(self) -> Path:
         """This machine's record of the run: its token, local rank logs and the final state.json."""
-        return live.run_dir(self.plan.run_id)
+        return self.record.run_dir
 
     def walk_in_line(self) -> str | None:
         """How a walk-in joins this run's discovery window (None: a roster run admits none)."""
@@ -102,30 +104,15 @@ class Launcher:
             raise
         record = None
         try:
-            record = self._record_live()
+            record = self.record.record_live(self.server)
             self.notes.announce(self.server)
             return self._run()
         finally:
             self.beats.stop()
-            self._keep_state()
+            self.record.keep_state(self.server)
             self.server.stop()
             live.remove_record(record)
             self.token.forget()
-
-    def _record_live(self) -> Path | None:
-        """Say where this run's controller listens, for a plain `fdl status` and `fdl start` of this user on this
-        machine (fdl.controller.live; they find the run's token beside it). A cluster run's controller is recorded as
-        this machine reaches it: on loopback when it listens there or on every address."""
-        plan = self.plan
-        address = plan.controller_addr
-        if plan.mode != SINGLE and (is_loopback(plan.bind) or plan.bind in ("0.0.0.0", "::", "localhost")):
-            address = f"127.0.0.1:{self.server.port}"
-        try:
-            return live.write_record(address, plan.configured_addr or plan.controller_addr, plan.run_id)
-        except OSError as exc:
-            self.printer.note(f"could not record the live run for `fdl status` ({exc}); "
-                              f"use fdl status --addr {plan.controller_addr}")
-            return None
 
     def _policy(self) -> RunPolicy:
         """The controller's policy: the plan's, its hosts reserved for the launcher (no hello over the network
@@ -144,19 +131,6 @@ class Launcher:
             else:
                 policy = policy.with_token(self.token.mint(discovery=plan.discovery))
         return policy
-
-    def _keep_state(self) -> None:
-        """The final state.json outlives the controller (it goes with the launcher): kept in the run's directory."""
-        import json
-
-        from fdl.hostside.fsio import atomic_write
-
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.run_dir / "state.json", json.dumps(self.server.state(), indent=1).encode(),
-                         mode=0o600)
-        except (OSError, RuntimeError, TimeoutError) as exc:
-            self.printer.note(f"could not keep the final state in {self.run_dir}: {exc}")
 
     def _run(self) -> int:
         plan = self.plan
