@@ -45,7 +45,8 @@ def join(
     **flags: Any,
 ) -> int:
     """The options after CONTROLLER are the join settings' flags (`_flag_parameters`), passed as `flags`."""
-    from fdl.agent.agent import JoinAgent, Stopped, print_note
+    from fdl.agent.agent import JoinAgent, print_note
+    from fdl.agent.failures import Stopped
     from fdl.agent.permanent import read_options
     from fdl.agent.secrecy import seal
     from fdl.signals import die_of, stop_on

@@ -314,7 +314,7 @@ class Endpoints:
         m.fire(peer=request.remote or "", trusted=PROOF.get().authed)
         return json_response({
             "ok": True, "armed": True, "phase": m.phase, "world": m.world.summary() if m.world else None,
-            "message": f"start armed: the world formed with {m.quorum_text()}; watch fdl status."})
+            "message": f"start armed: the world formed with {m.roster.quorum_text()}; watch fdl status."})
 
     async def hello(self, request: web.BaseRequest) -> web.Response:
         hello = parse_hello(await self.read_json(request))
@@ -323,7 +323,8 @@ class Endpoints:
         p = m.policy
         return json_response({
             "ok": True, "admitted": True, "ticket": member.ticket, "host": member.host, "ranks": member.ranks,
-            "phase": m.phase, "run_id": m.cohort_run_id, "seconds_left": m.seconds_left(), "quorum": m.quorum(),
+            "phase": m.phase, "run_id": m.cohort_run_id, "seconds_left": m.lifecycle.seconds_left(),
+            "quorum": m.roster.quorum(),
             "heartbeat_s": p.heartbeat_s, "silence_s": p.silence_s, "poll_s": p.poll_s})
 
     async def world(self, request: web.BaseRequest) -> web.Response:
@@ -345,9 +346,9 @@ class Endpoints:
         if body is not None:
             return json_response(None, raw=body)
         if m.phase not in OPEN:
-            raise Refused("window_closed", m.closed_text())
-        return json_response({"ok": True, "formed": False, "phase": m.phase, "seconds_left": m.seconds_left(),
-                              "quorum": m.quorum()})
+            raise Refused("window_closed", m.lifecycle.closed_text())
+        return json_response({"ok": True, "formed": False, "phase": m.phase,
+                              "seconds_left": m.lifecycle.seconds_left(), "quorum": m.roster.quorum()})
 
     async def heartbeat(self, request: web.BaseRequest) -> web.Response:
         msg = parse_ticketed(await self.member_json(request), kind="heartbeat")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ from fdl.launch.plan import SINGLE, LaunchHost, LaunchPlan
 if TYPE_CHECKING:
     from fdl.cluster.events import RunnerEvent
     from fdl.hostside.libtorch.variants import Libtorch
+    from fdl.launch.printer import Printer
 
 DEFAULT_RECIPE = "cargo build --release"
 TARGET = "target"
@@ -194,3 +196,24 @@ def check_artifacts(plan: LaunchPlan, jobs: list[BuildJob]) -> None:
         if job.artifact is not None and not os.access(job.artifact, os.X_OK):
             raise BuildError(f"{job.artifact} ({job.host}'s bin) is not executable. Nothing was dispatched.",
                              hint=f"chmod +x {job.artifact}, or make bin the built program.")
+
+
+def build_for_run(plan: LaunchPlan, *, no_prebuild: bool, printer: Printer,
+                  progress: bool | None = None) -> dict[str, BuildJob]:
+    """The launcher's build step: the pre-flight build (or, with --no-prebuild or no recipe, the check that the
+    binaries are there), noted as it goes; the build job of each host by name."""
+    jobs = build_jobs(plan)
+    if plan.hosts and any(job.recipe for job in jobs):
+        if no_prebuild:
+            printer.note("--no-prebuild: running the binaries already built")
+            check_artifacts(plan, jobs)
+        else:
+            recipe = next(job.recipe for job in jobs if job.recipe)
+            printer.note(f"pre-flight build: `{recipe}` for {len(jobs)} host(s)"
+                         + ("" if plan.mode == SINGLE else " (target/cluster/<host>/<arch>/)"))
+            t0 = time.monotonic()
+            prebuild(plan, jobs, progress=progress)
+            printer.note(f"pre-flight build done in {time.monotonic() - t0:.1f}s")
+    else:
+        check_artifacts(plan, jobs)
+    return {job.host: job for job in jobs}

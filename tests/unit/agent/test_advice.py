@@ -5,7 +5,7 @@ whatever answered there."""
 
 from __future__ import annotations
 
-from fdl.agent.agent import likely_causes
+from fdl.agent.failures import likely_causes
 
 
 def test_clock_advice_from_a_proved_answer_is_said_as_fact() -> None:

@@ -7,7 +7,8 @@ import errno
 
 import pytest
 
-from fdl.agent.agent import JoinAgent, Stopped
+from fdl.agent.agent import JoinAgent
+from fdl.agent.failures import Stopped
 from fdl.agent.options import resolve_options
 from fdl.errors import FdlError, UsageError
 from tests.join_util import write_program

@@ -226,7 +226,7 @@ def test_the_launcher_raises_its_open_files_limit_for_many_hosts():
     import subprocess
     import sys
 
-    code = ("import resource; from fdl.launch.run import open_files_for\n"
+    code = ("import resource; from fdl.launch.hosts import open_files_for\n"
             "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
             "resource.setrlimit(resource.RLIMIT_NOFILE, (512, hard))\n"
             "note = open_files_for(1000)\n"

@@ -96,7 +96,7 @@ def test_a_token_file_goes_with_its_run_and_earlier_runs_leftovers_are_swept(tmp
     import subprocess
     import sys
 
-    from fdl.launch.run import TOKEN_OWNER, forget_token, sweep_tokens
+    from fdl.launch.tokens import TOKEN_OWNER, forget_token, sweep_tokens
 
     monkeypatch.setenv("HOME", str(tmp_path))
     launcher = Launcher(plan(bind="127.0.0.1"), printer=Notes())
