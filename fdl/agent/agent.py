@@ -275,7 +275,8 @@ class JoinAgent:
     def _run_world(self, client: ControllerClient, ticket: str, world: dict[str, Any], prep: Prepared,
                    admitted: dict[str, Any]) -> int:
         from fdl.controller.client import ControllerError, ControllerRefused
-        from fdl.controller.protocol import refused_rank_env, without_secrets
+        from fdl.controller.protocol import refused_rank_env
+        from fdl.hostside.envvars import without_secrets
 
         shape = world.get("world") or {}
         ranks = world.get("ranks") or []
