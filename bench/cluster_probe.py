@@ -387,11 +387,11 @@ def wheelhouse() -> Path:
 PREPARE = """\
 import sys
 from pathlib import Path
-from fdl.cluster import nodes
 from fdl.cluster.inventory import build_inventory
+from fdl.cluster.runner import prepare_nodes
 from fdl.config.project import EnvSelection, load_config
 config = load_config(Path("."), EnvSelection("cluster", "bench"))
-result = nodes.prepare(build_inventory(config.cluster, config.root), wheelhouse=Path(sys.argv[1]), progress=False)
+result = prepare_nodes(build_inventory(config.cluster, config.root), wheelhouse=Path(sys.argv[1]), progress=False)
 bad = {n: h.message or h.status for n, h in result.hosts.items() if h.status != "ok"}
 sys.exit(f"nodes not prepared: {bad}" if bad else 0)
 """

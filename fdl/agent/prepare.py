@@ -54,7 +54,7 @@ class Prepared(NamedTuple):
 
     def rank_env(self, options: JoinOptions, base: Mapping[str, str]) -> dict[str, str]:
         """The environment every rank starts from: base, plus libtorch's libraries and the data plane."""
-        from fdl.controller.protocol import without_secrets
+        from fdl.hostside.envvars import without_secrets
         from fdl.libtorch.gate import build_env
 
         env = without_secrets(dict(base))  # the join token never reaches a rank (nor the signature probe)

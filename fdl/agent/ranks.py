@@ -56,7 +56,8 @@ class Ranks:
             admitted: dict[str, Any]) -> int:
         """Run this host's ranks of the formed world until they end; their group's exit code (reported)."""
         from fdl.controller.client import ControllerError, ControllerRefused
-        from fdl.controller.protocol import refused_rank_env, without_secrets
+        from fdl.controller.protocol import refused_rank_env
+        from fdl.hostside.envvars import without_secrets
 
         shape = world.get("world") or {}
         ranks = world.get("ranks") or []

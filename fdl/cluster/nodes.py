@@ -516,20 +516,3 @@ def constraint_lines() -> list[str]:
     except OSError:
         return []
     return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-
-
-def prepare(inventory: ClusterInventory, names: Sequence[str] | None = None, *, wheelhouse: Path | None = None,
-            progress: bool | None = None) -> Any:
-    """Run the flodl.fdl.execution_node playbook on the cluster's execution nodes (or `names`): the virtualenv with
-    this environment's ansible-core and ansible-runner, from the index or from `wheelhouse` (a directory of wheels
-    here, copied over). Returns the run's RunResult (fdl.cluster.runner): each node's report is its
-    `fdl_execution_node_report` fact."""
-    from fdl.cluster.inventory import NODES_GROUP
-    from fdl.cluster.runner import run_playbook
-
-    targets = list(names) if names is not None else list(inventory.groups.get(NODES_GROUP, []))
-    extravars: dict[str, Any] = {"fdl_execution_node_packages": pinned_packages(),
-                                 "fdl_execution_node_constraints": constraint_lines(),
-                                 "fdl_execution_node_wheelhouse": str(wheelhouse) if wheelhouse else ""}
-    return run_playbook(PREPARE_PLAYBOOK, inventory, extravars=extravars, limit=targets, progress=progress,
-                        title="execution nodes")

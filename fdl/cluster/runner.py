@@ -331,3 +331,20 @@ def _invoke(pdd: Path, ident: str, playbook: Path, inventory_file: Path, vars_fi
         settings={"pexpect_timeout": PEXPECT_TIMEOUT, "suppress_ansible_output": True},
         timeout=int(timeout) if timeout else None, event_handler=event_handler or keep_event,
         cancel_callback=cancel_callback)
+
+
+def prepare_nodes(inventory: ClusterInventory, names: Sequence[str] | None = None, *, wheelhouse: Path | None = None,
+                  progress: bool | None = None) -> Any:
+    """Run the flodl.fdl.execution_node playbook on the cluster's execution nodes (or `names`): the virtualenv with
+    this environment's ansible-core and ansible-runner, from the index or from `wheelhouse` (a directory of wheels
+    here, copied over). Returns the run's RunResult: each node's report is its
+    `fdl_execution_node_report` fact."""
+    from fdl.cluster import nodes
+    from fdl.cluster.inventory import NODES_GROUP
+
+    targets = list(names) if names is not None else list(inventory.groups.get(NODES_GROUP, []))
+    extravars: dict[str, Any] = {"fdl_execution_node_packages": nodes.pinned_packages(),
+                                 "fdl_execution_node_constraints": nodes.constraint_lines(),
+                                 "fdl_execution_node_wheelhouse": str(wheelhouse) if wheelhouse else ""}
+    return run_playbook(nodes.PREPARE_PLAYBOOK, inventory, extravars=extravars, limit=targets, progress=progress,
+                        title="execution nodes")

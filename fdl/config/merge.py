@@ -10,7 +10,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 
-from .source import Data, KeyPath, Layer, Origins
+from .keypath import Data, KeyPath, Origins
+from .source import Layer
 
 
 def _paths(value: object, path: KeyPath) -> Iterator[KeyPath]:

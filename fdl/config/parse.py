@@ -1,5 +1,5 @@
 """Parsers of the small network values fdl reads everywhere: host names and addresses, `host[:port]`,
-login names.
+login names; a mirror's base URL and a sha256 pin.
 
 Each is strict (a pattern must match the whole text: `$` would also match
 before a trailing newline, so every pattern here is used with fullmatch) and
@@ -12,6 +12,8 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from ..hostside.redact import strip_userinfo
+
 #: The controller's port when an address names none.
 DEFAULT_PORT = 1337
 
@@ -20,6 +22,8 @@ _LOGIN_RE = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}\$?")
 _PORT_RE = re.compile(r"[1-9][0-9]{0,4}")  # ASCII digits, no sign, no leading zero
 # An IPv6 zone (fe80::1%eth0) names an interface: interface-name characters only.
 _SCOPE_RE = re.compile(r"[A-Za-z0-9._-]{1,15}")
+_URL_RE = re.compile(r"https?://[^\s/?#@]+(/[^\s?#]*)?")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 def is_valid_host(text: object) -> bool:
@@ -82,3 +86,16 @@ def split_host_port(text: str, default_port: int = DEFAULT_PORT) -> tuple[str, i
     if not _PORT_RE.fullmatch(port_text) or not 1 <= int(port_text) <= 65535:
         raise ValueError(f"port {port_text!r} is not a number from 1 to 65535")
     return host, int(port_text)
+
+
+def mirror_problem(url: str) -> str | None:
+    """Why a mirror URL is unusable, or None when it is an http:// or https:// base URL."""
+    if not _URL_RE.fullmatch(url):
+        return (f"{strip_userinfo(url)!r} is not an http:// or https:// base URL (no spaces, query, fragment or "
+                f"user name; e.g. https://mirror.example/libtorch)")
+    return None
+
+
+def is_sha256(text: str) -> bool:
+    """A SHA-256 digest as 64 lower-case hex digits."""
+    return bool(_HEX64.fullmatch(text))

@@ -17,6 +17,7 @@ from ..errors import ConfigError, UsageError
 from ..hostside.envvars import FDL_ENV, read
 from .discover import available_envs, find_base, overlay_file
 from .join_fields import JoinDefaults
+from .keypath import Data, KeyPath, Origins
 from .merge import merge_layers
 from .schema import (
     TOP_KEYS,
@@ -31,7 +32,7 @@ from .schema import (
     check_libtorch_block,
     check_publish,
 )
-from .source import Data, KeyPath, Layer, Origins, display_path, read_layer
+from .source import Layer, display_path, read_layer
 
 INHERIT_KEY = "inherit-from"
 _ENV_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # fullmatch: `$` would accept a trailing newline

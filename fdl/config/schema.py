@@ -24,8 +24,16 @@ from ..hostside.checks.devices import Devices, parse_devices
 from ..hostside.redact import strip_userinfo
 from .join_fields import SETTINGS as JOIN_SETTINGS
 from .join_fields import JoinDefaults
-from .parse import DEFAULT_PORT, is_login_name, is_valid_host, split_host_port, unicast_problem
-from .source import Data, KeyPath, Origin, Origins, format_path
+from .keypath import Data, KeyPath, Origin, Origins, format_path
+from .parse import (
+    DEFAULT_PORT,
+    is_login_name,
+    is_sha256,
+    is_valid_host,
+    mirror_problem,
+    split_host_port,
+    unicast_problem,
+)
 from .tokens import literal_token_warning, read_token_file, strength_problem
 
 START_MODES = ("auto", "manual", "hybrid")
@@ -724,7 +732,6 @@ def check_publish(c: Checker, value: Any) -> PublishDefaults:
 def check_libtorch_block(c: Checker, value: Any) -> LibtorchDefaults:
     """The libtorch: block: mirror: a base URL, sha256: {variant: hex} pins (docs/config.md)."""
     from ..hostside.libtorch.variants import DOWNLOADS
-    from ..libtorch.source import is_sha256, mirror_problem
 
     path = ("libtorch",)
     block = c.mapping(value, path, LIBTORCH_KEYS)

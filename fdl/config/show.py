@@ -6,9 +6,10 @@ from typing import Any
 
 import yaml
 
+from .keypath import KeyPath, format_path
 from .masking import Mask, find_masks
 from .project import Config
-from .source import KeyPath, display_path, format_path
+from .source import display_path
 
 
 def _scalar(value: Any) -> str:

@@ -10,26 +10,11 @@ rest of the bounds (depth, alias expansion, duplicate keys, tags).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NamedTuple
 
 from ..errors import ConfigError
+from .keypath import Data, Origins
 
 MAX_BYTES = 4 * 1024 * 1024  # no hand-written config comes near this
-KeyPath = tuple[Any, ...]  # ("cluster", "workers", 0, "host"): YAML keys may be any scalar
-Data = dict[Any, Any]  # a parsed document or one of its mappings
-
-
-class Origin(NamedTuple):
-    """Where a value was written: a file (as shown to the user) and a 1-based line."""
-
-    file: str
-    line: int
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}" if self.line else self.file
-
-
-Origins = dict[KeyPath, Origin]  # where each key path of a document was written
 
 
 class Layer:
@@ -49,17 +34,6 @@ def display_path(path: Path) -> str:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except (ValueError, OSError):
         return str(path)
-
-
-def format_path(keypath: KeyPath) -> str:
-    """("cluster", "workers", 0, "host") -> "cluster.workers[0].host"."""
-    out = ""
-    for part in keypath:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
 
 
 def read_layer(path: Path) -> Layer:
@@ -89,7 +63,7 @@ def read_layer(path: Path) -> Layer:
         ) from None
     if text.startswith("\ufeff"):
         text = text[1:]
-    from .yamldoc import parse_text  # here: yamldoc builds on this module's types
+    from .yamldoc import parse_text  # here: PyYAML's import is slow, and a cached file needs none of it
 
     data, origins = parse_text(text, shown, json_file=path.suffix == ".json")
     return Layer(path=path, data=data, origins=origins)

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
-from .source import Data, KeyPath, Origin, Origins, format_path
+from .keypath import Data, KeyPath, Origin, Origins, format_path
 
 MAX_NODES = 100_000  # after alias expansion
 MAX_DEPTH = 64

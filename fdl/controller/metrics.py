@@ -14,7 +14,7 @@ ever rendered on the server's event loop.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -25,15 +25,38 @@ from fdl.controller.states import PHASES
 from fdl.controller.view import deadlines
 
 if TYPE_CHECKING:
-    from fdl.controller.server import ControllerServer
+    from fdl.controller.machine import RunMachine
 
-__all__ = ["RunCollector", "new_registry", "render"]
+__all__ = ["RunCollector", "Scraped", "new_registry", "render"]
+
+
+class Scraped(Protocol):
+    """What a scrape reads of the controller (fdl.controller.server.ControllerServer has it; this module sits
+    below the server and its routes, which import it lazily at the first scrape)."""
+
+    @property
+    def machine(self) -> RunMachine: ...
+
+    @property
+    def requests(self) -> dict[tuple[str, int], int]: ...
+
+    @property
+    def accepted(self) -> int: ...
+
+    @property
+    def overloaded(self) -> int: ...
+
+    @property
+    def evicted(self) -> int: ...
+
+    @property
+    def open_connections(self) -> int: ...
 
 
 class RunCollector:
     """Metric families for one controller, built from a snapshot at each scrape."""
 
-    def __init__(self, server: ControllerServer):
+    def __init__(self, server: Scraped):
         self._server = server
 
     def collect(self) -> Iterator[Metric]:
@@ -118,7 +141,7 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=value)
 
 
-def new_registry(server: ControllerServer) -> CollectorRegistry:
+def new_registry(server: Scraped) -> CollectorRegistry:
     """A registry of its own for one controller: the run's metrics and this process's (process_*)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunCollector(server))

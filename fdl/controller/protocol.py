@@ -22,7 +22,6 @@ from fdl.hostside.envvars import (
     FDL_DEVICE,
     FDL_GPU_RAM_SHARE,
     FDL_HOST,
-    FDL_JOIN_TOKEN,
     FDL_NODE_RANK,
     FDL_NUM_NODES,
     FDL_RUN_ID,
@@ -233,8 +232,6 @@ RANK_ENV_NAMES = frozenset({
     FDL_RUN_ID, FDL_CONTROLLER, FDL_DATA_PATH, FDL_HOST, FDL_NODE_RANK, FDL_NUM_NODES, FDL_BACKEND, FDL_DEVICE,
     FDL_GPU_RAM_SHARE,
 })
-#: Secrets a rank never inherits from the process that starts it (the agent, the launcher).
-SECRET_ENV_NAMES = (FDL_JOIN_TOKEN,)
 MAX_ENV_VALUE = 4096
 
 
@@ -249,8 +246,3 @@ def refused_rank_env(env: object) -> list[str]:
                 or "\x00" in value:
             bad.append(str(name)[:64])
     return sorted(bad)
-
-
-def without_secrets(env: dict[str, Any]) -> dict[str, Any]:
-    """env without the variables that hold the join token."""
-    return {k: v for k, v in env.items() if k not in SECRET_ENV_NAMES}

@@ -20,7 +20,7 @@ that runs on managed hosts reads its variables through it too (relatively, as th
 from __future__ import annotations
 
 import os
-from typing import Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 from .paths import DEFAULT_DATA_PATH, JOIN_IN_HOME
 
@@ -65,10 +65,18 @@ FDL_PORT = _register(
     "FDL_PORT", SETTING, ("fdl/launch/plan.py",),
     "The controller's port for a launcher run, under `--port` and over the configuration's.")
 FDL_JOIN_TOKEN = _register(
-    "FDL_JOIN_TOKEN", SETTING, ("fdl/config/join_fields.py", "fdl/cli/_controller.py", "fdl/controller/protocol.py",
-                                "fdl/agent/secrecy.py"),
+    "FDL_JOIN_TOKEN", SETTING, ("fdl/config/join_fields.py", "fdl/cli/_controller.py", "fdl/agent/secrecy.py"),
     "The run's token, for `fdl join`, `fdl start` and `fdl status` (never on a command line: argv is public). "
     "Removed from every rank's environment; `fdl join` takes it out of its own once read.")
+#: Secrets a rank never inherits from the process that starts it (the agent, the launcher), nor a build recipe.
+SECRET_ENV_NAMES = (FDL_JOIN_TOKEN,)
+
+
+def without_secrets(env: Mapping[str, Any]) -> dict[str, Any]:
+    """env without the variables that hold the join token."""
+    return {k: v for k, v in env.items() if k not in SECRET_ENV_NAMES}
+
+
 FDL_SSH_COMMAND = _register(
     "FDL_SSH_COMMAND", SETTING, ("fdl/agent/tunnel.py",),
     "The command `fdl join` runs in place of plain `ssh` for its tunnel and for sshfs (e.g. "

@@ -35,9 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from fdl.controller.protocol import without_secrets
 from fdl.errors import RemoteError
-from fdl.hostside.envvars import FDL_RUN_ID
+from fdl.hostside.envvars import FDL_RUN_ID, without_secrets
 from fdl.hostside.paths import LAUNCH_IN_HOME
 from fdl.hostside.supervisor import NOTE_PREFIX, RESULT_PREFIX, GroupResult, Supervisor, signal_processes
 from fdl.launch.build import BuildJob

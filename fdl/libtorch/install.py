@@ -37,6 +37,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 from urllib.parse import urljoin, urlsplit
 
+from fdl.config.parse import is_sha256
 from fdl.errors import FdlError, UsageError
 from fdl.hostside.envvars import FDL_LIBTORCH_MIRROR
 from fdl.hostside.fsio import TEMP_SUFFIX, atomic_write, install_dir, staging_dir
@@ -49,7 +50,6 @@ from fdl.libtorch.source import (
     Source,
     check_served,
     fdl_file,
-    is_sha256,
     official_file,
     official_url,
 )

@@ -20,22 +20,19 @@ PyTorch publishes no checksums for these archives, so a pin is the fleet's own: 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from ..config.parse import mirror_problem
 from ..errors import ConfigError, FdlError, UsageError
 from ..hostside.envvars import FDL_LIBTORCH_MIRROR
 from ..hostside.libtorch.variants import DOWNLOADS
-from ..hostside.redact import strip_userinfo
 
 #: the PyTorch release fdl downloads by default (the project's torch pin), and the variants it publishes as
 #: libtorch archives for Linux
 PYTORCH_RELEASE = "2.13.0"
 OFFICIAL_BASE = "https://download.pytorch.org/libtorch"
 OFFICIAL_VARIANTS = ("cpu", "cu126", "cu130", "rocm7.2")
-_URL_RE = re.compile(r"https?://[^\s/?#@]+(/[^\s?#]*)?")
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 class Source(NamedTuple):
@@ -75,18 +72,6 @@ def official_url(variant: str, base: str = OFFICIAL_BASE) -> str:
 def fdl_file(variant: str) -> str:
     """fdl's name for a variant's archive on a mirror (its checksum is this plus .sha256)."""
     return f"libtorch-{variant}.zip"
-
-
-def mirror_problem(url: str) -> str | None:
-    """Why a mirror URL is unusable, or None when it is an http:// or https:// base URL."""
-    if not _URL_RE.fullmatch(url):
-        return (f"{strip_userinfo(url)!r} is not an http:// or https:// base URL (no spaces, query, fragment or "
-                f"user name; e.g. https://mirror.example/libtorch)")
-    return None
-
-
-def is_sha256(text: str) -> bool:
-    return bool(_HEX64.fullmatch(text))
 
 
 def choose_source(flag: str | None = None, environ: Mapping[str, str] | None = None,

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from fdl.errors import FdlError
+from fdl.hostside.envvars import without_secrets
 from fdl.hostside.libtorch.variants import Libtorch
 from fdl.libtorch.gate import build_env
 
@@ -126,9 +127,7 @@ def run_recipe(recipe: str, directory: Path, env: Mapping[str, str], output: IO[
     """Run a shell recipe in directory; its output goes to `output` (default: stderr). Returns the exit code.
 
     The recipe (and everything it runs: cargo, every crate's build.rs) never sees a join secret: the
-    environment is given without FDL_JOIN_TOKEN (fdl.controller.protocol.SECRET_ENV_NAMES)."""
-    from fdl.controller.protocol import without_secrets
-
+    environment is given without FDL_JOIN_TOKEN (fdl.hostside.envvars.SECRET_ENV_NAMES)."""
     env = without_secrets(dict(env))
     out = sys.stderr if output is None else output
     try:

@@ -11,11 +11,13 @@ The order, highest first, is written once, here:
     launch                               a cluster run: plan, prebuild, stage, rank sessions
     agent, farm, nccl                    `fdl join` (which fetches published runs), join-config and the NCCL
                                          build (both run playbooks through cluster)
-    publish, cluster                     the published run tree; inventory, Ansible and ssh
-    controller                           the run's endpoint and its clients (live runs, addresses)
-    config                               fdl.yml: discovery, overlays, schema
-    libtorch                             downloads, mirrors, activation, the build environment (the schema
-                                         checks a mirror with it, so it sits below config)
+    controller, cluster                  the run's endpoint and its clients (live runs, addresses); inventory,
+                                         Ansible and ssh
+    publish                              the published run tree (its build gate runs under libtorch's
+                                         environment)
+    libtorch                             downloads, mirrors, activation, the build environment
+    config                               fdl.yml: discovery, overlays, schema (the base every command reads:
+                                         the value parsers the schema and libtorch share live here)
     offer, gpus, resources, progress,    this box's GPU offer (libtorch's `auto` asks it), the --gpus selection,
     signals, collective                  shipped files, the progress display, Ctrl-C handling, the all-reduce
                                          smoke test's options and results (the cluster probe combines them;
@@ -23,6 +25,13 @@ The order, highest first, is written once, here:
     collection                           the flodl.fdl collection tree (resources builds it)
     errors, hostside, fdl/__init__.py    the error hierarchy; the code that runs on managed hosts, which
                                          imports nothing of fdl (tests/unit/hostside/test_imports.py); the version
+
+Inside a package (a unit of the list, its subpackages included) the modules form layers too: their imports of
+each other make a directed acyclic graph, every import counted as above (a lazy or TYPE_CHECKING import is how
+a cycle hides, so it counts). The order is the graph's own (a module sits above everything it imports), so no
+second list can go stale; a cycle fails the test with its modules named, and is mended by moving the shared
+piece down (fdl.config.keypath under source and yamldoc, hostside.checks.devices.Selection under gpu and health)
+or by passing a value in (fdl.controller.metrics reads the server through its Scraped protocol).
 
 A package that is not in the list fails the test until it is given its place.
 """
@@ -42,10 +51,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("runcmd",),
     ("launch",),
     ("agent", "farm", "nccl"),
-    ("publish", "cluster"),
-    ("controller",),
-    ("config",),
+    ("controller", "cluster"),
+    ("publish",),
     ("libtorch",),
+    ("config",),
     ("offer", "gpus", "resources", "progress", "signals", "collective"),
     ("collection",),
     ("errors", "hostside", "__init__"),
@@ -109,6 +118,53 @@ def wrong_way(root: Path) -> list[str]:
             if there not in RANK or RANK[there] <= RANK[here]:
                 found.append(f"{path.relative_to(root)}:{line} ({here}) imports {target} ({there})")
     return found
+
+
+def module_cycles(root: Path) -> list[str]:
+    """Every cycle among the modules of one package (its subpackages included): each strongly connected
+    component of the module import graph with more than one module, as `unit: a -> b (file:line); ...`."""
+    edges: dict[str, dict[str, str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        if "_share" in path.relative_to(root).parts:
+            continue
+        here = module_name(path, root)
+        out = edges.setdefault(here, {})
+        for line, module, name in imports(path, root):
+            if module.split(".")[0] != root.name:
+                continue
+            target = f"{module}.{name}" if name and is_module(root, f"{module}.{name}") else module
+            if target != here and unit_of(target) == unit_of(here):
+                out.setdefault(target, f"{path.relative_to(root)}:{line}")
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[str] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in edges.get(node, {}):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                members = sorted(component)
+                where = [f"{a} -> {b} ({edges[a][b]})" for a in members for b in members if b in edges.get(a, {})]
+                found.append(f"{unit_of(node)}: " + "; ".join(where))
+
+    for node in list(edges):
+        if node not in index:
+            visit(node)
+    return sorted(found)
 
 
 def _defines(tree: ast.Module) -> set[str]:
@@ -191,6 +247,10 @@ def test_every_import_goes_down_the_layers():
     assert wrong_way(PACKAGE) == []
 
 
+def test_the_modules_of_a_package_import_each_other_without_a_cycle():
+    assert module_cycles(PACKAGE) == []
+
+
 def test_every_name_has_one_import_path():
     assert second_paths(PACKAGE, callers()) == []
 
@@ -217,11 +277,30 @@ def test_the_layer_rule_finds_wrong_way_imports(tmp_path):
         "hostside/__init__.py": "", "hostside/checks/__init__.py": "", "hostside/checks/devices.py": "",
         "agent/__init__.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from fdl import farm\n",
         "farm/__init__.py": "", "newpkg/__init__.py": "",
-        "libtorch/__init__.py": "from ..config import schema\n",  # relative, upward
+        "publish/__init__.py": "from ..controller import view\n",  # relative, upward (once a bent back-edge)
+        "libtorch/__init__.py": "from ..config import schema\n",  # relative, down
     })
     found = wrong_way(root)
     assert [line.split(" ")[0] for line in found] == [
-        "agent/__init__.py:3", "config/parse.py:2", "libtorch/__init__.py:1", "newpkg/__init__.py:"], found
+        "agent/__init__.py:3", "config/parse.py:2", "newpkg/__init__.py:", "publish/__init__.py:1"], found
+
+
+def test_the_module_rule_finds_cycles_lazy_and_type_checking_ones_too(tmp_path):
+    """The checker itself: a lazy import back, a TYPE_CHECKING import back and a three-module ring are cycles;
+    one-way imports, a package's __init__ importing its modules, and imports across packages are not."""
+    root = _package(tmp_path, {
+        "config/__init__.py": "from . import schema\n", "config/schema.py": "from fdl.config.source import Data\n",
+        "config/source.py": "def read():\n    from .schema import check\n",  # lazy, back: a cycle
+        "cluster/__init__.py": "", "cluster/a.py": "from . import b\n", "cluster/b.py": "from fdl.cluster import c\n",
+        "cluster/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from fdl.cluster.a import X\n",
+        "hostside/__init__.py": "", "hostside/checks/__init__.py": "",
+        "hostside/checks/gpu.py": "from .devices import Selection\n", "hostside/checks/devices.py": "",
+        "agent/__init__.py": "", "agent/run.py": "from fdl.config import source\n",  # across packages: not here
+    })
+    found = module_cycles(root)
+    assert [line.split(":")[0] for line in found] == ["cluster", "config"], found
+    assert "fdl.cluster.c -> fdl.cluster.a (cluster/c.py:3)" in found[0]
+    assert "fdl.config.source -> fdl.config.schema (config/source.py:2)" in found[1]
 
 
 def test_the_one_path_rule_finds_second_paths(tmp_path):

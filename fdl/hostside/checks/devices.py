@@ -12,11 +12,22 @@ configuration reader the inventory plugin carries imports it too.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 MAX_GPU_ID = 1023
 MAX_CPU_RANKS = 256
 _DIGITS_RE = re.compile(r"0|[1-9][0-9]{0,8}")  # a plain decimal: no sign, no leading zero, ASCII only
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which GPUs ranks may use: indices into NVML's list; None = every device."""
+
+    source: str | None  # "--gpus", "local_devices", "CUDA_VISIBLE_DEVICES" or None (no selection)
+    spec: str | None
+    indices: tuple[int, ...] | None
+    missing: tuple[str, ...] = ()  # entries naming a device this host does not have
 
 
 class Devices(NamedTuple):

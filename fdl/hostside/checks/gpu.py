@@ -7,10 +7,9 @@ and pynvml (through .nvml, imported only when the check runs), relative imports.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from .devices import parse_gpu_ids
+from .devices import Selection, parse_gpu_ids
 from .health import declared_gpu_ids
 from .report import ERROR, OK, WARNING, CheckResult
 
@@ -23,16 +22,6 @@ CONTAINER_HINT = ("inside a container, start it with GPU access (docker run --gp
                   "`deploy.resources.reservations.devices` block, with the NVIDIA Container Toolkit installed)")
 CPU_HOST_HINT = ("a host that trains on CPU ranks needs no GPU: say so (`fdl probe --cpu`; a cluster worker: "
                  "local_devices: cpu:N) and it is judged as a CPU host")
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Which GPUs ranks may use: indices into NVML's list; None = every device."""
-
-    source: str | None  # "--gpus", "local_devices", "CUDA_VISIBLE_DEVICES" or None (no selection)
-    spec: str | None
-    indices: tuple[int, ...] | None
-    missing: tuple[str, ...] = ()  # entries naming a device this host does not have
 
 
 def parse_selection(gpus: Any, environ: Mapping[str, str], devices: Sequence[NvmlDevice],

@@ -34,7 +34,7 @@ from .devices import parse_devices
 from .report import ERROR, OK, SKIPPED, WARNING, CheckResult
 
 if TYPE_CHECKING:
-    from .gpu import Selection
+    from .devices import Selection
     from .nvml import GpuHealth, NvmlDevice, NvmlInventory
 
 # A per-GPU check: check(inventory, selection, *args), made from a judge(devices, findings, *args).

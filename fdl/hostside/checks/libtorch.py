@@ -17,7 +17,7 @@ from ..libtorch.variants import Libtorch, arch_covers
 from .report import ERROR, OK, WARNING, CheckResult
 
 if TYPE_CHECKING:
-    from .gpu import Selection
+    from .devices import Selection
     from .nvml import NvmlInventory
 
 NAME = "libtorch"

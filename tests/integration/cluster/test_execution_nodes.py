@@ -81,7 +81,7 @@ def run_recipe_line(line: str, wheelhouse: Path, cwd: Path, env: dict[str, str])
 def wheelhouse() -> Path:
     """The wheels of ansible-core and ansible-runner at fdl's releases and their dependencies, downloaded once by
     docs/ansible.md's own `pip download` line, and again with fdl's constraints.txt (what
-    fdl.cluster.nodes.prepare holds the dependencies to), so both ways of preparing a node install from it."""
+    fdl.cluster.runner.prepare_nodes holds the dependencies to), so both ways of preparing a node install from it."""
     from fdl.cluster.nodes import pinned_packages
 
     pip_line = documented_recipe()[0]
@@ -142,11 +142,11 @@ def prepared(testbed, kit, wheelhouse):
 PREPARE = """\
 import json, sys
 from pathlib import Path
-from fdl.cluster import nodes
 from fdl.cluster.inventory import build_inventory
+from fdl.cluster.runner import prepare_nodes
 from fdl.config.project import EnvSelection, load_config
 config = load_config(Path("."), EnvSelection("cluster", "test"))
-result = nodes.prepare(build_inventory(config.cluster, config.root), wheelhouse=Path(sys.argv[1]), progress=False)
+result = prepare_nodes(build_inventory(config.cluster, config.root), wheelhouse=Path(sys.argv[1]), progress=False)
 print(json.dumps({name: {"status": host.status, "message": host.message,
                          "changed": [t.task for t in host.tasks if (t.res or {}).get("changed")],
                          "said": (host.res or {}).get("msg")} for name, host in result.hosts.items()}))
@@ -201,7 +201,7 @@ def prepare_as_documented(kit, wheelhouse: Path, where: Path) -> subprocess.Comp
 
 def test_the_nodes_are_prepared_by_their_playbook_and_a_second_run_installs_nothing(testbed, kit, prepared,
                                                                                     wheelhouse, short_tmp):
-    """The first preparation from Python (fdl.cluster.nodes.prepare), the second by docs/ansible.md's recipe: the
+    """The first preparation from Python (fdl.cluster.runner.prepare_nodes), the second by docs/ansible.md's recipe: the
     same playbook, hence the same releases, so the second finds them there and changes nothing."""
     from fdl.cluster.nodes import pinned_packages
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from fdl.config.keypath import Origin
 from fdl.config.project import EnvSelection, load_config
-from fdl.config.source import Origin
 from fdl.errors import ConfigError, UsageError
 
 
