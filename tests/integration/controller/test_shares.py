@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shlex
 import socket
 import ssl
@@ -31,7 +32,7 @@ from tests.controller_util import PeerNamespace, serving, tls_socket
 from tests.integration.join.helpers import finish, spawn_join, wait_for
 from tests.join_util import write_program
 
-TOKEN = "f417" * 16
+TOKEN = secrets.token_hex(32)  # as strong as fdl join asks
 HOLD = r'''
 import os, sys
 if os.environ.get("FDL_SIGNATURE_PROBE") == "1":
