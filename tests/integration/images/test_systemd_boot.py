@@ -494,7 +494,8 @@ def test_a_squatter_or_a_wrong_token_makes_the_unit_redial_not_power_off(site, i
 def test_a_missing_binary_stops_the_unit_and_powers_the_machine_off(site, image):
     with controller(a_policy(site), host=site.bed.gateway, port=site.port) as server, \
             booted(site, image, binary=False) as machine:
-        machine.wait_booted()
+        # no wait_booted(): the permanent check runs before any dial, so the box may power off before its boot
+        # is seen as finished; what the test asks is that it powers off, and the journal says why
         code = machine.wait_exit(90)
         assert code == 0, f"nspawn did not see the machine power off (rc {code})"  # poweroff, not a reboot (133)
         state = server.state()
