@@ -466,14 +466,13 @@ def _execution_nodes(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults,
     return tuple(entry[1] for entry in nodes.values())
 
 
-def _execution_node(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults) -> ExecutionNodeSpec | None:
-    """One execution node entry; None when its host or address is missing or invalid. Without via: it is reached
-    from this machine (ssh defaults apply, identity included); with via:, from that node (its identity: is a
-    path there, and cluster.ssh.identity, a path here, does not apply)."""
-    block = c.mapping(value, path, _NODE_KEYS)
+def _host_and_address(c: Checker, block: dict[str, Any], path: KeyPath, host_is: str, needs: str,
+                      reached: str) -> tuple[str | None, str | None, bool]:
+    """A host entry's `host:` (required) and `address:` (default: the host), the address a unicast one; each
+    problem reported on the key that gave it. Shared by workers and execution nodes."""
     host = None
     if block.get("host") is None:
-        c.report(c.fail(path + ("host",), "the execution node's host name", None, "Every execution node needs host:."))
+        c.report(c.fail(path + ("host",), host_is, None, needs))
     else:
         host = c.soft(None, c.host, block["host"], path + ("host",))
     address = c.soft(None, c.host, block["address"], path + ("address",)) if block.get("address") is not None \
@@ -481,8 +480,18 @@ def _execution_node(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults) -> 
     problem = None if address is None else unicast_problem(address)
     if problem is not None:
         c.report(c.fail(path + ("address" if block.get("address") is not None else "host",),
-                        "a unicast address the node can be reached at, or a host name", address,
+                        f"a unicast address {reached} can be reached at, or a host name", address,
                         f"That is {problem}."))
+    return host, address, problem is None
+
+
+def _execution_node(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults) -> ExecutionNodeSpec | None:
+    """One execution node entry; None when its host or address is missing or invalid. Without via: it is reached
+    from this machine (ssh defaults apply, identity included); with via:, from that node (its identity: is a
+    path there, and cluster.ssh.identity, a path here, does not apply)."""
+    block = c.mapping(value, path, _NODE_KEYS)
+    host, address, unicast = _host_and_address(c, block, path, "the execution node's host name",
+                                               "Every execution node needs host:.", "the node")
     via = c.soft(None, c.host, block["via"], path + ("via",)) if block.get("via") is not None else None
     spec = ExecutionNodeSpec(
         host=host or "",
@@ -494,7 +503,7 @@ def _execution_node(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults) -> 
                 if block.get("python") is not None else "/usr/bin/python3"),
         via=via,
     )
-    return spec if host is not None and address is not None and problem is None else None
+    return spec if host is not None and address is not None and unicast else None
 
 
 def _controller(c: Checker, value: Any, path: KeyPath) -> ControllerSpec:
@@ -578,18 +587,8 @@ def _devices(c: Checker, value: Any, path: KeyPath, expected: str) -> Devices | 
 def _worker(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults) -> WorkerSpec | None:
     """The worker entry, every field checked; None when its host or address is missing or invalid."""
     block = c.mapping(value, path, _WORKER_KEYS)
-    host = None
-    if block.get("host") is None:
-        c.report(c.fail(path + ("host",), "the worker's logical host name", None, "Every worker needs host:."))
-    else:
-        host = c.soft(None, c.host, block["host"], path + ("host",))
-    address = c.soft(None, c.host, block["address"], path + ("address",)) if block.get("address") is not None \
-        else host
-    problem = None if address is None else unicast_problem(address)
-    if problem is not None:
-        c.report(c.fail(path + ("address" if block.get("address") is not None else "host",),
-                        "a unicast address a worker can be reached at, or a host name", address,
-                        f"That is {problem}."))
+    host, address, unicast = _host_and_address(c, block, path, "the worker's logical host name",
+                                               "Every worker needs host:.", "a worker")
     devices = None
     if block.get("local_devices") is not None:
         devices = _devices(c, block["local_devices"], path + ("local_devices",),
@@ -611,7 +610,7 @@ def _worker(c: Checker, value: Any, path: KeyPath, ssh: SshDefaults) -> WorkerSp
                 else None),
         via=via,
     )
-    return spec if host is not None and address is not None and problem is None else None
+    return spec if host is not None and address is not None and unicast else None
 
 
 def _python(c: Checker, value: Any, path: KeyPath) -> str:
